@@ -1,0 +1,3 @@
+"""Version of pallas-core."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Implementation modules of pallas-core; the public surface is :mod:`pallas`."""

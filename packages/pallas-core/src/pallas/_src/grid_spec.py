@@ -1,0 +1,493 @@
+"""GridSpecs, and their resolution into a validated ``GridMapping``.
+
+``resolve_grid_mapping`` is where every trace-time check on grids and BlockSpecs lives:
+each error names the operand by its pytree path, the block shape and the array shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas._src import block_spec as bs
+from pallas._src import jax_compat as jc
+from pallas._src.memory import MemoryRef, MemorySpace
+
+
+@dataclasses.dataclass(frozen=True)
+class GridSpec:
+    """The grid, the in/out BlockSpecs and the scratch buffers of a ``pallas_call``."""
+
+    grid: Any = ()
+    in_specs: Any = bs.no_block_spec
+    out_specs: Any = bs.no_block_spec
+    scratch_shapes: Any = ()
+
+    # Scalar-prefetch operands: the first ``num_scalar_prefetch`` operands are passed
+    # whole (in scalar memory) to the kernel and to every index map.
+    num_scalar_prefetch: int = dataclasses.field(default=0, init=False)
+
+    def __post_init__(self):
+        grid = self.grid
+        if grid is None:
+            grid = ()
+        elif isinstance(grid, (int, np.integer)) or hasattr(grid, "__index__"):
+            grid = (grid,)
+        object.__setattr__(self, "grid", tuple(grid))
+        if isinstance(self.in_specs, list):
+            object.__setattr__(self, "in_specs", tuple(self.in_specs))
+        if isinstance(self.out_specs, list):
+            object.__setattr__(self, "out_specs", tuple(self.out_specs))
+        if isinstance(self.scratch_shapes, list):
+            object.__setattr__(self, "scratch_shapes", tuple(self.scratch_shapes))
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefetchScalarGridSpec(GridSpec):
+    """A GridSpec whose first ``num_scalar_prefetch`` operands feed every index map."""
+
+    num_scalar_prefetch: int = 0
+
+    def __init__(self, num_scalar_prefetch: int, grid=(), in_specs=bs.no_block_spec,
+                 out_specs=bs.no_block_spec, scratch_shapes=()):
+        object.__setattr__(self, "grid", grid)
+        object.__setattr__(self, "in_specs", in_specs)
+        object.__setattr__(self, "out_specs", out_specs)
+        object.__setattr__(self, "scratch_shapes", scratch_shapes)
+        object.__setattr__(self, "num_scalar_prefetch", int(num_scalar_prefetch))
+        self.__post_init__()
+
+
+# --------------------------------------------------------------------------------------
+# The resolved form that the primitive carries.
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BlockMapping:
+    """How one operand is tiled: its array, block dims, index map and memory space.
+
+    ``index_map_jaxpr`` takes the grid indices (int32 scalars) followed by the
+    scalar-prefetch refs, and returns one value per block dim (two — start and size —
+    for a ``BoundedSlice`` dim).
+    """
+
+    origin: str
+    array_aval: Any  # ShapedArray of the whole operand
+    block_dims: tuple  # of BlockDim
+    index_map_jaxpr: Any  # ClosedJaxpr
+    memory_space: Any = None
+    pipeline_mode: Any = None
+    whole: bool = False  # passed whole: no blocking at all
+    index_map_uses_prefetch: bool = False
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        """The block's size in every array dimension (1 for squeezed dims)."""
+        return tuple(d.block_size for d in self.block_dims)
+
+    @property
+    def ref_shape(self) -> tuple[int, ...]:
+        """The shape of the ref the kernel sees (squeezed dims removed)."""
+        return tuple(d.block_size for d in self.block_dims if not isinstance(d, bs.Squeezed))
+
+    @property
+    def ref_aval(self):
+        return jc.AbstractRef(
+            jc.ShapedArray(self.ref_shape, self.array_aval.dtype), memory_space=self.memory_space
+        )
+
+    @property
+    def has_partial_blocks(self) -> bool:
+        """True when some Blocked dim does not divide its array dim (edge blocks)."""
+        return any(
+            isinstance(d, bs.Blocked) and n % d.block_size
+            for d, n in zip(self.block_dims, self.array_aval.shape)
+        )
+
+    def __repr__(self) -> str:
+        dims = ", ".join(str(d) for d in self.block_dims)
+        return (
+            f"BlockMapping({self.origin}: array {self.array_aval.str_short()}, "
+            f"block ({dims}), memory_space={self.memory_space})"
+        )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GridMapping:
+    """Everything about the grid and operand tiling that the interpreter and backends need.
+
+    Operand order everywhere: scalar-prefetch operands, inputs, outputs; the kernel sees
+    refs in that order, followed by scratch refs.
+    """
+
+    grid: tuple[int, ...]
+    grid_names: tuple | None
+    num_scalar_prefetch: int
+    prefetch_avals: tuple  # ShapedArrays of the scalar-prefetch operands
+    block_mappings: tuple  # BlockMapping for every input then every output
+    num_inputs: int
+    num_outputs: int
+    scratch_types: tuple  # MemoryRef per scratch operand
+    scratch_origins: tuple
+    input_output_aliases: tuple  # ((input index among all operands, output index), ...)
+
+    @property
+    def in_block_mappings(self) -> tuple:
+        return self.block_mappings[: self.num_inputs]
+
+    @property
+    def out_block_mappings(self) -> tuple:
+        return self.block_mappings[self.num_inputs :]
+
+    @property
+    def num_scratch(self) -> int:
+        return len(self.scratch_types)
+
+    @property
+    def num_grid_points(self) -> int:
+        return math.prod(self.grid)
+
+    def __repr__(self) -> str:
+        lines = [f"GridMapping(grid={self.grid}, num_scalar_prefetch={self.num_scalar_prefetch}"]
+        lines += [f"  {bm!r}" for bm in self.block_mappings]
+        lines += [f"  scratch {o}: {t}" for o, t in zip(self.scratch_origins, self.scratch_types)]
+        if self.input_output_aliases:
+            lines.append(f"  aliases (input -> output): {self.input_output_aliases}")
+        return "\n".join(lines) + ")"
+
+
+# --------------------------------------------------------------------------------------
+# Resolution and validation.
+
+
+def _shape_str(aval) -> str:
+    return f"{tuple(aval.shape)} {jnp.dtype(aval.dtype).name}"
+
+
+def _check_grid(grid) -> tuple[int, ...]:
+    out = []
+    for i, g in enumerate(grid):
+        if isinstance(g, jax.core.Tracer):
+            raise NotImplementedError(
+                f"grid dimension {i} is a traced value; pallas-core needs a static grid "
+                f"(Python ints). Got grid={grid!r}."
+            )
+        try:
+            g = int(g)
+        except TypeError:
+            raise TypeError(f"grid dimension {i} must be an int; got {g!r}") from None
+        if g < 0:
+            raise ValueError(f"grid dimension {i} must be >= 0; got grid={tuple(grid)!r}")
+        out.append(g)
+    return tuple(out)
+
+
+def _flatten_specs(specs, tree, what: str):
+    """Broadcasts a BlockSpec pytree prefix over the operands' tree."""
+    if specs is bs.no_block_spec:
+        return [bs.no_block_spec] * tree.num_leaves
+    try:
+        return _broadcast_prefix(specs, tree)
+    except ValueError as e:
+        raise ValueError(
+            f"pallas_call {what} must have the pytree structure of the operands "
+            f"(or a prefix of it): {e}"
+        ) from None
+
+
+def _is_spec_leaf(x) -> bool:
+    return x is None or isinstance(x, (bs.BlockSpec, bs.NoBlockSpec))
+
+
+def _broadcast_prefix(prefix, tree):
+    dummy = jax.tree_util.tree_unflatten(tree, list(range(tree.num_leaves)))
+    out: list[Any] = [None] * tree.num_leaves
+
+    def assign(spec, sub):
+        for leaf in jax.tree_util.tree_leaves(sub):
+            out[leaf] = spec
+
+    jax.tree_util.tree_map(assign, prefix, dummy, is_leaf=_is_spec_leaf)
+    return out
+
+
+def _index_map_arity_error(origin, index_map, n_expected, n_grid, n_prefetch) -> TypeError:
+    name = getattr(index_map, "__name__", repr(index_map))
+    what = f"{n_grid} grid indices" + (
+        f" and {n_prefetch} scalar-prefetch refs" if n_prefetch else ""
+    )
+    return TypeError(
+        f"index_map {name} for {origin} must take {n_expected} positional arguments "
+        f"({what}); calling it with {n_expected} arguments failed"
+    )
+
+
+def _trace_index_map(origin, spec, block_dims, array_aval, grid, prefetch_avals):
+    """Traces an index map into a jaxpr and checks the number of indices it returns."""
+    index_map = spec.index_map
+    n_grid, n_prefetch = len(grid), len(prefetch_avals)
+    if index_map is None:
+
+        def index_map(*args):
+            return (0,) * len(block_dims)
+
+    try:
+        sig = inspect.signature(index_map)
+        sig.bind(*range(n_grid + n_prefetch))
+    except TypeError:
+        raise _index_map_arity_error(
+            origin, index_map, n_grid + n_prefetch, n_grid, n_prefetch
+        ) from None
+    except ValueError:  # builtins without signatures
+        pass
+
+    idx_avals = [jc.ShapedArray((), jnp.int32)] * n_grid
+    pf_avals = [jc.AbstractRef(a, memory_space=None) for a in prefetch_avals]
+
+    def flat_index_map(*args):
+        out = index_map(*args)
+        if not isinstance(out, tuple):
+            out = (out,)
+        if len(out) != len(block_dims):
+            shape = tuple(str(d) for d in block_dims)
+            raise ValueError(
+                f"index_map {getattr(spec.index_map, '__name__', 'index_map')} for {origin} "
+                f"must return {len(block_dims)} values to match block_shape=({', '.join(shape)}) "
+                f"of array {_shape_str(array_aval)}; it returned {len(out)} values: {out!r}"
+            )
+        flat = []
+        for i, (o, d) in enumerate(zip(out, block_dims)):
+            if isinstance(d, bs.BoundedSlice):
+                if not isinstance(o, jc.Slice):
+                    raise ValueError(
+                        f"index_map for {origin} must return pl.ds(start, size) for the "
+                        f"BoundedSlice dimension {i}; got {o!r}"
+                    )
+                flat += [jnp.asarray(o.start, jnp.int32), jnp.asarray(o.size, jnp.int32)]
+            else:
+                if isinstance(o, jc.Slice):
+                    raise ValueError(
+                        f"index_map for {origin} returned a slice for dimension {i}, whose "
+                        f"block dim is {d}; only BoundedSlice dimensions take pl.ds"
+                    )
+                flat.append(jnp.asarray(o, jnp.int32))
+        return flat
+
+    jaxpr, _, consts = jc.trace_kernel_to_jaxpr(
+        flat_index_map, [*idx_avals, *pf_avals], f"index_map for {origin}"
+    )
+    uses_prefetch = _depends_on(jaxpr, range(n_grid, n_grid + n_prefetch))
+    return jc.ClosedJaxpr(jaxpr, consts), uses_prefetch
+
+
+def _depends_on(jaxpr, invar_indices) -> bool:
+    """Whether any output of ``jaxpr`` depends on the given invars (conservatively)."""
+    tainted = {jaxpr.invars[i] for i in invar_indices}
+    if not tainted:
+        return False
+    for eqn in jaxpr.eqns:
+        if any(isinstance(v, jc.Var) and v in tainted for v in eqn.invars):
+            tainted.update(eqn.outvars)
+    return any(isinstance(v, jc.Var) and v in tainted for v in jaxpr.outvars)
+
+
+def _check_block_dims(origin, block_dims, array_aval, block_shape_in):
+    shape = array_aval.shape
+    if len(block_dims) != len(shape):
+        raise ValueError(
+            f"Block shape for {origin} (= {tuple(block_shape_in)!r}) must have the same "
+            f"number of dimensions as the array shape {tuple(shape)!r} "
+            f"(block rank {len(block_dims)}, array rank {len(shape)})"
+        )
+    for i, (d, n) in enumerate(zip(block_dims, shape)):
+        size = d.block_size
+        if not isinstance(size, (int, np.integer)) or size <= 0:
+            raise ValueError(
+                f"Block shape for {origin} (= {tuple(block_shape_in)!r}) has a non-positive "
+                f"block size {size!r} in dimension {i}; array shape {tuple(shape)!r}"
+            )
+        if isinstance(d, bs.Element):
+            lo, hi = d.padding
+            if lo < 0 or hi < 0:
+                raise ValueError(f"Element padding for {origin} dim {i} must be >= 0: {d}")
+            if size > n + lo + hi:
+                raise ValueError(
+                    f"Block shape for {origin} (= {tuple(block_shape_in)!r}): Element block "
+                    f"size {size} in dimension {i} neither fits the array dimension {n} nor is "
+                    f"allowed to pad beyond padding={d.padding}; array shape {tuple(shape)!r}. "
+                    f"Use pl.Element({size}, padding=(lo, hi)) with lo + hi >= {size - n}, "
+                    f"or pl.Blocked({size}) for masked edge blocks."
+                )
+        if isinstance(d, bs.BoundedSlice) and size > n:
+            raise ValueError(
+                f"Block shape for {origin} (= {tuple(block_shape_in)!r}): BoundedSlice size "
+                f"{size} in dimension {i} exceeds the array dimension {n}"
+            )
+
+
+def resolve_block_mapping(origin, spec, array_aval, grid, prefetch_avals) -> BlockMapping:
+    """Validates one operand's BlockSpec and builds its BlockMapping."""
+    if spec is None:
+        spec = bs.no_block_spec
+    if not isinstance(spec, (bs.BlockSpec, bs.NoBlockSpec)):
+        raise TypeError(
+            f"the spec for {origin} must be a pl.BlockSpec or pl.no_block_spec; got {spec!r}"
+        )
+    memory_space = None if isinstance(spec, bs.NoBlockSpec) else spec.memory_space
+    if isinstance(spec, bs.NoBlockSpec) or spec.block_shape is None:
+        block_dims = tuple(bs.Blocked(int(n)) if n else bs.Blocked(1) for n in array_aval.shape)
+        whole = True
+        index_map = None
+        pipeline_mode = None if isinstance(spec, bs.NoBlockSpec) else spec.pipeline_mode
+        spec = bs.BlockSpec(None, index_map)
+    else:
+        block_dims = tuple(bs.canonicalize_block_dim(d) for d in spec.block_shape)
+        _check_block_dims(origin, block_dims, array_aval, spec.block_shape)
+        whole = False
+        pipeline_mode = spec.pipeline_mode
+    if whole:
+        zero = tuple(0 for _ in block_dims)
+        jaxpr, _, consts = jc.trace_kernel_to_jaxpr(
+            lambda *a: [jnp.int32(z) for z in zero],
+            [jc.ShapedArray((), jnp.int32)] * len(grid)
+            + [jc.AbstractRef(a) for a in prefetch_avals],
+            f"index_map for {origin}",
+        )
+        index_map_jaxpr, uses_prefetch = jc.ClosedJaxpr(jaxpr, consts), False
+    else:
+        index_map_jaxpr, uses_prefetch = _trace_index_map(
+            origin, spec, block_dims, array_aval, grid, prefetch_avals
+        )
+    return BlockMapping(
+        origin=origin,
+        array_aval=array_aval,
+        block_dims=block_dims,
+        index_map_jaxpr=index_map_jaxpr,
+        memory_space=memory_space,
+        pipeline_mode=pipeline_mode,
+        whole=whole,
+        index_map_uses_prefetch=uses_prefetch,
+    )
+
+
+def _scratch_type(origin, s) -> MemoryRef:
+    if isinstance(s, MemoryRef):
+        return s
+    if hasattr(s, "get_memory_ref"):  # backend-specific scratch descriptions
+        return s.get_memory_ref()
+    if isinstance(s, jax.ShapeDtypeStruct):
+        return MemoryRef(jc.ShapedArray(s.shape, s.dtype), MemorySpace.ANY)
+    raise TypeError(
+        f"scratch shape {origin} must be a memory-space buffer such as pl.ANY(shape, dtype) "
+        f"or a backend's (e.g. pltpu.VMEM(shape, dtype)); got {s!r}"
+    )
+
+
+def keystr(prefix: str, path) -> str:
+    return prefix + jax.tree_util.keystr(path)
+
+
+def resolve_grid_mapping(
+    grid_spec: GridSpec,
+    body_args_tree,
+    in_avals: Sequence[Any],
+    out_tree,
+    out_avals: Sequence[Any],
+    input_output_aliases: dict[int, int],
+    in_paths: Sequence[Any],
+    out_paths: Sequence[Any],
+) -> tuple[GridMapping, Any]:
+    """Validates the grid spec against the operands; returns (GridMapping, scratch tree)."""
+    grid = _check_grid(grid_spec.grid)
+    nsp = grid_spec.num_scalar_prefetch
+    if nsp > len(in_avals):
+        raise ValueError(
+            f"num_scalar_prefetch={nsp} but pallas_call got only {len(in_avals)} operands"
+        )
+    prefetch_avals = tuple(in_avals[:nsp])
+    # The in_specs tree covers the operands after the scalar-prefetch ones.
+    body_in_avals = in_avals[nsp:]
+    body_paths = in_paths[nsp:]
+    body_tree = body_args_tree
+    in_specs = grid_spec.in_specs
+    if isinstance(in_specs, list):
+        in_specs = tuple(in_specs)
+    if in_specs is not bs.no_block_spec and isinstance(in_specs, tuple) and (
+        body_tree.num_leaves != 0 or in_specs
+    ):
+        n_top = len(body_tree.children()) if body_tree.children() else body_tree.num_leaves
+        if len(in_specs) != n_top:
+            raise ValueError(
+                f"pallas_call got {n_top} inputs (after {nsp} scalar-prefetch operands) but "
+                f"{len(in_specs)} in_specs; in_specs must match the inputs' pytree structure"
+            )
+    flat_in_specs = _flatten_specs(in_specs, body_tree, "in_specs")
+    out_specs = grid_spec.out_specs
+    if isinstance(out_specs, list):
+        out_specs = tuple(out_specs)
+    if (
+        isinstance(out_specs, tuple)
+        and out_tree.children()
+        and len(out_specs) != len(out_tree.children())
+    ):
+        raise ValueError(
+            f"pallas_call got {len(out_tree.children())} outputs but {len(out_specs)} "
+            f"out_specs; out_specs must match out_shape's pytree structure"
+        )
+    flat_out_specs = _flatten_specs(out_specs, out_tree, "out_specs")
+    mappings = []
+    for path, spec, aval in zip(body_paths, flat_in_specs, body_in_avals):
+        mappings.append(resolve_block_mapping(path, spec, aval, grid, prefetch_avals))
+    for path, spec, aval in zip(out_paths, flat_out_specs, out_avals):
+        mappings.append(resolve_block_mapping(path, spec, aval, grid, prefetch_avals))
+
+    scratch_flat, scratch_tree = jax.tree_util.tree_flatten_with_path(
+        grid_spec.scratch_shapes,
+        is_leaf=lambda x: isinstance(x, MemoryRef) or hasattr(x, "get_memory_ref"),
+    )
+    scratch_types, scratch_origins = [], []
+    for path, s in scratch_flat:
+        origin = keystr("scratch_shapes", path)
+        scratch_types.append(_scratch_type(origin, s))
+        scratch_origins.append(origin)
+
+    aliases = []
+    n_ops = len(in_avals)
+    for i, o in sorted(input_output_aliases.items()):
+        if not 0 <= i < n_ops:
+            raise ValueError(
+                f"input_output_aliases refers to input {i} but pallas_call has {n_ops} inputs"
+            )
+        if not 0 <= o < len(out_avals):
+            raise ValueError(
+                f"input_output_aliases refers to output {o} but pallas_call has "
+                f"{len(out_avals)} outputs"
+            )
+        ia, oa = in_avals[i], out_avals[o]
+        if tuple(ia.shape) != tuple(oa.shape) or ia.dtype != oa.dtype:
+            raise ValueError(
+                f"input_output_aliases maps {in_paths[i]} ({_shape_str(ia)}) to "
+                f"{out_paths[o]} ({_shape_str(oa)}); aliased operands must have the same "
+                f"shape and dtype"
+            )
+        aliases.append((i, o))
+    gm = GridMapping(
+        grid=grid,
+        grid_names=None,
+        num_scalar_prefetch=nsp,
+        prefetch_avals=prefetch_avals,
+        block_mappings=tuple(mappings),
+        num_inputs=len(body_in_avals),
+        num_outputs=len(out_avals),
+        scratch_types=tuple(scratch_types),
+        scratch_origins=tuple(scratch_origins),
+        input_output_aliases=tuple(aliases),
+    )
+    return gm, scratch_tree

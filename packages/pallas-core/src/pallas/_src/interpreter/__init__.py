@@ -1,0 +1,1 @@
+"""The reference interpreter: kernel-jaxpr evaluation and grid execution."""

@@ -1,0 +1,237 @@
+"""Static facts the interpreter uses to run grid points together without changing results.
+
+Two facts decide which grid axes may be vectorised: which axes the output blocks depend
+on (known exactly by evaluating the index maps over the whole grid at trace time), and
+whether scratch buffers carry values into the first iteration of a lane (a
+conservative write-before-read analysis of the kernel jaxpr).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+
+from pallas._src import block_spec as bs
+from pallas._src import jax_compat as jc
+from pallas._src.interpreter.blocks import block_indices_np
+
+
+def grid_coords(grid) -> list[np.ndarray]:
+    """Per-axis coordinates of every grid point, in lexicographic (row-major) order."""
+    n = math.prod(grid)
+    if not grid:
+        return []
+    return [c.astype(np.int32) for c in np.unravel_index(np.arange(n), grid)]
+
+
+def index_table(bm, grid) -> np.ndarray | None:
+    """The index map's outputs at every grid point, shape (points, outputs); None if
+    they depend on scalar-prefetch data."""
+    if bm.index_map_uses_prefetch:
+        return None
+    n = math.prod(grid)
+    jaxpr = bm.index_map_jaxpr
+    n_extra = len(jaxpr.jaxpr.invars) - len(grid)
+    coords = grid_coords(grid)
+
+    def f(*idx):
+        return jax.core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *idx, *([None] * n_extra))
+
+    with jax.ensure_compile_time_eval():
+        if n == 0:
+            return np.zeros((0, len(jaxpr.jaxpr.outvars)), np.int64)
+        if not grid:
+            outs = f()
+            return np.asarray([[int(o) for o in outs]], np.int64)
+        outs = jax.vmap(f)(*coords)
+        cols = [np.broadcast_to(np.asarray(o), (n,)) for o in outs]
+    if not cols:
+        return np.zeros((n, 0), np.int64)
+    return np.stack(cols, axis=1).astype(np.int64)
+
+
+def start_table(bm, table: np.ndarray) -> np.ndarray:
+    return block_indices_np(bm, table)
+
+
+def influencing_axes(table: np.ndarray, grid) -> set[int]:
+    """The grid axes along which the table's rows change."""
+    if table.shape[1] == 0 or not grid:
+        return set()
+    t = table.reshape(*grid, table.shape[1])
+    out = set()
+    for a in range(len(grid)):
+        if grid[a] > 1 and np.any(np.diff(t, axis=a) != 0):
+            out.add(a)
+    return out
+
+
+def rows_distinct(table: np.ndarray) -> bool:
+    return len(np.unique(table, axis=0)) == table.shape[0]
+
+
+def blocks_are_disjoint(bm) -> bool:
+    """Whether distinct start rows of this mapping always mean disjoint blocks."""
+    return all(isinstance(d, (bs.Blocked, bs.Squeezed)) for d in bm.block_dims)
+
+
+# ------------------------------------------------------------------------------------
+# Scratch liveness: is a scratch ref read before it is fully written?
+
+_READS_ONLY = {"get", "masked_load", "semaphore_read"}
+
+
+def _full_write(eqn, ref_aval) -> bool:
+    """Whether a swap writes the whole ref (a plain ``ref[...] = x``)."""
+    if eqn.primitive is not jc.swap_p:
+        return False
+    tree = eqn.params["tree"]
+    idx_vals = eqn.invars[2:]
+    try:
+        transforms = jax.tree_util.tree_unflatten(
+            tree, [v.val if isinstance(v, jc.Literal) else v for v in idx_vals]
+        )
+    except Exception:  # noqa: BLE001 - unknown layouts count as partial writes
+        return False
+    for t in transforms:
+        if not isinstance(t, jc.NDIndexer):
+            return False
+        for idx, n in zip(t.indices, t.shape):
+            if not isinstance(idx, jc.Slice):
+                return False
+            if not (isinstance(idx.start, int) and idx.start == 0 and idx.size == n
+                    and idx.stride == 1):
+                return False
+    return True
+
+
+class _Liveness:
+    """Walks a jaxpr tracking which refs are fully written; finds reads before writes."""
+
+    def __init__(self, known: dict):
+        self.known = known  # Var -> concrete scalar value
+
+    def value(self, v):
+        if isinstance(v, jc.Literal):
+            return v.val
+        return self.known.get(v)
+
+    def fold(self, eqn):
+        """Evaluates scalar integer/bool equations whose inputs are all known."""
+        if eqn.primitive.multiple_results or len(eqn.outvars) != 1:
+            return
+        vals = [self.value(v) for v in eqn.invars]
+        if any(x is None for x in vals) or eqn.params.get("jaxpr") is not None:
+            return
+        if any(np.ndim(x) != 0 for x in vals):
+            return
+        try:
+            with jax.ensure_compile_time_eval():
+                out = eqn.primitive.bind(*vals, **eqn.params)
+            self.known[eqn.outvars[0]] = np.asarray(out).item()
+        except Exception:  # noqa: BLE001 - folding is best effort
+            pass
+
+    def walk(self, jaxpr, tracked: dict, written: set) -> bool:
+        """Returns True if a tracked ref may be read before being fully written."""
+        for eqn in jaxpr.eqns:
+            refs = [tracked[v] for v in eqn.invars if isinstance(v, jc.Var) and v in tracked]
+            p = eqn.primitive
+            if p is jc.cond_p:
+                idx = self.value(eqn.invars[0])
+                branches = eqn.params["branches"]
+                if idx is not None:
+                    branches = [branches[int(np.clip(idx, 0, len(branches) - 1))]]
+                results = []
+                for br in branches:
+                    sub = self._map(br.jaxpr, eqn.invars[1:], tracked)
+                    w = set(written)
+                    if self.walk(br.jaxpr, sub, w):
+                        return True
+                    results.append(w)
+                written.clear()
+                written.update(set.intersection(*results) if results else set())
+                continue
+            if p is jc.scan_p:
+                sub = self._map(eqn.params["jaxpr"].jaxpr, eqn.invars, tracked)
+                w = set(written)
+                if self.walk(eqn.params["jaxpr"].jaxpr, sub, w):
+                    return True
+                if eqn.params["length"] > 0:
+                    written.update(w)
+                continue
+            if p is jc.while_p:
+                nc = eqn.params["cond_nconsts"]
+                cj, bj = eqn.params["cond_jaxpr"].jaxpr, eqn.params["body_jaxpr"].jaxpr
+                if self.walk(cj, self._map(cj, eqn.invars[:nc], tracked), set(written)):
+                    return True
+                if self.walk(bj, self._map(bj, eqn.invars[nc:], tracked), set(written)):
+                    return True
+                continue
+            sub_jaxpr = _call_jaxpr(eqn)
+            if sub_jaxpr is not None:
+                if self.walk(sub_jaxpr, self._map(sub_jaxpr, eqn.invars, tracked), written):
+                    return True
+                continue
+            if refs:
+                if p is jc.swap_p and eqn.invars[0] in tracked:
+                    if _full_write(eqn, eqn.invars[0].aval):
+                        written.add(tracked[eqn.invars[0]])
+                        continue
+                    if tracked[eqn.invars[0]] in written:
+                        continue
+                    return True  # partial write of an unwritten ref: treat as a read
+                if all(r in written for r in refs):
+                    continue
+                return True  # a read (or an unknown primitive) of an unwritten ref
+            self.fold(eqn)
+        return False
+
+    @staticmethod
+    def _map(sub_jaxpr, outer_vars, tracked) -> dict:
+        """Maps the sub-jaxpr's leading invars to tracked refs of the outer operands."""
+        out = {}
+        for inner, outer in zip(sub_jaxpr.invars, outer_vars):
+            if isinstance(outer, jc.Var) and outer in tracked:
+                out[inner] = tracked[outer]
+        return out
+
+
+def _call_jaxpr(eqn):
+    for key in ("jaxpr", "call_jaxpr"):
+        j = eqn.params.get(key)
+        if j is not None:
+            return getattr(j, "jaxpr", j)
+    return None
+
+
+def scratch_live_in(kernel_jaxpr, first_scratch: int, known_ids: dict[int, int],
+                    grid) -> bool:
+    """Whether some scratch ref may be read before it is fully written in one iteration.
+
+    ``known_ids`` fixes some program ids (e.g. the sequential axes at the start of a
+    lane), which lets ``pl.when(pl.program_id(k) == 0)`` initialisation count as a
+    write.
+    """
+    jaxpr = kernel_jaxpr.jaxpr if hasattr(kernel_jaxpr, "jaxpr") else kernel_jaxpr
+    tracked = {v: i for i, v in enumerate(jaxpr.invars[first_scratch:])}
+    if not tracked:
+        return False
+    from pallas._src.primitives.grid import num_programs_p, program_id_p
+
+    known: dict = {}
+    live = _Liveness(known)
+    orig_fold = live.fold
+
+    def fold(eqn):
+        if eqn.primitive is program_id_p and eqn.params["axis"] in known_ids:
+            known[eqn.outvars[0]] = known_ids[eqn.params["axis"]]
+        elif eqn.primitive is num_programs_p:
+            known[eqn.outvars[0]] = grid[eqn.params["axis"]]
+        else:
+            orig_fold(eqn)
+
+    live.fold = fold
+    return live.walk(jaxpr, tracked, set())

@@ -1,0 +1,351 @@
+"""Evaluates a kernel jaxpr on values, with refs held in mutable cells.
+
+The evaluator runs while an enclosing JAX trace is active (the interpreter's grid loop
+is itself traced and compiled by XLA), so every value it handles may be a tracer. Refs
+become :class:`Cell` objects; control flow that touches refs is re-bound through the
+``lax`` API with the cells' contents threaded through as explicit carries. This is how
+``program_id``, semaphores, DMAs and the opt-in checks get their meaning, including
+inside ``cond``, ``while`` and ``scan`` bodies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas._src import jax_compat as jc
+from pallas._src.interpreter.rules import interpret_rules, register_interpret_rule
+
+
+class Cell:
+    """The current contents of one ref during interpretation.
+
+    ``init`` is a boolean mask of written elements, kept only when the uninitialised-
+    read check is on. ``origin`` names the operand (e.g. ``outputs[0]``) for errors.
+    """
+
+    __slots__ = ("value", "init", "origin", "memory_space")
+
+    def __init__(self, value, origin: str = "a ref", init=None, memory_space=None):
+        self.value = value
+        self.init = init
+        self.origin = origin
+        self.memory_space = memory_space
+
+    def state(self) -> tuple:
+        return (self.value,) if self.init is None else (self.value, self.init)
+
+    def set_state(self, state: Sequence[Any]) -> None:
+        self.value = state[0]
+        if self.init is not None:
+            self.init = state[1]
+
+    def fork(self, state: Sequence[Any]) -> Cell:
+        """A cell with the same identity data but contents ``state`` (for sub-traces)."""
+        c = Cell(state[0], self.origin, None, self.memory_space)
+        if self.init is not None:
+            c.init = state[1]
+        return c
+
+    def __repr__(self) -> str:
+        return f"Cell({self.origin}: {jax.typeof(self.value).str_short()})"
+
+
+@dataclasses.dataclass
+class ErrorTable:
+    """Static messages of checks; runtime state is an int32 vector ``[code, *payload]``."""
+
+    messages: list = dataclasses.field(default_factory=list)
+    payload_size: int = 8
+
+    def code_for(self, message: str) -> int:
+        self.messages.append(message)
+        return len(self.messages)
+
+
+class KernelContext:
+    """What a kernel evaluation needs beyond its operands.
+
+    ``grid_indices`` are the current program ids (int32 scalars, possibly traced),
+    ``grid`` the static grid sizes. ``error`` is a cell holding the first failed
+    check (``None`` when no checks are on).
+    """
+
+    def __init__(self, grid_indices, grid, *, errors: ErrorTable | None = None,
+                 error_cell: Cell | None = None, check_uninitialized: bool = False,
+                 debug_checks: bool = False, axis_names: tuple | None = None,
+                 backend_state: dict | None = None):
+        self.grid_indices = tuple(grid_indices)
+        self.grid = tuple(grid)
+        self.errors = errors
+        self.error_cell = error_cell
+        self.check_uninitialized = check_uninitialized
+        self.debug_checks = debug_checks
+        self.axis_names = axis_names
+        self.backend_state = backend_state if backend_state is not None else {}
+
+    # -- checks ---------------------------------------------------------------------
+    def report(self, ok, message: str, payload: Sequence[Any] = ()) -> None:
+        """Records ``message`` (with int payload) as the first error if ``ok`` is false."""
+        if self.error_cell is None:
+            return
+        code = self.errors.code_for(message)
+        payload = [jnp.asarray(p, jnp.int32).reshape(()) for p in payload]
+        payload += [jnp.int32(0)] * (self.errors.payload_size - len(payload))
+        new = jnp.stack([jnp.int32(code), *payload[: self.errors.payload_size]])
+        cur = self.error_cell.value
+        take = jnp.logical_and(cur[0] == 0, jnp.logical_not(jnp.asarray(ok)))
+        self.error_cell.value = jnp.where(take, new, cur)
+
+    def extra_cells(self) -> list[Cell]:
+        """Cells that every control-flow construct must thread through (error state)."""
+        return [self.error_cell] if self.error_cell is not None else []
+
+
+# ------------------------------------------------------------------------------------
+# The evaluator.
+
+
+def eval_jaxpr(ctx: KernelContext, jaxpr, consts: Sequence[Any], args: Sequence[Any]):
+    """Evaluates ``jaxpr`` with ``Cell``s for refs; returns the list of outputs."""
+    env: dict[Any, Any] = {}
+
+    def read(v):
+        if isinstance(v, jc.Literal):
+            return v.val
+        return env[v]
+
+    for v, x in zip(jaxpr.constvars, consts):
+        env[v] = x
+    if len(jaxpr.invars) != len(args):
+        raise TypeError(f"jaxpr takes {len(jaxpr.invars)} arguments, got {len(args)}")
+    for v, x in zip(jaxpr.invars, args):
+        env[v] = x
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        rule = interpret_rules.get(eqn.primitive)
+        with jc.source_info_util.user_context(eqn.source_info.traceback):
+            if rule is not None:
+                outs = rule(ctx, eqn, invals)
+            elif any(isinstance(x, Cell) for x in invals):
+                raise NotImplementedError(
+                    f"The Pallas interpreter has no rule for the primitive "
+                    f"'{eqn.primitive.name}' applied to refs. If a backend package defines "
+                    f"this primitive, make sure it is installed and registered."
+                )
+            else:
+                params = eqn.primitive.get_bind_params(eqn.params)
+                subfuns = params.pop("subfuns", ())
+                outs = eqn.primitive.bind(*subfuns, *invals, **params)
+                outs = list(outs) if eqn.primitive.multiple_results else [outs]
+        for v, x in zip(eqn.outvars, outs):
+            env[v] = x
+    return [read(v) for v in jaxpr.outvars]
+
+
+def eval_closed(ctx, closed_jaxpr, args):
+    return eval_jaxpr(ctx, closed_jaxpr.jaxpr, closed_jaxpr.consts, args)
+
+
+# ------------------------------------------------------------------------------------
+# State primitives: read and write the cell's value through JAX's own discharge rules.
+
+
+def _discharge(prim, eqn, args):
+    in_avals = [v.aval for v in eqn.invars]
+    out_avals = [v.aval for v in eqn.outvars]
+    return jc.discharge_rules[prim](in_avals, out_avals, *args, **eqn.params)
+
+
+def _check_initialized(ctx, eqn, cell: Cell, idx) -> None:
+    if not ctx.check_uninitialized or cell.init is None:
+        return
+    _, mask = _discharge(jc.get_p, eqn, [cell.init, *idx])
+    ok = jnp.all(mask)
+    ctx.report(
+        ok,
+        f"read of uninitialised memory in {cell.origin}",
+    )
+
+
+@register_interpret_rule(jc.get_p)
+def _get_rule(ctx, eqn, invals):
+    cell, *idx = invals
+    _check_initialized(ctx, eqn, cell, idx)
+    _, out = _discharge(jc.get_p, eqn, [cell.value, *idx])
+    return [out]
+
+
+@register_interpret_rule(jc.swap_p)
+def _swap_rule(ctx, eqn, invals):
+    cell, val, *idx = invals
+    new_invals, old = _discharge(jc.swap_p, eqn, [cell.value, val, *idx])
+    cell.value = new_invals[0]
+    if cell.init is not None:
+        new_mask, _ = _discharge(
+            jc.swap_p, eqn, [cell.init, jnp.ones(jnp.shape(val), jnp.bool_), *idx]
+        )
+        cell.init = new_mask[0]
+    return [old]
+
+
+@register_interpret_rule(jc.addupdate_p)
+def _addupdate_rule(ctx, eqn, invals):
+    cell, val, *idx = invals
+    _check_initialized(ctx, eqn, cell, idx)
+    new_invals, _ = _discharge(jc.addupdate_p, eqn, [cell.value, val, *idx])
+    cell.value = new_invals[0]
+    return []
+
+
+# ------------------------------------------------------------------------------------
+# Control flow: rebind through lax with the touched cells threaded as carries.
+
+
+def _unique_cells(*groups) -> list[Cell]:
+    seen: dict[int, Cell] = {}
+    for group in groups:
+        for x in group:
+            if isinstance(x, Cell) and id(x) not in seen:
+                seen[id(x)] = x
+    return list(seen.values())
+
+
+class _Threaded:
+    """Maps the outer cells of an equation to their contents inside a sub-trace."""
+
+    def __init__(self, ctx: KernelContext, cells: list[Cell]):
+        self.ctx = ctx
+        self.cells = cells + [c for c in ctx.extra_cells() if all(c is not d for d in cells)]
+
+    def states(self):
+        return [c.state() for c in self.cells]
+
+    def enter(self, states):
+        """Forks cells from ``states``; returns (substitution, inner ctx)."""
+        inner = [c.fork(s) for c, s in zip(self.cells, states)]
+        subst = {id(c): n for c, n in zip(self.cells, inner)}
+        sub_ctx = _copy_ctx(self.ctx, subst)
+        return subst, sub_ctx, inner
+
+    def update(self, states) -> None:
+        for c, s in zip(self.cells, states):
+            c.set_state(s)
+
+
+def _copy_ctx(ctx: KernelContext, subst: dict) -> KernelContext:
+    new = KernelContext.__new__(KernelContext)
+    new.__dict__.update(ctx.__dict__)
+    if ctx.error_cell is not None:
+        new.error_cell = subst.get(id(ctx.error_cell), ctx.error_cell)
+    return new
+
+
+def _sub(vals, subst):
+    return [subst.get(id(x), x) if isinstance(x, Cell) else x for x in vals]
+
+
+@register_interpret_rule(jc.cond_p)
+def _cond_rule(ctx, eqn, invals):
+    index, *ops = invals
+    th = _Threaded(ctx, _unique_cells(ops))
+    branches = eqn.params["branches"]
+    plain = [x for x in ops if not isinstance(x, Cell)]
+
+    def make_branch(branch):
+        def run(states, plain_vals):
+            subst, sub_ctx, inner = th.enter(states)
+            it = iter(plain_vals)
+            args = [subst[id(x)] if isinstance(x, Cell) else next(it) for x in ops]
+            outs = eval_closed(sub_ctx, branch, args)
+            return outs, [c.state() for c in inner]
+
+        return run
+
+    if len(branches) == 1:
+        outs, states = make_branch(branches[0])(th.states(), plain)
+    else:
+        index = lax.convert_element_type(index, jnp.int32)
+        outs, states = lax.switch(index, [make_branch(b) for b in branches], th.states(), plain)
+    th.update(states)
+    return outs
+
+
+@register_interpret_rule(jc.while_p)
+def _while_rule(ctx, eqn, invals):
+    p = eqn.params
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    cconsts, bconsts, carry = invals[:nc], invals[nc : nc + nb], invals[nc + nb :]
+    th = _Threaded(ctx, _unique_cells(cconsts, bconsts))
+
+    def cond_fun(state):
+        states, c = state
+        subst, sub_ctx, _ = th.enter(states)
+        (pred,) = eval_closed(sub_ctx, p["cond_jaxpr"], [*_sub(cconsts, subst), *c])
+        return pred
+
+    def body_fun(state):
+        states, c = state
+        subst, sub_ctx, inner = th.enter(states)
+        new_c = eval_closed(sub_ctx, p["body_jaxpr"], [*_sub(bconsts, subst), *c])
+        return [x.state() for x in inner], new_c
+
+    states, out = lax.while_loop(cond_fun, body_fun, (th.states(), list(carry)))
+    th.update(states)
+    return out
+
+
+@register_interpret_rule(jc.scan_p)
+def _scan_rule(ctx, eqn, invals):
+    p = eqn.params
+    nconsts, ncarry = p["num_consts"], p["num_carry"]
+    consts = invals[:nconsts]
+    carry = invals[nconsts : nconsts + ncarry]
+    xs = invals[nconsts + ncarry :]
+    th = _Threaded(ctx, _unique_cells(consts))
+
+    def body(state, x):
+        states, c = state
+        subst, sub_ctx, inner = th.enter(states)
+        outs = eval_closed(sub_ctx, p["jaxpr"], [*_sub(consts, subst), *c, *x])
+        return ([s.state() for s in inner], outs[:ncarry]), outs[ncarry:]
+
+    (states, carry_out), ys = lax.scan(
+        body, (th.states(), list(carry)), list(xs), length=p["length"],
+        reverse=p["reverse"], unroll=p["unroll"],
+    )
+    th.update(states)
+    return [*carry_out, *ys]
+
+
+# Calls are inlined: their bodies see the same cells.
+
+
+@register_interpret_rule(jc.jit_p)
+def _jit_rule(ctx, eqn, invals):
+    return eval_closed(ctx, eqn.params["jaxpr"], invals)
+
+
+@register_interpret_rule(jc.closed_call_p)
+def _closed_call_rule(ctx, eqn, invals):
+    return eval_closed(ctx, eqn.params["call_jaxpr"], invals)
+
+
+@register_interpret_rule(jc.remat_p)
+def _remat_rule(ctx, eqn, invals):
+    return eval_jaxpr(ctx, eqn.params["jaxpr"], (), invals)
+
+
+@register_interpret_rule(jc.custom_jvp_call_p)
+def _custom_jvp_rule(ctx, eqn, invals):
+    return eval_closed(ctx, eqn.params["call_jaxpr"], invals)
+
+
+@register_interpret_rule(jc.custom_vjp_call_p)
+def _custom_vjp_rule(ctx, eqn, invals):
+    return eval_closed(ctx, eqn.params["call_jaxpr"], invals)

@@ -1,0 +1,80 @@
+"""Every private JAX import of pallas-core, in one place.
+
+JAX's ``jax._src`` modules change between releases. Porting pallas-core to a new JAX
+release should be a change to this file alone.
+"""
+
+from __future__ import annotations
+
+from jax._src import api_util, config, core, dtypes, effects, pjit, source_info_util
+from jax._src import linear_util as lu
+from jax._src.interpreters import mlir
+from jax._src.interpreters import partial_eval as pe
+from jax._src.lax.control_flow import conditionals as lax_conditionals
+from jax._src.lax.control_flow import loops as lax_loops
+from jax._src.state import discharge as state_discharge
+from jax._src.state import indexing as state_indexing
+from jax._src.state import primitives as state_primitives
+from jax._src.state import types as state_types
+
+AbstractRef = state_types.AbstractRef
+TransformedRef = state_types.TransformedRef
+RefEffect = state_types.RefEffect
+ReadEffect = state_types.ReadEffect
+WriteEffect = state_types.WriteEffect
+AccumEffect = state_types.AccumEffect
+NDIndexer = state_indexing.NDIndexer
+Slice = state_indexing.Slice
+ds = state_indexing.ds
+get_p = state_primitives.get_p
+swap_p = state_primitives.swap_p
+addupdate_p = state_primitives.addupdate_p
+ShapedArray = core.ShapedArray
+ClosedJaxpr = core.ClosedJaxpr
+Jaxpr = core.Jaxpr
+Literal = core.Literal
+Var = core.Var
+Primitive = core.Primitive
+cond_p = lax_conditionals.cond_p
+jit_p = pjit.jit_p
+
+while_p = lax_loops.while_p
+scan_p = lax_loops.scan_p
+closed_call_p = core.closed_call_p
+
+register_discharge_rule = state_discharge.register_discharge_rule
+discharge_rules = state_discharge._discharge_rules
+discharge_state = state_discharge.discharge_state
+
+
+def trace_kernel_to_jaxpr(fun, in_avals, debug_name: str, arg_names=None):
+    """Traces ``fun`` (flat args, flat outs) over ``in_avals`` into (jaxpr, out_avals, consts)."""
+    dbg = api_util.debug_info(debug_name, fun, tuple(in_avals), {})
+    if arg_names is not None:
+        dbg = dbg._replace(arg_names=tuple(arg_names))
+    wrapped = lu.wrap_init(fun, debug_info=dbg)
+    jaxpr, out_avals, consts = pe.trace_to_jaxpr_dynamic(wrapped, in_avals)
+    return jaxpr, out_avals, consts
+
+
+def convert_constvars_jaxpr(jaxpr):
+    return pe.convert_constvars_jaxpr(jaxpr)
+
+
+def dce_jaxpr(jaxpr, used_outputs, instantiate=False):
+    return pe.dce_jaxpr(jaxpr, used_outputs, instantiate)
+
+
+def jaxpr_subcomp_lower_fun(fun, multiple_results=True):
+    return mlir.lower_fun(fun, multiple_results=multiple_results)
+
+
+__all__ = [name for name in dir() if not name.startswith("_")]
+__all__ += ["api_util", "config", "core", "dtypes", "effects", "source_info_util", "lu", "mlir"]
+
+from jax._src import dispatch as _dispatch  # noqa: E402
+
+
+def dispatch_apply_primitive(prim, *args, **params):
+    """Runs a primitive eagerly by jit-compiling its lowering (JAX's default impl)."""
+    return _dispatch.apply_primitive(prim, *args, **params)

@@ -1,0 +1,105 @@
+"""Memory spaces and the typed buffers (``MemoryRef``) used for scratch and ``run_scoped``."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+
+class MemorySpace(enum.Enum):
+    """Backend-neutral memory spaces. Backends add their own (VMEM, SMEM, GMEM, ...)."""
+
+    ANY = "any"  # wherever the backend likes; the kernel sees the whole array
+    DEFAULT = "default"
+    ERROR = "error"  # a buffer used to report errors
+    INDEX = "index"
+    KEY = "key"
+    HOST = "host"
+
+    def __call__(self, shape: tuple[int, ...], dtype: Any) -> MemoryRef:
+        return MemoryRef(jax_shaped(shape, dtype), self)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def jax_shaped(shape, dtype):
+    from pallas._src.jax_compat import ShapedArray
+
+    return ShapedArray(tuple(int(d) for d in shape), jnp.dtype(dtype))
+
+
+def ANY(shape: tuple[int, ...], dtype: Any) -> MemoryRef:  # noqa: N802 - upstream name
+    """A buffer in the ``ANY`` memory space (no placement constraint)."""
+    return MemoryRef(jax_shaped(shape, dtype), MemorySpace.ANY)
+
+
+def HOST(shape: tuple[int, ...], dtype: Any) -> MemoryRef:  # noqa: N802 - upstream name
+    """A buffer in host memory."""
+    return MemoryRef(jax_shaped(shape, dtype), MemorySpace.HOST)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryRef:
+    """The type of a buffer: an inner aval (shape and dtype) plus a memory space."""
+
+    inner_aval: Any
+    memory_space: Any
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.inner_aval.shape
+
+    @property
+    def dtype(self):
+        return self.inner_aval.dtype
+
+    def get_ref_aval(self):
+        from pallas._src.jax_compat import AbstractRef
+
+        return AbstractRef(self.inner_aval, memory_space=self.memory_space)
+
+
+class semaphore:  # noqa: N801 - upstream name
+    """The dtype of a counting semaphore; pass ``pl.semaphore`` where a dtype is expected.
+
+    Semaphores are represented as int32 buffers whose memory space says they are
+    semaphores, so the interpreter and the backends can recognise them.
+    """
+
+    dtype = np.dtype(np.int32)
+
+
+class SemaphoreSpace(enum.Enum):
+    """The memory space of semaphore buffers (regular, DMA and barrier semaphores)."""
+
+    REGULAR = "semaphore"
+    DMA = "dma_semaphore"
+    BARRIER = "barrier_semaphore"
+
+    def __call__(self, shape: tuple[int, ...] = ()) -> MemoryRef:
+        return MemoryRef(jax_shaped(shape, np.int32), self)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def is_semaphore_space(space: Any) -> bool:
+    """True for any semaphore memory space, core's or a backend's."""
+    return isinstance(space, SemaphoreSpace) or bool(getattr(space, "is_semaphore", False))
+
+
+def uninitialized_value(shape: tuple[int, ...], dtype: Any):
+    """The value of memory nobody wrote: NaN for floats, the minimum for ints, False for bool."""
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating):
+        return jnp.full(shape, jnp.nan, dtype)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jnp.full(shape, jnp.iinfo(dtype).min, dtype)
+    if dtype == jnp.bool_:
+        return jnp.full(shape, False, dtype)
+    return jnp.zeros(shape, dtype)

@@ -1,0 +1,348 @@
+"""``pallas_call``: trace a kernel over Refs, validate its grid, bind ``pallas_call_p``.
+
+``pallas_call_p`` is the one primitive of pallas-core. Its lowering asks the plugin
+registry for a backend for the platform being lowered (or runs the interpreter when
+``interpret=True``); its impl jit-compiles that lowering.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas._src import block_spec as bs
+from pallas._src import jax_compat as jc
+from pallas._src.compiler_params import CompilerParams
+from pallas._src.cost import CostEstimate
+from pallas._src.grid_spec import GridMapping, GridSpec, keystr, resolve_grid_mapping
+from pallas._src.registry import registry
+
+pallas_call_p = jc.Primitive("pallas_call")
+pallas_call_p.multiple_results = True
+
+
+@dataclasses.dataclass(frozen=True)
+class InterpretParams:
+    """Options of the core interpreter, passed as ``interpret=pl.InterpretParams(...)``.
+
+    ``None`` leaves a check as the global switch says (``pl.enable_bounds_checks``,
+    ``pl.enable_poison_buffers``, ``pl.enable_debug_checks``).
+    """
+
+    bounds_checks: bool | None = None
+    uninitialized_checks: bool | None = None
+    debug_checks: bool | None = None
+
+
+# ------------------------------------------------------------------------------------
+# Tracing.
+
+
+def _is_shape_dtype(x) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _out_avals(out_shape) -> tuple[list, Any, list[str]]:
+    leaves, tree = jax.tree_util.tree_flatten_with_path(out_shape)
+    avals, paths = [], []
+    single = tree.num_leaves == 1 and not jax.tree_util.treedef_children(tree)
+    for path, leaf in leaves:
+        origin = "outputs" if single and not path else keystr("outputs", path)
+        if not _is_shape_dtype(leaf):
+            raise TypeError(
+                f"out_shape {origin} must be shape-and-dtype-like (jax.ShapeDtypeStruct or "
+                f"an array); got {leaf!r} of type {type(leaf).__name__}"
+            )
+        try:
+            shape = tuple(int(d) for d in leaf.shape)
+            dtype = jnp.dtype(leaf.dtype)
+        except TypeError as e:
+            raise TypeError(f"out_shape {origin} has an invalid shape or dtype: {e}") from None
+        avals.append(jc.ShapedArray(shape, dtype))
+        paths.append(origin)
+    return avals, tree, paths
+
+
+def _splat(tree_value) -> tuple:
+    """Top-level elements of a tuple/list become separate kernel arguments."""
+    if isinstance(tree_value, (tuple, list)):
+        return tuple(tree_value)
+    return (tree_value,)
+
+
+class KernelTracingError(ValueError):
+    """An error in the kernel body, found while tracing it."""
+
+
+def _ref_in_traceback(exc: BaseException, ref_names: dict[int, str]) -> str | None:
+    """Finds which kernel ref a failing state operation was applied to."""
+    tb = exc.__traceback__
+    found = None
+    while tb is not None:
+        for key in ("ref", "ref_or_view", "x_ref_or_view", "tracer"):
+            v = tb.tb_frame.f_locals.get(key)
+            if v is None:
+                continue
+            base = getattr(v, "ref", v)
+            name = ref_names.get(id(base))
+            if name is not None:
+                found = name
+        tb = tb.tb_next
+    return found
+
+
+def trace_kernel(kernel: Callable, gm: GridMapping, in_tree_args, out_tree, scratch_tree,
+                 name: str):
+    """Traces the kernel over ref avals in the order prefetch, inputs, outputs, scratch."""
+    nsp = gm.num_scalar_prefetch
+    pf_avals = [jc.AbstractRef(a) for a in gm.prefetch_avals]
+    in_avals = [bm.ref_aval for bm in gm.in_block_mappings]
+    out_avals = [bm.ref_aval for bm in gm.out_block_mappings]
+    scratch_avals = [t.get_ref_aval() for t in gm.scratch_types]
+    origins = (
+        [f"scalar prefetch args[{i}]" for i in range(nsp)]
+        + [bm.origin for bm in gm.block_mappings]
+        + list(gm.scratch_origins)
+    )
+    all_avals = [*pf_avals, *in_avals, *out_avals, *scratch_avals]
+    ref_names: dict[int, str] = {}
+
+    def flat_kernel(*refs):
+        for r, o in zip(refs, origins):
+            ref_names[id(r)] = o
+        pf = refs[:nsp]
+        ins = refs[nsp : nsp + gm.num_inputs]
+        outs = refs[nsp + gm.num_inputs : nsp + gm.num_inputs + gm.num_outputs]
+        scratch = refs[nsp + gm.num_inputs + gm.num_outputs :]
+        in_args = jax.tree_util.tree_unflatten(in_tree_args, ins)
+        out_args = jax.tree_util.tree_unflatten(out_tree, outs)
+        scratch_args = jax.tree_util.tree_unflatten(scratch_tree, scratch)
+        result = kernel(*pf, *_splat(in_args), *_splat(out_args), *_splat(scratch_args))
+        if result is not None:
+            raise KernelTracingError(
+                f"The kernel of pallas_call {name} returned a value ({_short(result)}); "
+                f"kernels must write their results into the output refs and return None"
+            )
+        return []
+
+    try:
+        jaxpr, _, consts = jc.trace_kernel_to_jaxpr(flat_kernel, all_avals, name, origins)
+    except KernelTracingError:
+        raise
+    except (ValueError, TypeError) as e:
+        msg = str(e)
+        if "swap" in msg or "Invalid shape" in msg or "Invalid dtype" in msg:
+            which = _ref_in_traceback(e, ref_names)
+            where = f" into {which}" if which else ""
+            ref_shapes = ", ".join(
+                f"{o}: {a.inner_aval.str_short()}" for o, a in zip(origins, all_avals)
+            )
+            raise type(e)(
+                f"In the kernel of pallas_call {name}: a store{where} does not fit the ref. "
+                f"{msg.strip()} Kernel refs: {ref_shapes}."
+            ).with_traceback(e.__traceback__) from None
+        raise
+    if consts:
+        non_scalar = [c for c in consts if np.ndim(c) != 0 or isinstance(c, jax.core.Tracer)]
+        if non_scalar:
+            shapes = ", ".join(jax.typeof(c).str_short() for c in non_scalar)
+            raise ValueError(
+                f"The kernel of pallas_call {name} captures constants [{shapes}]. "
+                f"Pass them as inputs (with a BlockSpec) instead."
+            )
+    return jc.ClosedJaxpr(jaxpr, consts)
+
+
+def _short(x) -> str:
+    try:
+        return jax.typeof(x).str_short()
+    except Exception:  # noqa: BLE001
+        return type(x).__name__
+
+
+def _kernel_name(kernel, name):
+    if name:
+        return name
+    base = getattr(kernel, "__name__", None) or type(kernel).__name__
+    code = getattr(kernel, "__code__", None)
+    if code is not None:
+        return f"{base} at {code.co_filename.split('/')[-1]}:{code.co_firstlineno}"
+    return base
+
+
+def pallas_call(
+    kernel: Callable[..., None],
+    out_shape: Any,
+    *,
+    grid_spec: GridSpec | None = None,
+    grid: Any = (),
+    in_specs: Any = bs.no_block_spec,
+    out_specs: Any = bs.no_block_spec,
+    scratch_shapes: Any = (),
+    input_output_aliases: Mapping[int, int] = {},  # noqa: B006 - upstream signature
+    debug: bool = False,
+    interpret: Any = False,
+    name: str | None = None,
+    compiler_params: CompilerParams | None = None,
+    cost_estimate: CostEstimate | None = None,
+    metadata: dict[str, str] | None = None,
+    backend: str | None = None,
+) -> Callable[..., Any]:
+    """Makes a JAX-callable from ``kernel`` run over ``grid`` (upstream-compatible).
+
+    Extra over upstream: ``backend=`` picks a backend by name.
+    """
+    if grid_spec is None:
+        grid_spec = GridSpec(grid, in_specs, out_specs, scratch_shapes)
+    else:
+        if grid not in ((), None) or in_specs is not bs.no_block_spec or (
+            out_specs is not bs.no_block_spec or scratch_shapes not in ((), [])
+        ):
+            raise ValueError(
+                "pallas_call takes either grid_spec or grid/in_specs/out_specs/"
+                "scratch_shapes, not both"
+            )
+    out_avals, out_tree, out_paths = _out_avals(out_shape)
+    kname = _kernel_name(kernel, name)
+    if backend is not None or (compiler_params is not None and not isinstance(
+            compiler_params, dict)):
+        explicit = registry.requested_backend(backend, compiler_params)
+        if explicit is not None and not interpret:
+            registry.get_backend(explicit)  # fail at trace time if missing
+
+    @functools.wraps(kernel)
+    def wrapped(*args):
+        flat_args, in_tree = jax.tree_util.tree_flatten(args)
+        leaves_with_paths = jax.tree_util.tree_flatten_with_path(args)[0]
+        in_paths = [keystr("args", p) for p, _ in leaves_with_paths]
+        in_avals = []
+        for p, x in zip(in_paths, flat_args):
+            try:
+                a = jax.typeof(x)
+            except TypeError:
+                raise TypeError(f"pallas_call operand {p} is not an array: {x!r}") from None
+            in_avals.append(a.update(weak_type=False) if hasattr(a, "update") else a)
+        nsp = grid_spec.num_scalar_prefetch
+        body_args = args[nsp:] if nsp else args
+        body_tree = jax.tree_util.tree_structure(tuple(body_args))
+        gm, scratch_tree = resolve_grid_mapping(
+            grid_spec, body_tree, in_avals, out_tree, out_avals,
+            dict(input_output_aliases), in_paths, out_paths,
+        )
+        jaxpr = trace_kernel(kernel, gm, body_tree, out_tree, scratch_tree, kname)
+        if debug:
+            print(f"The kernel jaxpr for pallas_call {kname}:", file=sys.stdout)
+            print(jaxpr, file=sys.stdout)
+            print(f"The grid mapping for pallas_call {kname}:", file=sys.stdout)
+            print(gm, file=sys.stdout)
+        explicit = registry.requested_backend(backend, compiler_params)
+        if explicit is not None and not interpret:
+            registry.get_backend(explicit).validate(jaxpr, gm, compiler_params)
+        outs = pallas_call_p.bind(
+            *flat_args,
+            jaxpr=jaxpr,
+            grid_mapping=gm,
+            interpret=_freeze_interpret(interpret),
+            debug=debug,
+            name=kname,
+            compiler_params=compiler_params,
+            cost_estimate=cost_estimate,
+            metadata=_freeze(metadata),
+            backend=backend,
+            out_avals=tuple(out_avals),
+        )
+        return jax.tree_util.tree_unflatten(out_tree, outs)
+
+    return wrapped
+
+
+def _freeze(metadata):
+    if metadata is None:
+        return None
+    return tuple(sorted(metadata.items()))
+
+
+def _freeze_interpret(interpret):
+    if isinstance(interpret, InterpretParams) or isinstance(interpret, bool):
+        return interpret
+    if interpret is None:
+        return False
+    if hasattr(interpret, "__dataclass_fields__") or hasattr(interpret, "__hash__"):
+        return interpret  # a backend's interpret params (e.g. pltpu.InterpretParams)
+    return bool(interpret)
+
+
+# ------------------------------------------------------------------------------------
+# The primitive's rules.
+
+
+def _abstract_eval(*avals, out_avals, **params):
+    return list(out_avals)
+
+
+pallas_call_p.def_abstract_eval(_abstract_eval)
+
+
+def _impl(*args, **params):
+    return jc.dispatch_apply_primitive(pallas_call_p, *args, **params)
+
+
+pallas_call_p.def_impl(_impl)
+
+
+def _checks_for(interpret):
+    from pallas._src.interpreter.grid_runner import Checks
+
+    base = Checks.from_config()
+    if isinstance(interpret, InterpretParams):
+        return Checks(
+            bounds=base.bounds if interpret.bounds_checks is None else interpret.bounds_checks,
+            uninitialized=base.uninitialized if interpret.uninitialized_checks is None
+            else interpret.uninitialized_checks,
+            debug=base.debug if interpret.debug_checks is None else interpret.debug_checks,
+        )
+    return base
+
+
+def lower_with_interpreter(ctx, *in_nodes, jaxpr, grid_mapping, interpret=True):
+    """Lowers ``pallas_call`` to HLO that runs the reference interpreter."""
+    from pallas._src.interpreter.grid_runner import interpret_pallas_call
+
+    checks = _checks_for(interpret)
+    fun = functools.partial(interpret_pallas_call, jaxpr=jaxpr, grid_mapping=grid_mapping,
+                            checks=checks)
+    return jc.mlir.lower_fun(fun, multiple_results=True)(ctx, *in_nodes)
+
+
+def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compiler_params,
+              cost_estimate, metadata, backend, out_avals):
+    if interpret:
+        return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
+                                      interpret=interpret)
+    platforms = ctx.module_context.platforms
+
+    def rule_for(platform):
+        b = registry.select_backend(platform, backend, compiler_params)
+
+        def rule(ctx, *in_nodes):
+            return b.lower(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
+                           compiler_params=compiler_params, cost_estimate=cost_estimate,
+                           name=name, metadata=metadata, out_avals=out_avals)
+
+        return rule
+
+    if len(platforms) == 1:
+        return rule_for(platforms[0])(ctx, *in_nodes)
+    rules = {p: rule_for(p) for p in platforms}
+    return jc.mlir.lower_per_platform(ctx, f"pallas_call {name}", rules, None,
+                                      jc.effects.no_effects, *in_nodes)
+
+
+jc.mlir.register_lowering(pallas_call_p, _lowering)

@@ -1,0 +1,1 @@
+"""Generic kernel primitives: each module defines primitives and their interpreter rules."""

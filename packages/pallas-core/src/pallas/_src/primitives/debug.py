@@ -1,0 +1,83 @@
+"""``debug_print``, ``debug_check`` and ``delay``.
+
+``debug_print`` prints from the interpreter in grid order (``{}`` placeholders, as
+``jax.debug.print``). ``debug_check`` fails the call with its message when
+``pl.enable_debug_checks`` is on, and does nothing otherwise.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from pallas._src import config
+from pallas._src import jax_compat as jc
+from pallas._src.interpreter.rules import register_interpret_rule
+
+debug_print_p = jc.Primitive("debug_print")
+debug_print_p.multiple_results = True
+debug_check_p = jc.Primitive("debug_check")
+debug_check_p.multiple_results = True
+delay_p = jc.Primitive("delay")
+delay_p.multiple_results = True
+
+
+class KernelDebugEffect(jc.effects.Effect):
+    """The effect of printing from a kernel: keeps prints from being removed."""
+
+    def __repr__(self) -> str:
+        return "KernelDebug"
+
+
+kernel_debug_effect = KernelDebugEffect()
+jc.effects.control_flow_allowed_effects.add_type(KernelDebugEffect)
+jc.effects.lowerable_effects.add_type(KernelDebugEffect)
+jc.effects.remat_allowed_effects.add_type(KernelDebugEffect)
+jc.effects.custom_derivatives_allowed_effects.add_type(KernelDebugEffect)
+
+
+def debug_print(fmt: str, *args) -> None:
+    """Prints ``fmt`` formatted with ``args`` from inside a kernel."""
+    if not isinstance(fmt, str):
+        raise TypeError(f"debug_print's format must be a str; got {fmt!r}")
+    debug_print_p.bind(*[jnp.asarray(a) for a in args], fmt=fmt)
+
+
+debug_print_p.def_effectful_abstract_eval(lambda *a, fmt: ([], {kernel_debug_effect}))
+
+
+@register_interpret_rule(debug_print_p)
+def _debug_print_rule(ctx, eqn, invals):
+    jax.debug.print(eqn.params["fmt"], *invals, ordered=False)
+    return []
+
+
+def debug_check(condition, message: str) -> None:
+    """Fails the kernel with ``message`` if ``condition`` is false (when checks are on)."""
+    if not config.debug_checks_enabled():
+        return
+    debug_check_p.bind(jnp.asarray(condition, jnp.bool_), message=str(message))
+
+
+debug_check_p.def_effectful_abstract_eval(
+    lambda cond, *, message: ([], {kernel_debug_effect})
+)
+
+
+@register_interpret_rule(debug_check_p)
+def _debug_check_rule(ctx, eqn, invals):
+    ctx.report(invals[0], f"debug_check failed: {eqn.params['message']}")
+    return []
+
+
+def delay(nanos) -> None:
+    """Spins for about ``nanos`` nanoseconds (a no-op in the interpreter)."""
+    delay_p.bind(jnp.asarray(nanos, jnp.int32))
+
+
+delay_p.def_effectful_abstract_eval(lambda n: ([], {kernel_debug_effect}))
+
+
+@register_interpret_rule(delay_p)
+def _delay_rule(ctx, eqn, invals):
+    return []

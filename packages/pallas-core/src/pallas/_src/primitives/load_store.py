@@ -1,0 +1,136 @@
+"""Masked ``load``/``store``/``swap`` on refs: what ``ref[...]`` does, plus a mask.
+
+Backends re-export these (``pltpu.load``, ``pltriton.load`` add their own hints). A
+masked load returns ``other`` (or an unspecified value, zero here) where the mask is
+false; a masked store leaves those elements untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pallas._src import jax_compat as jc
+from pallas._src.interpreter.rules import register_interpret_rule
+
+load_p = jc.Primitive("masked_load")
+swap_p = jc.Primitive("masked_swap")
+
+
+def _ref_and_transforms(ref, idx=()):
+    if isinstance(ref, jc.TransformedRef):
+        base, transforms = ref.ref, tuple(ref.transforms)
+    else:
+        base, transforms = ref, ()
+    if idx is not None and idx != ():
+        sub = jc.TransformedRef(base, transforms).at[idx]
+        transforms = tuple(sub.transforms)
+    return base, transforms
+
+
+def _result_aval(ref, transforms):
+    aval = jax.typeof(ref)
+    return jc.state_types.transform_type(list(transforms), aval.inner_aval)
+
+
+def load(ref, idx=(), *, mask: Any = None, other: Any = None):
+    """Reads ``ref`` (optionally ``ref.at[idx]``); masked-out elements read as ``other``."""
+    base, transforms = _ref_and_transforms(ref, idx)
+    out_aval = _result_aval(base, transforms)
+    flat, tree = jax.tree_util.tree_flatten(transforms)
+    has_mask, has_other = mask is not None, other is not None
+    extra = []
+    if has_mask:
+        mask = jnp.broadcast_to(jnp.asarray(mask, jnp.bool_), out_aval.shape)
+        extra.append(mask)
+    if has_other:
+        extra.append(jnp.broadcast_to(jnp.asarray(other, out_aval.dtype), out_aval.shape))
+    return load_p.bind(base, *flat, *extra, tree=tree, has_mask=has_mask, has_other=has_other)
+
+
+def swap(ref, idx=(), val=None, *, mask: Any = None):
+    """Writes ``val`` to ``ref`` where ``mask`` is true; returns the previous contents."""
+    base, transforms = _ref_and_transforms(ref, idx)
+    out_aval = _result_aval(base, transforms)
+    val = jnp.asarray(val)
+    if val.dtype != out_aval.dtype and jax.typeof(val).weak_type:
+        val = val.astype(out_aval.dtype)
+    if tuple(val.shape) != tuple(out_aval.shape) or val.dtype != out_aval.dtype:
+        raise ValueError(
+            f"store of a value with shape {tuple(val.shape)} {val.dtype} into a ref slice "
+            f"of shape {tuple(out_aval.shape)} {out_aval.dtype}: shapes and dtypes must match"
+        )
+    flat, tree = jax.tree_util.tree_flatten(transforms)
+    has_mask = mask is not None
+    extra = [jnp.broadcast_to(jnp.asarray(mask, jnp.bool_), out_aval.shape)] if has_mask else []
+    return swap_p.bind(base, val, *flat, *extra, tree=tree, has_mask=has_mask)
+
+
+def store(ref, val, idx=(), *, mask: Any = None) -> None:
+    """Writes ``val`` into ``ref`` (optionally ``ref.at[idx]``) where ``mask`` is true."""
+    swap(ref, idx, val, mask=mask)
+
+
+def _split(args, tree, n_extra):
+    n = tree.num_leaves
+    return args[:n], args[n : n + n_extra]
+
+
+def _load_abstract_eval(ref_aval, *args, tree, has_mask, has_other):
+    transforms = jax.tree_util.tree_unflatten(tree, args[: tree.num_leaves])
+    out = jc.state_types.transform_type(transforms, ref_aval.inner_aval)
+    return out, {jc.ReadEffect(0)}
+
+
+def _swap_abstract_eval(ref_aval, val_aval, *args, tree, has_mask):
+    transforms = jax.tree_util.tree_unflatten(tree, args[: tree.num_leaves])
+    out = jc.state_types.transform_type(transforms, ref_aval.inner_aval)
+    return out, {jc.WriteEffect(0)}
+
+
+load_p.def_effectful_abstract_eval(_load_abstract_eval)
+swap_p.def_effectful_abstract_eval(_swap_abstract_eval)
+
+
+def _get_eqn_like(ref_value, idx, tree):
+    return jc.state_discharge._get_discharge(ref_value, idx, tree)
+
+
+@register_interpret_rule(load_p)
+def _load_rule(ctx, eqn, invals):
+    cell, *rest = invals
+    tree = eqn.params["tree"]
+    idx, extra = _split(rest, tree, 2)
+    value = jc.state_discharge._get_discharge(cell.value, idx, tree)
+    it = iter(extra)
+    mask = next(it) if eqn.params["has_mask"] else None
+    other = next(it) if eqn.params["has_other"] else None
+    if cell.init is not None and ctx.check_uninitialized:
+        init = jc.state_discharge._get_discharge(cell.init, idx, tree)
+        read = init if mask is None else jnp.logical_or(init, jnp.logical_not(mask))
+        ctx.report(jnp.all(read), f"read of uninitialised memory in {cell.origin}")
+    if mask is not None:
+        fill = other if other is not None else jnp.zeros_like(value)
+        value = jnp.where(mask, value, fill)
+    return [value]
+
+
+@register_interpret_rule(swap_p)
+def _swap_rule(ctx, eqn, invals):
+    cell, val, *rest = invals
+    tree = eqn.params["tree"]
+    idx, extra = _split(rest, tree, 1)
+    old = jc.state_discharge._get_discharge(cell.value, idx, tree)
+    if eqn.params["has_mask"]:
+        (mask,) = extra
+        val = jnp.where(mask, val, old)
+    else:
+        mask = None
+    _, cell.value = jc.state_discharge._swap_discharge(cell.value, val, idx, tree)
+    if cell.init is not None:
+        cur = jc.state_discharge._get_discharge(cell.init, idx, tree)
+        new = jnp.ones_like(cur) if mask is None else jnp.logical_or(cur, mask)
+        _, cell.init = jc.state_discharge._swap_discharge(cell.init, new, idx, tree)
+    return [old]

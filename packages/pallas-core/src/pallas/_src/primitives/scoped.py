@@ -1,0 +1,109 @@
+"""``run_scoped``: buffers allocated for the extent of a function inside a kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pallas._src import jax_compat as jc
+from pallas._src.interpreter.evaluator import Cell, eval_jaxpr
+from pallas._src.interpreter.rules import register_interpret_rule
+from pallas._src.memory import MemoryRef, is_semaphore_space, uninitialized_value
+
+run_scoped_p = jc.Primitive("run_scoped")
+run_scoped_p.multiple_results = True
+
+
+def _as_memory_ref(t) -> MemoryRef:
+    if isinstance(t, MemoryRef):
+        return t
+    if hasattr(t, "get_memory_ref"):
+        return t.get_memory_ref()
+    raise TypeError(
+        f"run_scoped takes buffer types such as pltpu.VMEM(shape, dtype) or "
+        f"pl.ANY(shape, dtype); got {t!r}"
+    )
+
+
+def run_scoped(f: Callable[..., Any], *types: Any, collective_axes=(), **kw_types: Any) -> Any:
+    """Calls ``f`` with fresh refs of the given types; they live only during the call."""
+    flat_types, tree = jax.tree_util.tree_flatten(
+        (types, kw_types), is_leaf=lambda x: isinstance(x, MemoryRef) or hasattr(
+            x, "get_memory_ref")
+    )
+    mem_types = [_as_memory_ref(t) for t in flat_types]
+    avals = [t.get_ref_aval() for t in mem_types]
+
+    def flat_f(*refs):
+        args, kwargs = jax.tree_util.tree_unflatten(tree, refs)
+        out = f(*args, **kwargs)
+        out_flat, out_tree = jax.tree_util.tree_flatten(out)
+        flat_f.out_tree = out_tree
+        return out_flat
+
+    jaxpr, out_avals, consts = jc.trace_kernel_to_jaxpr(flat_f, avals, "run_scoped body")
+    jaxpr = jc.convert_constvars_jaxpr(jaxpr)
+    outs = run_scoped_p.bind(
+        *consts, jaxpr=jaxpr, types=tuple(mem_types), num_consts=len(consts),
+        collective_axes=collective_axes if isinstance(collective_axes, tuple)
+        else (collective_axes,),
+    )
+    return jax.tree_util.tree_unflatten(flat_f.out_tree, outs)
+
+
+def with_scoped(*types: Any, collective_axes=(), **kw_types: Any):
+    """Decorator form of :func:`run_scoped`."""
+
+    def decorator(f):
+        return run_scoped(f, *types, collective_axes=collective_axes, **kw_types)
+
+    return decorator
+
+
+def _run_scoped_abstract_eval(*args, jaxpr, types, num_consts, collective_axes):
+    return [v.aval for v in jaxpr.outvars], operand_effects(jaxpr, num_consts)
+
+
+def operand_effects(jaxpr, num_operands: int) -> set:
+    """The effects of ``jaxpr`` as seen by an equation passing its first invars.
+
+    Input effects on those invars move to the operand positions; effects on the
+    remaining invars (buffers the equation allocates itself) disappear.
+    """
+    pos = {v: i for i, v in enumerate(jaxpr.invars)}
+    out = set()
+    for e in jaxpr.effects:
+        if isinstance(e, jc.effects.JaxprInputEffect):
+            i = e.input if isinstance(e.input, int) else pos.get(e.input)
+            if i is not None and i < num_operands:
+                out.add(e.replace(i))
+        else:
+            out.add(e)
+    return out
+
+
+run_scoped_p.def_effectful_abstract_eval(_run_scoped_abstract_eval)
+
+
+def fresh_cell(t: MemoryRef, origin: str, check_uninitialized: bool) -> Cell:
+    """A cell for a newly allocated buffer: semaphores start at zero, others poisoned."""
+    if is_semaphore_space(t.memory_space):
+        value = jnp.zeros(t.shape, t.dtype)
+        init = None
+    else:
+        value = uninitialized_value(t.shape, t.dtype)
+        init = jnp.zeros(t.shape, jnp.bool_) if check_uninitialized else None
+    return Cell(value, origin, init, t.memory_space)
+
+
+@register_interpret_rule(run_scoped_p)
+def _run_scoped_rule(ctx, eqn, invals):
+    p = eqn.params
+    new = [
+        fresh_cell(t, f"run_scoped buffer {i}", ctx.check_uninitialized)
+        for i, t in enumerate(p["types"])
+    ]
+    return eval_jaxpr(ctx, p["jaxpr"], (), [*invals, *new])

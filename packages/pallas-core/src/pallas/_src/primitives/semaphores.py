@@ -1,0 +1,123 @@
+"""Counting semaphores: ``semaphore_signal``, ``semaphore_wait``, ``semaphore_read``.
+
+Semaphores are int32 buffers in a semaphore memory space. In the interpreter a signal
+adds to the count and a wait subtracts; a wait that would block forever (the count is
+too small and nothing else runs concurrently) is reported as a deadlock when debug
+checks are on.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import jax
+import jax.numpy as jnp
+
+from pallas._src import jax_compat as jc
+from pallas._src.interpreter.rules import register_interpret_rule
+from pallas._src.primitives.load_store import _ref_and_transforms
+
+semaphore_signal_p = jc.Primitive("semaphore_signal")
+semaphore_wait_p = jc.Primitive("semaphore_wait")
+semaphore_read_p = jc.Primitive("semaphore_read")
+semaphore_signal_p.multiple_results = True
+semaphore_wait_p.multiple_results = True
+
+
+class DeviceIdType(enum.Enum):
+    """How a ``device_id`` names a device: by mesh coordinates or by logical id."""
+
+    MESH = "mesh"
+    LOGICAL = "logical"
+
+
+def _flat(sem):
+    base, transforms = _ref_and_transforms(sem)
+    flat, tree = jax.tree_util.tree_flatten(transforms)
+    return base, flat, tree
+
+
+def semaphore_signal(sem_or_view, inc=1, *, device_id=None,
+                     device_id_type: DeviceIdType = DeviceIdType.MESH, core_index=None):
+    """Adds ``inc`` to a semaphore (on ``device_id``'s copy, when given)."""
+    base, flat, tree = _flat(sem_or_view)
+    dev_flat, dev_tree = jax.tree_util.tree_flatten(device_id)
+    core = [] if core_index is None else [jnp.asarray(core_index, jnp.int32)]
+    semaphore_signal_p.bind(
+        base, *flat, jnp.asarray(inc, jnp.int32), *dev_flat, *core, tree=tree,
+        device_id_tree=dev_tree, device_id_type=device_id_type, has_core=bool(core),
+    )
+
+
+def semaphore_wait(sem_or_view, value=1, *, decrement: bool = True):
+    """Waits until a semaphore reaches ``value``; then subtracts it if ``decrement``."""
+    base, flat, tree = _flat(sem_or_view)
+    semaphore_wait_p.bind(base, *flat, jnp.asarray(value, jnp.int32), tree=tree,
+                          decrement=decrement)
+
+
+def semaphore_read(sem_or_view):
+    """The current count of a semaphore (an int32 scalar)."""
+    base, flat, tree = _flat(sem_or_view)
+    return semaphore_read_p.bind(base, *flat, tree=tree)
+
+
+semaphore_signal_p.def_effectful_abstract_eval(
+    lambda *a, **k: ([], {jc.WriteEffect(0)})
+)
+semaphore_wait_p.def_effectful_abstract_eval(lambda *a, **k: ([], {jc.WriteEffect(0)}))
+semaphore_read_p.def_effectful_abstract_eval(
+    lambda *a, **k: (jc.ShapedArray((), jnp.int32), {jc.ReadEffect(0)})
+)
+
+
+def _view(cell, idx, tree):
+    return jc.state_discharge._get_discharge(cell.value, idx, tree)
+
+
+def _update(cell, idx, tree, new):
+    _, cell.value = jc.state_discharge._swap_discharge(cell.value, new, idx, tree)
+
+
+@register_interpret_rule(semaphore_signal_p)
+def _signal_rule(ctx, eqn, invals):
+    p = eqn.params
+    cell, *rest = invals
+    n = p["tree"].num_leaves
+    idx, inc = rest[:n], rest[n]
+    if p["device_id_tree"].num_leaves:
+        signal_remote = ctx.backend_state.get("remote_semaphore_signal")
+        if signal_remote is None:
+            raise NotImplementedError(
+                "semaphore_signal with device_id needs a multi-device interpreter "
+                "(run the kernel under shard_map with a backend that provides remote "
+                "semaphores, e.g. pallas-tpu)"
+            )
+        devs = rest[n + 1 : n + 1 + p["device_id_tree"].num_leaves]
+        signal_remote(ctx, cell, idx, p["tree"], inc, devs, p["device_id_type"])
+        return []
+    _update(cell, idx, p["tree"], _view(cell, idx, p["tree"]) + inc)
+    return []
+
+
+@register_interpret_rule(semaphore_wait_p)
+def _wait_rule(ctx, eqn, invals):
+    p = eqn.params
+    cell, *rest = invals
+    n = p["tree"].num_leaves
+    idx, value = rest[:n], rest[n]
+    cur = _view(cell, idx, p["tree"])
+    ctx.report(
+        jnp.all(cur >= value),
+        f"semaphore_wait on {cell.origin} would block forever: its count is below the "
+        f"awaited value and nothing else runs concurrently in the interpreter",
+    )
+    if p["decrement"]:
+        _update(cell, idx, p["tree"], cur - value)
+    return []
+
+
+@register_interpret_rule(semaphore_read_p)
+def _read_rule(ctx, eqn, invals):
+    cell, *idx = invals
+    return [_view(cell, idx, eqn.params["tree"])]

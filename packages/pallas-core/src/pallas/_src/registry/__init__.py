@@ -1,0 +1,1 @@
+"""The plugin registry: hook specifications, discovery and backend selection."""

@@ -1,0 +1,37 @@
+"""The built-in ``interpret`` backend: the reference interpreter as a CPU backend.
+
+Registered through pallas-core's own ``pallas.backends`` entry point, so it is found by
+the same discovery as every other backend.
+"""
+
+from __future__ import annotations
+
+from pallas.__about__ import __version__
+from pallas._src.registry.backend import Backend
+from pallas._src.registry.hookspecs import hookimpl
+
+
+class InterpretBackend(Backend):
+    """Lowers ``pallas_call`` to plain HLO that interprets the kernel."""
+
+    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost_estimate,
+              name, metadata, out_avals):
+        from pallas._src.pallas_call import lower_with_interpreter
+
+        return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping)
+
+
+INTERPRET = InterpretBackend(
+    name="interpret",
+    version=__version__,
+    platforms=("cpu",),
+    capabilities=frozenset({"*"}),
+    levels=("lower", "execute"),
+    priority=0,
+    package="pallas-core",
+)
+
+
+@hookimpl
+def pallas_backends():
+    return [INTERPRET]

@@ -1,0 +1,219 @@
+"""Discovery of backends through entry points, listing, and backend selection.
+
+Discovery is lazy (at first use), deterministic (entry points sorted by name) and loud:
+a plugin that fails to load is reported with its name and exception, at discovery and
+again whenever someone asks for a backend it might have provided.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import os
+import threading
+import warnings
+from typing import Any
+
+import pluggy
+
+from pallas._src.registry import hookspecs
+from pallas._src.registry.backend import Backend
+
+ENTRY_POINT_GROUP = "pallas.backends"
+
+KNOWN_PACKAGES = {
+    "interpret": "pallas-core",
+    "triton": "pallas-triton",
+    "mosaic_gpu": "pallas-mosaic-gpu",
+    "mosaic_tpu": "pallas-tpu",
+    "mosaic_sparsecore": "pallas-tpu-sparsecore",
+}
+
+
+class BackendNotFoundError(ValueError):
+    """The requested backend is not installed (the message names the package)."""
+
+
+class BackendLoadError(RuntimeError):
+    """A backend plugin failed to load."""
+
+
+class PluginLoadWarning(UserWarning):
+    """Emitted once when a plugin in ``pallas.backends`` fails to load."""
+
+
+@dataclasses.dataclass
+class _State:
+    loaded: bool = False
+    backends: dict = dataclasses.field(default_factory=dict)
+    failures: dict = dataclasses.field(default_factory=dict)  # entry point -> exception
+    manager: pluggy.PluginManager | None = None
+
+
+_state = _State()
+_lock = threading.RLock()
+
+
+def _plugin_manager() -> pluggy.PluginManager:
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    return pm
+
+
+def _discover() -> None:
+    with _lock:
+        if _state.loaded:
+            return
+        pm = _plugin_manager()
+        eps = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
+                     key=lambda ep: (ep.name, ep.value))
+        seen_values = set()
+        for ep in eps:
+            if ep.value in seen_values:
+                continue  # the same distribution visible twice on sys.path
+            seen_values.add(ep.value)
+            try:
+                module = ep.load()
+                pm.register(module, name=f"{ep.name} ({ep.value})")
+            except Exception as e:  # noqa: BLE001 - reported, not swallowed
+                _state.failures[ep.name] = e
+                warnings.warn(
+                    f"Pallas backend plugin {ep.name!r} ({ep.value}) failed to load: "
+                    f"{type(e).__name__}: {e}",
+                    PluginLoadWarning,
+                    stacklevel=3,
+                )
+        for impl in pm.get_plugins():
+            name = pm.get_name(impl)
+            try:
+                provided = impl.pallas_backends() if hasattr(impl, "pallas_backends") else []
+            except Exception as e:  # noqa: BLE001
+                _state.failures[name] = e
+                warnings.warn(f"Pallas backend plugin {name!r} failed in pallas_backends(): "
+                              f"{type(e).__name__}: {e}", PluginLoadWarning, stacklevel=3)
+                continue
+            for b in provided or []:
+                _add(b, name)
+        for rules in pm.hook.pallas_interpret_rules():
+            from pallas._src.interpreter.rules import interpret_rules
+
+            interpret_rules.update(rules or {})
+        _state.manager = pm
+        _state.loaded = True
+
+
+def _add(backend: Backend, source: str) -> None:
+    if not isinstance(backend, Backend):
+        _state.failures[source] = TypeError(
+            f"plugin {source} returned {backend!r}, which is not a pallas.plugins.Backend"
+        )
+        return
+    if backend.name in _state.backends:
+        other = _state.backends[backend.name]
+        _state.failures[source] = ValueError(
+            f"backend name {backend.name!r} from {source} is already provided by "
+            f"{other.package or 'another plugin'}"
+        )
+        return
+    _state.backends[backend.name] = backend
+
+
+def register_backend(backend: Backend) -> None:
+    """Registers a backend object directly (for tests and in-process plugins)."""
+    _discover()
+    with _lock:
+        _add(backend, f"register_backend({backend.name})")
+
+
+def reset() -> None:
+    """Forgets discovered backends; the next use discovers them again."""
+    with _lock:
+        _state.loaded = False
+        _state.backends.clear()
+        _state.failures.clear()
+        _state.manager = None
+
+
+def list_backends() -> list[Backend]:
+    """Every installed backend, sorted by name."""
+    _discover()
+    return [_state.backends[k] for k in sorted(_state.backends)]
+
+
+def load_failures() -> dict[str, Exception]:
+    """Plugins that failed to load, by entry-point name, with their exceptions."""
+    _discover()
+    return dict(_state.failures)
+
+
+def _missing(name: str) -> BackendNotFoundError:
+    pkg = KNOWN_PACKAGES.get(name)
+    installed = ", ".join(sorted(_state.backends)) or "none"
+    hint = f" Install it with `pip install {pkg}`." if pkg else ""
+    failed = ""
+    if _state.failures:
+        failed = " Plugins that failed to load: " + "; ".join(
+            f"{k}: {type(e).__name__}: {e}" for k, e in sorted(_state.failures.items())
+        ) + "."
+    return BackendNotFoundError(
+        f"Pallas backend {name!r} is not installed (installed: {installed}).{hint}{failed}"
+    )
+
+
+def get_backend(name: str) -> Backend:
+    """The installed backend called ``name``; a clear error naming its package if absent."""
+    _discover()
+    try:
+        return _state.backends[name]
+    except KeyError:
+        raise _missing(name) from None
+
+
+def env_var(platform: str) -> str:
+    return f"PALLAS_BACKEND_{platform.upper()}"
+
+
+def requested_backend(backend: str | None, compiler_params: Any) -> str | None:
+    """The backend named explicitly, by ``backend=`` or by the compiler params' type."""
+    if backend is not None:
+        return backend
+    if compiler_params is not None:
+        name = getattr(compiler_params, "BACKEND", None)
+        if name is None and isinstance(compiler_params, dict):
+            return None
+        return name
+    return None
+
+
+def select_backend(platform: str, backend: str | None = None,
+                   compiler_params: Any = None) -> Backend:
+    """Chooses the backend for ``platform`` in the documented order.
+
+    1. ``backend=`` given to ``pallas_call``; 2. the type of ``compiler_params``;
+    3. the environment variable ``PALLAS_BACKEND_<PLATFORM>``; 4. the installed backend
+    with the highest priority for the platform (ties broken by name).
+    """
+    explicit = requested_backend(backend, compiler_params)
+    if explicit is not None:
+        b = get_backend(explicit)
+        if platform not in b.platforms and "*" not in b.platforms:
+            raise ValueError(
+                f"Pallas backend {b.name!r} lowers for {', '.join(b.platforms)}, not for "
+                f"platform {platform!r}"
+            )
+        return b
+    from_env = os.environ.get(env_var(platform))
+    if from_env:
+        return get_backend(from_env)
+    _discover()
+    candidates = [b for b in _state.backends.values() if platform in b.platforms]
+    if not candidates:
+        pkgs = {"cuda": "pallas-triton or pallas-mosaic-gpu", "rocm": "pallas-triton",
+                "tpu": "pallas-tpu"}
+        hint = pkgs.get(platform)
+        raise BackendNotFoundError(
+            f"No installed Pallas backend lowers for platform {platform!r}"
+            + (f"; install {hint}" if hint else "")
+            + ". Or pass interpret=True to run the kernel in the interpreter."
+        )
+    return max(candidates, key=lambda b: (b.priority, b.name))

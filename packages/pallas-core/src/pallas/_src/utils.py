@@ -1,0 +1,106 @@
+"""Small arithmetic and array helpers of the public API (``cdiv``, ``empty``, ...)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas._src import jax_compat as jc
+from pallas._src.memory import uninitialized_value
+
+
+def cdiv(a, b):
+    """Ceiling division ``ceil(a / b)`` for ints and int arrays."""
+    if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
+        return -(-int(a) // int(b))
+    return jax.lax.div(a + b - 1, b)
+
+
+def align_to(a, alignment):
+    """Rounds ``a`` up to a multiple of ``alignment``."""
+    return cdiv(a, alignment) * alignment
+
+
+def next_power_of_2(x: int) -> int:
+    """The smallest power of two >= ``x`` (``x >= 0``)."""
+    if x < 0:
+        raise ValueError(f"next_power_of_2 takes a non-negative int, got {x}")
+    return 1 if x == 0 else 1 << (int(x) - 1).bit_length()
+
+
+def strides_from_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major element strides of ``shape``."""
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def broadcast_to(a, shape: tuple[int, ...]):
+    """``jnp.broadcast_to`` usable inside kernels."""
+    return jnp.broadcast_to(a, shape)
+
+
+def reciprocal(x, *, approx: bool = False, full_range: bool = True):
+    """``1 / x``; backends may use a faster approximation when ``approx``."""
+    del approx, full_range
+    return 1 / x
+
+
+def empty(shape, dtype, *, out_sharding=None):
+    """An array whose contents are unspecified (poisoned in the interpreter)."""
+    del out_sharding
+    return uninitialized_value(tuple(shape), dtype)
+
+
+def empty_like(x: object):
+    """``empty`` with the shape and dtype of every leaf of ``x``."""
+    return jax.tree_util.tree_map(lambda l: empty(jnp.shape(l), jnp.result_type(l)), x)
+
+
+def empty_ref_like(x: object):
+    """A new mutable ref with the shape and dtype of ``x`` (unspecified contents)."""
+    return jax.new_ref(empty(jnp.shape(x), jnp.result_type(x)))
+
+
+def lower_as_mlir(f, *args, dynamic_shapes=False, device=None, static_argnames=(),
+                  platforms=None, **kwargs) -> str:
+    """The StableHLO text of ``jax.jit(f)`` lowered for ``platforms`` (debugging aid)."""
+    del dynamic_shapes, device
+    traced = jax.jit(f, static_argnames=static_argnames).trace(*args, **kwargs)
+    lowered = traced.lower(lowering_platforms=tuple(platforms) if platforms else None)
+    return lowered.as_text()
+
+
+@contextlib.contextmanager
+def pallas_export_experimental(dynamic_shapes: bool):
+    """Context for exporting kernels; dynamic shapes are not supported by pallas-core."""
+    if dynamic_shapes:
+        raise NotImplementedError("pallas-core does not export kernels with dynamic shapes")
+    yield
+
+
+def run_state(f):
+    """Runs ``f`` on refs initialised from its argument; returns their final values."""
+    return jc.state_discharge.run_state(f)
+
+
+def get_global(what: Any):
+    """Backend-specific global buffers: no backend-neutral meaning in pallas-core."""
+    raise NotImplementedError(
+        "pl.get_global allocates a device-global buffer, which only the Mosaic TPU backend "
+        "defines; it is not available in pallas-core's interpreter"
+    )
+
+
+def select_ref(idx, *refs):
+    """Selects one of ``refs`` by a traced index (not supported by pallas-core yet)."""
+    raise NotImplementedError(
+        "pl.select_ref is not supported by pallas-core; index a stacked ref instead "
+        "(ref.at[idx])"
+    )
