@@ -6,7 +6,18 @@ release should be a change to this file alone.
 
 from __future__ import annotations
 
-from jax._src import api_util, config, core, dtypes, effects, pjit, source_info_util
+from jax._src import (
+    ad_checkpoint,
+    api_util,
+    config,
+    core,
+    custom_derivatives,
+    dispatch,
+    dtypes,
+    effects,
+    pjit,
+    source_info_util,
+)
 from jax._src import linear_util as lu
 from jax._src.interpreters import mlir
 from jax._src.interpreters import partial_eval as pe
@@ -16,6 +27,12 @@ from jax._src.state import discharge as state_discharge
 from jax._src.state import indexing as state_indexing
 from jax._src.state import primitives as state_primitives
 from jax._src.state import types as state_types
+
+# Re-exported modules (used by other pallas-core modules as ``jc.<module>``).
+__all__ = [
+    "api_util", "config", "core", "dispatch", "dtypes", "effects", "lu", "mlir", "pe",
+    "source_info_util", "state_discharge", "state_indexing", "state_primitives", "state_types",
+]
 
 AbstractRef = state_types.AbstractRef
 TransformedRef = state_types.TransformedRef
@@ -41,6 +58,9 @@ jit_p = pjit.jit_p
 while_p = lax_loops.while_p
 scan_p = lax_loops.scan_p
 closed_call_p = core.closed_call_p
+custom_jvp_call_p = custom_derivatives.custom_jvp_call_p
+custom_vjp_call_p = custom_derivatives.custom_vjp_call_p
+remat_p = ad_checkpoint.remat_p
 
 register_discharge_rule = state_discharge.register_discharge_rule
 discharge_rules = state_discharge._discharge_rules
@@ -69,12 +89,9 @@ def jaxpr_subcomp_lower_fun(fun, multiple_results=True):
     return mlir.lower_fun(fun, multiple_results=multiple_results)
 
 
-__all__ = [name for name in dir() if not name.startswith("_")]
-__all__ += ["api_util", "config", "core", "dtypes", "effects", "source_info_util", "lu", "mlir"]
 
-from jax._src import dispatch as _dispatch  # noqa: E402
 
 
 def dispatch_apply_primitive(prim, *args, **params):
     """Runs a primitive eagerly by jit-compiling its lowering (JAX's default impl)."""
-    return _dispatch.apply_primitive(prim, *args, **params)
+    return dispatch.apply_primitive(prim, *args, **params)
