@@ -31,6 +31,7 @@ from pallas._src.grid_spec import GridSpec, PrefetchScalarGridSpec
 from pallas._src.interpreter.grid_runner import InterpreterError
 from pallas._src.jax_compat import Slice, ds
 from pallas._src.memory import ANY, HOST, MemoryRef, MemorySpace, semaphore
+from pallas._src.mesh import core_map, kernel
 from pallas._src.pallas_call import InterpretParams, pallas_call, pallas_call_p
 from pallas._src.primitives.control import loop, when
 from pallas._src.primitives.debug import debug_check, debug_print, delay
@@ -68,9 +69,9 @@ __all__ = [
     "CompilerParams", "CostEstimate", "DeviceIdType", "Element", "GridSpec", "Indirect",
     "InterpretParams", "InterpreterError", "MemoryRef", "MemorySpace", "NoBlockSpec",
     "PrefetchScalarGridSpec", "RevisitMode", "Slice", "Squeezed", "align_to",
-    "broadcast_to", "cdiv", "debug_check", "debug_print", "delay", "ds", "dslice", "empty",
+    "broadcast_to", "cdiv", "core_map", "debug_check", "debug_print", "delay", "ds", "dslice", "empty",
     "empty_like", "empty_ref_like", "enable_bounds_checks", "enable_debug_checks",
-    "enable_poison_buffers", "estimate_cost", "get_global", "load", "loop", "lower_as_mlir",
+    "enable_poison_buffers", "estimate_cost", "get_global", "kernel", "load", "loop", "lower_as_mlir",
     "multiple_of", "next_power_of_2", "no_block_spec", "num_programs", "pallas_call",
     "pallas_call_p", "pallas_export_experimental", "program_id", "reciprocal", "run_scoped",
     "run_state", "select_ref", "semaphore", "semaphore_read", "semaphore_signal",

@@ -7,6 +7,7 @@ a ``@hookimpl``-marked ``pallas_backends`` function, and register the module in 
 
 from pallas._src.interpreter.evaluator import Cell, KernelContext
 from pallas._src.interpreter.rules import register_interpret_rule
+from pallas._src.mesh import CoreMesh, Mesh
 from pallas._src.registry.backend import LEVELS, Backend
 from pallas._src.registry.hookspecs import hookimpl, hookspec
 from pallas._src.registry.registry import (
@@ -24,8 +25,8 @@ from pallas._src.registry.registry import (
 )
 
 __all__ = [
-    "Backend", "BackendLoadError", "BackendNotFoundError", "Cell", "ENTRY_POINT_GROUP",
-    "KernelContext", "LEVELS", "PluginLoadWarning", "env_var", "get_backend", "hookimpl",
+    "Backend", "BackendLoadError", "BackendNotFoundError", "Cell", "CoreMesh", "ENTRY_POINT_GROUP",
+    "KernelContext", "LEVELS", "Mesh", "PluginLoadWarning", "env_var", "get_backend", "hookimpl",
     "hookspec", "list_backends", "load_failures", "register_backend",
     "register_interpret_rule", "reset", "select_backend",
 ]

@@ -21,6 +21,7 @@ from jax._src import (
 from jax._src import linear_util as lu
 from jax._src.interpreters import mlir
 from jax._src.interpreters import partial_eval as pe
+from jax._src.lax import parallel as lax_parallel
 from jax._src.lax.control_flow import conditionals as lax_conditionals
 from jax._src.lax.control_flow import loops as lax_loops
 from jax._src.state import discharge as state_discharge
@@ -61,6 +62,8 @@ closed_call_p = core.closed_call_p
 custom_jvp_call_p = custom_derivatives.custom_jvp_call_p
 custom_vjp_call_p = custom_derivatives.custom_vjp_call_p
 remat_p = ad_checkpoint.remat_p
+axis_index_p = lax_parallel.axis_index_p
+extend_axis_env_nd = core.extend_axis_env_nd
 
 register_discharge_rule = state_discharge.register_discharge_rule
 discharge_rules = state_discharge._discharge_rules

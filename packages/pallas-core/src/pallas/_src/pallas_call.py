@@ -199,6 +199,23 @@ def pallas_call(
 
     Extra over upstream: ``backend=`` picks a backend by name.
     """
+    return pallas_call_with_axes(
+        kernel, out_shape, grid_spec=grid_spec, grid=grid, in_specs=in_specs,
+        out_specs=out_specs, scratch_shapes=scratch_shapes,
+        input_output_aliases=input_output_aliases, debug=debug, interpret=interpret,
+        name=name, compiler_params=compiler_params, cost_estimate=cost_estimate,
+        metadata=metadata, backend=backend,
+    )
+
+
+def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
+                          in_specs=bs.no_block_spec, out_specs=bs.no_block_spec,
+                          scratch_shapes=(), input_output_aliases=None, debug=False,
+                          interpret=False, name=None, compiler_params=None,
+                          cost_estimate=None, metadata=None, backend=None,
+                          grid_names=None):
+    """``pallas_call`` whose grid axes may be named (``lax.axis_index(name)`` works)."""
+    input_output_aliases = input_output_aliases or {}
     if grid_spec is None:
         grid_spec = GridSpec(grid, in_specs, out_specs, scratch_shapes)
     else:
@@ -236,7 +253,12 @@ def pallas_call(
             grid_spec, body_tree, in_avals, out_tree, out_avals,
             dict(input_output_aliases), in_paths, out_paths,
         )
-        jaxpr = trace_kernel(kernel, gm, body_tree, out_tree, scratch_tree, kname)
+        if grid_names is not None:
+            gm = dataclasses.replace(gm, grid_names=tuple(grid_names))
+            with jc.extend_axis_env_nd(list(zip(grid_names, gm.grid))):
+                jaxpr = trace_kernel(kernel, gm, body_tree, out_tree, scratch_tree, kname)
+        else:
+            jaxpr = trace_kernel(kernel, gm, body_tree, out_tree, scratch_tree, kname)
         if debug:
             print(f"The kernel jaxpr for pallas_call {kname}:", file=sys.stdout)
             print(jaxpr, file=sys.stdout)
@@ -245,8 +267,12 @@ def pallas_call(
         explicit = registry.requested_backend(backend, compiler_params)
         if explicit is not None and not interpret:
             registry.get_backend(explicit).validate(jaxpr, gm, compiler_params)
+        checks = _checks_for(interpret) if interpret else None
+        if checks is not None and not checks.any:
+            checks = None
         outs = pallas_call_p.bind(
             *flat_args,
+            checks=checks,
             jaxpr=jaxpr,
             grid_mapping=gm,
             interpret=_freeze_interpret(interpret),
@@ -258,6 +284,11 @@ def pallas_call(
             backend=backend,
             out_avals=tuple(out_avals),
         )
+        if checks is not None:
+            from pallas._src.interpreter.grid_runner import raise_if_error
+
+            *outs, err = outs
+            raise_if_error(jaxpr, gm, err)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
     return wrapped
@@ -283,8 +314,12 @@ def _freeze_interpret(interpret):
 # The primitive's rules.
 
 
-def _abstract_eval(*avals, out_avals, **params):
-    return list(out_avals)
+def _abstract_eval(*avals, out_avals, checks, grid_mapping, **params):
+    if checks is None:
+        return list(out_avals)
+    from pallas._src.interpreter.grid_runner import error_vector_size
+
+    return [*out_avals, jc.ShapedArray((error_vector_size(grid_mapping),), jnp.int32)]
 
 
 pallas_call_p.def_abstract_eval(_abstract_eval)
@@ -311,21 +346,23 @@ def _checks_for(interpret):
     return base
 
 
-def lower_with_interpreter(ctx, *in_nodes, jaxpr, grid_mapping, interpret=True):
-    """Lowers ``pallas_call`` to HLO that runs the reference interpreter."""
+def lower_with_interpreter(ctx, *in_nodes, jaxpr, grid_mapping, checks=None):
+    """Lowers ``pallas_call`` to HLO that runs the reference interpreter.
+
+    With ``checks`` (a ``Checks``), the last result is the checks' error vector.
+    """
     from pallas._src.interpreter.grid_runner import interpret_pallas_call
 
-    checks = _checks_for(interpret)
     fun = functools.partial(interpret_pallas_call, jaxpr=jaxpr, grid_mapping=grid_mapping,
                             checks=checks)
     return jc.mlir.lower_fun(fun, multiple_results=True)(ctx, *in_nodes)
 
 
 def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compiler_params,
-              cost_estimate, metadata, backend, out_avals):
+              cost_estimate, metadata, backend, out_avals, checks):
     if interpret:
         return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
-                                      interpret=interpret)
+                                      checks=checks)
     platforms = ctx.module_context.platforms
 
     def rule_for(platform):

@@ -235,3 +235,47 @@ def scratch_live_in(kernel_jaxpr, first_scratch: int, known_ids: dict[int, int],
 
     live.fold = fold
     return live.walk(jaxpr, tracked, set())
+
+
+# ------------------------------------------------------------------------------------
+# Which program ids set the trip count of a loop?
+
+
+def trip_count_axes(kernel_jaxpr) -> set[int]:
+    """Grid axes whose ``program_id`` flows into the inputs of a ``while`` loop.
+
+    Vectorising such an axis runs every lane for the longest trip (a causal attention
+    kernel would do twice the work), so the interpreter loops over it instead.
+    """
+    from pallas._src.primitives.grid import program_id_p
+
+    axes: set[int] = set()
+
+    def walk(jaxpr, taint: dict):
+        for eqn in jaxpr.eqns:
+            ins = set()
+            for v in eqn.invars:
+                if isinstance(v, jc.Var):
+                    ins |= taint.get(v, set())
+            if eqn.primitive is program_id_p:
+                ins = {eqn.params["axis"]}
+            if eqn.primitive is jc.while_p:
+                axes.update(ins)
+            for sub in _sub_jaxprs(eqn):
+                inner = {iv: set(ins) for iv in sub.invars}
+                walk(sub, inner)
+            for o in eqn.outvars:
+                taint[o] = ins
+
+    j = kernel_jaxpr.jaxpr if hasattr(kernel_jaxpr, "jaxpr") else kernel_jaxpr
+    walk(j, {})
+    return axes
+
+
+def _sub_jaxprs(eqn):
+    for key in ("jaxpr", "call_jaxpr", "cond_jaxpr", "body_jaxpr"):
+        j = eqn.params.get(key)
+        if j is not None:
+            yield getattr(j, "jaxpr", j)
+    for br in eqn.params.get("branches", ()):
+        yield br.jaxpr

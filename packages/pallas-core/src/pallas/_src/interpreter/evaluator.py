@@ -29,13 +29,15 @@ class Cell:
     read check is on. ``origin`` names the operand (e.g. ``outputs[0]``) for errors.
     """
 
-    __slots__ = ("value", "init", "origin", "memory_space")
+    __slots__ = ("value", "init", "origin", "memory_space", "block")
 
-    def __init__(self, value, origin: str = "a ref", init=None, memory_space=None):
+    def __init__(self, value, origin: str = "a ref", init=None, memory_space=None,
+                 block=None):
         self.value = value
         self.init = init
         self.origin = origin
         self.memory_space = memory_space
+        self.block = block  # the block index this cell holds, for error messages
 
     def state(self) -> tuple:
         return (self.value,) if self.init is None else (self.value, self.init)
@@ -47,7 +49,7 @@ class Cell:
 
     def fork(self, state: Sequence[Any]) -> Cell:
         """A cell with the same identity data but contents ``state`` (for sub-traces)."""
-        c = Cell(state[0], self.origin, None, self.memory_space)
+        c = Cell(state[0], self.origin, None, self.memory_space, self.block)
         if self.init is not None:
             c.init = state[1]
         return c
@@ -90,11 +92,20 @@ class KernelContext:
         self.backend_state = backend_state if backend_state is not None else {}
 
     # -- checks ---------------------------------------------------------------------
-    def report(self, ok, message: str, payload: Sequence[Any] = ()) -> None:
+    def report_read(self, ok, cell: Cell, message: str) -> None:
+        """Reports a bad read of ``cell``, naming its block when it holds one."""
+        if cell.block is None:
+            self.report(ok, message)
+        else:
+            self.report(ok, message, [*self.grid_indices, len(cell.block), *cell.block])
+
+    def report(self, ok, message: str, payload: Sequence[Any] | None = None) -> None:
         """Records ``message`` (with int payload) as the first error if ``ok`` is false."""
         if self.error_cell is None:
             return
         code = self.errors.code_for(message)
+        if payload is None:
+            payload = [*self.grid_indices, 0]
         payload = [jnp.asarray(p, jnp.int32).reshape(()) for p in payload]
         payload += [jnp.int32(0)] * (self.errors.payload_size - len(payload))
         new = jnp.stack([jnp.int32(code), *payload[: self.errors.payload_size]])
@@ -166,11 +177,7 @@ def _check_initialized(ctx, eqn, cell: Cell, idx) -> None:
     if not ctx.check_uninitialized or cell.init is None:
         return
     _, mask = _discharge(jc.get_p, eqn, [cell.init, *idx])
-    ok = jnp.all(mask)
-    ctx.report(
-        ok,
-        f"read of uninitialised memory in {cell.origin}",
-    )
+    ctx.report_read(jnp.all(mask), cell, f"read of uninitialised memory in {cell.origin}")
 
 
 @register_interpret_rule(jc.get_p)

@@ -215,22 +215,47 @@ def _prefetch_cells(plan):
     return [Cell(x, f"scalar prefetch {i}") for i, x in enumerate(plan.prefetch)]
 
 
-def _error_table(gm) -> ErrorTable:
+_error_tables: dict[int, tuple] = {}
+
+
+def error_table_for(jaxpr, gm) -> ErrorTable:
+    """The message table of a kernel's checks (kept so results can be decoded later)."""
+    entry = _error_tables.get(id(jaxpr))
+    if entry is None or entry[0] is not jaxpr:
+        rank = max([len(bm.block_dims) for bm in gm.block_mappings] + [0])
+        entry = (jaxpr, ErrorTable(payload_size=len(gm.grid) + 2 * rank + 2))
+        _error_tables[id(jaxpr)] = entry
+    return entry[1]
+
+
+def error_vector_size(gm) -> int:
     rank = max([len(bm.block_dims) for bm in gm.block_mappings] + [0])
-    return ErrorTable(payload_size=len(gm.grid) + 2 * rank + 2)
+    return 1 + len(gm.grid) + 2 * rank + 2
 
 
-def _raise_on_error(table: ErrorTable, gm, err):
-    def callback(err):
-        err = np.asarray(err)
-        code = int(err[0])
-        if code == 0:
-            return
-        msg = table.messages[code - 1]
-        point = tuple(int(v) for v in err[1 : 1 + len(gm.grid)])
-        raise InterpreterError(f"{msg}, at grid iteration {point}{_block_suffix(err, gm)}")
+def decode_error(jaxpr, gm, err) -> str | None:
+    """The message of a failed check recorded in ``err``, or None if all passed."""
+    err = np.asarray(err)
+    code = int(err[0])
+    if code == 0:
+        return None
+    msg = error_table_for(jaxpr, gm).messages[code - 1]
+    point = tuple(int(v) for v in err[1 : 1 + len(gm.grid)])
+    return f"{msg}, at grid iteration {point}{_block_suffix(err, gm)}"
 
-    jax.debug.callback(callback, err)
+
+def raise_if_error(jaxpr, gm, err) -> None:
+    """Raises InterpreterError now (concrete ``err``) or when the computation runs."""
+
+    def check(err):
+        msg = decode_error(jaxpr, gm, err)
+        if msg is not None:
+            raise InterpreterError(msg)
+
+    if isinstance(err, jax.core.Tracer):
+        jax.debug.callback(check, err)
+    else:
+        check(err)
 
 
 def _block_suffix(err, gm) -> str:
@@ -250,7 +275,7 @@ def run_sequential(plan: _Plan, jaxpr, checks: Checks):
     gm = plan.gm
     grid = gm.grid
     n = gm.num_grid_points
-    table = _error_table(gm) if checks.any else None
+    table = error_table_for(jaxpr, gm) if checks.any else None
     track = checks.uninitialized
 
     out_masks0 = []
@@ -269,7 +294,8 @@ def run_sequential(plan: _Plan, jaxpr, checks: Checks):
         outs, masks, scratch_states, err = carry
         grid_idx = _unravel(t, grid)
         err_cell = Cell(err, "errors") if table else None
-        ctx = KernelContext(grid_idx, grid, errors=table, error_cell=err_cell,
+        ctx = KernelContext(grid_idx, grid, axis_names=gm.grid_names, errors=table,
+                            error_cell=err_cell,
                             check_uninitialized=track, debug_checks=checks.debug)
         pcells = _prefetch_cells(plan)
         in_src = [outs[plan.reads_out[i]] if i in plan.reads_out else b
@@ -282,7 +308,7 @@ def run_sequential(plan: _Plan, jaxpr, checks: Checks):
             blk = B.load_block(outs[o], bm, plan.out_pads[o], starts)
             mblk = None if masks[o] is None else B.load_block(
                 masks[o], bm, plan.out_pads[o], starts)
-            out_cells.append(Cell(blk, bm.origin, mblk, bm.memory_space))
+            out_cells.append(Cell(blk, bm.origin, mblk, bm.memory_space, flat))
         if checks.bounds:
             for k, bm in enumerate(gm.block_mappings):
                 if bm.whole:
@@ -293,7 +319,6 @@ def run_sequential(plan: _Plan, jaxpr, checks: Checks):
                            f"{tuple(bm.array_aval.shape)}, block {bm.block_shape})",
                            [*grid_idx, len(flat), *flat])
         scratch = [c.fork(s) for c, s in zip(scratch0, scratch_states)]
-        _set_payload_hook(ctx, grid_idx, positions)
         _run_kernel(plan, ctx, jaxpr, pcells, grid_idx, in_src, out_cells, scratch)
         new_outs, new_masks = list(outs), list(masks)
         for o, bm in enumerate(gm.out_block_mappings):
@@ -312,21 +337,7 @@ def run_sequential(plan: _Plan, jaxpr, checks: Checks):
     elif n > 1:
         carry = lax.fori_loop(0, n, body, carry)
     outs, _, _, err = carry
-    if table is not None:
-        _raise_on_error(table, gm, err)
-    return outs
-
-
-def _set_payload_hook(ctx, grid_idx, positions):
-    """Makes every report carry the grid point (and, for blocks, the block index)."""
-    report = ctx.report
-
-    def report_with_point(ok, message, payload=None):
-        if payload is None:
-            payload = [*grid_idx, 0]
-        report(ok, message, payload)
-
-    ctx.report = report_with_point
+    return outs, err
 
 
 def _unravel(t, grid):
@@ -342,28 +353,35 @@ def _unravel(t, grid):
 # Vectorised execution: lanes over independent axes, a loop over the others.
 
 
-def run_lanes(plan: _Plan, jaxpr, lanes: tuple[int, ...]):
+def run_lanes(plan: _Plan, jaxpr, lanes: tuple[int, ...], outer: tuple[int, ...] = ()):
+    """Vectorises the ``lanes`` axes, loops over the rest.
+
+    ``outer`` axes (a subset of the independent axes) run as an outer loop around the
+    vectorised lanes instead of inside them: used for axes that set a loop's trip count
+    in the kernel, where vectorising would run every lane for the longest trip.
+    """
     gm = plan.gm
     grid = gm.grid
+    inner = tuple(a for a in lanes if a not in outer)
     seq = tuple(a for a in range(len(grid)) if a not in lanes)
-    lane_grid = tuple(grid[a] for a in lanes)
+    inner_grid = tuple(grid[a] for a in inner)
+    outer_grid = tuple(grid[a] for a in outer)
     seq_grid = tuple(grid[a] for a in seq)
     n_seq = math.prod(seq_grid)
     n_in = gm.num_inputs
     in_src = [plan.out_init[plan.reads_out[i]] if i in plan.reads_out else b
               for i, b in enumerate(plan.in_bufs)]
 
-    def lane(*lane_idx):
+    def lane(outer_idx, *lane_idx):
         def grid_point(s):
-            seq_idx = _unravel(s, seq_grid)
             full = [None] * len(grid)
-            for a, v in zip(lanes, lane_idx):
-                full[a] = v
-            for a, v in zip(seq, seq_idx):
-                full[a] = v
+            for axes, vals in ((outer, outer_idx), (inner, lane_idx),
+                               (seq, _unravel(s, seq_grid))):
+                for a, v in zip(axes, vals):
+                    full[a] = v
             return tuple(full)
 
-        ctx0 = KernelContext(grid_point(0), grid)
+        ctx0 = KernelContext(grid_point(0), grid, axis_names=gm.grid_names)
         pcells = _prefetch_cells(plan)
         out_pos = [
             plan.block_positions(ctx0, pcells, grid_point(0), n_in + o)[:2]
@@ -379,7 +397,7 @@ def run_lanes(plan: _Plan, jaxpr, lanes: tuple[int, ...]):
         def step(s, carry):
             outs, scratch_states = carry
             gi = grid_point(s)
-            ctx = KernelContext(gi, grid)
+            ctx = KernelContext(gi, grid, axis_names=gm.grid_names)
             out_cells = [Cell(v, bm.origin, None, bm.memory_space)
                          for v, bm in zip(outs, gm.out_block_mappings)]
             scratch = [c.fork(st) for c, st in zip(scratch0, scratch_states)]
@@ -392,80 +410,78 @@ def run_lanes(plan: _Plan, jaxpr, lanes: tuple[int, ...]):
             carry = step(jnp.int32(0), carry)
         elif n_seq > 1:
             carry = lax.fori_loop(0, n_seq, step, carry)
-        return carry[0]
+        starts = [[jnp.asarray(x, jnp.int32) for x in pos[0]] for pos in out_pos]
+        sizes = [[jnp.int32(-1) if x is None else jnp.asarray(x, jnp.int32) for x in pos[1]]
+                 for pos in out_pos]
+        return carry[0], starts, sizes
 
-    if lanes:
-        coords = analysis.grid_coords(lane_grid)
-        blocks = jax.vmap(lane)(*[jnp.asarray(c) for c in coords])
-        n_lanes = len(coords[0])
-    else:
-        blocks = [b[None] for b in lane()]
-        n_lanes = 1
-    return _scatter_blocks(plan, blocks, lanes, lane_grid, n_lanes)
+    # One vmap per lane axis (not one over the flattened lanes): an input whose block
+    # does not move along an axis stays unbatched there, so e.g. the blocks of a tiled
+    # matmul meet in one large dot instead of many small batched ones.
+    f = lane
+    for k in reversed(range(len(inner))):
+        in_axes = (None,) + tuple(0 if j == k else None for j in range(len(inner)))
+        f = jax.vmap(f, in_axes=in_axes)
+    n_inner = math.prod(inner_grid)
+    lane_args = [jnp.arange(g, dtype=jnp.int32) for g in inner_grid]
+
+    def flat_lanes(outer_idx):
+        blocks, starts, sizes = f(outer_idx, *lane_args)
+        flat = lambda x: jnp.reshape(x, (n_inner, *jnp.shape(x)[len(inner):]))  # noqa: E731
+        return jax.tree_util.tree_map(flat, (blocks, starts, sizes))
+
+    if not outer:
+        blocks, starts, sizes = flat_lanes(())
+        tiled = [_tiled_scatter(bm, plan.out_pads[o], plan.starts[n_in + o], blocks[o],
+                                plan.out_init[o], lanes, grid)
+                 for o, bm in enumerate(gm.out_block_mappings)]
+        if all(t is not None for t in tiled):
+            return tiled
+        return _scatter(plan, list(plan.out_init), blocks, starts, sizes, n_inner)
+
+    def outer_body(t, bufs):
+        blocks, starts, sizes = flat_lanes(_unravel(t, outer_grid))
+        return _scatter(plan, bufs, blocks, starts, sizes, n_inner)
+
+    return lax.fori_loop(0, math.prod(outer_grid), outer_body, list(plan.out_init))
 
 
-def _scatter_blocks(plan, blocks, lanes, lane_grid, n_lanes):
-    """Writes each lane's output blocks into the output buffers."""
+def _scatter(plan, bufs, blocks, starts, sizes, n_lanes):
+    """Writes ``n_lanes`` lanes' output blocks at their (traced) starts."""
     gm = plan.gm
-    n_in = gm.num_inputs
-    grid = gm.grid
-    # The grid point that starts each lane: sequential axes at zero.
-    lane_coords = analysis.grid_coords(lane_grid) if lanes else []
-    point = np.zeros(n_lanes, np.int64)
-    strides = np.cumprod((1,) + tuple(reversed(grid)))[:-1][::-1] if grid else ()
-    for a, c in zip(lanes, lane_coords):
-        point += c.astype(np.int64) * int(strides[a])
     outs = []
     for o, bm in enumerate(gm.out_block_mappings):
-        starts_tab = plan.starts[n_in + o][point]
-        sizes_tab = _sizes_table(bm, plan.tables[n_in + o][point])
-        buf = plan.out_init[o]
-        tiled = _tiled_scatter(bm, plan.out_pads[o], starts_tab, blocks[o], buf)
-        if tiled is not None:
-            outs.append(tiled)
-            continue
-        starts_arr = jnp.asarray(starts_tab, jnp.int32)
-        sizes_arr = None if sizes_tab is None else jnp.asarray(sizes_tab, jnp.int32)
 
-        def body(k, buf, bm=bm, o=o, starts_arr=starts_arr, sizes_arr=sizes_arr):
-            starts = [starts_arr[k, d] for d in range(len(bm.block_dims))]
-            sizes = [None] * len(bm.block_dims)
-            if sizes_arr is not None:
-                sizes = [None if sizes_arr.shape[1] <= d else sizes_arr[k, d]
-                         for d in range(len(bm.block_dims))]
-            return B.store_block(buf, bm, plan.out_pads[o], starts, sizes, blocks[o][k])
+        def body(k, buf, o=o, bm=bm):
+            st = [x[k] for x in starts[o]]
+            sz = [None if not _is_bounded(d) else x[k] for d, x in zip(bm.block_dims, sizes[o])]
+            return B.store_block(buf, bm, plan.out_pads[o], st, sz, blocks[o][k])
 
-        outs.append(lax.fori_loop(0, n_lanes, body, buf) if n_lanes > 1 else body(0, buf))
+        outs.append(body(0, bufs[o]) if n_lanes == 1
+                    else lax.fori_loop(0, n_lanes, body, bufs[o]))
     return outs
 
 
-def _sizes_table(bm, table):
-    if not any(type(d).__name__ == "BoundedSlice" for d in bm.block_dims):
-        return None
-    cols, c = [], 0
-    for d in bm.block_dims:
-        if type(d).__name__ == "BoundedSlice":
-            cols.append(table[:, c + 1])
-            c += 2
-        else:
-            cols.append(np.full(len(table), -1))
-            c += 1
-    return np.stack(cols, axis=1)
+def _is_bounded(d) -> bool:
+    return type(d).__name__ == "BoundedSlice"
 
 
-def _tiled_scatter(bm, pads, starts_tab, lane_blocks, buf):
+def _tiled_scatter(bm, pads, start_table, lane_blocks, buf, lanes, grid):
     """When the lanes' blocks tile the padded buffer exactly, one transpose places them."""
-    if not analysis.blocks_are_disjoint(bm) or any(lo for lo, _ in pads):
+    if start_table is None or not analysis.blocks_are_disjoint(bm) or any(
+            lo for lo, _ in pads):
         return None
     shape = buf.shape
     bshape = bm.block_shape
     counts = [s // b if s % b == 0 else None for s, b in zip(shape, bshape)]
-    if any(c is None for c in counts) or math.prod(counts) != len(starts_tab):
+    if any(c is None for c in counts) or math.prod(counts) != len(lane_blocks):
         return None
-    block_idx = starts_tab // np.asarray(bshape)
-    # the lanes must enumerate the block grid in row-major order
-    expected = np.stack(np.unravel_index(np.arange(len(starts_tab)), counts), axis=1)
-    if not np.array_equal(block_idx, expected):
+    # The grid point that starts each lane (the sequential axes at zero), row-major.
+    rows = start_table.reshape(*grid, -1)[
+        tuple(slice(None) if a in lanes else 0 for a in range(len(grid)))
+    ].reshape(-1, start_table.shape[1])
+    expected = np.stack(np.unravel_index(np.arange(len(rows)), counts), axis=1)
+    if not np.array_equal(rows // np.asarray(bshape), expected):
         return None
     x = lane_blocks.reshape(*counts, *bshape)
     nd = len(shape)
@@ -477,21 +493,28 @@ def _tiled_scatter(bm, pads, starts_tab, lane_blocks, buf):
 
 
 def interpret_pallas_call(*args, jaxpr, grid_mapping, checks: Checks | None = None):
-    """Runs the kernel on ``args`` with the reference semantics; returns the outputs."""
+    """Runs the kernel on ``args`` with the reference semantics; returns the outputs.
+
+    With checks on, the last output is the error vector (see :func:`decode_error`).
+    """
     gm = grid_mapping
-    checks = Checks.from_config() if checks is None else checks
+    checks = Checks() if checks is None else checks
     plan = _Plan(gm, args, checks)
     if checks.bounds:
         static_bounds_check(plan)
+    err = jnp.zeros((error_vector_size(gm),), jnp.int32)
     if gm.num_grid_points == 0:
         outs = list(plan.out_init)
     else:
         lanes = choose_lanes(plan, jaxpr, checks)
         if lanes is None:
-            outs = run_sequential(plan, jaxpr, checks)
+            outs, seq_err = run_sequential(plan, jaxpr, checks)
+            err = err if seq_err is None else seq_err
         else:
-            outs = run_lanes(plan, jaxpr, lanes)
-    return [
+            outer = tuple(a for a in lanes if a in analysis.trip_count_axes(jaxpr))
+            outs = run_lanes(plan, jaxpr, lanes, outer)
+    outs = [
         B.unpad_array(x, pads, bm.array_aval.shape)
         for x, pads, bm in zip(outs, plan.out_pads, gm.out_block_mappings)
     ]
+    return [*outs, err] if checks.any else outs

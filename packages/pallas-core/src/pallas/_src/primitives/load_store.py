@@ -110,7 +110,7 @@ def _load_rule(ctx, eqn, invals):
     if cell.init is not None and ctx.check_uninitialized:
         init = jc.state_discharge._get_discharge(cell.init, idx, tree)
         read = init if mask is None else jnp.logical_or(init, jnp.logical_not(mask))
-        ctx.report(jnp.all(read), f"read of uninitialised memory in {cell.origin}")
+        ctx.report_read(jnp.all(read), cell, f"read of uninitialised memory in {cell.origin}")
     if mask is not None:
         fill = other if other is not None else jnp.zeros_like(value)
         value = jnp.where(mask, value, fill)

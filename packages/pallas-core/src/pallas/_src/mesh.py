@@ -1,0 +1,216 @@
+"""Meshes of cores, and the two ways to run code on them: ``core_map`` and ``kernel``.
+
+A mesh names its axes (``lax.axis_index(name)`` inside the body gives the core's
+coordinate) and says which backend runs it. Backends subclass :class:`Mesh`
+(``pltpu.create_tensorcore_mesh``, ``plsc.VectorSubcoreMesh``, ...); :class:`CoreMesh`
+is the backend-neutral one the interpreter runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+from jax import lax
+
+from pallas._src import block_spec as bs
+from pallas._src import jax_compat as jc
+from pallas._src.interpreter.evaluator import (
+    Cell,
+    KernelContext,
+    _copy_ctx,
+    _Threaded,
+    _unique_cells,
+    eval_jaxpr,
+)
+from pallas._src.interpreter.rules import register_interpret_rule
+from pallas._src.memory import MemoryRef, MemorySpace
+from pallas._src.primitives.scoped import fresh_cell, operand_effects
+
+
+class Mesh:
+    """Base class of meshes. Subclasses define ``shape`` and may set ``backend``."""
+
+    backend: str | None = None
+    default_memory_space: Any = MemorySpace.ANY
+
+    @property
+    def shape(self) -> Mapping[str, int]:
+        raise NotImplementedError
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(self.shape)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(int(v) for v in self.shape.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreMesh(Mesh):
+    """A backend-neutral mesh, e.g. ``CoreMesh(core=2)``; runs in the interpreter."""
+
+    axes: tuple[tuple[str, int], ...]
+    backend: str | None = None
+
+    def __init__(self, axes: Mapping[str, int] | None = None, *, backend: str | None = None,
+                 **kw_axes: int):
+        merged = dict(axes or {}, **kw_axes)
+        object.__setattr__(self, "axes", tuple((str(k), int(v)) for k, v in merged.items()))
+        object.__setattr__(self, "backend", backend)
+
+    @property
+    def shape(self) -> Mapping[str, int]:
+        return dict(self.axes)
+
+
+# ------------------------------------------------------------------------------------
+# kernel: a pallas_call whose grid is the mesh and whose operands are whole refs.
+
+
+class _NotSpecified:
+    def __repr__(self) -> str:
+        return "<not-specified>"
+
+
+NOT_SPECIFIED = _NotSpecified()
+
+
+def kernel(body: Callable | Any = NOT_SPECIFIED, out_type: object = (), *, mesh: Mesh,
+           scratch_types: Any = (), compiler_params: Any = None, interpret: Any = False,
+           cost_estimate: Any = None, debug: bool = False, name: str | None = None,
+           metadata: dict[str, str] | None = None):
+    """Runs ``body(*in_refs, *out_refs, *scratch_refs)`` once on every core of ``mesh``.
+
+    Operands and results are whole arrays in the mesh's default memory space; the
+    result has the structure of ``out_type``. Usable as a decorator.
+    """
+    if body is NOT_SPECIFIED:
+        return lambda b: kernel(b, out_type, mesh=mesh, scratch_types=scratch_types,
+                                compiler_params=compiler_params, interpret=interpret,
+                                cost_estimate=cost_estimate, debug=debug, name=name,
+                                metadata=metadata)
+    from pallas._src.pallas_call import pallas_call_with_axes
+
+    def run(*args):
+        spec = bs.BlockSpec(memory_space=mesh.default_memory_space)
+        in_specs = jax.tree_util.tree_map(lambda _: spec, args)
+        out_specs = jax.tree_util.tree_map(lambda _: spec, out_type)
+        scratch = scratch_types
+        if isinstance(scratch, Mapping):
+            raise NotImplementedError("pl.kernel with a mapping of scratch_types")
+        return pallas_call_with_axes(
+            body, out_type, grid=mesh.sizes, grid_names=mesh.axis_names, in_specs=in_specs,
+            out_specs=out_specs, scratch_shapes=tuple(scratch), interpret=interpret,
+            compiler_params=compiler_params, cost_estimate=cost_estimate, debug=debug,
+            name=name or getattr(body, "__name__", "kernel"), metadata=metadata,
+            backend=None if interpret else mesh.backend,
+        )(*args)
+
+    return run
+
+
+# ------------------------------------------------------------------------------------
+# core_map: run a closure over refs on every core.
+
+core_map_p = jc.Primitive("core_map")
+core_map_p.multiple_results = True
+
+
+def core_map(mesh: Mesh, *, compiler_params: Any = None, interpret: bool = False,
+             debug: bool = False, cost_estimate: Any = None, name: str | None = None,
+             metadata: dict[str, str] | None = None, scratch_shapes: Any = ()):
+    """Decorator: runs the zero-argument ``f`` on every core of ``mesh``.
+
+    ``f`` closes over refs (from ``pl.run_state``, ``jax.new_ref`` or an enclosing
+    kernel) and reads ``lax.axis_index(name)`` to know which core it is.
+    """
+
+    def wrapped(f: Callable[..., None]) -> None:
+        types = [t if isinstance(t, MemoryRef) else t.get_memory_ref()
+                 for t in jax.tree_util.tree_leaves(
+                     scratch_shapes, is_leaf=lambda x: isinstance(x, MemoryRef))]
+        avals = [t.get_ref_aval() for t in types]
+
+        def flat(*scratch):
+            out = f(*scratch)
+            if out is not None:
+                raise ValueError("the body of pl.core_map must return None")
+            return []
+
+        with jc.extend_axis_env_nd(list(zip(mesh.axis_names, mesh.sizes))):
+            jaxpr, _, consts = jc.trace_kernel_to_jaxpr(flat, avals, name or "core_map body")
+        jaxpr = jc.convert_constvars_jaxpr(jaxpr)
+        if debug:
+            print(jaxpr)
+        core_map_p.bind(*consts, jaxpr=jaxpr, mesh=mesh, num_consts=len(consts),
+                        scratch_types=tuple(types), compiler_params=compiler_params,
+                        interpret=interpret, name=name)
+
+    return wrapped
+
+
+core_map_p.def_effectful_abstract_eval(
+    lambda *args, jaxpr, num_consts, **_: ([], operand_effects(jaxpr, num_consts))
+)
+
+
+def _run_on_mesh(ctx: KernelContext | None, eqn_params, invals):
+    """Runs the body for every mesh point in order, threading the operand cells."""
+    p = eqn_params
+    mesh = p["mesh"]
+    sizes, names = mesh.sizes, mesh.axis_names
+    n = 1
+    for s in sizes:
+        n *= s
+    base = ctx if ctx is not None else KernelContext((), ())
+    th = _Threaded(base, _unique_cells(invals))
+
+    def body(t, states):
+        subst, sub_ctx, inner = th.enter(states)
+        idx, rem = [], t
+        for s in reversed(sizes):
+            idx.append(rem % s)
+            rem = rem // s
+        point = tuple(reversed(idx))
+        sub_ctx = _copy_ctx(sub_ctx, {})
+        sub_ctx.grid_indices = point
+        sub_ctx.grid = sizes
+        sub_ctx.axis_names = names
+        scratch = [fresh_cell(t, f"core_map scratch {i}", False)
+                   for i, t in enumerate(p["scratch_types"])]
+        args = [subst.get(id(x), x) if isinstance(x, Cell) else x for x in invals]
+        eval_jaxpr(sub_ctx, p["jaxpr"], (), [*args, *scratch])
+        return [c.state() for c in inner]
+
+    states = lax.fori_loop(0, n, body, th.states()) if n > 1 else body(0, th.states())
+    th.update(states)
+
+
+@register_interpret_rule(core_map_p)
+def _core_map_rule(ctx, eqn, invals):
+    _run_on_mesh(ctx, eqn.params, invals)
+    return []
+
+
+@jc.register_discharge_rule(core_map_p)
+def _core_map_discharge(in_avals, out_avals, *args, **params):
+    """Outside a kernel (e.g. under ``pl.run_state``) core_map runs in the interpreter."""
+    cells = [Cell(a, f"core_map operand {i}") if isinstance(av, jc.AbstractRef) else a
+             for i, (a, av) in enumerate(zip(args, in_avals))]
+    _run_on_mesh(None, params, cells)
+    return [c.value if isinstance(c, Cell) else None for c in cells], []
+
+
+@register_interpret_rule(jc.axis_index_p)
+def _axis_index_rule(ctx, eqn, invals):
+    name = eqn.params["axis_name"]
+    names = ctx.axis_names or ()
+    if name not in names:
+        raise NameError(
+            f"lax.axis_index({name!r}) inside a kernel: the grid has axis names {names}"
+        )
+    return [jax.numpy.asarray(ctx.grid_indices[names.index(name)], jax.numpy.int32)]
