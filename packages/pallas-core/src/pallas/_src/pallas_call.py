@@ -39,6 +39,7 @@ class InterpretParams:
     bounds_checks: bool | None = None
     uninitialized_checks: bool | None = None
     debug_checks: bool | None = None
+    vectorize: bool = True  # False runs the grid point by point, never vectorised
 
 
 # ------------------------------------------------------------------------------------
@@ -268,8 +269,6 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
         if explicit is not None and not interpret:
             registry.get_backend(explicit).validate(jaxpr, gm, compiler_params)
         checks = _checks_for(interpret) if interpret else None
-        if checks is not None and not checks.any:
-            checks = None
         outs = pallas_call_p.bind(
             *flat_args,
             checks=checks,
@@ -284,7 +283,7 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
             backend=backend,
             out_avals=tuple(out_avals),
         )
-        if checks is not None:
+        if checks is not None and checks.any:
             from pallas._src.interpreter.grid_runner import raise_if_error
 
             *outs, err = outs
@@ -315,7 +314,7 @@ def _freeze_interpret(interpret):
 
 
 def _abstract_eval(*avals, out_avals, checks, grid_mapping, **params):
-    if checks is None:
+    if checks is None or not checks.any:
         return list(out_avals)
     from pallas._src.interpreter.grid_runner import error_vector_size
 
@@ -342,6 +341,7 @@ def _checks_for(interpret):
             uninitialized=base.uninitialized if interpret.uninitialized_checks is None
             else interpret.uninitialized_checks,
             debug=base.debug if interpret.debug_checks is None else interpret.debug_checks,
+            vectorize=interpret.vectorize,
         )
     return base
 

@@ -1,8 +1,9 @@
 """Block arithmetic of the interpreter: padding, block starts, block loads and stores.
 
-Starts are computed in the coordinates of the unpadded array (an ``Element`` dim with
-low padding can start below zero); a buffer holds its array padded by ``(lo, hi)`` per
-dimension, so a block starting at ``s`` is at ``s + lo`` in the buffer.
+Starts are computed in the coordinates of the unpadded array (an ``Element`` index map
+returns an offset into the padded array, so its start can be below zero); a buffer
+holds its array padded by ``(lo, hi)`` per dimension, so a block starting at ``s`` is
+at ``s + lo`` in the buffer.
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ def block_starts(bm, flat_indices):
         elif isinstance(d, bs.BoundedSlice):
             starts.append(i)
             sizes.append(next(it))
-        else:  # Element, Squeezed: element offsets
+        elif isinstance(d, bs.Element):  # an element offset into the padded array
+            starts.append(i - d.padding[0])
+            sizes.append(None)
+        else:  # Squeezed: an element index
             starts.append(i)
             sizes.append(None)
     return starts, sizes
@@ -73,6 +77,8 @@ def block_indices_np(bm, table):
         col = table[:, c]
         if isinstance(d, bs.Blocked):
             cols.append(col * d.block_size)
+        elif isinstance(d, bs.Element):
+            cols.append(col - d.padding[0])
         else:
             cols.append(col)
         c += 2 if isinstance(d, bs.BoundedSlice) else 1

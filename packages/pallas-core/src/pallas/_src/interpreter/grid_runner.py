@@ -39,6 +39,7 @@ class Checks:
     bounds: bool = False
     uninitialized: bool = False
     debug: bool = False
+    vectorize: bool = True  # False: always run point by point (for debugging)
 
     @classmethod
     def from_config(cls) -> Checks:
@@ -157,7 +158,7 @@ def static_bounds_check(plan: _Plan) -> None:
 def choose_lanes(plan: _Plan, jaxpr, checks: Checks):
     """The grid axes to vectorise, or None to run point by point."""
     gm = plan.gm
-    if checks.any or _has_ordered_effects(jaxpr.jaxpr):
+    if checks.any or not checks.vectorize or _has_ordered_effects(jaxpr.jaxpr):
         return None
     if gm.num_grid_points <= 1:
         return ()
@@ -290,25 +291,59 @@ def run_sequential(plan: _Plan, jaxpr, checks: Checks):
     ]
     err0 = jnp.zeros((1 + table.payload_size,), jnp.int32) if table else None
 
+    n_in = gm.num_inputs
+    out_bms = gm.out_block_mappings
+
+    def pos_vector(bm, starts, sizes):
+        return jnp.stack([jnp.asarray(x, jnp.int32) for x in starts]
+                         + [jnp.int32(-1) if x is None else jnp.asarray(x, jnp.int32)
+                            for x in sizes])
+
+    def unpos(bm, vec):
+        nd = len(bm.block_dims)
+        starts = [vec[d] for d in range(nd)]
+        sizes = [vec[nd + d] if _is_bounded(d_) else None
+                 for d, d_ in enumerate(bm.block_dims)]
+        return starts, sizes
+
+    def write_back(o, buf, blk, vec):
+        starts, sizes = unpos(out_bms[o], vec)
+        return B.store_block(buf, out_bms[o], plan.out_pads[o], starts, sizes, blk)
+
+    def advance(o, buf, blk, old_pos, new_starts, changed, flush):
+        """Writes ``blk`` back if ``flush``; loads the block at ``new_starts`` if ``changed``."""
+        bm, pads = out_bms[o], plan.out_pads[o]
+        buf = lax.cond(flush, lambda b, k: write_back(o, b, k, old_pos), lambda b, k: b,
+                       buf, blk)
+        blk = lax.cond(changed, lambda b, k: B.load_block(b, bm, pads, new_starts),
+                       lambda b, k: k, buf, blk)
+        return buf, blk
+
     def body(t, carry):
-        outs, masks, scratch_states, err = carry
+        outs, masks, blocks, mblocks, poss, scratch_states, err = carry
         grid_idx = _unravel(t, grid)
         err_cell = Cell(err, "errors") if table else None
         ctx = KernelContext(grid_idx, grid, axis_names=gm.grid_names, errors=table,
                             error_cell=err_cell,
                             check_uninitialized=track, debug_checks=checks.debug)
         pcells = _prefetch_cells(plan)
+        outs, masks, blocks, mblocks = list(outs), list(masks), list(blocks), list(mblocks)
+        out_cells = []
+        for o, bm in enumerate(out_bms):
+            # An output block stays in place while its index repeats; when the index
+            # changes, the old block is written back and the new one loaded.
+            starts, sizes, flat = plan.block_positions(ctx, pcells, grid_idx, n_in + o)
+            new_pos = pos_vector(bm, starts, sizes)
+            changed = (t == 0) | jnp.any(new_pos != poss[o])
+            flush = changed & (t > 0)
+            outs[o], blocks[o] = advance(o, outs[o], blocks[o], poss[o], starts, changed, flush)
+            if masks[o] is not None:
+                masks[o], mblocks[o] = advance(o, masks[o], mblocks[o], poss[o], starts,
+                                               changed, flush)
+            poss[o] = new_pos
+            out_cells.append(Cell(blocks[o], bm.origin, mblocks[o], bm.memory_space, flat))
         in_src = [outs[plan.reads_out[i]] if i in plan.reads_out else b
                   for i, b in enumerate(plan.in_bufs)]
-        n_in = gm.num_inputs
-        out_cells, positions = [], []
-        for o, bm in enumerate(gm.out_block_mappings):
-            starts, sizes, flat = plan.block_positions(ctx, pcells, grid_idx, n_in + o)
-            positions.append((starts, sizes))
-            blk = B.load_block(outs[o], bm, plan.out_pads[o], starts)
-            mblk = None if masks[o] is None else B.load_block(
-                masks[o], bm, plan.out_pads[o], starts)
-            out_cells.append(Cell(blk, bm.origin, mblk, bm.memory_space, flat))
         if checks.bounds:
             for k, bm in enumerate(gm.block_mappings):
                 if bm.whole:
@@ -320,23 +355,23 @@ def run_sequential(plan: _Plan, jaxpr, checks: Checks):
                            [*grid_idx, len(flat), *flat])
         scratch = [c.fork(s) for c, s in zip(scratch0, scratch_states)]
         _run_kernel(plan, ctx, jaxpr, pcells, grid_idx, in_src, out_cells, scratch)
-        new_outs, new_masks = list(outs), list(masks)
-        for o, bm in enumerate(gm.out_block_mappings):
-            starts, sizes = positions[o]
-            new_outs[o] = B.store_block(outs[o], bm, plan.out_pads[o], starts, sizes,
-                                        out_cells[o].value)
-            if masks[o] is not None:
-                new_masks[o] = B.store_block(masks[o], bm, plan.out_pads[o], starts, sizes,
-                                             out_cells[o].init)
+        blocks = [c.value for c in out_cells]
+        mblocks = [c.init for c in out_cells]
         new_err = err_cell.value if err_cell is not None else err
-        return new_outs, new_masks, [c.state() for c in scratch], new_err
+        return outs, masks, blocks, mblocks, poss, [c.state() for c in scratch], new_err
 
-    carry = (list(plan.out_init), out_masks0, [c.state() for c in scratch0], err0)
+    blocks0 = [jnp.zeros(bm.ref_shape, bm.array_aval.dtype) for bm in out_bms]
+    mblocks0 = [None if m is None else jnp.zeros(bm.ref_shape, jnp.bool_)
+                for m, bm in zip(out_masks0, out_bms)]
+    poss0 = [jnp.zeros((2 * len(bm.block_dims),), jnp.int32) for bm in out_bms]
+    carry = (list(plan.out_init), out_masks0, blocks0, mblocks0, poss0,
+             [c.state() for c in scratch0], err0)
     if n == 1:
         carry = body(jnp.int32(0), carry)
     elif n > 1:
         carry = lax.fori_loop(0, n, body, carry)
-    outs, _, _, err = carry
+    outs, masks, blocks, mblocks, poss, _, err = carry
+    outs = [write_back(o, outs[o], blocks[o], poss[o]) for o in range(gm.num_outputs)]
     return outs, err
 
 
