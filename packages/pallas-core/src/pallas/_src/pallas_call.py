@@ -235,18 +235,9 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
         if explicit is not None and not interpret:
             registry.get_backend(explicit)  # fail at trace time if missing
 
-    @functools.wraps(kernel)
-    def wrapped(*args):
-        flat_args, in_tree = jax.tree_util.tree_flatten(args)
-        leaves_with_paths = jax.tree_util.tree_flatten_with_path(args)[0]
-        in_paths = [keystr("args", p) for p, _ in leaves_with_paths]
-        in_avals = []
-        for p, x in zip(in_paths, flat_args):
-            try:
-                a = jax.typeof(x)
-            except TypeError:
-                raise TypeError(f"pallas_call operand {p} is not an array: {x!r}") from None
-            in_avals.append(a.update(weak_type=False) if hasattr(a, "update") else a)
+    trace_cache: dict = {}
+
+    def _trace(args, in_avals, in_paths):
         nsp = grid_spec.num_scalar_prefetch
         body_args = args[nsp:] if nsp else args
         body_tree = jax.tree_util.tree_structure(tuple(body_args))
@@ -265,6 +256,29 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
             print(jaxpr, file=sys.stdout)
             print(f"The grid mapping for pallas_call {kname}:", file=sys.stdout)
             print(gm, file=sys.stdout)
+        return gm, jaxpr
+
+    @functools.wraps(kernel)
+    def wrapped(*args):
+        flat_args, in_tree = jax.tree_util.tree_flatten(args)
+        leaves_with_paths = jax.tree_util.tree_flatten_with_path(args)[0]
+        in_paths = [keystr("args", p) for p, _ in leaves_with_paths]
+        in_avals = []
+        for p, x in zip(in_paths, flat_args):
+            try:
+                a = jax.typeof(x)
+            except TypeError:
+                raise TypeError(f"pallas_call operand {p} is not an array: {x!r}") from None
+            in_avals.append(a.update(weak_type=False) if hasattr(a, "update") else a)
+        # Tracing is cached per operand types (and trace-time switches), so repeated
+        # eager calls reuse one kernel jaxpr and hence one compiled executable.
+        from pallas._src import config
+
+        key = (in_tree, tuple(in_avals), config.enable_debug_checks.value)
+        cached = trace_cache.get(key)
+        if cached is None:
+            cached = trace_cache[key] = _trace(args, in_avals, in_paths)
+        gm, jaxpr = cached
         explicit = registry.requested_backend(backend, compiler_params)
         if explicit is not None and not interpret:
             registry.get_backend(explicit).validate(jaxpr, gm, compiler_params)
