@@ -133,8 +133,11 @@ def trace_kernel(kernel: Callable, gm: GridMapping, in_tree_args, out_tree, scra
             )
         return []
 
+    from pallas._src.primitives.grid import tracing_grid
+
     try:
-        jaxpr, _, consts = jc.trace_kernel_to_jaxpr(flat_kernel, all_avals, name, origins)
+        with tracing_grid(gm.grid):
+            jaxpr, _, consts = jc.trace_kernel_to_jaxpr(flat_kernel, all_avals, name, origins)
     except KernelTracingError:
         raise
     except (ValueError, TypeError) as e:

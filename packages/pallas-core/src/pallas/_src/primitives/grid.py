@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import jax.numpy as jnp
 
 from pallas._src import jax_compat as jc
@@ -11,14 +14,38 @@ program_id_p = jc.Primitive("program_id")
 num_programs_p = jc.Primitive("num_programs")
 
 
+# The grid of the kernel being traced, so a bad axis fails at trace time.
+_tracing_grid: contextvars.ContextVar = contextvars.ContextVar("pallas_grid", default=None)
+
+
+@contextlib.contextmanager
+def tracing_grid(grid: tuple[int, ...]):
+    token = _tracing_grid.set(tuple(grid))
+    try:
+        yield
+    finally:
+        _tracing_grid.reset(token)
+
+
+def _checked_axis(axis, what: str) -> int:
+    axis = int(axis)
+    grid = _tracing_grid.get()
+    if grid is not None and not 0 <= axis < len(grid):
+        raise ValueError(
+            f"pl.{what}({axis}) is out of range: the kernel's grid {grid} has "
+            f"{len(grid)} axes (valid axes are 0..{len(grid) - 1})"
+        )
+    return axis
+
+
 def program_id(axis: int):
     """The index of this program instance along grid ``axis`` (an int32 scalar)."""
-    return program_id_p.bind(axis=int(axis))
+    return program_id_p.bind(axis=_checked_axis(axis, "program_id"))
 
 
 def num_programs(axis: int):
     """The size of the grid along ``axis`` (an int32 scalar)."""
-    return num_programs_p.bind(axis=int(axis))
+    return num_programs_p.bind(axis=_checked_axis(axis, "num_programs"))
 
 
 @program_id_p.def_abstract_eval
@@ -29,6 +56,20 @@ def _program_id_abstract_eval(*, axis):
 @num_programs_p.def_abstract_eval
 def _num_programs_abstract_eval(*, axis):
     return jc.ShapedArray((), jnp.int32)
+
+
+def _outside_kernel(what):
+    def impl(*args, **params):
+        raise RuntimeError(
+            f"pl.{what} can only be used inside a Pallas kernel (a function passed to "
+            f"pl.pallas_call or pl.kernel)"
+        )
+
+    return impl
+
+
+program_id_p.def_impl(_outside_kernel("program_id"))
+num_programs_p.def_impl(_outside_kernel("num_programs"))
 
 
 def _check_axis(ctx, axis, what):
