@@ -64,6 +64,11 @@ from pallas._src.utils import (
 
 dslice = ds
 
+# Registers the transformation rules of pallas_call_p (vmap, jvp, grad, effects).
+from pallas._src.transforms import register_all as _register_transforms  # noqa: E402
+
+_register_transforms()
+
 __all__ = [
     "ANY", "HOST", "BlockDim", "BlockSpec", "Blocked", "BoundedSlice", "Buffered",
     "CompilerParams", "CostEstimate", "DeviceIdType", "Element", "GridSpec", "Indirect",

@@ -1,27 +1,33 @@
 """Switches of pallas-core: debug checks and the interpreter's opt-in checks.
 
-Each switch works like JAX's config states: ``pl.enable_debug_checks(True)`` sets it,
-``with pl.enable_debug_checks(True): ...`` sets it for a block.
+Each switch is a JAX configuration state (so it takes part in ``jax.jit``'s cache key:
+turning a check on re-traces functions compiled without it). Like upstream's, a switch
+is a context manager, ``with pl.enable_debug_checks(True): ...``; beyond upstream,
+calling it outside a ``with`` also sets it globally, and ``jax.config.update`` with the
+state's name works too.
 """
 
 from __future__ import annotations
 
-import contextvars
 from typing import Any
+
+from pallas._src import jax_compat as jc
 
 
 class _Switch:
-    """A boolean setting usable as a setter and as a context manager."""
+    """A boolean JAX config state usable as a setter and as a context manager."""
 
-    def __init__(self, name: str, doc: str, default: bool = False):
+    def __init__(self, name: str, doc: str):
         self.name = name
         self.__doc__ = doc
-        self._var: contextvars.ContextVar[bool] = contextvars.ContextVar(name, default=default)
-        self._global = default
+        self._state = jc.config.bool_state(
+            name=name, default=False, help=doc, include_in_jit_key=True,
+            include_in_trace_context=True,
+        )
 
     @property
     def value(self) -> bool:
-        return self._var.get(self._global)
+        return bool(self._state.value)
 
     def __call__(self, new_val: Any = True) -> _SwitchContext:
         return _SwitchContext(self, bool(new_val))
@@ -31,25 +37,31 @@ class _Switch:
 
 
 class _SwitchContext:
+    """Sets the switch globally at once; as a context, restores it on exit."""
+
     def __init__(self, switch: _Switch, value: bool):
+        import jax
+
         self._switch = switch
-        self._old_global = switch._global
-        switch._global = value  # takes effect at once, like jax.config.update
-        self._token = None
-        self._value = value
+        self._old_global = bool(switch._state.get_global())
+        jax.config.update(switch.name, value)
+        self._ctx = switch._state(value)
 
     def __enter__(self):
-        self._token = self._switch._var.set(self._value)
+        self._ctx.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self._switch._var.reset(self._token)
-        self._switch._global = self._old_global
+        import jax
+
+        self._ctx.__exit__(*exc)
+        jax.config.update(self._switch.name, self._old_global)
         return False
 
 
 enable_debug_checks = _Switch(
-    "pallas_enable_debug_checks", "Makes pl.debug_check fail the call when its condition is false."
+    "pallas_enable_debug_checks",
+    "Makes pl.debug_check fail the call when its condition is false.",
 )
 enable_poison_buffers = _Switch(
     "pallas_poison_buffers",

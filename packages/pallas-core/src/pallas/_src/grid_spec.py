@@ -181,7 +181,7 @@ def _check_grid(grid) -> tuple[int, ...]:
             )
         try:
             g = int(g)
-        except TypeError:
+        except (TypeError, ValueError):
             raise TypeError(f"grid dimension {i} must be an int; got {g!r}") from None
         if g < 0:
             raise ValueError(f"grid dimension {i} must be >= 0; got grid={tuple(grid)!r}")
@@ -218,13 +218,16 @@ def _broadcast_prefix(prefix, tree):
     return out
 
 
-def _index_map_arity_error(origin, index_map, n_expected, n_grid, n_prefetch) -> TypeError:
+def _index_map_arity_error(origin, index_map, n_expected, n_grid, n_prefetch, block_dims,
+                           array_aval) -> TypeError:
     name = getattr(index_map, "__name__", repr(index_map))
     what = f"{n_grid} grid indices" + (
         f" and {n_prefetch} scalar-prefetch refs" if n_prefetch else ""
     )
+    shape = ", ".join(str(d) for d in block_dims)
     return TypeError(
-        f"index_map {name} for {origin} must take {n_expected} positional arguments "
+        f"index_map {name} for {origin} (block_shape=({shape}), array "
+        f"{_shape_str(array_aval)}) must take {n_expected} positional arguments "
         f"({what}); calling it with {n_expected} arguments failed"
     )
 
@@ -243,7 +246,7 @@ def _trace_index_map(origin, spec, block_dims, array_aval, grid, prefetch_avals)
         sig.bind(*range(n_grid + n_prefetch))
     except TypeError:
         raise _index_map_arity_error(
-            origin, index_map, n_grid + n_prefetch, n_grid, n_prefetch
+            origin, index_map, n_grid + n_prefetch, n_grid, n_prefetch, block_dims, array_aval
         ) from None
     except ValueError:  # builtins without signatures
         pass

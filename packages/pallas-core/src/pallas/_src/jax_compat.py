@@ -18,8 +18,9 @@ from jax._src import (
     pjit,
     source_info_util,
 )
+from jax._src import checkify as checkify_internal
 from jax._src import linear_util as lu
-from jax._src.interpreters import mlir
+from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
 from jax._src.lax import parallel as lax_parallel
 from jax._src.lax.control_flow import conditionals as lax_conditionals
@@ -31,7 +32,7 @@ from jax._src.state import types as state_types
 
 # Re-exported modules (used by other pallas-core modules as ``jc.<module>``).
 __all__ = [
-    "api_util", "config", "core", "dispatch", "dtypes", "effects", "lu", "mlir", "pe",
+    "ad", "batching", "checkify_internal", "api_util", "config", "core", "dispatch", "dtypes", "effects", "lu", "mlir", "pe",
     "source_info_util", "state_discharge", "state_indexing", "state_primitives", "state_types",
 ]
 
@@ -98,3 +99,20 @@ def jaxpr_subcomp_lower_fun(fun, multiple_results=True):
 def dispatch_apply_primitive(prim, *args, **params):
     """Runs a primitive eagerly by jit-compiling its lowering (JAX's default impl)."""
     return dispatch.apply_primitive(prim, *args, **params)
+
+
+# Transformation machinery (used by pallas/_src/transforms/).
+not_mapped = None  # how batching marks an unbatched operand
+primitive_batchers = batching.primitive_batchers
+primitive_jvps = ad.primitive_jvps
+primitive_transposes = ad.primitive_transposes
+primitive_linearizations = ad.primitive_linearizations
+jvp_jaxpr = ad.jvp_jaxpr
+Zero = ad.Zero
+UndefinedPrimal = ad.UndefinedPrimal
+is_undefined_primal = ad.is_undefined_primal
+instantiate_zeros = ad.instantiate_zeros
+float0 = dtypes.float0
+jaxpr_as_fun = core.jaxpr_as_fun
+JaxprInputEffect = effects.JaxprInputEffect
+checkify_error_checks = checkify_internal.error_checks

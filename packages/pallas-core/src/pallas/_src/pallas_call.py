@@ -142,7 +142,8 @@ def trace_kernel(kernel: Callable, gm: GridMapping, in_tree_args, out_tree, scra
         raise
     except (ValueError, TypeError) as e:
         msg = str(e)
-        if "swap" in msg or "Invalid shape" in msg or "Invalid dtype" in msg:
+        if ("swap" in msg or "Invalid shape" in msg or "Invalid dtype" in msg
+                or "store of a value" in msg):
             which = _ref_in_traceback(e, ref_names)
             where = f" into {which}" if which else ""
             ref_shapes = ", ".join(

@@ -176,7 +176,7 @@ def choose_lanes(plan: _Plan, jaxpr, checks: Checks):
         if not lanes_t:
             break
         # one row per lane (the table is constant along the sequential axes)
-        lane_rows = s.reshape(*grid, -1)[tuple(slice(None) if a in lanes else 0
+        lane_rows = s.reshape(*grid, s.shape[1])[tuple(slice(None) if a in lanes else 0
                                                for a in range(len(grid)))]
         lane_rows = lane_rows.reshape(-1, s.shape[1])
         if not analysis.rows_distinct(lane_rows) or not analysis.blocks_are_disjoint(bm):
@@ -295,6 +295,8 @@ def run_sequential(plan: _Plan, jaxpr, checks: Checks):
     out_bms = gm.out_block_mappings
 
     def pos_vector(bm, starts, sizes):
+        if not starts:
+            return jnp.zeros((0,), jnp.int32)
         return jnp.stack([jnp.asarray(x, jnp.int32) for x in starts]
                          + [jnp.int32(-1) if x is None else jnp.asarray(x, jnp.int32)
                             for x in sizes])
@@ -512,7 +514,9 @@ def _tiled_scatter(bm, pads, start_table, lane_blocks, buf, lanes, grid):
     if any(c is None for c in counts) or math.prod(counts) != len(lane_blocks):
         return None
     # The grid point that starts each lane (the sequential axes at zero), row-major.
-    rows = start_table.reshape(*grid, -1)[
+    if not shape:
+        return lane_blocks.reshape(()) if len(lane_blocks) == 1 else None
+    rows = start_table.reshape(*grid, start_table.shape[1])[
         tuple(slice(None) if a in lanes else 0 for a in range(len(grid)))
     ].reshape(-1, start_table.shape[1])
     expected = np.stack(np.unravel_index(np.arange(len(rows)), counts), axis=1)

@@ -60,7 +60,7 @@ def swap(ref, idx=(), val=None, *, mask: Any = None):
     if tuple(val.shape) != tuple(out_aval.shape) or val.dtype != out_aval.dtype:
         raise ValueError(
             f"store of a value with shape {tuple(val.shape)} {val.dtype} into a ref slice "
-            f"of shape {tuple(out_aval.shape)} {out_aval.dtype}: shapes and dtypes must match"
+            f"of shape {tuple(out_aval.shape)} {out_aval.dtype}: shapes and dtypes must match."
         )
     flat, tree = jax.tree_util.tree_flatten(transforms)
     has_mask = mask is not None

@@ -60,6 +60,16 @@ def _plugin_manager() -> pluggy.PluginManager:
     return pm
 
 
+def _report(plugin: str, exc: Exception, what: str) -> None:
+    """Records a plugin failure under its entry-point name and warns about it."""
+    _state.failures[plugin] = exc
+    warnings.warn(
+        f"Pallas backend plugin {plugin!r} {what}: {type(exc).__name__}: {exc}",
+        PluginLoadWarning,
+        stacklevel=4,
+    )
+
+
 def _discover() -> None:
     with _lock:
         if _state.loaded:
@@ -68,35 +78,38 @@ def _discover() -> None:
         eps = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
                      key=lambda ep: (ep.name, ep.value))
         seen_values = set()
+        ep_names = {}  # pluggy plugin name -> (entry-point name, module), for reports
         for ep in eps:
             if ep.value in seen_values:
                 continue  # the same distribution visible twice on sys.path
             seen_values.add(ep.value)
             try:
                 module = ep.load()
-                pm.register(module, name=f"{ep.name} ({ep.value})")
+                pm_name = f"{ep.name} ({ep.value})"
+                pm.register(module, name=pm_name)
+                ep_names[pm_name] = (ep.name, ep.value)
             except Exception as e:  # noqa: BLE001 - reported, not swallowed
-                _state.failures[ep.name] = e
-                warnings.warn(
-                    f"Pallas backend plugin {ep.name!r} ({ep.value}) failed to load: "
-                    f"{type(e).__name__}: {e}",
-                    PluginLoadWarning,
-                    stacklevel=3,
-                )
+                _report(ep.name, e, f"({ep.value}) failed to load")
         for impl in pm.get_plugins():
-            name = pm.get_name(impl)
+            name, value = ep_names.get(pm.get_name(impl), (pm.get_name(impl), "?"))
             try:
                 provided = impl.pallas_backends() if hasattr(impl, "pallas_backends") else []
             except Exception as e:  # noqa: BLE001
-                _state.failures[name] = e
-                warnings.warn(f"Pallas backend plugin {name!r} failed in pallas_backends(): "
-                              f"{type(e).__name__}: {e}", PluginLoadWarning, stacklevel=3)
+                _report(name, e, f"({value}) failed in pallas_backends()")
                 continue
             for b in provided or []:
                 _add(b, name)
-        for rules in pm.hook.pallas_interpret_rules():
-            from pallas._src.interpreter.rules import interpret_rules
+        from pallas._src.interpreter.rules import interpret_rules
 
+        for impl in pm.get_plugins():
+            if not hasattr(impl, "pallas_interpret_rules"):
+                continue
+            name, value = ep_names.get(pm.get_name(impl), (pm.get_name(impl), "?"))
+            try:
+                rules = impl.pallas_interpret_rules()
+            except Exception as e:  # noqa: BLE001
+                _report(name, e, f"({value}) failed in pallas_interpret_rules()")
+                continue
             interpret_rules.update(rules or {})
         _state.manager = pm
         _state.loaded = True
@@ -104,16 +117,16 @@ def _discover() -> None:
 
 def _add(backend: Backend, source: str) -> None:
     if not isinstance(backend, Backend):
-        _state.failures[source] = TypeError(
+        _report(source, TypeError(
             f"plugin {source} returned {backend!r}, which is not a pallas.plugins.Backend"
-        )
+        ), "provided an invalid backend")
         return
     if backend.name in _state.backends:
         other = _state.backends[backend.name]
-        _state.failures[source] = ValueError(
+        _report(source, ValueError(
             f"backend name {backend.name!r} from {source} is already provided by "
             f"{other.package or 'another plugin'}"
-        )
+        ), "provided a duplicate backend")
         return
     _state.backends[backend.name] = backend
 

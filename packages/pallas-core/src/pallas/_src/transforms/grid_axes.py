@@ -1,0 +1,83 @@
+"""Rewriting a kernel jaxpr so that its grid axes move (used by the batching rule).
+
+``program_id(i)`` and ``num_programs(i)`` name grid axes by position. When ``vmap``
+prepends a grid axis, every such reference inside the kernel (including inside the
+sub-jaxprs of ``cond``/``while``/``scan``/``pjit``/``custom_jvp``/``run_scoped`` ...)
+must move by one. Backends whose own primitives name grid axes register a rule in
+:data:`grid_axis_param_rules`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pallas._src import jax_compat as jc
+from pallas._src.primitives.grid import num_programs_p, program_id_p
+
+# primitive -> fn(params, shift) -> new params, for primitives that name grid axes.
+grid_axis_param_rules: dict[Any, Callable[[dict, int], dict]] = {}
+
+
+def _shift_axis(params, shift):
+    return {**params, "axis": params["axis"] + shift}
+
+
+grid_axis_param_rules[program_id_p] = _shift_axis
+grid_axis_param_rules[num_programs_p] = _shift_axis
+
+
+def _map_param(v, fn):
+    if isinstance(v, jc.ClosedJaxpr):
+        new = fn(v.jaxpr)
+        return v if new is v.jaxpr else jc.ClosedJaxpr(new, v.consts)
+    if isinstance(v, jc.Jaxpr):
+        return fn(v)
+    if isinstance(v, tuple) and any(isinstance(x, (jc.ClosedJaxpr, jc.Jaxpr)) for x in v):
+        return tuple(_map_param(x, fn) for x in v)
+    if isinstance(v, list) and any(isinstance(x, (jc.ClosedJaxpr, jc.Jaxpr)) for x in v):
+        return [_map_param(x, fn) for x in v]
+    return v
+
+
+def uses_grid_axes(jaxpr) -> bool:
+    """Whether ``jaxpr`` (a Jaxpr) refers to grid axes by position anywhere."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive in grid_axis_param_rules:
+            return True
+        for v in eqn.params.values():
+            for sub in _sub_jaxprs(v):
+                if uses_grid_axes(sub):
+                    return True
+    return False
+
+
+def _sub_jaxprs(v):
+    if isinstance(v, jc.ClosedJaxpr):
+        yield v.jaxpr
+    elif isinstance(v, jc.Jaxpr):
+        yield v
+    elif isinstance(v, (tuple, list)):
+        for x in v:
+            yield from _sub_jaxprs(x)
+
+
+def shift_grid_axes(jaxpr, shift: int):
+    """``jaxpr`` (a Jaxpr) with every positional grid axis moved by ``shift``."""
+    if not uses_grid_axes(jaxpr):
+        return jaxpr
+    fn = lambda j: shift_grid_axes(j, shift)  # noqa: E731
+    eqns = []
+    for eqn in jaxpr.eqns:
+        rule = grid_axis_param_rules.get(eqn.primitive)
+        if rule is not None:
+            params = rule(dict(eqn.params), shift)
+        else:
+            params = {k: _map_param(v, fn) for k, v in eqn.params.items()}
+        eqns.append(eqn.replace(params=params))
+    return jaxpr.replace(eqns=eqns)
+
+
+def shift_grid_axes_closed(closed, shift: int):
+    new = shift_grid_axes(closed.jaxpr, shift)
+    return closed if new is closed.jaxpr else jc.ClosedJaxpr(new, closed.consts)
