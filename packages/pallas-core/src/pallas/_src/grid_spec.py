@@ -225,10 +225,16 @@ def _index_map_arity_error(origin, index_map, n_expected, n_grid, n_prefetch, bl
         f" and {n_prefetch} scalar-prefetch refs" if n_prefetch else ""
     )
     shape = ", ".join(str(d) for d in block_dims)
+    try:
+        params = inspect.signature(index_map).parameters.values()
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        takes = f"it takes {sum(p.kind in positional for p in params)}"
+    except (TypeError, ValueError):
+        takes = "its signature does not accept them"
     return TypeError(
         f"index_map {name} for {origin} (block_shape=({shape}), array "
         f"{_shape_str(array_aval)}) must take {n_expected} positional arguments "
-        f"({what}); calling it with {n_expected} arguments failed"
+        f"({what}); {takes}"
     )
 
 
@@ -263,7 +269,7 @@ def _trace_index_map(origin, spec, block_dims, array_aval, grid, prefetch_avals)
             raise ValueError(
                 f"index_map {getattr(spec.index_map, '__name__', 'index_map')} for {origin} "
                 f"must return {len(block_dims)} values to match block_shape=({', '.join(shape)}) "
-                f"of array {_shape_str(array_aval)}; it returned {len(out)} values: {out!r}"
+                f"of array {_shape_str(array_aval)}; it returned {len(out)} values"
             )
         flat = []
         for i, (o, d) in enumerate(zip(out, block_dims)):

@@ -249,11 +249,14 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
             grid_spec, body_tree, in_avals, out_tree, out_avals,
             dict(input_output_aliases), in_paths, out_paths,
         )
+        from pallas._src.primitives.debug import debug_checks_requested
+
+        wants_checks = isinstance(interpret, InterpretParams) and bool(interpret.debug_checks)
+        axes = []
         if grid_names is not None:
             gm = dataclasses.replace(gm, grid_names=tuple(grid_names))
-            with jc.extend_axis_env_nd(list(zip(grid_names, gm.grid))):
-                jaxpr = trace_kernel(kernel, gm, body_tree, out_tree, scratch_tree, kname)
-        else:
+            axes = list(zip(grid_names, gm.grid))
+        with jc.extend_axis_env_nd(axes), debug_checks_requested(wants_checks):
             jaxpr = trace_kernel(kernel, gm, body_tree, out_tree, scratch_tree, kname)
         if debug:
             print(f"The kernel jaxpr for pallas_call {kname}:", file=sys.stdout)
@@ -373,7 +376,20 @@ def lower_with_interpreter(ctx, *in_nodes, jaxpr, grid_mapping, checks=None):
 
     fun = functools.partial(interpret_pallas_call, jaxpr=jaxpr, grid_mapping=grid_mapping,
                             checks=checks)
-    return jc.mlir.lower_fun(fun, multiple_results=True)(ctx, *in_nodes)
+    # The interpreter computes one device's (or one shard_map instance's) call: it is
+    # traced on plain avals, without the operands' shardings or varying manual axes.
+    plain_ctx = ctx.replace(avals_in=[_plain_aval(a) for a in ctx.avals_in],
+                            avals_out=[_plain_aval(a) for a in ctx.avals_out])
+    outs = jc.mlir.lower_fun(fun, multiple_results=True)(plain_ctx, *in_nodes)
+    if plain_ctx.tokens_out is not None:  # ordered effects inside the kernel
+        ctx.set_tokens_out(plain_ctx.tokens_out)
+    return outs
+
+
+def _plain_aval(a):
+    if isinstance(a, jc.ShapedArray):
+        return jc.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type)
+    return a
 
 
 def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compiler_params,

@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import jax
 import jax.numpy as jnp
 
@@ -52,9 +55,23 @@ def _debug_print_rule(ctx, eqn, invals):
     return []
 
 
+# Set while tracing a kernel whose interpret=pl.InterpretParams(debug_checks=True).
+_checks_requested: contextvars.ContextVar = contextvars.ContextVar(
+    "pallas_debug_checks_requested", default=False)
+
+
+@contextlib.contextmanager
+def debug_checks_requested(on: bool):
+    token = _checks_requested.set(bool(on))
+    try:
+        yield
+    finally:
+        _checks_requested.reset(token)
+
+
 def debug_check(condition, message: str) -> None:
     """Fails the kernel with ``message`` if ``condition`` is false (when checks are on)."""
-    if not config.debug_checks_enabled():
+    if not (config.debug_checks_enabled() or _checks_requested.get()):
         return
     debug_check_p.bind(jnp.asarray(condition, jnp.bool_), message=str(message))
 

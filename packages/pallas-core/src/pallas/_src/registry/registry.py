@@ -190,12 +190,27 @@ def requested_backend(backend: str | None, compiler_params: Any) -> str | None:
     """The backend named explicitly, by ``backend=`` or by the compiler params' type."""
     if backend is not None:
         return backend
-    if compiler_params is not None:
-        name = getattr(compiler_params, "BACKEND", None)
-        if name is None and isinstance(compiler_params, dict):
-            return None
+    if compiler_params is None or isinstance(compiler_params, dict):
+        return None
+    name = getattr(compiler_params, "BACKEND", None)
+    if name is not None:
         return name
+    # A CompilerParams type that does not name its backend: ask the backends.
+    _discover()
+    for b in _state.backends.values():
+        if b.compiler_params_type is not None and isinstance(
+                compiler_params, b.compiler_params_type):
+            return b.name
     return None
+
+
+def _for_platform(b: Backend, platform: str, why: str) -> Backend:
+    if platform not in b.platforms and "*" not in b.platforms:
+        raise ValueError(
+            f"Pallas backend {b.name!r}{why} lowers for {', '.join(b.platforms)}, not for "
+            f"platform {platform!r}"
+        )
+    return b
 
 
 def select_backend(platform: str, backend: str | None = None,
@@ -208,16 +223,10 @@ def select_backend(platform: str, backend: str | None = None,
     """
     explicit = requested_backend(backend, compiler_params)
     if explicit is not None:
-        b = get_backend(explicit)
-        if platform not in b.platforms and "*" not in b.platforms:
-            raise ValueError(
-                f"Pallas backend {b.name!r} lowers for {', '.join(b.platforms)}, not for "
-                f"platform {platform!r}"
-            )
-        return b
+        return _for_platform(get_backend(explicit), platform, "")
     from_env = os.environ.get(env_var(platform))
     if from_env:
-        return get_backend(from_env)
+        return _for_platform(get_backend(from_env), platform, f" (from {env_var(platform)})")
     _discover()
     candidates = [b for b in _state.backends.values() if platform in b.platforms]
     if not candidates:

@@ -113,10 +113,13 @@ _jvp_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _write_refs(jaxpr) -> set[int]:
     """Indices of the kernel invars that the kernel writes (or accumulates into)."""
+    pos = {v: k for k, v in enumerate(jaxpr.invars)}
     out = set()
     for e in jaxpr.effects:
-        if isinstance(e, (jc.WriteEffect, jc.AccumEffect)) and isinstance(e.input_index, int):
-            out.add(e.input_index)
+        if isinstance(e, (jc.WriteEffect, jc.AccumEffect)):
+            k = e.input if isinstance(e.input, int) else pos.get(e.input)
+            if k is not None:
+                out.add(k)
     return out
 
 

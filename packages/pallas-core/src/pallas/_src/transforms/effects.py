@@ -1,1 +1,116 @@
-"""placeholder"""
+"""Effects and typing of ``pallas_call_p`` under ``jit``, ``shard_map`` and ``checkify``.
+
+- **Effects**: a ``pallas_call`` has the effects of its kernel other than the kernel's
+  reads and writes of its own refs (``debug_print``, ``jax.debug.callback``, ordered
+  callbacks, ...). So a call that prints is never removed as dead code, and ordered
+  effects are threaded through ``jit`` in program order.
+- **shard_map**: outputs vary over the manual mesh axes that any operand varies over
+  (``check_vma=True`` works).
+- **checkify**: with ``errors=checkify.user_checks`` (or any set with
+  ``FailedCheckError``), ``pl.debug_check`` inside an interpreted kernel becomes a
+  checkify error carrying its message and the grid point, instead of raising. (As
+  outside checkify, ``debug_check`` is only traced while ``pl.enable_debug_checks`` is
+  on.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from pallas._src import jax_compat as jc
+from pallas._src.pallas_call import _abstract_eval, pallas_call_p
+from pallas._src.primitives.debug import debug_check_p
+
+
+def call_effects(jaxpr) -> set:
+    """The effects a ``pallas_call`` of ``jaxpr`` has outside the kernel."""
+    return {e for e in jaxpr.effects if not isinstance(e, jc.JaxprInputEffect)}
+
+
+def _varying(avals) -> frozenset:
+    out: frozenset = frozenset()
+    for a in avals:
+        mat = getattr(a, "manual_axis_type", None)
+        if mat is not None:
+            out |= mat.varying
+    return out
+
+
+def _effectful_abstract_eval(*avals, jaxpr, **params):
+    outs = _abstract_eval(*avals, jaxpr=jaxpr, **params)
+    vma = _varying(avals)
+    if vma:
+        mat = jc.core.ManualAxisType(varying=vma)
+        outs = [
+            jc.ShapedArray(o.shape, o.dtype, weak_type=o.weak_type,
+                           sharding=jc.core.get_cur_mesh_sharding(), manual_axis_type=mat)
+            for o in outs
+        ]
+    return outs, call_effects(jaxpr.jaxpr)
+
+
+pallas_call_p.def_effectful_abstract_eval(_effectful_abstract_eval)
+
+
+# ------------------------------------------------------------------------------------
+# checkify.
+
+
+def _has_debug_checks(jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is debug_check_p:
+            return True
+        for v in eqn.params.values():
+            for sub in _sub_jaxprs(v):
+                if _has_debug_checks(sub):
+                    return True
+    return False
+
+
+def _sub_jaxprs(v):
+    if isinstance(v, jc.ClosedJaxpr):
+        yield v.jaxpr
+    elif isinstance(v, jc.Jaxpr):
+        yield v
+    elif isinstance(v, (tuple, list)):
+        for x in v:
+            yield from _sub_jaxprs(x)
+
+
+def _checkify_rule(error, enabled_errors, *args, **params):
+    ck = jc.checkify_internal
+    jaxpr, gm, checks = params["jaxpr"], params["grid_mapping"], params["checks"]
+    wants = ck.FailedCheckError in enabled_errors
+    if not (wants and params["interpret"] and _has_debug_checks(jaxpr.jaxpr)):
+        return error, pallas_call_p.bind(*args, **params)
+    from pallas._src.interpreter.grid_runner import (
+        Checks,
+        error_table_for,
+        interpret_pallas_call,
+    )
+
+    # Run the interpreter inline with debug checks on; its error vector becomes a
+    # checkify error (the message table is filled while the interpreter traces).
+    run_checks = dataclasses.replace(checks or Checks(), debug=True)
+    *outs, err = interpret_pallas_call(*args, jaxpr=jaxpr, grid_mapping=gm,
+                                       checks=run_checks)
+    table = error_table_for(jaxpr, gm)
+    n = len(gm.grid)
+    point = [err[1 + k] for k in range(n)]
+    tb = ck.get_traceback()
+    for code, msg in enumerate(table.messages, start=1):
+        if "debug_check" not in msg and "out of bounds" not in msg and (
+                "uninitial" not in msg):
+            continue
+        fmt = msg.replace("{", "{{").replace("}", "}}")
+        fmt += " at grid iteration (" + ", ".join(["{}"] * n) + ("," if n == 1 else "") + ")"
+        error = ck.assert_func(error, err[0] == code, ck.FailedCheckError(tb, fmt, *point))
+    if checks is not None and checks.any:
+        outs.append(jnp.zeros_like(err))  # reported through checkify instead
+    return error, outs
+
+
+jc.checkify_error_checks[pallas_call_p] = _checkify_rule
+

@@ -1,0 +1,251 @@
+"""Pallas quickstart: a few kernels, run on CPU and lowered for every installed backend.
+
+    hatch run demo          # or: python examples/quickstart.py
+
+Each kernel below is written as for upstream Pallas (``jax.experimental.pallas``): only
+the import differs, and the ``backend=`` argument of ``pl.pallas_call``, which upstream
+does not have. For every kernel the script
+
+1. runs it with the reference interpreter (``interpret=True``) and compares the result
+   with plain JAX, printing the largest error and a check mark;
+2. for every installed backend other than ``interpret`` (see
+   ``pallas.plugins.list_backends()``), lowers it ahead of time for the backend's first
+   platform with ``jax.jit(f).trace(*args).lower(lowering_platforms=(platform,))``. No
+   accelerator is needed for that: lowering only produces the backend's compiler input.
+
+The script ends with a table, kernel x (interpret, each backend), where a backend's
+cell is ``ok``, ``unsupported`` (the backend raised ``NotImplementedError``) or
+``error``. It exits non-zero if an interpreter result does not match plain JAX.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+
+# The demo runs on the CPU. Without this, an installed CUDA plugin on a machine without
+# a GPU prints an initialisation error; lowering for "cuda" works either way.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402 - after choosing the platform
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import pallas as pl  # noqa: E402
+import pallas.plugins  # noqa: E402
+
+# Every kernel wrapper below takes ``backend`` and ``interpret`` and passes them on to
+# ``pl.pallas_call``: ``interpret=True`` runs the interpreter; ``backend="triton"`` (an
+# addition to upstream) picks the backend used when the call is lowered.
+
+
+# ---------------------------------------------------------------------------------------
+# 1. Elementwise add over a 2-D grid of (128, 128) blocks.
+
+
+def add_kernel(x_ref, y_ref, o_ref):
+    # Each program instance sees one (128, 128) block of each array.
+    o_ref[...] = x_ref[...] + y_ref[...]
+
+
+def add(x, y, *, block=(128, 128), backend=None, interpret=False):
+    bm, bn = block
+    spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))  # program (i, j) gets block (i, j)
+    return pl.pallas_call(
+        add_kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=(pl.cdiv(x.shape[0], bm), pl.cdiv(x.shape[1], bn)),
+        in_specs=[spec, spec],
+        out_specs=spec,
+        backend=backend,
+        interpret=interpret,
+    )(x, y)
+
+
+# ---------------------------------------------------------------------------------------
+# 2. Tiled matmul: a 3-D grid (i, j, k); the output block (i, j) stays the same along k,
+#    so the kernel accumulates into it, zeroing it on the first k step.
+
+
+def matmul_kernel(x_ref, y_ref, o_ref):
+    @pl.when(pl.program_id(2) == 0)
+    def _():
+        o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+
+    o_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+
+def matmul(x, y, *, bm=128, bn=128, bk=128, backend=None, interpret=False):
+    m, k = x.shape
+    _, n = y.shape
+    return pl.pallas_call(
+        matmul_kernel,
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        grid=(m // bm, n // bn, k // bk),
+        in_specs=[
+            pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+            pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
+        ],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        backend=backend,
+        interpret=interpret,
+    )(x, y)
+
+
+# ---------------------------------------------------------------------------------------
+# 3. Row softmax: each program instance owns a block of whole rows. The block is as
+#    wide as the next power of two (Triton needs power-of-two blocks), so it may hang
+#    over the right edge of the array; the kernel masks those columns out itself.
+
+
+def softmax_kernel(x_ref, o_ref, *, num_cols):
+    x = x_ref[...]
+    col = jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)
+    x = jnp.where(col < num_cols, x, -jnp.inf)  # padding columns contribute exp(-inf) = 0
+    x = x - jnp.max(x, axis=-1, keepdims=True)  # for numerical stability
+    e = jnp.exp(x)
+    o_ref[...] = e / jnp.sum(e, axis=-1, keepdims=True)
+
+
+def softmax(x, *, block_rows=32, backend=None, interpret=False):
+    rows, cols = x.shape
+    spec = pl.BlockSpec((block_rows, pl.next_power_of_2(cols)), lambda i: (i, 0))
+    return pl.pallas_call(
+        functools.partial(softmax_kernel, num_cols=cols),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=(pl.cdiv(rows, block_rows),),
+        in_specs=[spec],
+        out_specs=spec,
+        backend=backend,
+        interpret=interpret,
+    )(x)
+
+
+# ---------------------------------------------------------------------------------------
+# 4. Edge blocks: a (1000, 300) array in (128, 128) blocks. The last block along each
+#    axis hangs over the edge of the array: reads there return padding (never rely on
+#    its value), and writes there are dropped. Here the padding never reaches the
+#    result, because every element of the output depends only on the same element of
+#    the input.
+
+
+def scale_shift_kernel(x_ref, o_ref):
+    o_ref[...] = 2.0 * x_ref[...] + 1.0
+
+
+def scale_shift(x, *, block=(128, 128), backend=None, interpret=False):
+    bm, bn = block
+    spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
+    return pl.pallas_call(
+        scale_shift_kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=(pl.cdiv(x.shape[0], bm), pl.cdiv(x.shape[1], bn)),  # (8, 3)
+        in_specs=[spec],
+        out_specs=spec,
+        backend=backend,
+        interpret=interpret,
+    )(x)
+
+
+# ---------------------------------------------------------------------------------------
+# The examples: (name, Pallas function, plain-JAX reference, inputs, tolerance).
+
+
+def examples():
+    k1, k2, k3, k4, k5, k6 = jax.random.split(jax.random.key(0), 6)
+    normal = functools.partial(jax.random.normal, dtype=jnp.float32)
+    return [
+        ("add 512x512, 2-D grid", add, jnp.add,
+         (normal(k1, (512, 512)), normal(k2, (512, 512))), 0.0),
+        ("matmul 256x512 @ 512x384, k-accumulation", matmul,
+         lambda x, y: jnp.dot(x, y, precision=jax.lax.Precision.HIGHEST),
+         (normal(k3, (256, 512)), normal(k4, (512, 384))), 1e-3),
+        ("row softmax 256x1000", softmax, functools.partial(jax.nn.softmax, axis=-1),
+         (normal(k5, (256, 1000)),), 1e-6),
+        ("edge blocks 1000x300 in 128x128", scale_shift, lambda x: 2.0 * x + 1.0,
+         (normal(k6, (1000, 300)),), 0.0),
+    ]
+
+
+# ---------------------------------------------------------------------------------------
+# Running and lowering.
+
+
+def run_interpreter(fn, reference, args, tol) -> tuple[str, bool]:
+    """Runs ``fn`` under the interpreter; compares with ``reference``."""
+    out = jax.jit(functools.partial(fn, interpret=True))(*args)
+    expected = reference(*args)
+    err = float(np.max(np.abs(np.asarray(out) - np.asarray(expected))))
+    ok = bool(np.isfinite(err)) and err <= tol
+    return f"{'✓' if ok else '✗'} max err {err:.1e}", ok
+
+
+def first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [""])[0]
+
+
+def try_lower(fn, args, backend) -> tuple[str, str | None]:
+    """Lowers ``fn`` for ``backend``'s first platform; returns (cell text, note)."""
+    platform = backend.platforms[0]
+    f = jax.jit(functools.partial(fn, backend=backend.name))
+    try:
+        f.trace(*args).lower(lowering_platforms=(platform,))
+    except NotImplementedError as e:  # the backend's way of saying "not supported"
+        return f"unsupported ({platform})", f"{type(e).__name__}: {first_line(e)}"
+    except Exception as e:  # noqa: BLE001 - reported under the table
+        return f"error ({platform})", f"{type(e).__name__}: {first_line(e)}"
+    return f"ok ({platform})", None
+
+
+def print_table(header, rows):
+    """Prints a Markdown table."""
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
+
+    def line(cells):
+        return "| " + " | ".join(x.ljust(w) for x, w in zip(cells, widths)) + " |"
+
+    print(line(header))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print(line(r))
+
+
+def main() -> int:
+    start = time.perf_counter()
+    backends = [b for b in pallas.plugins.list_backends() if b.name != "interpret"]
+    print(f"pallas {pl.__version__} on jax {jax.__version__}, "
+          f"devices: {', '.join(d.platform for d in jax.devices())}")
+    print("installed backends: "
+          + ", ".join(b.describe() for b in pallas.plugins.list_backends()))
+    for name, exc in pallas.plugins.load_failures().items():
+        print(f"  plugin {name!r} failed to load: {type(exc).__name__}: {exc}")
+    print()
+
+    rows, notes, all_ok = [], {}, True  # notes: (backend, reason) -> kernel names
+    for name, fn, reference, args, tol in examples():
+        cell, ok = run_interpreter(fn, reference, args, tol)
+        all_ok &= ok
+        row = [name, cell]
+        for b in backends:
+            cell, note = try_lower(fn, args, b)
+            row.append(cell)
+            if note:
+                notes.setdefault((b.name, note), []).append(name)
+        rows.append(row)
+
+    print_table(["kernel", "interpret", *(b.name for b in backends)], rows)
+    if not backends:
+        print("\n(no backend plugin is installed besides the interpreter; install e.g. "
+              "pallas-triton or pallas-tpu to see kernels lowered for it here)")
+    for (backend, reason), kernels in notes.items():
+        which = "every kernel" if len(kernels) == len(rows) else "; ".join(kernels)
+        print(f"\n{backend} ({which}):\n  {reason}")
+    verdict = "interpreter results match plain JAX" if all_ok else "MISMATCH against plain JAX"
+    print(f"\n{verdict} ({time.perf_counter() - start:.1f}s)")
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
