@@ -1,0 +1,352 @@
+"""Errors found at trace time, before anything runs.
+
+Each message names the operand by its pytree path (``args[1]['w']``, ``outputs[0]``)
+and, where there are shapes, both the block shape and the array shape. Every case is
+checked with ``jax.jit(f).trace(...)`` or a plain call, which both fail while tracing.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas as pl
+import pallas.plugins
+
+SDS = jax.ShapeDtypeStruct
+
+
+def _copy_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+
+def _two_in_kernel(a_ref, b_refs, o_ref):
+    o_ref[...] = a_ref[...]
+
+
+def _with_nested_input(b_spec, b_shape=(4, 8)):
+    """A call whose second input is a dict; ``b_spec`` is the spec of ``args[1]['w']``."""
+    a = jnp.zeros((4, 8), jnp.float32)
+    b = {"w": jnp.zeros(b_shape, jnp.float32)}
+    row = pl.BlockSpec((2, 8), lambda i: (i, 0))
+    f = pl.pallas_call(_two_in_kernel, SDS((4, 8), jnp.float32), grid=(2,),
+                       in_specs=(row, {"w": b_spec}), out_specs=row, interpret=True)
+    return jax.jit(f).trace(a, b)
+
+
+def _assert_names(msg, *parts):
+    for p in parts:
+        assert p in msg, f"{p!r} not in error message:\n{msg}"
+
+
+# --------------------------------------------------------------------------------------
+# BlockSpecs
+
+
+def test_wrong_block_rank_names_the_path_and_both_shapes():
+    with pytest.raises(ValueError) as info:
+        _with_nested_input(pl.BlockSpec((8,), lambda i: (0,)))
+    _assert_names(str(info.value), "args[1]['w']", "(8,)", "(4, 8)")
+
+
+def test_wrong_block_rank_for_an_output():
+    x = jnp.zeros((4, 8), jnp.float32)
+    with pytest.raises(ValueError) as info:
+        pl.pallas_call(_copy_kernel, (SDS((4, 8), jnp.float32),), grid=(2,),
+                       in_specs=[pl.BlockSpec((2, 8), lambda i: (i, 0))],
+                       out_specs=(pl.BlockSpec((2, 8, 1), lambda i: (i, 0, 0)),),
+                       interpret=True)(x)
+    _assert_names(str(info.value), "outputs[0]", "(2, 8, 1)", "(4, 8)")
+
+
+def test_index_map_returning_too_few_indices():
+    with pytest.raises(ValueError) as info:
+        _with_nested_input(pl.BlockSpec((2, 8), lambda i: (i,)))
+    msg = str(info.value)
+    _assert_names(msg, "args[1]['w']", "must return 2 values", "returned 1",
+                  "Blocked(2), Blocked(8)", "(4, 8)")
+
+
+def test_index_map_returning_too_many_indices():
+    with pytest.raises(ValueError) as info:
+        _with_nested_input(pl.BlockSpec((2, 8), lambda i: (i, 0, 0)))
+    _assert_names(str(info.value), "args[1]['w']", "must return 2 values", "returned 3",
+                  "(4, 8)")
+
+
+@pytest.mark.parametrize("index_map", [lambda i, j: (i, 0), lambda: (0, 0)],
+                         ids=["too-many-args", "no-args"])
+def test_index_map_taking_the_wrong_number_of_arguments(index_map):
+    with pytest.raises(TypeError) as info:
+        _with_nested_input(pl.BlockSpec((2, 8), index_map))
+    _assert_names(str(info.value), "args[1]['w']", "must take 1 positional argument",
+                  "Blocked(2), Blocked(8)", "(4, 8)")
+
+
+def test_index_map_arity_counts_scalar_prefetch_operands():
+    x = jnp.zeros((4, 8), jnp.float32)
+    gs = pl.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(2,),
+        in_specs=[pl.BlockSpec((2, 8), lambda i: (i, 0))],  # forgot the prefetch ref
+        out_specs=pl.BlockSpec((2, 8), lambda i, s: (i, 0)),
+    )
+    with pytest.raises(TypeError, match=r"args\[1\].*2 positional arguments.*1 grid indices "
+                                        r"and 1 scalar-prefetch"):
+        pl.pallas_call(lambda s, x, o: None, SDS((4, 8), jnp.float32), grid_spec=gs,
+                       interpret=True)(jnp.zeros((2,), jnp.int32), x)
+
+
+def test_element_block_that_neither_fits_nor_may_pad():
+    with pytest.raises(ValueError) as info:
+        _with_nested_input(pl.BlockSpec((pl.Element(6, padding=(0, 1)), 8),
+                                        lambda i: (0, 0)))
+    _assert_names(str(info.value), "args[1]['w']", "Element", "(4, 8)", "padding=(0, 1)")
+    assert re.search(r"Element\(6", str(info.value))
+
+
+def test_element_block_that_fits_with_enough_padding_is_accepted():
+    _with_nested_input(pl.BlockSpec((pl.Element(6, padding=(1, 1)), 8), lambda i: (0, 0)))
+
+
+def test_non_positive_block_size():
+    with pytest.raises(ValueError) as info:
+        _with_nested_input(pl.BlockSpec((0, 8), lambda i: (0, 0)))
+    _assert_names(str(info.value), "args[1]['w']", "(0, 8)", "(4, 8)")
+
+
+def test_bounded_slice_index_map_must_return_ds():
+    with pytest.raises(ValueError, match=r"args\[1\]\['w'\].*pl.ds"):
+        _with_nested_input(pl.BlockSpec((pl.BoundedSlice(2), 8), lambda i: (i, 0)))
+
+
+def test_slice_returned_for_a_blocked_dim_is_rejected():
+    with pytest.raises(ValueError, match=r"args\[1\]\['w'\].*BoundedSlice"):
+        _with_nested_input(pl.BlockSpec((2, 8), lambda i: (pl.ds(i, 2), 0)))
+
+
+def test_block_dim_of_an_unknown_type():
+    with pytest.raises(TypeError, match="block dimension"):
+        _with_nested_input(pl.BlockSpec(("2", 8), lambda i: (0, 0)))
+
+
+def test_spec_that_is_not_a_blockspec():
+    with pytest.raises(TypeError, match=r"args\[1\]\['w'\].*BlockSpec"):
+        _with_nested_input("not a spec")
+
+
+def test_in_specs_count_must_match_the_inputs():
+    x = jnp.zeros((4, 8), jnp.float32)
+    spec = pl.BlockSpec((2, 8), lambda i: (i, 0))
+    with pytest.raises(ValueError, match="2 inputs .* 1 in_specs"):
+        pl.pallas_call(_two_in_kernel, SDS((4, 8), jnp.float32), grid=(2,), in_specs=[spec],
+                       out_specs=spec, interpret=True)(x, x)
+
+
+def test_out_specs_count_must_match_out_shape():
+    x = jnp.zeros((4, 8), jnp.float32)
+    spec = pl.BlockSpec((2, 8), lambda i: (i, 0))
+    with pytest.raises(ValueError, match="2 outputs but 1 out_specs"):
+        pl.pallas_call(lambda x, a, b: None, (SDS((4, 8), jnp.float32),) * 2, grid=(2,),
+                       in_specs=[spec], out_specs=(spec,), interpret=True)(x)
+
+
+def test_grid_must_be_made_of_ints():
+    with pytest.raises(TypeError, match="grid dimension 0"):
+        pl.pallas_call(_copy_kernel, SDS((4,), jnp.float32), grid=("a",),
+                       interpret=True)(jnp.zeros((4,), jnp.float32))
+    with pytest.raises(ValueError, match="grid dimension"):
+        pl.pallas_call(_copy_kernel, SDS((4,), jnp.float32), grid=(-1,),
+                       interpret=True)(jnp.zeros((4,), jnp.float32))
+
+
+# --------------------------------------------------------------------------------------
+# The kernel body
+
+
+def test_kernel_returning_a_value():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+        return x_ref[...]
+
+    with pytest.raises(ValueError) as info:
+        pl.pallas_call(kernel, SDS((4, 8), jnp.float32), interpret=True)(
+            jnp.zeros((4, 8), jnp.float32))
+    _assert_names(str(info.value), "returned a value", "float32[4,8]", "return None")
+
+
+@pytest.mark.parametrize("value_shape", [(4,), (3, 8), (8, 4)])
+def test_store_of_the_wrong_shape_names_the_ref_and_both_shapes(value_shape):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.zeros(value_shape, jnp.float32)
+
+    with pytest.raises(ValueError) as info:
+        pl.pallas_call(kernel, SDS((4, 8), jnp.float32), interpret=True)(
+            jnp.zeros((4, 8), jnp.float32))
+    _assert_names(str(info.value), "outputs", "(4, 8)", str(value_shape))
+
+
+def test_store_of_the_wrong_dtype_names_the_ref_and_both_dtypes():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.zeros((4, 8), jnp.int32)
+
+    with pytest.raises(ValueError) as info:
+        pl.pallas_call(kernel, SDS((4, 8), jnp.float32), interpret=True)(
+            jnp.zeros((4, 8), jnp.float32))
+    _assert_names(str(info.value), "outputs", "float32", "int32")
+
+
+def test_store_into_a_sliced_view_of_the_wrong_shape():
+    def kernel(x_ref, o_ref):
+        o_ref[1:3] = jnp.zeros((3, 8), jnp.float32)
+
+    with pytest.raises(ValueError) as info:
+        pl.pallas_call(kernel, SDS((4, 8), jnp.float32), interpret=True)(
+            jnp.zeros((4, 8), jnp.float32))
+    _assert_names(str(info.value), "outputs", "(2, 8)", "(3, 8)")
+
+
+def test_store_into_a_nested_output_names_its_path():
+    def kernel(x_ref, outs):
+        outs["b"][...] = jnp.zeros((2,), jnp.float32)
+
+    with pytest.raises(ValueError) as info:
+        pl.pallas_call(kernel, {"a": SDS((4,), jnp.float32), "b": SDS((4,), jnp.float32)},
+                       interpret=True)(jnp.zeros((4,), jnp.float32))
+    _assert_names(str(info.value), "outputs['b']", "(4,)", "(2,)")
+
+
+def test_pl_store_of_the_wrong_shape_names_the_ref():
+    def kernel(x_ref, o_ref):
+        pl.store(o_ref, jnp.zeros((3, 8), jnp.float32))
+
+    with pytest.raises(ValueError) as info:
+        pl.pallas_call(kernel, SDS((4, 8), jnp.float32), interpret=True)(
+            jnp.zeros((4, 8), jnp.float32))
+    _assert_names(str(info.value), "outputs", "(4, 8)", "(3, 8)")
+
+
+def test_kernel_capturing_an_array_constant():
+    table = jnp.arange(4, dtype=jnp.float32)
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + table
+
+    with pytest.raises(ValueError, match=r"captures constants \[float32\[4\]\].*inputs"):
+        pl.pallas_call(kernel, SDS((4,), jnp.float32), interpret=True)(
+            jnp.zeros((4,), jnp.float32))
+
+
+def test_program_id_of_an_axis_the_grid_does_not_have():
+    def kernel(o_ref):
+        o_ref[0] = pl.program_id(1)
+
+    with pytest.raises(ValueError, match=r"program_id\(1\).*grid \(2,\)"):
+        pl.pallas_call(kernel, SDS((2,), jnp.int32), grid=(2,), in_specs=[],
+                       out_specs=pl.BlockSpec((1,), lambda i: (i,)), interpret=True)()
+
+
+# --------------------------------------------------------------------------------------
+# out_shape, operands, aliases
+
+
+@pytest.mark.parametrize("out_shape,path", [
+    ((4, 8), "outputs[0]"),  # a shape, not a shape-and-dtype
+    ("float32", "outputs"),
+    ([SDS((4,), jnp.float32), 3], "outputs[1]"),
+    ({"y": object()}, "outputs['y']"),
+])
+def test_out_shape_must_be_shape_and_dtype_like(out_shape, path):
+    with pytest.raises(TypeError) as info:
+        pl.pallas_call(_copy_kernel, out_shape, interpret=True)
+    _assert_names(str(info.value), path, "shape-and-dtype")
+
+
+def test_operand_that_is_not_an_array():
+    with pytest.raises(TypeError, match=r"args\[0\]"):
+        pl.pallas_call(_copy_kernel, SDS((4,), jnp.float32), interpret=True)("not an array")
+
+
+def test_aliased_operands_must_agree_in_shape_and_dtype():
+    with pytest.raises(ValueError) as info:
+        pl.pallas_call(_copy_kernel, SDS((4, 8), jnp.int32), input_output_aliases={0: 0},
+                       interpret=True)(jnp.zeros((4, 8), jnp.float32))
+    _assert_names(str(info.value), "args[0]", "outputs", "(4, 8) float32", "(4, 8) int32")
+
+
+def test_alias_indices_must_exist():
+    with pytest.raises(ValueError, match="input 3"):
+        pl.pallas_call(_copy_kernel, SDS((4,), jnp.float32), input_output_aliases={3: 0},
+                       interpret=True)(jnp.zeros((4,), jnp.float32))
+    with pytest.raises(ValueError, match="output 2"):
+        pl.pallas_call(_copy_kernel, SDS((4,), jnp.float32), input_output_aliases={0: 2},
+                       interpret=True)(jnp.zeros((4,), jnp.float32))
+
+
+def test_scratch_shape_that_is_not_a_buffer_type():
+    with pytest.raises(TypeError, match=r"scratch_shapes\[0\].*pl.ANY"):
+        pl.pallas_call(lambda o, s: None, SDS((4,), jnp.float32), scratch_shapes=[(4,)],
+                       interpret=True)()
+
+
+# --------------------------------------------------------------------------------------
+# Backends
+
+
+_KNOWN = {"triton": "pallas-triton", "mosaic_gpu": "pallas-mosaic-gpu",
+          "mosaic_tpu": "pallas-tpu", "mosaic_sparsecore": "pallas-tpu-sparsecore"}
+
+
+@pytest.fixture
+def only_core_backends(monkeypatch, clean_registry):
+    """Discovery sees only pallas-core's own entry point, as on a machine where no
+    backend package is installed."""
+    real = importlib.metadata.entry_points
+
+    def entry_points(**kw):
+        eps = real(**kw)
+        if kw.get("group") == pallas.plugins.ENTRY_POINT_GROUP:
+            return [ep for ep in eps if ep.value.startswith("pallas.")]
+        return eps
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    pallas.plugins.reset()
+    yield
+    monkeypatch.undo()
+    pallas.plugins.reset()
+
+
+@pytest.mark.parametrize("backend", sorted(_KNOWN))
+def test_backend_that_is_not_installed_names_the_package_to_install(backend,
+                                                                    only_core_backends):
+    assert [b.name for b in pallas.plugins.list_backends()] == ["interpret"]
+    with pytest.raises(pallas.plugins.BackendNotFoundError) as info:
+        pl.pallas_call(_copy_kernel, SDS((4,), jnp.float32), backend=backend)
+    _assert_names(str(info.value), repr(backend), f"pip install {_KNOWN[backend]}")
+
+
+def test_unknown_backend_lists_the_installed_ones():
+    with pytest.raises(pallas.plugins.BackendNotFoundError) as info:
+        pl.pallas_call(_copy_kernel, SDS((4,), jnp.float32), backend="no_such_backend")
+    _assert_names(str(info.value), "'no_such_backend'", "interpret")
+
+
+def test_backend_error_is_a_value_error_for_upstream_style_handlers():
+    assert issubclass(pallas.plugins.BackendNotFoundError, ValueError)
+
+
+def test_the_error_comes_before_any_computation():
+    calls = []
+
+    def kernel(x_ref, o_ref):
+        calls.append(1)
+        o_ref[...] = jnp.zeros((3,), jnp.float32)
+
+    with pytest.raises(ValueError):
+        jax.jit(pl.pallas_call(kernel, SDS((4,), jnp.float32), interpret=True)).trace(
+            np.zeros((4,), np.float32))
+    assert calls == [1]  # traced once, never run

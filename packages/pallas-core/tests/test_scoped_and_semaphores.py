@@ -1,0 +1,250 @@
+"""Buffers with a lifetime: ``run_scoped``/``with_scoped``, ``empty``/``empty_like``,
+and counting semaphores (``semaphore_signal``, ``semaphore_wait``, ``semaphore_read``)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas as pl
+from pallas._src.memory import SemaphoreSpace
+
+SDS = jax.ShapeDtypeStruct
+REGULAR = SemaphoreSpace.REGULAR
+
+
+def _call(kernel, out_shape, *args, **kw):
+    return pl.pallas_call(kernel, out_shape, interpret=True, **kw)(*args)
+
+
+# --------------------------------------------------------------------------------------
+# run_scoped / with_scoped
+
+
+def test_run_scoped_gives_the_body_a_fresh_ref():
+    x = jnp.arange(8, dtype=jnp.float32)
+    shapes = []
+
+    def kernel(x_ref, o_ref):
+        def body(tmp_ref):
+            shapes.append((tmp_ref.shape, tmp_ref.dtype))
+            tmp_ref[...] = x_ref[...] * 2
+            o_ref[...] = tmp_ref[...] + 1
+
+        pl.run_scoped(body, pl.ANY((8,), jnp.float32))
+
+    out = _call(kernel, SDS(x.shape, x.dtype), x)
+    assert shapes == [((8,), jnp.float32)]
+    np.testing.assert_array_equal(out, x * 2 + 1)
+
+
+def test_run_scoped_returns_the_bodys_values():
+    x = jnp.arange(8, dtype=jnp.float32)
+
+    def kernel(x_ref, o_ref):
+        def body(a_ref, b_ref):
+            a_ref[...] = x_ref[...]
+            b_ref[...] = x_ref[...].astype(jnp.int32) * 3
+            return jnp.sum(a_ref[...]), b_ref[...]
+
+        total, tripled = pl.run_scoped(body, pl.ANY((8,), jnp.float32),
+                                       pl.ANY((8,), jnp.int32))
+        o_ref[...] = tripled.astype(jnp.float32) + total
+
+    out = _call(kernel, SDS(x.shape, x.dtype), x)
+    np.testing.assert_array_equal(out, np.arange(8) * 3 + 28)
+
+
+def test_run_scoped_with_keyword_and_pytree_types():
+    def kernel(o_ref):
+        def body(pair, *, acc):
+            a, b = pair
+            a[...] = jnp.ones((4,), jnp.float32)
+            b[...] = jnp.full((4,), 2.0, jnp.float32)
+            acc[...] = a[...] + b[...]
+            o_ref[...] = acc[...]
+
+        pl.run_scoped(body, (pl.ANY((4,), jnp.float32), pl.ANY((4,), jnp.float32)),
+                      acc=pl.ANY((4,), jnp.float32))
+
+    np.testing.assert_array_equal(_call(kernel, SDS((4,), jnp.float32)), [3, 3, 3, 3])
+
+
+def test_with_scoped_decorator_runs_immediately_and_returns_the_result():
+    def kernel(o_ref):
+        @pl.with_scoped(pl.ANY((2, 2), jnp.int32))
+        def total(tmp_ref):
+            tmp_ref[...] = jnp.arange(4, dtype=jnp.int32).reshape(2, 2)
+            return jnp.sum(tmp_ref[...])
+
+        o_ref[0] = total
+
+    np.testing.assert_array_equal(_call(kernel, SDS((1,), jnp.int32)), [6])
+
+
+def test_nested_run_scoped_and_run_scoped_inside_loops():
+    def kernel(o_ref):
+        @pl.loop(0, 3)
+        def _(i):
+            def outer(a_ref):
+                a_ref[...] = jnp.full((4,), i, jnp.int32)
+
+                def inner(b_ref):
+                    b_ref[...] = a_ref[...] * 10
+                    o_ref[i] = b_ref[...]
+
+                pl.run_scoped(inner, pl.ANY((4,), jnp.int32))
+
+            pl.run_scoped(outer, pl.ANY((4,), jnp.int32))
+
+    out = _call(kernel, SDS((3, 4), jnp.int32))
+    np.testing.assert_array_equal(out, np.repeat(np.arange(3) * 10, 4).reshape(3, 4))
+
+
+def test_run_scoped_buffers_start_uninitialised_at_every_entry():
+    def kernel(o_ref):
+        @pl.loop(0, 2)
+        def _(i):
+            def body(t_ref):
+                o_ref[i] = t_ref[...]  # read before write: uninitialised (NaN)
+                t_ref[...] = jnp.ones((2,), jnp.float32)
+
+            pl.run_scoped(body, pl.ANY((2,), jnp.float32))
+
+    out = np.asarray(_call(kernel, SDS((2, 2), jnp.float32)))
+    assert np.isnan(out).all()
+
+
+def test_run_scoped_rejects_non_buffer_types():
+    def kernel(o_ref):
+        pl.run_scoped(lambda r: None, (4,))
+
+    with pytest.raises(TypeError, match="run_scoped"):
+        _call(kernel, SDS((4,), jnp.float32))
+
+
+# --------------------------------------------------------------------------------------
+# empty / empty_like
+
+
+def test_empty_has_the_requested_shape_and_dtype_and_can_be_overwritten():
+    shapes = []
+
+    def kernel(x_ref, o_ref):
+        e = pl.empty((4, 2), jnp.float32)
+        shapes.append((e.shape, e.dtype))
+        o_ref[...] = jnp.where(jnp.ones((4, 2), bool), x_ref[...], e)
+
+    x = jnp.arange(8, dtype=jnp.float32).reshape(4, 2)
+    out = _call(kernel, SDS(x.shape, x.dtype), x)
+    assert shapes == [((4, 2), jnp.float32)]
+    np.testing.assert_array_equal(out, x)
+
+
+def test_empty_like_follows_a_pytree_of_arrays():
+    tree = {"a": jnp.zeros((2, 3), jnp.bfloat16), "b": (jnp.zeros((4,), jnp.int32),)}
+    e = pl.empty_like(tree)
+    assert jax.tree_util.tree_structure(e) == jax.tree_util.tree_structure(tree)
+    assert e["a"].shape == (2, 3) and e["a"].dtype == jnp.bfloat16
+    assert e["b"][0].shape == (4,) and e["b"][0].dtype == jnp.int32
+
+
+def test_empty_like_inside_a_kernel():
+    x = jnp.arange(6, dtype=jnp.int32)
+
+    def kernel(x_ref, o_ref):
+        e = pl.empty_like(x_ref[...])
+        assert e.shape == (6,) and e.dtype == jnp.int32
+        o_ref[...] = jnp.maximum(e, x_ref[...])  # e is unspecified; max with x keeps x
+        o_ref[...] = x_ref[...] + 1
+
+    np.testing.assert_array_equal(_call(kernel, SDS((6,), jnp.int32), x), np.arange(6) + 1)
+
+
+# --------------------------------------------------------------------------------------
+# Semaphores
+
+
+def test_semaphore_buffer_type_is_int32_in_a_semaphore_space():
+    t = REGULAR((2,))
+    assert isinstance(t, pl.MemoryRef)
+    assert t.shape == (2,) and t.dtype == jnp.int32
+    assert np.dtype(pl.semaphore.dtype) == np.int32
+
+
+def test_semaphores_start_at_zero_and_count_signals_and_waits():
+    def kernel(o_ref, sem):
+        o_ref[0] = pl.semaphore_read(sem)
+        pl.semaphore_signal(sem)
+        pl.semaphore_signal(sem, 4)
+        o_ref[1] = pl.semaphore_read(sem)
+        pl.semaphore_wait(sem, 2)
+        o_ref[2] = pl.semaphore_read(sem)
+        pl.semaphore_wait(sem)
+        o_ref[3] = pl.semaphore_read(sem)
+        pl.semaphore_wait(sem, 2, decrement=False)
+        o_ref[4] = pl.semaphore_read(sem)
+
+    out = _call(kernel, SDS((5,), jnp.int32), scratch_shapes=[REGULAR(())])
+    np.testing.assert_array_equal(out, [0, 5, 3, 2, 2])
+
+
+def test_semaphore_arrays_are_indexed_with_at():
+    def kernel(o_ref, sems):
+        for i in range(3):
+            pl.semaphore_signal(sems.at[i], i + 1)
+        pl.semaphore_signal(sems.at[pl.program_id(0) % 3], 10)
+        pl.semaphore_wait(sems.at[0], 1)
+        for i in range(3):
+            o_ref[i] = pl.semaphore_read(sems.at[i])
+
+    out = _call(kernel, SDS((3,), jnp.int32), grid=(1,), scratch_shapes=[REGULAR((3,))])
+    np.testing.assert_array_equal(out, [10, 2, 3])
+
+
+def test_semaphore_counts_persist_across_grid_points():
+    def kernel(o_ref, sem):
+        pl.semaphore_signal(sem, pl.program_id(0) + 1)
+        o_ref[0] = pl.semaphore_read(sem)
+
+    out = pl.pallas_call(kernel, SDS((4,), jnp.int32), grid=(4,), in_specs=[],
+                         out_specs=pl.BlockSpec((1,), lambda i: (i,)),
+                         scratch_shapes=[REGULAR(())], interpret=True)()
+    np.testing.assert_array_equal(out, np.cumsum([1, 2, 3, 4]))
+
+
+def test_semaphore_in_run_scoped():
+    def kernel(o_ref):
+        def body(sem):
+            pl.semaphore_signal(sem, 3)
+            pl.semaphore_wait(sem, 1)
+            o_ref[0] = pl.semaphore_read(sem)
+
+        pl.run_scoped(body, REGULAR(()))
+
+    np.testing.assert_array_equal(_call(kernel, SDS((1,), jnp.int32)), [2])
+
+
+def test_a_wait_that_can_never_be_satisfied_is_reported_with_debug_checks():
+    def kernel(o_ref, sem):
+        pl.semaphore_signal(sem, 1)
+        pl.semaphore_wait(sem, 2)
+        o_ref[0] = 0
+
+    with pl.enable_debug_checks(True):
+        with pytest.raises(Exception, match="semaphore_wait.*block forever"):
+            jax.block_until_ready(
+                _call(kernel, SDS((1,), jnp.int32), scratch_shapes=[REGULAR(())]))
+
+
+def test_signal_to_another_device_needs_a_multi_device_interpreter():
+    def kernel(o_ref, sem):
+        pl.semaphore_signal(sem, 1, device_id=0)
+        o_ref[0] = 0
+
+    # (An installed backend such as pallas-tpu may extend this rule; either way the
+    # message points at shard_map.)
+    with pytest.raises(NotImplementedError, match="shard_map"):
+        _call(kernel, SDS((1,), jnp.int32), scratch_shapes=[REGULAR(())])
