@@ -5,9 +5,25 @@ a ``@hookimpl``-marked ``pallas_backends`` function, and register the module in 
 ``pallas.backends`` entry-point group.
 """
 
-from pallas._src.interpreter.evaluator import Cell, KernelContext
-from pallas._src.interpreter.rules import register_interpret_rule
-from pallas._src.mesh import CoreMesh, Mesh
+from pallas._src.block_spec import Blocked, BoundedSlice, Element, Squeezed
+from pallas._src.grid_spec import BlockMapping, GridMapping
+from pallas._src.interpreter.evaluator import Cell, KernelContext, eval_jaxpr
+from pallas._src.interpreter.grid_runner import Checks, interpret_pallas_call
+from pallas._src.interpreter.rules import interpret_rules, register_interpret_rule
+from pallas._src.jax_compat import axis_index_p
+from pallas._src.memory import MemoryRef, MemorySpace, SemaphoreSpace, is_semaphore_space
+from pallas._src.mesh import CoreMesh, Mesh, core_map_p
+from pallas._src.pallas_call import lower_with_interpreter, pallas_call_p
+from pallas._src.primitives.debug import debug_check_p, debug_print_p, delay_p
+from pallas._src.primitives.grid import num_programs_p, program_id_p
+from pallas._src.primitives.hints import multiple_of_p
+from pallas._src.primitives.load_store import load_p, swap_p
+from pallas._src.primitives.scoped import fresh_cell, run_scoped_p
+from pallas._src.primitives.semaphores import (
+    semaphore_read_p,
+    semaphore_signal_p,
+    semaphore_wait_p,
+)
 from pallas._src.registry.backend import LEVELS, Backend
 from pallas._src.registry.hookspecs import hookimpl, hookspec
 from pallas._src.registry.registry import (
@@ -24,7 +40,22 @@ from pallas._src.registry.registry import (
     select_backend,
 )
 
+# The primitives of pallas-core that a backend lowers (besides JAX's own, e.g. the state
+# primitives get/swap/addupdate and lax's), and the interpreter pieces it may reuse.
+PRIMITIVES = (
+    program_id_p, num_programs_p, load_p, swap_p, run_scoped_p, semaphore_signal_p,
+    semaphore_wait_p, semaphore_read_p, multiple_of_p, debug_print_p, debug_check_p,
+    delay_p, core_map_p, axis_index_p,
+)
+
 __all__ = [
+    "PRIMITIVES", "BlockMapping", "Blocked", "BoundedSlice", "Checks", "Element",
+    "GridMapping", "MemoryRef", "MemorySpace", "SemaphoreSpace", "Squeezed",
+    "axis_index_p", "core_map_p", "debug_check_p", "debug_print_p", "delay_p",
+    "eval_jaxpr", "fresh_cell", "interpret_pallas_call", "interpret_rules",
+    "is_semaphore_space", "load_p", "lower_with_interpreter", "multiple_of_p",
+    "num_programs_p", "pallas_call_p", "program_id_p", "run_scoped_p",
+    "semaphore_read_p", "semaphore_signal_p", "semaphore_wait_p", "swap_p",
     "Backend", "BackendLoadError", "BackendNotFoundError", "Cell", "CoreMesh", "ENTRY_POINT_GROUP",
     "KernelContext", "LEVELS", "Mesh", "PluginLoadWarning", "env_var", "get_backend", "hookimpl",
     "hookspec", "list_backends", "load_failures", "register_backend",

@@ -209,6 +209,9 @@ def _is_spec_leaf(x) -> bool:
 def _broadcast_prefix(prefix, tree):
     dummy = jax.tree_util.tree_unflatten(tree, list(range(tree.num_leaves)))
     out: list[Any] = [None] * tree.num_leaves
+    # A list of specs for a tuple of operands (or the reverse) is fine, as upstream.
+    if isinstance(prefix, (list, tuple)) and isinstance(dummy, (list, tuple)):
+        prefix = type(dummy)(prefix)
 
     def assign(spec, sub):
         for leaf in jax.tree_util.tree_leaves(sub):

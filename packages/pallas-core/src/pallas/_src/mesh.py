@@ -210,7 +210,6 @@ def _axis_index_rule(ctx, eqn, invals):
     name = eqn.params["axis_name"]
     names = ctx.axis_names or ()
     if name not in names:
-        raise NameError(
-            f"lax.axis_index({name!r}) inside a kernel: the grid has axis names {names}"
-        )
+        # Not a grid axis: an enclosing map (e.g. shard_map) binds it.
+        return [jc.axis_index_p.bind(**eqn.params)]
     return [jax.numpy.asarray(ctx.grid_indices[names.index(name)], jax.numpy.int32)]

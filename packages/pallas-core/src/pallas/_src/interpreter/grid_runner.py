@@ -536,6 +536,9 @@ def interpret_pallas_call(*args, jaxpr, grid_mapping, checks: Checks | None = No
 
     With checks on, the last output is the error vector (see :func:`decode_error`).
     """
+    from pallas._src.registry.registry import ensure_discovered
+
+    ensure_discovered()  # backends' interpreter rules for their own primitives
     gm = grid_mapping
     checks = Checks() if checks is None else checks
     plan = _Plan(gm, args, checks)

@@ -25,7 +25,8 @@ class Backend:
       capabilities: conformance-catalogue tags the backend claims.
       levels: conformance levels it provides, among ``lower``, ``compile``,
         ``emulate``, ``execute``.
-      priority: used to choose between backends for the same platform (higher wins).
+      priority: used to choose between backends for the same platform (higher wins);
+        an int, or a mapping from platform to int (platforms not listed get 0).
       package: the distribution that provides it (named in "not installed" errors).
     """
 
@@ -35,8 +36,14 @@ class Backend:
     compiler_params_type: type | None = None
     capabilities: frozenset = frozenset()
     levels: tuple[str, ...] = ("lower",)
-    priority: int = 0
+    priority: int | dict = 0
     package: str = ""
+
+    def priority_for(self, platform: str) -> int:
+        """This backend's priority when choosing a backend for ``platform``."""
+        if isinstance(self.priority, dict):
+            return int(self.priority.get(platform, 0))
+        return int(self.priority)
 
     def lower(self, ctx: Any, *in_nodes: Any, jaxpr: Any, grid_mapping: Any,
               compiler_params: Any, cost_estimate: Any, name: str, metadata: Any,

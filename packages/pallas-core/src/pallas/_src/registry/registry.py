@@ -131,6 +131,11 @@ def _add(backend: Backend, source: str) -> None:
     _state.backends[backend.name] = backend
 
 
+def ensure_discovered() -> None:
+    """Discovers the installed plugins now (their interpreter rules included)."""
+    _discover()
+
+
 def register_backend(backend: Backend) -> None:
     """Registers a backend object directly (for tests and in-process plugins)."""
     _discover()
@@ -219,7 +224,7 @@ def select_backend(platform: str, backend: str | None = None,
 
     1. ``backend=`` given to ``pallas_call``; 2. the type of ``compiler_params``;
     3. the environment variable ``PALLAS_BACKEND_<PLATFORM>``; 4. the installed backend
-    with the highest priority for the platform (ties broken by name).
+    with the highest priority for the platform (ties: the first name alphabetically).
     """
     explicit = requested_backend(backend, compiler_params)
     if explicit is not None:
@@ -238,4 +243,5 @@ def select_backend(platform: str, backend: str | None = None,
             + (f"; install {hint}" if hint else "")
             + ". Or pass interpret=True to run the kernel in the interpreter."
         )
-    return max(candidates, key=lambda b: (b.priority, b.name))
+    # Highest priority wins; ties go to the alphabetically first name.
+    return min(candidates, key=lambda b: (-b.priority_for(platform), b.name))
