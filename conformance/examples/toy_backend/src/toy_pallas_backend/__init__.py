@@ -1,0 +1,3 @@
+"""An example third-party Pallas backend (see README.md)."""
+
+__version__ = "0.1.0"

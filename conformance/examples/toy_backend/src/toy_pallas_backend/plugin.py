@@ -1,0 +1,89 @@
+"""The ``toy`` backend: everything a backend declares, in one small module.
+
+A real backend would lower to its compiler's input (Triton, Mosaic, ...) in ``lower``,
+run its compiler in ``compile`` and run the generated code under an emulator in
+``emulate``. The toy delegates all three to the core interpreter, which is what makes it
+correct by construction, and a useful baseline for the faulty variants in ``faulty.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.extend.core as jex
+
+import pallas as pl
+from pallas._src.interpreter.grid_runner import interpret_pallas_call
+from pallas._src.pallas_call import lower_with_interpreter
+from pallas.plugins import Backend, hookimpl
+from toy_pallas_backend import __version__
+
+# Every conformance tag except the JAX transformations (which need rules in the core).
+CAPABILITIES = frozenset({
+    "elementwise", "broadcasting", "reductions", "indexing", "masking", "edge_blocks",
+    "control_flow", "dot", "scratch", "aliasing", "multiple_outputs", "pytrees",
+    "scalar_prefetch", "semaphores", "sequential_grid", "bf16", "f16", "int8", "uint32", "bool",
+    "export", "kernels",
+})
+
+
+class ToyCompilerParams(pl.CompilerParams):
+    """Passing an instance to ``pallas_call`` selects the toy backend."""
+
+    BACKEND = "toy"
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyArtifact:
+    """What ``compile`` produces: a listing of the kernel, as a compiler would."""
+
+    name: str
+    grid: tuple
+    source: str
+
+
+def primitives_of(jaxpr) -> set[str]:
+    """Every primitive name in a kernel jaxpr, including nested bodies."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for sub in jex.jaxprs_in_params(eqn.params):
+            names |= primitives_of(sub)
+    return names
+
+
+class ToyBackend(Backend):
+    """Lowers, compiles and emulates by delegating to the core interpreter."""
+
+    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost_estimate,
+              name, metadata, out_avals):
+        return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping)
+
+    def compile(self, jaxpr, grid_mapping, compiler_params, **kw):
+        return ToyArtifact(name=kw.get("name") or "kernel", grid=tuple(grid_mapping.grid),
+                           source=str(jaxpr))
+
+    def emulate(self, jaxpr, grid_mapping, compiler_params, *args, **kw):
+        run = jax.jit(functools.partial(interpret_pallas_call, jaxpr=jaxpr,
+                                        grid_mapping=grid_mapping))
+        return run(*args)
+
+
+TOY = ToyBackend(
+    name="toy",
+    version=__version__,
+    platforms=("cpu",),
+    compiler_params_type=ToyCompilerParams,
+    capabilities=CAPABILITIES,
+    levels=("lower", "compile", "emulate", "execute"),
+    priority=-10,  # never chosen by default over the builtin interpreter backend
+    package="toy-pallas-backend",
+)
+
+
+@hookimpl
+def pallas_backends():
+    return [TOY]

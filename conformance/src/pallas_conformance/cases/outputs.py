@@ -1,0 +1,113 @@
+"""Multiple outputs and pytrees of operands, outputs and specs."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+import pallas as pl
+from pallas_conformance.catalogue import case, randn, sds
+
+R, C = 16, 128
+
+
+def _spec():
+    return pl.BlockSpec((8, C), lambda i: (i, 0))
+
+
+@case("multiple_outputs/two_dtypes", tags={"multiple_outputs"},
+      inputs=lambda rng: (randn(rng, (R, C)),),
+      reference=lambda x: (x * 2, (x > 0).astype(jnp.int32)))
+def two_dtypes(pallas_call, x):
+    """Two outputs of different dtypes from one kernel."""
+    def kernel(x_ref, a_ref, b_ref):
+        a_ref[...] = x_ref[...] * 2
+        b_ref[...] = (x_ref[...] > 0).astype(jnp.int32)
+
+    return pallas_call(kernel, out_shape=(sds(x.shape, x.dtype), sds(x.shape, jnp.int32)),
+                       grid=(2,), in_specs=[_spec()], out_specs=(_spec(), _spec()))(x)
+
+
+@case("multiple_outputs/three_shapes", tags={"multiple_outputs", "reductions"},
+      inputs=lambda rng: (randn(rng, (R, C)),),
+      reference=lambda x: [jnp.max(x, axis=1), jnp.min(x, axis=0), x.T])
+def three_shapes(pallas_call, x):
+    """Three outputs of different shapes (the kernel sees whole arrays)."""
+    def kernel(x_ref, mx_ref, mn_ref, t_ref):
+        mx_ref[...] = jnp.max(x_ref[...], axis=1)
+        mn_ref[...] = jnp.min(x_ref[...], axis=0)
+        t_ref[...] = x_ref[...].T
+
+    return pallas_call(kernel, out_shape=[sds((R,), x.dtype), sds((C,), x.dtype),
+                                          sds((C, R), x.dtype)])(x)
+
+
+@case("multiple_outputs/different_block_specs", tags={"multiple_outputs"},
+      inputs=lambda rng: (randn(rng, (R, C)),),
+      reference=lambda x: (x + 1, jnp.sum(x.reshape(2, 8, C), axis=1)))
+def different_specs(pallas_call, x):
+    """One output tiled like the input, one with a block per program."""
+    def kernel(x_ref, y_ref, s_ref):
+        y_ref[...] = x_ref[...] + 1
+        s_ref[...] = jnp.sum(x_ref[...], axis=0, keepdims=True)
+
+    return pallas_call(kernel, out_shape=(sds(x.shape, x.dtype), sds((2, C), x.dtype)),
+                       grid=(2,), in_specs=[_spec()],
+                       out_specs=(_spec(), pl.BlockSpec((1, C), lambda i: (i, 0))))(x)
+
+
+@case("pytrees/dict_operands", tags={"pytrees"},
+      inputs=lambda rng: ({"w": randn(rng, (8, C)), "b": randn(rng, (8, C))},
+                          randn(rng, (8, C))),
+      reference=lambda p, x: x * p["w"] + p["b"])
+def dict_operands(pallas_call, params, x):
+    """A dict of operands: the kernel receives a dict of refs."""
+    def kernel(p_refs, x_ref, o_ref):
+        o_ref[...] = x_ref[...] * p_refs["w"][...] + p_refs["b"][...]
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(params, x)
+
+
+@case("pytrees/dict_outputs", tags={"pytrees", "multiple_outputs"},
+      inputs=lambda rng: (randn(rng, (R, C)),),
+      reference=lambda x: {"pos": jnp.maximum(x, 0), "neg": jnp.minimum(x, 0)})
+def dict_outputs(pallas_call, x):
+    """A dict out_shape with a matching dict of out_specs."""
+    def kernel(x_ref, o_refs):
+        o_refs["pos"][...] = jnp.maximum(x_ref[...], 0)
+        o_refs["neg"][...] = jnp.minimum(x_ref[...], 0)
+
+    return pallas_call(kernel, out_shape={"pos": sds(x.shape, x.dtype),
+                                          "neg": sds(x.shape, x.dtype)},
+                       grid=(2,), in_specs=[_spec()],
+                       out_specs={"pos": _spec(), "neg": _spec()})(x)
+
+
+@case("pytrees/nested_tuple_specs", tags={"pytrees"},
+      inputs=lambda rng: ((randn(rng, (R, C)), (randn(rng, (R, C)), randn(rng, (1, C)))),),
+      reference=lambda t: t[0] * t[1][0] + t[1][1])
+def nested(pallas_call, tree):
+    """Nested tuples of operands with a matching nested tuple of in_specs."""
+    def kernel(t_refs, o_ref):
+        a_ref, (b_ref, c_ref) = t_refs
+        o_ref[...] = a_ref[...] * b_ref[...] + c_ref[...]
+
+    a = tree[0]
+    return pallas_call(
+        kernel, out_shape=sds(a.shape, a.dtype), grid=(2,),
+        in_specs=[(_spec(), (_spec(), pl.BlockSpec((1, C), lambda i: (0, 0))))],
+        out_specs=_spec())(tree)
+
+
+@case("pytrees/list_scratch", tags={"pytrees", "scratch"},
+      inputs=lambda rng: (randn(rng, (8, C)),), reference=lambda x: x * 4)
+def list_scratch(pallas_call, x):
+    """Scratch shapes given as a nested pytree."""
+    def kernel(x_ref, o_ref, scratch):
+        a_ref, (b_ref,) = scratch
+        a_ref[...] = x_ref[...] * 2
+        b_ref[...] = a_ref[...] * 2
+        o_ref[...] = b_ref[...]
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype),
+                       scratch_shapes=[[pl.ANY((8, C), jnp.float32),
+                                        (pl.ANY((8, C), jnp.float32),)]])(x)

@@ -1,0 +1,118 @@
+"""Scratch buffers (``scratch_shapes`` with ``pl.ANY`` buffers, which persist across grid
+iterations) and ``pl.run_scoped``."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+import pallas as pl
+from pallas_conformance.catalogue import case, randn, sds
+
+R, C = 32, 128
+
+
+@case("scratch/staging_buffer", tags={"scratch"},
+      inputs=lambda rng: (randn(rng, (8, C)),), reference=lambda x: x * 3 + 1)
+def staging(pallas_call, x):
+    """A scratch buffer used as a staging area within one program."""
+    def kernel(x_ref, o_ref, s_ref):
+        s_ref[...] = x_ref[...] * 3
+        o_ref[...] = s_ref[...] + 1
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype),
+                       scratch_shapes=[pl.ANY((8, C), jnp.float32)])(x)
+
+
+@case("scratch/persists_across_grid", tags={"scratch", "sequential_grid"},
+      inputs=lambda rng: (randn(rng, (R, C)),),
+      reference=lambda x: jnp.cumsum(x.reshape(4, 8, C), axis=0).reshape(R, C))
+def persists(pallas_call, x):
+    """A running sum over grid steps kept in scratch (scratch persists across programs)."""
+    def kernel(x_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += x_ref[...]
+        o_ref[...] = acc_ref[...]
+
+    spec = pl.BlockSpec((8, C), lambda i: (i, 0))
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(4,), in_specs=[spec],
+                       out_specs=spec, scratch_shapes=[pl.ANY((8, C), jnp.float32)])(x)
+
+
+@case("scratch/int32_counter", tags={"scratch", "sequential_grid"},
+      inputs=lambda rng: (randn(rng, (R, C), jnp.int32),),
+      reference=lambda x: x + jnp.repeat(jnp.arange(1, 5, dtype=jnp.int32), 8)[:, None])
+def counter(pallas_call, x):
+    """An int32 scalar-like scratch counter incremented once per program."""
+    def kernel(x_ref, o_ref, n_ref):
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            n_ref[0] = 0
+
+        n_ref[0] += 1
+        o_ref[...] = x_ref[...] + n_ref[0]
+
+    spec = pl.BlockSpec((8, C), lambda i: (i, 0))
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(4,), in_specs=[spec],
+                       out_specs=spec, scratch_shapes=[pl.ANY((1,), jnp.int32)])(x)
+
+
+@case("scratch/several_buffers", tags={"scratch"},
+      inputs=lambda rng: (randn(rng, (8, C)),),
+      reference=lambda x: (jnp.max(x, axis=1, keepdims=True) + jnp.sum(x, axis=1, keepdims=True))
+      * jnp.ones((1, C)))
+def several(pallas_call, x):
+    """Two scratch buffers of different shapes, given as a list."""
+    def kernel(x_ref, o_ref, m_ref, s_ref):
+        m_ref[...] = jnp.max(x_ref[...], axis=1, keepdims=True)
+        s_ref[...] = jnp.sum(x_ref[...], axis=1, keepdims=True)
+        o_ref[...] = jnp.broadcast_to(m_ref[...] + s_ref[...], (8, C))
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype),
+                       scratch_shapes=[pl.ANY((8, 1), jnp.float32),
+                                       pl.ANY((8, 1), jnp.float32)])(x)
+
+
+@case("scratch/run_scoped", tags={"scratch"},
+      inputs=lambda rng: (randn(rng, (8, C)),), reference=lambda x: jnp.tanh(x) * 2)
+def run_scoped(pallas_call, x):
+    """pl.run_scoped allocates a buffer for the body of a function."""
+    def kernel(x_ref, o_ref):
+        def body(tmp_ref):
+            tmp_ref[...] = jnp.tanh(x_ref[...])
+            o_ref[...] = tmp_ref[...] * 2
+
+        pl.run_scoped(body, pl.ANY((8, C), jnp.float32))
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(x)
+
+
+@case("scratch/run_scoped_returns", tags={"scratch"},
+      inputs=lambda rng: (randn(rng, (8, C)),), reference=lambda x: jnp.sum(x * x))
+def run_scoped_returns(pallas_call, x):
+    """pl.run_scoped returning a value computed from two scoped buffers."""
+    def kernel(x_ref, o_ref):
+        def body(a_ref, b_ref):
+            a_ref[...] = x_ref[...]
+            b_ref[...] = a_ref[...] * a_ref[...]
+            return jnp.sum(b_ref[...])
+
+        o_ref[0, 0] = pl.run_scoped(body, pl.ANY((8, C), jnp.float32),
+                                    pl.ANY((8, C), jnp.float32))
+
+    out = pallas_call(kernel, out_shape=sds((1, 1), x.dtype))(x)
+    return out[0, 0]
+
+
+@case("scratch/bf16_buffer", tags={"scratch", "bf16"},
+      inputs=lambda rng: (randn(rng, (8, C), jnp.bfloat16),), reference=lambda x: x * 2)
+def bf16_scratch(pallas_call, x):
+    """A bf16 scratch buffer."""
+    def kernel(x_ref, o_ref, s_ref):
+        s_ref[...] = x_ref[...]
+        o_ref[...] = s_ref[...] * 2
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype),
+                       scratch_shapes=[pl.ANY((8, C), jnp.bfloat16)])(x)

@@ -1,0 +1,197 @@
+"""The case catalogue: the :class:`Case` type, capability tags, tolerances, the registry.
+
+A case is a plain-JAX program that calls ``pallas_call`` one or more times. The suite
+passes the ``pallas_call`` to use as the first argument, already bound to the mode under
+test (``interpret=True`` for the interpreter, ``backend=NAME`` for a backend), so the
+same source is run by every level::
+
+    @case("elementwise/add_f32", tags={"elementwise"},
+          inputs=lambda rng: (randn(rng, (16, 128)), randn(rng, (16, 128))),
+          reference=jnp.add)
+    def add(pallas_call, x, y):
+        def kernel(x_ref, y_ref, o_ref):
+            o_ref[...] = x_ref[...] + y_ref[...]
+        return pallas_call(kernel, out_shape=sds_like(x))(x, y)
+
+Cases live in small modules under :mod:`pallas_conformance.cases`, one per tag family.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# ------------------------------------------------------------------------------------
+# Capability tags. A backend claims a set of these (``Backend.capabilities``); a case
+# needs all of its tags claimed to be run for that backend.
+
+TAGS: dict[str, str] = {
+    "elementwise": "unary and binary jnp/lax ops on blocks",
+    "broadcasting": "broadcasts between blocks of different ranks and shapes",
+    "reductions": "sum/max/min/prod/argmax/argmin over each axis",
+    "indexing": "pl.ds static and dynamic, strides, ref.at, integer indices, masked "
+                "pl.load/pl.store, edge blocks that overhang the array, index maps",
+    "control_flow": "pl.when, fori_loop, while_loop, cond, switch, scan, pl.loop, "
+                    "program_id/num_programs",
+    "dot": "jnp.dot / lax.dot_general inside kernels",
+    "scratch": "scratch_shapes and run_scoped buffers",
+    "sequential_grid": "kernels that rely on the grid running in order: scratch that "
+                       "persists across grid steps, outputs accumulated along a grid axis "
+                       "(TPU and the interpreter; not GPUs, whose programs run in parallel)",
+    "aliasing": "input_output_aliases",
+    "multiple_outputs": "several outputs from one pallas_call",
+    "pytrees": "pytrees of operands and outputs",
+    "scalar_prefetch": "PrefetchScalarGridSpec and data-dependent index maps",
+    "semaphores": "semaphore_signal / semaphore_wait / semaphore_read",
+    "bf16": "bfloat16 operands",
+    "f16": "float16 operands",
+    "int8": "int8 operands",
+    "uint32": "uint32 operands",
+    "bool": "boolean operands",
+    "vmap": "jax.vmap of pallas_call",
+    "grad": "jax.grad / jax.vjp of pallas_call",
+    "shard_map": "pallas_call inside jax.shard_map",
+    "export": "jax.export of a function that calls pallas_call",
+    "kernels": "whole kernels (matmul, softmax, layer norm, attention)",
+}
+
+# Other spellings of a tag that backends may claim.
+TAG_ALIASES: dict[str, str] = {"matmul": "dot", "masking": "indexing", "edge_blocks": "indexing"}
+
+# Default tolerances (atol, rtol) per output dtype; exact for integers and bool.
+DEFAULT_TOLERANCE: dict[str, tuple[float, float]] = {
+    "float32": (1e-5, 1e-5),
+    "float16": (2e-3, 2e-3),
+    "bfloat16": (1.6e-2, 1.6e-2),
+    "float64": (1e-12, 1e-12),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One conformance case.
+
+    Attributes:
+      name: unique id, ``"<module>/<case>"`` (e.g. ``"elementwise/add_f32"``).
+      fn: ``fn(pallas_call, *args) -> outputs``; a plain-JAX program that calls the
+        ``pallas_call`` it is given (never ``pl.pallas_call`` directly).
+      inputs: ``inputs(rng) -> tuple`` of arrays, from a ``numpy.random.Generator``
+        seeded with ``seed``.
+      reference: ``reference(*args) -> outputs`` in plain JAX (no Pallas).
+      tags: capability tags the case needs (all must be claimed).
+      tolerance: ``{dtype name: (atol, rtol)}`` overriding :data:`DEFAULT_TOLERANCE`.
+      seed: the seed of the input generator.
+      description: one line for the report.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    inputs: Callable[[np.random.Generator], tuple]
+    reference: Callable[..., Any]
+    tags: frozenset[str]
+    tolerance: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    description: str = ""
+
+    def make_inputs(self) -> tuple:
+        args = self.inputs(np.random.default_rng(self.seed))
+        return tuple(jax.tree_util.tree_map(jnp.asarray, a) for a in args)
+
+    def tolerance_for(self, dtype) -> tuple[float, float]:
+        name = jnp.dtype(dtype).name
+        if name in self.tolerance:
+            return self.tolerance[name]
+        if "*" in self.tolerance:
+            return self.tolerance["*"]
+        return DEFAULT_TOLERANCE.get(name, (0.0, 0.0))
+
+
+_CASES: dict[str, Case] = {}
+
+
+def register(c: Case) -> Case:
+    """Adds a case to the catalogue (names are unique; tags must be known)."""
+    unknown = set(c.tags) - set(TAGS)
+    if unknown:
+        raise ValueError(f"case {c.name!r} has unknown tags {sorted(unknown)}")
+    if not c.tags:
+        raise ValueError(f"case {c.name!r} has no tags")
+    if c.name in _CASES:
+        raise ValueError(f"duplicate conformance case {c.name!r}")
+    _CASES[c.name] = c
+    return c
+
+
+def case(name: str, *, tags: Iterable[str], inputs: Callable, reference: Callable,
+         tolerance: dict | None = None, seed: int = 0, description: str = ""):
+    """Decorator registering ``fn(pallas_call, *args)`` as a case (see module docstring)."""
+
+    def deco(fn):
+        register(Case(name=name, fn=fn, inputs=inputs, reference=reference,
+                      tags=frozenset(tags), tolerance=dict(tolerance or {}), seed=seed,
+                      description=description or (fn.__doc__ or "").strip().split("\n")[0]))
+        return fn
+
+    return deco
+
+
+def all_cases() -> list[Case]:
+    """Every case of the catalogue, sorted by name."""
+    from pallas_conformance import cases  # noqa: F401 - registers the catalogue
+
+    return [_CASES[k] for k in sorted(_CASES)]
+
+
+def get_case(name: str) -> Case:
+    all_cases()
+    return _CASES[name]
+
+
+# ------------------------------------------------------------------------------------
+# Helpers for writing cases.
+
+
+def sds(shape, dtype) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype))
+
+
+def sds_like(x, dtype=None) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(x.shape), jnp.dtype(dtype or x.dtype))
+
+
+def randn(rng: np.random.Generator, shape, dtype=np.float32, scale: float = 1.0):
+    """Normal samples, rounded to ``dtype`` (bool and integers get their own ranges)."""
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.bool_:
+        return jnp.asarray(rng.random(shape) < 0.5)
+    if jnp.issubdtype(dtype, jnp.integer):
+        info = jnp.iinfo(dtype)
+        lo, hi = max(int(info.min), -100), min(int(info.max), 100)
+        return jnp.asarray(rng.integers(lo, hi + 1, size=shape), dtype=dtype)
+    return jnp.asarray(rng.standard_normal(shape) * scale, dtype=jnp.float32).astype(dtype)
+
+
+def uniform(rng: np.random.Generator, shape, lo, hi, dtype=np.float32):
+    return jnp.asarray(rng.uniform(lo, hi, size=shape), dtype=jnp.float32).astype(dtype)
+
+
+def dtype_tags(*dtypes) -> set[str]:
+    """The extra capability tags that operands of these dtypes need."""
+    tags = set()
+    for d in dtypes:
+        name = jnp.dtype(d).name
+        tag = {"bfloat16": "bf16", "float16": "f16", "int8": "int8", "uint32": "uint32",
+               "bool": "bool"}.get(name)
+        if tag:
+            tags.add(tag)
+    return tags
+
+
+def short(dtype) -> str:
+    return {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8": "i8",
+            "int32": "i32", "uint32": "u32", "bool": "bool"}[jnp.dtype(dtype).name]

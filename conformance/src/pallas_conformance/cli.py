@@ -1,0 +1,90 @@
+"""``pallas-conformance``: run the catalogue for a backend and write a report.
+
+    pallas-conformance --backend triton --report report.md
+    pallas-conformance --backend interpret --level interpret --level lower -k matmul
+    pallas-conformance --list-backends
+    pallas-conformance --list-cases --tag dot
+
+The exit status is 1 when any claimed case fails at a reachable level, 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pallas.plugins
+from pallas_conformance.__about__ import __version__
+from pallas_conformance.catalogue import TAGS
+from pallas_conformance.levels import FAIL, LEVELS
+from pallas_conformance.suite import run_suite, select_cases
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pallas-conformance",
+        description="Run the Pallas conformance catalogue for a backend.",
+    )
+    p.add_argument("--backend", "-b", default="interpret",
+                   help="installed backend name (default: interpret)")
+    p.add_argument("--level", "-l", action="append", choices=LEVELS, dest="levels",
+                   help="level to run (repeatable); default: interpret and every level "
+                        "the backend provides")
+    p.add_argument("--report", "-o", action="append", default=[],
+                   help="write the full report; .json for JSON, anything else Markdown "
+                        "(repeatable)")
+    p.add_argument("-k", dest="keyword", help="only cases whose name contains this")
+    p.add_argument("--tag", "-t", action="append", dest="tags",
+                   help="only cases with this tag (repeatable)")
+    p.add_argument("--list-backends", action="store_true",
+                   help="list installed backends and exit")
+    p.add_argument("--list-cases", action="store_true", help="list the cases and exit")
+    p.add_argument("--quiet", "-q", action="store_true", help="no per-failure lines")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.list_backends:
+        for b in pallas.plugins.list_backends():
+            print(f"{b.name:20s} {b.version:10s} platforms={','.join(b.platforms)} "
+                  f"levels={','.join(b.levels)} package={b.package or '?'}")
+        for name, e in sorted(pallas.plugins.load_failures().items()):
+            print(f"{name:20s} FAILED TO LOAD: {type(e).__name__}: {e}")
+        return 0
+    try:
+        cases = select_cases(keyword=args.keyword, tags=args.tags)
+    except ValueError as e:
+        print(f"pallas-conformance: {e}", file=sys.stderr)
+        return 2
+    if args.list_cases:
+        for c in cases:
+            print(f"{c.name:55s} {','.join(sorted(c.tags))}")
+        print(f"{len(cases)} cases; tags: {', '.join(TAGS)}")
+        return 0
+    try:
+        pallas.plugins.get_backend(args.backend)
+    except pallas.plugins.BackendNotFoundError as e:
+        print(f"pallas-conformance: {e}", file=sys.stderr)
+        return 2
+
+    def progress(r):
+        if r.status == FAIL and not args.quiet:
+            print(f"FAIL {r.case} [{r.level}]: {r.detail}", file=sys.stderr)
+
+    report = run_suite(args.backend, levels=args.levels, cases=cases, progress=progress)
+    print(f"Pallas conformance: backend {report.backend} {report.backend_version} "
+          f"({len(cases)} cases, levels: {', '.join(report.levels)})")
+    print()
+    print(report.summary_table())
+    print()
+    print(f"{'PASS' if report.ok else 'FAIL'}: {report.totals_line()}")
+    for path in args.report:
+        report.write(path)
+        print(f"report written to {path}")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

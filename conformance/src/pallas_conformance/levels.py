@@ -1,0 +1,463 @@
+"""Running one case at one level, for one backend.
+
+Levels, in order:
+
+``interpret``
+    The case on the core interpreter (``pallas_call(..., interpret=True)``) against its
+    plain-JAX reference. Its claims are :func:`interpreter_claims`.
+``lower``
+    ``jax.jit(f).trace(*args).lower(lowering_platforms=backend.platforms[:1])`` and
+    ``jax.export`` for that platform succeed, with ``pallas_call(..., backend=NAME)``.
+``compile``
+    Every ``pallas_call`` equation of the traced case is handed to
+    ``backend.compile(jaxpr, grid_mapping, compiler_params, name=, out_avals=,
+    cost_estimate=)`` and must not raise.
+``emulate``
+    The traced case is evaluated with every ``pallas_call`` equation replaced by
+    ``backend.emulate(jaxpr, grid_mapping, compiler_params, *args, name=, out_avals=,
+    cost_estimate=)``; the results are compared with the interpreter's.
+``execute``
+    ``jax.jit(f)(*args)`` on a device of the backend's platform, compared with the
+    interpreter's results. Skipped when the machine has no such device.
+
+Statuses: ``pass``, ``fail``, ``unsupported`` (the backend does not claim every tag of
+the case, or does not provide the level) and ``skipped`` (the machine cannot reach the
+level).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import time
+import traceback
+from typing import Any
+
+import jax
+import jax.extend.core as jex
+import jax.numpy as jnp
+import numpy as np
+
+import pallas as pl
+import pallas.plugins
+from pallas_conformance._jax_compat import is_known_platform
+from pallas_conformance.catalogue import TAG_ALIASES, TAGS, Case
+
+LEVELS = ("interpret", "lower", "compile", "emulate", "execute")
+BACKEND_LEVELS = LEVELS[1:]
+
+_CUSTOM_CALL = re.compile(r"custom_call @([\w$.\-]+)")
+
+PASS, FAIL, UNSUPPORTED, SKIPPED = "pass", "fail", "unsupported", "skipped"
+STATUSES = (PASS, FAIL, UNSUPPORTED, SKIPPED)
+
+# The tags on which the core interpreter (``interpret=True`` and the builtin
+# ``interpret`` backend) passes. While that backend declares ``capabilities={"*"}``, the
+# suite reads its "*" as this set (see :func:`claimed_tags`); once it declares an explicit
+# set, that set is used instead (see :func:`interpreter_claims`). Today that is every tag
+# (vmap and grad pass since pallas-core's batching and JVP rules landed). A new tag that
+# the interpreter cannot pass yet must be left out here, so that the interpret level
+# reports its cases ``unsupported`` instead of a pass that did not happen.
+INTERPRET_CAPABILITIES: frozenset[str] = frozenset(TAGS)
+
+
+@dataclasses.dataclass
+class Result:
+    """The outcome of one case at one level."""
+
+    case: str
+    level: str
+    status: str
+    detail: str = ""
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Mismatch(AssertionError):
+    """The numbers (or shapes, or dtypes) differ from what was expected."""
+
+
+class Unreachable(Exception):
+    """The level cannot reach the case's kernels (reported ``skipped``, not failed)."""
+
+
+# ------------------------------------------------------------------------------------
+# Claims.
+
+
+def claimed_tags(backend) -> frozenset[str]:
+    """The capability tags ``backend`` claims; ``"*"`` means every tag.
+
+    Claimed tags the catalogue does not know are ignored; the aliases of
+    :data:`~pallas_conformance.catalogue.TAG_ALIASES` (``"matmul"`` for ``"dot"``) count.
+
+    ``backend`` is a :class:`pallas.plugins.Backend` or the string ``"interpret"`` (the
+    core interpreter level). For the builtin ``interpret`` backend a ``"*"`` claim is
+    read as :data:`INTERPRET_CAPABILITIES`, so the suite never reports a pass for a
+    transformation the core cannot do yet.
+    """
+    if isinstance(backend, str) or backend is None:
+        return interpreter_claims()
+    caps = frozenset(TAG_ALIASES.get(t, t) for t in backend.capabilities)
+    if "*" in caps:
+        if backend.name == "interpret":
+            return INTERPRET_CAPABILITIES
+        return frozenset(TAGS)
+    return caps
+
+
+def interpreter_claims() -> frozenset[str]:
+    """The tags the core interpreter claims: the builtin ``interpret`` backend's
+    ``capabilities`` when they are explicit, :data:`INTERPRET_CAPABILITIES` when they are
+    ``"*"`` (or the backend is not registered)."""
+    try:
+        b = pallas.plugins.get_backend("interpret")
+    except pallas.plugins.BackendNotFoundError:
+        return INTERPRET_CAPABILITIES
+    return claimed_tags(b)
+
+
+def unclaimed(case: Case, claims: frozenset[str]) -> list[str]:
+    return sorted(set(case.tags) - set(claims))
+
+
+# ------------------------------------------------------------------------------------
+# Comparison.
+
+
+def _leaves(x):
+    return jax.tree_util.tree_leaves(x)
+
+
+def compare(case: Case, got: Any, want: Any, what: str = "reference") -> None:
+    """Raises :class:`Mismatch` unless ``got`` matches ``want`` in structure, shapes,
+    dtypes and values (within the case's tolerance for the expected dtype)."""
+    gs, ws = jax.tree_util.tree_structure(got), jax.tree_util.tree_structure(want)
+    if gs != ws:
+        raise Mismatch(f"output structure {gs} differs from the {what}'s {ws}")
+    for i, (g, w) in enumerate(zip(_leaves(got), _leaves(want))):
+        g, w = jnp.asarray(g), jnp.asarray(w)
+        where = f"output {i}" if len(_leaves(want)) > 1 else "output"
+        if g.shape != w.shape:
+            raise Mismatch(f"{where}: shape {g.shape} differs from the {what}'s {w.shape}")
+        if g.dtype != w.dtype:
+            raise Mismatch(f"{where}: dtype {g.dtype} differs from the {what}'s {w.dtype}")
+        atol, rtol = case.tolerance_for(w.dtype)
+        gn = np.asarray(g.astype(jnp.float32) if g.dtype == jnp.bfloat16 else g)
+        wn = np.asarray(w.astype(jnp.float32) if w.dtype == jnp.bfloat16 else w)
+        if atol == 0 and rtol == 0:
+            bad = ~((gn == wn) | (_isnan(gn) & _isnan(wn)))
+        else:
+            gf, wf = gn.astype(np.float64), wn.astype(np.float64)
+            bad = ~(np.isclose(gf, wf, atol=atol, rtol=rtol, equal_nan=True))
+        if bad.any():
+            idx = tuple(int(j) for j in np.argwhere(bad)[0])
+            n = int(bad.sum())
+            raise Mismatch(
+                f"{where}: {n} of {bad.size} elements differ from the {what} "
+                f"(atol={atol}, rtol={rtol}); first at {idx}: got {gn[idx].item()!r}, "
+                f"expected {wn[idx].item()!r}"
+            )
+
+
+def _isnan(a):
+    return np.isnan(a) if np.issubdtype(a.dtype, np.floating) else np.zeros(a.shape, bool)
+
+
+# ------------------------------------------------------------------------------------
+# Binding a case to a mode.
+
+
+def bound(case: Case, **pallas_call_kw):
+    """``f(*args)``: the case with ``pallas_call`` bound to ``pallas_call_kw``."""
+    call = functools.partial(pl.pallas_call, **pallas_call_kw)
+
+    def f(*args):
+        return case.fn(call, *args)
+
+    f.__name__ = case.name.replace("/", "_")
+    return f
+
+
+def _block(x):
+    return jax.tree_util.tree_map(lambda a: a.block_until_ready() if hasattr(
+        a, "block_until_ready") else a, x)
+
+
+def _run_interpreter(case: Case, args):
+    return _block(jax.jit(bound(case, interpret=True))(*args))
+
+
+def _reference(case: Case, args):
+    return _block(case.reference(*args))
+
+
+# ------------------------------------------------------------------------------------
+# pallas_call equations.
+
+
+def pallas_call_eqns(jaxpr) -> list:
+    """Every ``pallas_call`` equation in ``jaxpr`` and its sub-jaxprs, in program order."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is pl.pallas_call_p:
+            found.append(eqn)
+            continue
+        for sub in jex.jaxprs_in_params(eqn.params):
+            found.extend(pallas_call_eqns(sub))
+    return found
+
+
+def _call_kw(eqn) -> dict:
+    p = eqn.params
+    return {"name": p.get("name"), "out_avals": p.get("out_avals"),
+            "cost_estimate": p.get("cost_estimate")}
+
+
+def _eval_with_emulator(jaxpr, consts, args, emulate):
+    """Evaluates a jaxpr, running each ``pallas_call`` equation through ``emulate``.
+
+    ``pallas_call`` equations nested in ``jit``/``closed_call`` equations are reached by
+    recursion; other higher-order primitives are run as they are only when they hold no
+    ``pallas_call``.
+    """
+    env = {}
+
+    def read(v):
+        return v.val if isinstance(v, jex.Literal) else env[v]
+
+    for v, c in zip(jaxpr.constvars, consts):
+        env[v] = c
+    for v, a in zip(jaxpr.invars, args):
+        env[v] = a
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        if eqn.primitive is pl.pallas_call_p:
+            outs = emulate(eqn, invals)
+        elif pallas_call_eqns_in_params(eqn):
+            sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+            if sub is None or eqn.primitive.name not in ("pjit", "jit", "closed_call",
+                                                         "core_call"):
+                raise Unreachable(
+                    f"the emulate level cannot reach a pallas_call nested in "
+                    f"{eqn.primitive.name}")
+            closed = sub if hasattr(sub, "consts") else None
+            inner = closed.jaxpr if closed is not None else sub
+            outs = _eval_with_emulator(inner, closed.consts if closed else [], invals, emulate)
+        else:
+            # As jax.core.eval_jaxpr does (JAX 0.10: get_bind_params returns the params).
+            bind_params = eqn.primitive.get_bind_params(eqn.params)
+            ctx = getattr(getattr(eqn, "ctx", None), "manager", None)
+            if ctx is None:
+                outs = eqn.primitive.bind(*invals, **bind_params)
+            else:
+                with ctx:
+                    outs = eqn.primitive.bind(*invals, **bind_params)
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+        for v, o in zip(eqn.outvars, outs):
+            if not isinstance(v, jex.DropVar):
+                env[v] = o
+    return [read(v) for v in jaxpr.outvars]
+
+
+def pallas_call_eqns_in_params(eqn) -> bool:
+    return any(pallas_call_eqns(sub) for sub in jex.jaxprs_in_params(eqn.params))
+
+
+# ------------------------------------------------------------------------------------
+# Platform reachability.
+
+
+@functools.cache
+def can_lower_for(platform: str) -> str | None:
+    """``None`` when JAX can lower for ``platform`` here, else the reason it cannot."""
+    if not is_known_platform(platform):
+        return (f"JAX does not know platform {platform!r} on this machine (lowering for "
+                f"cuda/rocm needs the matching jax plugin, e.g. jax-cuda13-plugin)")
+    try:
+        jax.jit(lambda x: x + 1).trace(jnp.float32(1)).lower(lowering_platforms=(platform,))
+    except Exception as e:  # noqa: BLE001 - the reason is reported
+        return f"JAX cannot lower for platform {platform!r} on this machine: {e}"
+    return None
+
+
+@functools.cache
+def has_device(platform: str) -> bool:
+    try:
+        return bool(jax.devices(platform))
+    except Exception:  # noqa: BLE001 - no such platform here
+        return False
+
+
+# ------------------------------------------------------------------------------------
+# The levels.
+
+
+class CaseRunner:
+    """Runs the cases of one backend at each level, caching inputs, the reference and
+    the interpreter's results (which the backend levels are compared with)."""
+
+    def __init__(self, backend=None):
+        """``backend``: a :class:`pallas.plugins.Backend`, or ``None`` for the interpreter
+        level only."""
+        self.backend = backend
+        self._args: dict[str, tuple] = {}
+        self._interp: dict[str, Any] = {}
+
+    # -- public
+
+    def levels(self) -> tuple[str, ...]:
+        """The levels run by default: ``interpret``, then each level the backend provides
+        (in the order of :data:`LEVELS`)."""
+        if self.backend is None:
+            return ("interpret",)
+        return ("interpret",) + tuple(lv for lv in BACKEND_LEVELS if lv in self.backend.levels)
+
+    def run(self, case: Case, level: str) -> Result:
+        t0 = time.perf_counter()
+        try:
+            status, detail = self._run(case, level)
+        except Unreachable as e:
+            status, detail = SKIPPED, str(e)
+        except Exception as e:  # noqa: BLE001 - every failure is reported, not raised
+            status, detail = FAIL, _describe(e)
+        return Result(case.name, level, status, detail, time.perf_counter() - t0)
+
+    # -- internals
+
+    def args(self, case: Case) -> tuple:
+        if case.name not in self._args:
+            self._args[case.name] = case.make_inputs()
+        return self._args[case.name]
+
+    def interpreter_result(self, case: Case):
+        """The interpreter's outputs, or ``None`` when the interpreter does not claim the
+        case or fails on it."""
+        if case.name not in self._interp:
+            out = None
+            if not unclaimed(case, interpreter_claims()):
+                try:
+                    args = self.args(case)
+                    out = _run_interpreter(case, args)
+                    compare(case, out, _reference(case, args))
+                except Exception:  # noqa: BLE001 - reported at the interpret level
+                    out = None
+            self._interp[case.name] = out
+        return self._interp[case.name]
+
+    def _expected(self, case: Case, args):
+        """What a backend's results are compared with: the interpreter, or the
+        reference when the interpreter cannot run the case."""
+        interp = self.interpreter_result(case)
+        if interp is not None:
+            return interp, "interpreter"
+        return _reference(case, args), "reference"
+
+    def _run(self, case: Case, level: str) -> tuple[str, str]:
+        b = self.backend
+        if level == "interpret":
+            missing = unclaimed(case, interpreter_claims())
+            if missing:
+                return UNSUPPORTED, f"the interpreter does not claim {', '.join(missing)}"
+            args = self.args(case)
+            out = _run_interpreter(case, args)
+            self._interp[case.name] = None
+            compare(case, out, _reference(case, args))
+            self._interp[case.name] = out
+            return PASS, ""
+        if b is None:
+            raise ValueError(f"level {level!r} needs a backend")
+        if level not in b.levels:
+            return UNSUPPORTED, f"backend {b.name!r} does not provide level {level!r}"
+        missing = unclaimed(case, claimed_tags(b))
+        if missing:
+            return UNSUPPORTED, f"{b.name} does not claim {', '.join(missing)}"
+        platform = b.platforms[0] if b.platforms else "cpu"
+        args = self.args(case)
+        f = bound(case, backend=b.name)
+        if level == "lower":
+            reason = can_lower_for(platform)
+            if reason:
+                return SKIPPED, reason
+            lowered = jax.jit(f).trace(*args).lower(lowering_platforms=(platform,))
+            text = lowered.as_text()
+            # jax.export refuses custom calls without a compatibility guarantee (e.g.
+            # Triton's); that is a promise about serialised artifacts, not about
+            # well-formedness, so it is waived for the kernel's own custom calls. The
+            # ``export`` tag's cases export without the waiver.
+            targets = sorted(set(_CUSTOM_CALL.findall(text)))
+            checks = [jax.export.DisabledSafetyCheck.custom_call(t) for t in targets]
+            jax.export.export(jax.jit(f), platforms=[platform], disabled_checks=checks)(*args)
+            return PASS, ""
+        if level == "compile":
+            closed = jax.make_jaxpr(f)(*args)
+            eqns = pallas_call_eqns(closed)
+            if not eqns:
+                return _no_pallas_call(closed, level)
+            for eqn in eqns:
+                p = eqn.params
+                b.compile(p["jaxpr"], p["grid_mapping"], p["compiler_params"], **_call_kw(eqn))
+            return PASS, ""
+        if level == "emulate":
+            closed = jax.make_jaxpr(f)(*args)
+            if not pallas_call_eqns(closed):
+                return _no_pallas_call(closed, level)
+
+            def emulate(eqn, invals):
+                p = eqn.params
+                outs = b.emulate(p["jaxpr"], p["grid_mapping"], p["compiler_params"],
+                                 *invals, **_call_kw(eqn))
+                outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+                if len(outs) != len(eqn.outvars):
+                    raise Mismatch(f"emulate returned {len(outs)} outputs for a pallas_call "
+                                   f"with {len(eqn.outvars)}")
+                return outs
+
+            flat_args = jax.tree_util.tree_leaves(args)
+            flat_out = _eval_with_emulator(closed.jaxpr, closed.consts, flat_args, emulate)
+            out_tree = jax.tree_util.tree_structure(jax.eval_shape(f, *args))
+            got = jax.tree_util.tree_unflatten(out_tree, flat_out)
+            want, what = self._expected(case, args)
+            compare(case, _block(got), want, what)
+            return PASS, ""
+        if level == "execute":
+            if not has_device(platform):
+                return SKIPPED, f"no {platform} device on this machine"
+            got = _block(jax.jit(f)(*args))
+            want, what = self._expected(case, args)
+            compare(case, got, want, what)
+            return PASS, ""
+        raise ValueError(f"unknown level {level!r}; expected one of {LEVELS}")
+
+
+def _primitive_names(jaxpr) -> set[str]:
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for sub in jex.jaxprs_in_params(eqn.params):
+            names |= _primitive_names(sub)
+    return names
+
+
+def _no_pallas_call(closed, level) -> tuple[str, str]:
+    """A case whose kernels are sealed in a ``jax.export`` artifact: the compile and
+    emulate levels cannot see them (``lower`` and ``execute`` still run them)."""
+    if "call_exported" in _primitive_names(closed):
+        return SKIPPED, (f"the case's pallas_call is inside a jax.export artifact, which "
+                         f"the {level} level cannot reach")
+    raise AssertionError("the traced case has no pallas_call equation")
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, Mismatch):
+        return str(e)
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" (at {tb[-1].filename.split('/')[-1]}:{tb[-1].lineno})" if tb else ""
+    msg = str(e).strip().split("\n")[0][:500]
+    return f"{type(e).__name__}: {msg}{where}"

@@ -1,0 +1,54 @@
+"""The ``pallas-conformance`` CLI and the reports it writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from pallas_conformance.cli import main
+
+
+def test_cli_interpret_subset_writes_both_reports(tmp_path, capsys):
+    md, js = tmp_path / "r.md", tmp_path / "r.json"
+    code = main(["--backend", "interpret", "-k", "softmax", "--tag", "kernels",
+                 "--report", str(md), "--report", str(js)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "| tag | cases | interpret | lower | execute |" in out
+    assert "| kernels | 2 | 2 pass | 2 pass | 2 pass |" in out
+    text = md.read_text()
+    assert "## Summary by tag and level" in text and "`kernels/softmax_f32`" in text
+    data = json.loads(js.read_text())
+    assert data["ok"] is True and data["backend"] == "interpret"
+    assert {(r["case"], r["level"]) for r in data["results"]} == {
+        (c, lv) for c in ("kernels/softmax_f32", "kernels/softmax_bf16")
+        for lv in ("interpret", "lower", "execute")}
+    assert data["summary"]["kernels/lower"] == {"pass": 2}
+
+
+def test_cli_reports_unsupported_cases(toy_backend, capsys):
+    # The example backend does not claim vmap: unsupported, and not a failure.
+    assert main(["--backend", "toy", "--tag", "vmap", "-l", "lower"]) == 0
+    assert "| vmap | 3 | 3 unsupported |" in capsys.readouterr().out
+
+
+def test_cli_usage_errors(capsys):
+    assert main(["--backend", "no_such_backend", "-k", "add_f32"]) == 2
+    assert "not installed" in capsys.readouterr().err
+    assert main(["--tag", "teleport"]) == 2
+
+
+def test_cli_lists(capsys):
+    assert main(["--list-backends"]) == 0
+    assert "interpret" in capsys.readouterr().out
+    assert main(["--list-cases", "--tag", "semaphores"]) == 0
+    assert "semaphores/signal_wait_read" in capsys.readouterr().out
+
+
+def test_console_script_runs():
+    proc = subprocess.run([sys.executable, "-m", "pallas_conformance", "--backend",
+                           "interpret", "-k", "elementwise/add_f32", "-q"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "PASS:" in proc.stdout
