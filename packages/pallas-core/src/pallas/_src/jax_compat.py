@@ -116,3 +116,8 @@ float0 = dtypes.float0
 jaxpr_as_fun = core.jaxpr_as_fun
 JaxprInputEffect = effects.JaxprInputEffect
 checkify_error_checks = checkify_internal.error_checks
+check_vma = config._check_vma  # context manager: shard_map's varying-axes type checks
+pcast = lax_parallel.pcast
+# Inside shard_map: casts operands to vary over the union of their manual axes (as JAX's
+# own primitives do), so transposition knows where cotangents must be summed.
+insert_pvary = core.auto_insert_reshard

@@ -290,6 +290,7 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
         if explicit is not None and not interpret:
             registry.get_backend(explicit).validate(jaxpr, gm, compiler_params)
         checks = _checks_for(interpret) if interpret else None
+        flat_args = jc.insert_pvary(*flat_args)  # (inside shard_map; else a no-op)
         outs = pallas_call_p.bind(
             *flat_args,
             checks=checks,

@@ -25,6 +25,7 @@ backends linearization raises, pointing at ``jax.custom_vjp``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 
 import jax
@@ -32,8 +33,9 @@ import jax.numpy as jnp
 
 from pallas._src import jax_compat as jc
 from pallas._src.pallas_call import pallas_call_p
-from pallas._src.primitives import load_store
+from pallas._src.primitives import debug, load_store
 from pallas._src.primitives.hints import multiple_of_p
+from pallas._src.primitives.scoped import run_scoped_p
 
 # ------------------------------------------------------------------------------------
 # JVP rules of the kernel-side primitives that the kernel jaxpr may contain.
@@ -79,6 +81,55 @@ def _multiple_of_jvp(primals, tangents, *, values):
 jc.primitive_jvps[load_store.load_p] = _masked_load_jvp
 jc.primitive_jvps[load_store.swap_p] = _masked_swap_jvp
 jc.primitive_jvps[multiple_of_p] = _multiple_of_jvp
+
+
+def _primal_only_jvp(prim):
+    """The JVP of an effect without results (prints, checks): it sees the primals only."""
+
+    def jvp(primals, tangents, **params):
+        return prim.bind(*primals, **params), []
+
+    return jvp
+
+
+for _p in (debug.debug_print_p, debug.debug_check_p, debug.delay_p):
+    jc.primitive_jvps[_p] = _primal_only_jvp(_p)
+
+
+def _run_scoped_jvp(primals, tangents, *, jaxpr, types, num_consts, collective_axes):
+    """``run_scoped`` over primal and tangent buffers (floating buffers get tangents)."""
+    nz_consts = [type(t) is not jc.Zero for t in tangents]
+    nz_scoped = [_differentiable(t.inner_aval) for t in types]
+    jvp, out_nz = jc.jvp_jaxpr(jc.ClosedJaxpr(jaxpr, ()), [*nz_consts, *nz_scoped],
+                               instantiate=False)
+    avals = [v.aval for v in jvp.jaxpr.invars]
+    n_p = len(nz_consts) + len(nz_scoped)
+    c_avals, s_avals = avals[:num_consts], avals[num_consts:n_p]
+    n_tc = sum(nz_consts)
+    tc_avals, ts_avals = avals[n_p : n_p + n_tc], avals[n_p + n_tc :]
+    bounds = [num_consts, num_consts + n_tc, num_consts + n_tc + len(s_avals)]
+
+    def body(*args):
+        c, tc, sc, ts = _split(args, bounds)
+        return jc.core.eval_jaxpr(jvp.jaxpr, jvp.consts, *c, *sc, *tc, *ts)
+
+    new_jaxpr, _, consts = jc.trace_kernel_to_jaxpr(
+        body, [*c_avals, *tc_avals, *s_avals, *ts_avals], "run_scoped jvp body")
+    new_jaxpr = jc.convert_constvars_jaxpr(new_jaxpr)
+    t_types = tuple(t for t, nz in zip(types, nz_scoped) if nz)
+    t_consts = [t for t in tangents if type(t) is not jc.Zero]
+    outs = run_scoped_p.bind(*consts, *primals, *t_consts, jaxpr=new_jaxpr,
+                             types=(*types, *t_types),
+                             num_consts=len(consts) + num_consts + n_tc,
+                             collective_axes=collective_axes)
+    n_out = len(out_nz)
+    p_out, t_it = outs[:n_out], iter(outs[n_out:])
+    t_out = [next(t_it) if nz else jc.Zero(jax.typeof(p).to_tangent_aval())
+             for p, nz in zip(p_out, out_nz)]
+    return list(p_out), t_out
+
+
+jc.primitive_jvps[run_scoped_p] = _run_scoped_jvp
 
 
 # ------------------------------------------------------------------------------------
@@ -130,7 +181,11 @@ def jvp_call(jaxpr, gm, nz_in, out_avals) -> JvpCall:
     hit = per_gm.get((id(gm), key))
     if hit is not None and hit[0] is gm:
         return hit[1]
-    result = _build_jvp_call(jaxpr, gm, list(nz_in), out_avals)
+    if gm.grid_names is not None:  # the kernel may call lax.axis_index(name)
+        with jc.extend_axis_env_nd([(n, s) for n, s in zip(gm.grid_names, gm.grid)]):
+            result = _build_jvp_call(jaxpr, gm, list(nz_in), out_avals)
+    else:
+        result = _build_jvp_call(jaxpr, gm, list(nz_in), out_avals)
     per_gm[(id(gm), key)] = (gm, result)
     return result
 
@@ -222,12 +277,28 @@ def _positions(mask):
     return pos
 
 
+@dataclasses.dataclass(frozen=True)
+class _JvpOrigin:
+    """What partial evaluation needs to split a JVP call into primal and tangent parts."""
+
+    params: dict  # the params of the primal-only call
+    n_in: int  # operands that are primals (scalar prefetch + inputs)
+    n_out: int  # outputs that are primals
+
+
+# JVP call's grid mapping (compared by identity) -> its origin.
+_jvp_origins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _bind_jvp_call(jc_call: JvpCall, primals, tangents, params):
     """Binds the JVP call; returns (primal outputs, tangent outputs per output or Zero)."""
     nsp = params["grid_mapping"].num_scalar_prefetch
     t_in = [jc.instantiate_zeros(t) for t, m in zip(tangents[nsp:], jc_call.tin) if m]
     new_params = dict(params, jaxpr=jc_call.jaxpr, grid_mapping=jc_call.grid_mapping,
                       out_avals=jc_call.out_avals, checks=None, cost_estimate=None)
+    if jc_call.grid_mapping not in _jvp_origins:
+        _jvp_origins[jc_call.grid_mapping] = _JvpOrigin(
+            dict(params, checks=None), len(primals), len(jc_call.tout))
     outs = pallas_call_p.bind(*primals, *t_in, **new_params)
     nout = len(jc_call.tout)
     p_out, t_outs = outs[:nout], iter(outs[nout:])
@@ -261,8 +332,23 @@ jc.primitive_jvps[pallas_call_p] = _jvp_rule
 # Linearization (what jax.grad / jax.vjp / jax.linearize use) and transposition.
 
 
+def _is_interpreted(params) -> bool:
+    """Whether the call runs in the interpreter: ``interpret=True``, or the backend chosen
+    for the default platform is the built-in ``interpret`` backend (e.g. on CPU)."""
+    if params["interpret"]:
+        return True
+    from pallas._src.registry import registry
+
+    try:
+        b = registry.select_backend(jax.default_backend(), params["backend"],
+                                    params["compiler_params"])
+    except Exception:  # noqa: BLE001 - no backend: not interpreted
+        return False
+    return b.name == "interpret"
+
+
 def _require_interpret(params, what: str):
-    if not params["interpret"]:
+    if not _is_interpreted(params):
         raise NotImplementedError(
             f"{what} of pallas_call {params['name']!r} with a compiled backend is not "
             f"supported: pallas-core can transpose a kernel only through the "
@@ -295,14 +381,19 @@ def _linearize_rule(is_vjp, nzs, *primals, **params):
 jc.primitive_linearizations[pallas_call_p] = _linearize_rule
 
 
-def _transpose_rule(cts, *args, **params):
-    _require_interpret(params, "Transposition")
+def _transpose_values(*vals, lin, **params):
+    """Cotangents of a linear pallas_call's operands marked in ``lin`` (plain JAX).
+
+    ``vals`` are the non-linear operands followed by one cotangent per output.
+    """
     from pallas._src.interpreter.grid_runner import interpret_pallas_call
 
     jaxpr, gm = params["jaxpr"], params["grid_mapping"]
-    lin = [jc.is_undefined_primal(a) for a in args]
-    known = [None if m else a for a, m in zip(args, lin)]
-    lin_avals = [a.aval for a, m in zip(args, lin) if m]
+    n_known = len(lin) - sum(lin)
+    known_vals, cts = vals[:n_known], vals[n_known:]
+    lin_avals = [bm.array_aval for bm, m in zip(_operand_avals(gm), lin) if m]
+    known_it = iter(known_vals)
+    known = [None if m else next(known_it) for m in lin]
 
     def f(*lin_vals):
         it = iter(lin_vals)
@@ -311,11 +402,42 @@ def _transpose_rule(cts, *args, **params):
 
     zeros = [jnp.zeros(a.shape, a.dtype) for a in lin_avals]
     outs, vjp = jax.vjp(f, *zeros)
-    cts = [jc.instantiate_zeros(ct) if type(ct) is jc.Zero
-           else ct for ct in cts[: len(outs)]]
     cts = [_ct_like(ct, o) for ct, o in zip(cts, outs)]
-    ct_lin = iter(vjp(cts))
-    return [next(ct_lin) if m else None for m in lin]
+    return list(vjp(cts))
+
+
+class _OperandAval:
+    def __init__(self, aval):
+        self.array_aval = aval
+
+
+def _operand_avals(gm):
+    return [*(_OperandAval(a) for a in gm.prefetch_avals), *gm.in_block_mappings]
+
+
+def _transpose_rule(cts, *args, **params):
+    _require_interpret(params, "Transposition")
+    lin = tuple(jc.is_undefined_primal(a) for a in args)
+    known = [a for a, m in zip(args, lin) if not m]
+    n_out = len(params["out_avals"])
+    cts = [jc.instantiate_zeros(ct) for ct in cts[:n_out]]
+    lin_avals = [a.aval for a, m in zip(args, lin) if m]
+    vma = frozenset().union(*(_varying(jax.typeof(x)) for x in [*known, *cts]),
+                            *(_varying(a) for a in lin_avals))
+    if vma:
+        # Inside shard_map: operands vary over manual mesh axes but the interpreter's
+        # own constants do not, so the expansion is kept out of the shard_map trace and
+        # expanded at lowering time on plain (per-instance) types.
+        ct_lin = pallas_call_transpose_p.bind(*known, *cts, lin=lin, **params)
+    else:
+        ct_lin = _transpose_values(*known, *cts, lin=lin, **params)
+    ct_it = iter(ct_lin)
+    return [next(ct_it) if m else None for m in lin]
+
+
+def _varying(aval) -> frozenset:
+    mat = getattr(aval, "manual_axis_type", None)
+    return frozenset() if mat is None else mat.varying
 
 
 def _ct_like(ct, out):
@@ -325,4 +447,95 @@ def _ct_like(ct, out):
     return ct
 
 
+# The transposed call as a primitive of its own (used inside shard_map, see above).
+pallas_call_transpose_p = jc.Primitive("pallas_call_transpose")
+pallas_call_transpose_p.multiple_results = True
+
+
+def _transpose_abstract_eval(*avals, lin, grid_mapping, **params):
+    vma = frozenset().union(*(_varying(a) for a in avals))
+    outs = [bm.array_aval for bm, m in zip(_operand_avals(grid_mapping), lin) if m]
+    if not vma:
+        return [jc.ShapedArray(a.shape, a.dtype) for a in outs]
+    mat = jc.core.ManualAxisType(varying=vma)
+    return [jc.ShapedArray(a.shape, a.dtype, sharding=jc.core.get_cur_mesh_sharding(),
+                           manual_axis_type=mat) for a in outs]
+
+
+def _transpose_lowering(ctx, *nodes, **params):
+    fun = functools.partial(_transpose_values, **params)
+    plain = ctx.replace(avals_in=[jc.ShapedArray(a.shape, a.dtype) for a in ctx.avals_in],
+                        avals_out=[jc.ShapedArray(a.shape, a.dtype) for a in ctx.avals_out])
+    return jc.mlir.lower_fun(fun, multiple_results=True)(plain, *nodes)
+
+
+def _transpose_batching(args, dims, **params):
+    fun = functools.partial(_transpose_values, **params)
+    outs = jax.vmap(fun, in_axes=tuple(dims), out_axes=0)(*args)
+    return outs, [0] * len(outs)
+
+
+pallas_call_transpose_p.def_abstract_eval(_transpose_abstract_eval)
+pallas_call_transpose_p.def_impl(
+    lambda *a, **p: jc.dispatch_apply_primitive(pallas_call_transpose_p, *a, **p))
+jc.mlir.register_lowering(pallas_call_transpose_p, _transpose_lowering)
+jc.primitive_batchers[pallas_call_transpose_p] = _transpose_batching
+
+
 jc.primitive_transposes[pallas_call_p] = _transpose_rule
+
+
+# ------------------------------------------------------------------------------------
+# Partial evaluation: a JVP call with known primals and unknown tangents splits into a
+# known primal call and a staged JVP call (whose primal outputs are dropped). This is
+# what lets jax.checkpoint, lax.scan and lax.cond bodies containing pallas_calls be
+# differentiated in reverse mode.
+
+
+def _split_origin(params, known):
+    origin = _jvp_origins.get(params["grid_mapping"])
+    if origin is None or all(known) or not all(known[: origin.n_in]):
+        return None
+    return origin
+
+
+def _partial_eval_rule(trace, *tracers, **params):
+    known = [t.pval.is_known() for t in tracers]
+    origin = _split_origin(params, known)
+    if origin is None:
+        return trace.default_process_primitive(pallas_call_p, tracers, params)
+    primal_vals = [t.pval.get_known() for t in tracers[: origin.n_in]]
+    p_out = pallas_call_p.bind(*primal_vals, **origin.params)
+    staged = trace.default_process_primitive(pallas_call_p, tracers, params)
+    return [*p_out, *staged[origin.n_out :]]
+
+
+def _partial_eval_custom_rule(saveable, unks_in, inst_in, eqn):
+    n = len(eqn.outvars)
+    origin = _split_origin(eqn.params, [not u for u in unks_in])
+    if origin is None:  # what JAX does for a primitive without a rule
+        res = [v for v, u, i in zip(eqn.invars, unks_in, inst_in)
+               if isinstance(v, jc.Var) and not u and not i]
+        if any(unks_in):
+            return None, eqn, [True] * n, [True] * n, res
+        policy = jc.pe.ensure_enum(saveable(eqn.primitive, *[v.aval for v in eqn.invars],
+                                            **eqn.params))
+        if eqn.effects or not isinstance(policy, jc.pe.RecomputeType):
+            return eqn, None, [False] * n, [False] * n, []
+        return eqn, eqn, [False] * n, [True] * n, res
+    from pallas._src.transforms.effects import call_effects
+
+    k, m = origin.n_in, origin.n_out
+    known_eqn = eqn.replace(invars=eqn.invars[:k], outvars=eqn.outvars[:m],
+                            params=origin.params,
+                            effects=call_effects(origin.params["jaxpr"].jaxpr))
+    staged_eqn = eqn.replace(
+        outvars=[jc.core.DropVar(v.aval) for v in eqn.outvars[:m]] + eqn.outvars[m:])
+    res = [v for v, i in zip(eqn.invars[:k], inst_in[:k])
+           if isinstance(v, jc.Var) and not i]
+    unks_out = [False] * m + [True] * (n - m)
+    return known_eqn, staged_eqn, unks_out, list(unks_out), res
+
+
+jc.pe.custom_partial_eval_rules[pallas_call_p] = _partial_eval_rule
+jc.pe.partial_eval_jaxpr_custom_rules[pallas_call_p] = _partial_eval_custom_rule

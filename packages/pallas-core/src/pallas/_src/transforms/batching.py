@@ -14,10 +14,11 @@ before, and ``program_id(0) == 0`` still marks the first iteration of an element
 - The kernel jaxpr is rewritten so ``program_id(i)``/``num_programs(i)`` refer to axis
   ``i + 1`` (see :mod:`pallas._src.transforms.grid_axes`); their values are unchanged.
 
-Two cases run as a sequential ``lax.map`` of the unbatched call instead (correct, but
+Some cases run as a sequential ``lax.map`` of the unbatched call instead (correct, but
 one call per batch element): batched scalar-prefetch operands (the index maps would
-need batched prefetch refs), and calls with interpreter checks on (their error vector
-is decoded against the unbatched kernel).
+need batched prefetch refs), a scalar-prefetch operand aliased to an output, and calls
+with interpreter checks on (their error vector is decoded against the unbatched
+kernel).
 """
 
 from __future__ import annotations
@@ -99,6 +100,15 @@ def _batched_compiler_params(cp):
     return cp
 
 
+def _batched_cost(cost, size):
+    """The cost of ``size`` calls (every field scales with the batch)."""
+    if cost is None or not dataclasses.is_dataclass(cost):
+        return cost
+    return dataclasses.replace(cost, **{
+        f.name: getattr(cost, f.name) * size for f in dataclasses.fields(cost)
+        if isinstance(getattr(cost, f.name), int)})
+
+
 def _loop_fallback(args, dims, size, params):
     """Runs the unbatched call once per batch element with ``lax.map``."""
     batched_idx = [i for i, d in enumerate(dims) if d is not jc.not_mapped]
@@ -122,7 +132,9 @@ def _batch_rule(args, dims, *, jaxpr, grid_mapping, checks, **params):
     (size,) = sizes
     nsp = gm.num_scalar_prefetch
     all_params = dict(params, jaxpr=jaxpr, grid_mapping=gm, checks=checks)
-    if any(d is not jc.not_mapped for d in dims[:nsp]) or (checks is not None and checks.any):
+    prefetch_aliased = any(i < nsp for i, _ in gm.input_output_aliases)
+    if (any(d is not jc.not_mapped for d in dims[:nsp]) or prefetch_aliased
+            or (checks is not None and checks.any)):
         return _loop_fallback(args, dims, size, all_params)
 
     args = [_move_to_front(x, d, size) for x, d in zip(args, dims)]
@@ -146,7 +158,8 @@ def _batch_rule(args, dims, *, jaxpr, grid_mapping, checks, **params):
     new_jaxpr = shift_grid_axes_closed(jaxpr, 1)
     out_avals = tuple(a.update(shape=(size, *a.shape)) for a in params["out_avals"])
     new_params = dict(params, out_avals=out_avals,
-                      compiler_params=_batched_compiler_params(params["compiler_params"]))
+                      compiler_params=_batched_compiler_params(params["compiler_params"]),
+                      cost_estimate=_batched_cost(params["cost_estimate"], size))
     outs = pallas_call_p.bind(*args, jaxpr=new_jaxpr, grid_mapping=new_gm, checks=checks,
                               **new_params)
     return list(outs), [0] * len(outs)

@@ -83,7 +83,9 @@ def _checkify_rule(error, enabled_errors, *args, **params):
     ck = jc.checkify_internal
     jaxpr, gm, checks = params["jaxpr"], params["grid_mapping"], params["checks"]
     wants = ck.FailedCheckError in enabled_errors
-    if not (wants and params["interpret"] and _has_debug_checks(jaxpr.jaxpr)):
+    from pallas._src.transforms.ad import _is_interpreted
+
+    if not (wants and _has_debug_checks(jaxpr.jaxpr) and _is_interpreted(params)):
         return error, pallas_call_p.bind(*args, **params)
     from pallas._src.interpreter.grid_runner import (
         Checks,
