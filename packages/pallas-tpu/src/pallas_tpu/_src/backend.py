@@ -1,0 +1,86 @@
+"""The ``mosaic_tpu`` backend object: what it claims, how it validates and lowers."""
+
+from __future__ import annotations
+
+from pallas.plugins import Backend
+from pallas_tpu.__about__ import __version__
+from pallas_tpu._src.compiler_params import CompilerParams
+
+# The conformance tags on which every catalogue case passes at levels ``lower`` and
+# ``emulate`` (pallas-conformance, this release). Other tags fail only where a case uses
+# block shapes that TPUs cannot tile (rejected at trace time, by design) or features
+# listed as not implemented in the README; see the package README.
+CAPABILITIES = frozenset({
+    "aliasing", "bool", "elementwise", "f16", "int8", "pytrees", "scalar_prefetch",
+    "semaphores", "uint32",
+})
+
+
+class MosaicTpuBackend(Backend):
+    """Lowers ``pallas_call`` to a Mosaic TPU module inside a ``tpu_custom_call``.
+
+    On ``cpu`` (and on TPU under ``pltpu.force_tpu_interpret_mode``) it lowers to TPU
+    interpret mode: the core interpreter with the TPU primitives' rules. (Upstream raises
+    on CPU unless ``interpret=True``; here every backend must be checkable on CPU.)
+    """
+
+    def validate(self, jaxpr, grid_mapping, compiler_params) -> None:
+        from pallas_tpu._src.validate import validate
+
+        validate(jaxpr, grid_mapping, _params(compiler_params))
+
+    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost_estimate,
+              name, metadata, out_avals):
+        from pallas_tpu._src import core_compat
+        from pallas_tpu._src.interpret_mode import forced_params
+
+        platforms = ctx.module_context.platforms
+        if forced_params() is not None or "tpu" not in platforms:
+            # TPU interpret mode: on CPU (or when forced) the kernel runs in the interpreter
+            # with the TPU primitives' rules.
+            from pallas_tpu.plugin import register_interpret_rules
+
+            register_interpret_rules()
+            return core_compat.lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr,
+                                                      grid_mapping=grid_mapping)
+        from pallas_tpu._src.lowering.custom_call import lower_pallas_call
+
+        params = _params(compiler_params)
+        self.validate(jaxpr, grid_mapping, params)
+        return lower_pallas_call(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
+                                 compiler_params=params, cost_estimate=cost_estimate,
+                                 name=name, metadata=metadata, out_avals=out_avals)
+
+
+    def emulate(self, jaxpr, grid_mapping, compiler_params, *args, **kw):
+        """TPU interpret mode: the interpreter with the TPU primitives' rules."""
+        from pallas_tpu._src import core_compat
+        from pallas_tpu.plugin import register_interpret_rules
+
+        register_interpret_rules()
+        return core_compat.interpret_pallas_call(*args, jaxpr=jaxpr, grid_mapping=grid_mapping)
+
+
+def _params(compiler_params) -> CompilerParams:
+    if compiler_params is None:
+        return CompilerParams()
+    if isinstance(compiler_params, CompilerParams):
+        return compiler_params
+    if isinstance(compiler_params, dict):  # upstream's old dict form
+        sub = compiler_params.get("mosaic_tpu", compiler_params.get("mosaic", compiler_params))
+        return CompilerParams(**sub)
+    raise TypeError(
+        f"the mosaic_tpu backend takes pltpu.CompilerParams; got {type(compiler_params)}"
+    )
+
+
+MOSAIC_TPU = MosaicTpuBackend(
+    name="mosaic_tpu",
+    version=__version__,
+    platforms=("tpu", "cpu"),
+    compiler_params_type=CompilerParams,
+    capabilities=CAPABILITIES,
+    levels=("lower", "emulate"),
+    priority=-1,  # below the interpreter on cpu; the only TPU backend for "tpu"
+    package="pallas-tpu",
+)

@@ -1,0 +1,95 @@
+"""Every private JAX import of pallas-tpu, in one place.
+
+JAX's ``jax._src`` modules change between releases. Porting pallas-tpu to a new JAX
+release should be a change to this file (and the pin in ``pyproject.toml``) alone.
+
+What we take from JAX here is not Pallas: the Mosaic TPU custom-call packaging
+(``jax._src.tpu_custom_call``), the MLIR lowering machinery, the state (Ref) types and
+their discharge rules, and tracing to jaxprs.
+"""
+
+from __future__ import annotations
+
+from jax._src import core, dtypes, effects
+from jax._src import linear_util as lu
+from jax._src import tpu_custom_call as _tcc
+from jax._src.interpreters import mlir
+from jax._src.interpreters import partial_eval as pe
+from jax._src.state import discharge as state_discharge
+from jax._src.state import indexing as state_indexing
+from jax._src.state import types as state_types
+
+__all__ = [
+    "AbstractRef", "ClosedJaxpr", "Literal", "NDIndexer", "Primitive", "ShapedArray",
+    "Slice", "TransformedRef", "Var", "core", "dtypes", "effects", "get_view",
+    "lower_module_to_custom_call", "make_ir_context", "mlir", "set_view",
+    "trace_to_jaxpr", "transform_type",
+]
+
+# -- state (Refs) ------------------------------------------------------------------------
+AbstractRef = state_types.AbstractRef
+TransformedRef = state_types.TransformedRef
+RefBitcaster = getattr(state_types, "RefBitcaster", None)
+RefReshaper = getattr(state_types, "RefReshaper", None)
+ReadEffect = state_types.ReadEffect
+WriteEffect = state_types.WriteEffect
+NDIndexer = state_indexing.NDIndexer
+Slice = state_indexing.Slice
+transform_type = state_types.transform_type
+from jax._src.state import primitives as _state_primitives  # noqa: E402
+
+get_p = _state_primitives.get_p
+swap_p = _state_primitives.swap_p
+addupdate_p = _state_primitives.addupdate_p
+
+
+def get_view(value, flat_transforms, tree):
+    """The part of array ``value`` that a ref with these (flattened) transforms sees."""
+    return state_discharge._get_discharge(value, flat_transforms, tree)
+
+
+def set_view(value, new, flat_transforms, tree):
+    """``value`` with the part seen through the transforms replaced by ``new``."""
+    _, out = state_discharge._swap_discharge(value, new, flat_transforms, tree)
+    return out
+
+
+# -- core ---------------------------------------------------------------------------------
+Primitive = core.Primitive
+ShapedArray = core.ShapedArray
+ClosedJaxpr = core.ClosedJaxpr
+Literal = core.Literal
+Var = core.Var
+
+
+def trace_to_jaxpr(fun, in_avals, debug_name: str):
+    """Traces ``fun`` (flat in, flat out) to (jaxpr, out_avals, consts)."""
+    from jax._src import api_util
+
+    dbg = api_util.debug_info(debug_name, fun, tuple(in_avals), {})
+    jaxpr, out_avals, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(fun, debug_info=dbg),
+                                                         in_avals)
+    return jaxpr, out_avals, consts
+
+
+# -- MLIR and the Mosaic custom call ------------------------------------------------------
+make_ir_context = mlir.make_ir_context
+TpuSideEffectType = _tcc.TpuSideEffectType
+CustomCallMemorySpace = _tcc.MemorySpace
+CostEstimateDict = _tcc.CostEstimate
+
+
+def lower_module_to_custom_call(ctx, *in_nodes, **kwargs):
+    """Serialises a Mosaic module and emits the ``tpu_custom_call`` for it."""
+    return _tcc.lower_module_to_custom_call(ctx, *in_nodes, **kwargs)
+
+
+def backend_config_of(module, **kwargs):
+    """The ``CustomCallBackendConfig`` JAX would attach for ``module`` (for inspection)."""
+    return _tcc._lower_to_custom_call_config(module, **kwargs)
+
+
+def source_info_summary(eqn) -> str:
+    from jax._src import source_info_util
+
+    return source_info_util.summarize(eqn.source_info)

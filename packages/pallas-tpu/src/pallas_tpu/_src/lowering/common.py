@@ -1,0 +1,136 @@
+"""Shared helpers of the Mosaic lowering rules: the rule table, constants, casts,
+broadcasts and index conversions."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, vector
+
+from pallas_tpu._src.lowering import types as T
+from pallas_tpu._src.lowering.engine import Lit, RefVal
+
+RULES: dict = {}
+
+
+def rule(*prims):
+    """Registers the decorated function as the Mosaic lowering rule of ``prims``."""
+
+    def register(f):
+        for p in prims:
+            RULES[p] = f
+        return f
+
+    return register
+
+
+# ------------------------------------------------------------------------------------------
+# Values.
+
+
+def aval_in(eqn, i):
+    return eqn.invars[i].aval
+
+
+def aval_out(eqn, i=0):
+    return eqn.outvars[i].aval
+
+
+def const(shape, dtype, value) -> ir.Value:
+    t = T.value_type(shape, dtype)
+    return arith.ConstantOp(t, T.splat_attr(t, value, dtype)).result
+
+
+def materialize(x, aval) -> ir.Value:
+    """An ir.Value for ``x`` (a literal becomes a constant of ``aval``'s type)."""
+    if isinstance(x, Lit):
+        v = np.asarray(x.val)
+        if v.ndim and not np.all(v == v.reshape(-1)[0]):
+            raise NotImplementedError("non-splat array constants in kernels")
+        return const(aval.shape, aval.dtype, v.reshape(-1)[0] if v.ndim else v.item())
+    if isinstance(x, RefVal):
+        raise TypeError("a ref was used where a value was expected")
+    return x
+
+
+def broadcast_to(x: ir.Value, shape, dtype) -> ir.Value:
+    if not shape:
+        return x
+    t = T.value_type(shape, dtype)
+    if x.type == t:
+        return x
+    if isinstance(x.type, ir.VectorType):
+        src = tuple(ir.VectorType(x.type).shape)
+        if len(src) < len(shape):
+            x = vector.shape_cast(T.value_type((1,) * (len(shape) - len(src)) + src, dtype), x)
+    return vector.broadcast(t, x)
+
+
+def operands(eqn, invals):
+    """Materialised operands broadcast to the output shape (scalars splat)."""
+    shape = aval_out(eqn).shape
+    out = []
+    for i, x in enumerate(invals):
+        a = aval_in(eqn, i)
+        v = materialize(x, a)
+        if a.shape != shape and shape:
+            v = broadcast_to(v, shape, a.dtype)
+        out.append(v)
+    return out
+
+
+def kind(dtype) -> str:
+    dt = jnp.dtype(dtype)
+    if dt == jnp.bool_:
+        return "b"
+    if dt.kind in "iu":
+        return dt.kind
+    return "f"
+
+
+def convert(v, shape, src_dtype, dst_dtype):
+    s, d = jnp.dtype(src_dtype), jnp.dtype(dst_dtype)
+    if s == d:
+        return v
+    out_t = T.value_type(shape, d)
+    ks, kd = kind(s), kind(d)
+    if kd == "b":
+        zero = const(shape, s, 0)
+        if ks == "f":
+            return arith.cmpf(arith.CmpFPredicate.UNE, v, zero)
+        return arith.cmpi(arith.CmpIPredicate.ne, v, zero)
+    if ks == "f" and kd == "f":
+        return arith.extf(out_t, v) if d.itemsize > s.itemsize else arith.truncf(out_t, v)
+    if ks in "iu" and kd == "f":
+        return arith.sitofp(out_t, v) if ks == "i" else arith.uitofp(out_t, v)
+    if ks == "b" and kd == "f":
+        return arith.uitofp(out_t, v)
+    if ks == "f" and kd in "iu":
+        return arith.fptosi(out_t, v) if kd == "i" else arith.fptoui(out_t, v)
+    # integer <-> integer (bool is an unsigned 1-bit integer)
+    if d.itemsize * 8 > (1 if ks == "b" else s.itemsize * 8):
+        return arith.extsi(out_t, v) if ks == "i" else arith.extui(out_t, v)
+    if d.itemsize == s.itemsize:
+        return v
+    return arith.trunci(out_t, v)
+
+
+def to_index(x, aval=None) -> ir.Value:
+    if isinstance(x, Lit):
+        return arith.constant(T.index(), int(np.asarray(x.val)))
+    if isinstance(x, int | np.integer):
+        return arith.constant(T.index(), int(x))
+    if isinstance(x.type, ir.IndexType):
+        return x
+    return arith.index_cast(T.index(), x)
+
+
+def to_i32(x) -> ir.Value:
+    if isinstance(x, Lit):
+        return arith.constant(T.i32(), int(np.asarray(x.val)))
+    if isinstance(x, int | np.integer):
+        return arith.constant(T.i32(), int(x))
+    if isinstance(x.type, ir.IndexType):
+        return arith.index_cast(T.i32(), x)
+    return x

@@ -1,0 +1,64 @@
+"""Emits the ``tpu_custom_call`` for a lowered kernel (JAX's Mosaic packaging)."""
+
+from __future__ import annotations
+
+from pallas_tpu._src import jax_compat as jc
+from pallas_tpu._src.compiler_params import CompilerParams, SideEffectType
+from pallas_tpu._src.lowering.kernel import build_module
+
+
+def side_effect_type(value):
+    if isinstance(value, SideEffectType):
+        return getattr(jc.TpuSideEffectType, value.name)
+    return jc.TpuSideEffectType.SIDE_EFFECTING if value else jc.TpuSideEffectType.PURE
+
+
+def cost_dict(cost_estimate):
+    if cost_estimate is None:
+        return None
+    return jc.CostEstimateDict(
+        flops=int(cost_estimate.flops), transcendentals=int(cost_estimate.transcendentals),
+        bytes_accessed=int(cost_estimate.bytes_accessed),
+        remote_bytes_transferred=int(getattr(cost_estimate, "remote_bytes_transferred", 0)),
+    )
+
+
+def mesh_axes_of(ctx) -> tuple:
+    """((name, size), ...) of the shard_map mesh the call is lowered in, if any."""
+    mesh = getattr(ctx.module_context.axis_context, "mesh", None)
+    if mesh is None:
+        return ()
+    return tuple((n, int(mesh.shape[n])) for n in mesh.axis_names)
+
+
+def lower_pallas_call(ctx, *in_nodes, jaxpr, grid_mapping, compiler_params: CompilerParams,
+                      cost_estimate, name, metadata, out_avals):
+    gm = grid_mapping
+    kernel = build_module(jaxpr, gm, compiler_params, name, mesh_axes=mesh_axes_of(ctx))
+    p = compiler_params
+    return jc.lower_module_to_custom_call(
+        ctx, *in_nodes,
+        module=kernel.module,
+        out_type=tuple(out_avals),
+        kernel_name=name.split(" ")[0],
+        cost_estimate=cost_dict(cost_estimate),
+        vmem_limit_bytes=p.vmem_limit_bytes,
+        flags=p.flags_dict,
+        allow_input_fusion=p.allow_input_fusion,
+        input_output_aliases=tuple(gm.input_output_aliases),
+        internal_scratch_in_bytes=p.internal_scratch_in_bytes,
+        collective_id=p.collective_id,
+        has_side_effects=side_effect_type(p.has_side_effects),
+        serialization_format=p.serialization_format,
+        output_memory_spaces=kernel.output_memory_spaces if any(
+            kernel.output_memory_spaces) else None,
+        input_memory_spaces=kernel.input_memory_spaces if any(
+            kernel.input_memory_spaces) else None,
+        disable_bounds_checks=p.disable_bounds_checks,
+        disable_semaphore_checks=p.disable_semaphore_checks,
+        metadata=dict(metadata) if metadata else None,
+        skip_device_barrier=p.skip_device_barrier,
+        allow_collective_id_without_custom_barrier=p.allow_collective_id_without_custom_barrier,
+        shape_invariant_numerics=p.shape_invariant_numerics,
+        needs_layout_passes=p.needs_layout_passes,
+    )

@@ -1,0 +1,105 @@
+"""Walks a kernel jaxpr and emits Mosaic TPU MLIR through the per-primitive rules.
+
+Values in the environment are ``ir.Value`` (vectors for arrays of rank >= 1, scalars for
+rank 0), :class:`RefVal` for refs (a memref plus which of its dims the kernel does not
+see), or :class:`Lit` for literals (materialised by the rule that uses them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+from jaxlib.mlir import ir
+
+from pallas_tpu._src import jax_compat as jc
+from pallas_tpu._src.enums import LoweringException
+
+
+@dataclasses.dataclass(frozen=True)
+class Lit:
+    """A literal (static) value and its aval."""
+
+    val: Any
+    aval: Any
+
+
+@dataclasses.dataclass
+class RefVal:
+    """A ref in the kernel: a memref, plus its squeezed (kernel-invisible) dims."""
+
+    memref: ir.Value
+    dtype: Any
+    space: Any
+    squeezed: tuple  # one bool per memref dim
+
+    @property
+    def memref_shape(self) -> tuple[int, ...]:
+        return tuple(ir.MemRefType(self.memref.type).shape)
+
+    @property
+    def kernel_shape(self) -> tuple[int, ...]:
+        return tuple(n for n, s in zip(self.memref_shape, self.squeezed) if not s)
+
+
+@dataclasses.dataclass
+class LoweringContext:
+    """Per-function state: grid sizes and the current program ids."""
+
+    grid: tuple[int, ...]
+    grid_indices: list  # i32 ir.Values (empty inside transform functions)
+    name: str
+    uses: set = dataclasses.field(default_factory=set)  # primitive names lowered
+    used_vars: set = dataclasses.field(default_factory=set)
+    # ((axis name, size), ...) of the enclosing shard_map mesh, major to minor
+    mesh_axes: tuple = ()
+    grid_names: tuple = ()  # names of the grid axes (pl.kernel over a mesh)
+
+    def is_used(self, var) -> bool:
+        """Whether a jaxpr variable is read later (e.g. the old value of a swap)."""
+        return var in self.used_vars
+
+
+def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
+    """Emits ``jaxpr`` at the current insertion point; returns its outputs."""
+    from pallas_tpu._src.lowering.rules import RULES
+
+    env: dict[Any, Any] = {}
+
+    def read(v):
+        if isinstance(v, jc.Literal):
+            return Lit(v.val, v.aval)
+        return env[v]
+
+    for v, c in zip(jaxpr.constvars, consts):
+        env[v] = c if isinstance(c, (ir.Value, RefVal, Lit)) else Lit(np.asarray(c), v.aval)
+    for v, a in zip(jaxpr.invars, args):
+        env[v] = a
+    for eqn in jaxpr.eqns:
+        lctx.used_vars.update(v for v in eqn.invars if isinstance(v, jc.Var))
+    lctx.used_vars.update(v for v in jaxpr.outvars if isinstance(v, jc.Var))
+    for eqn in jaxpr.eqns:
+        rule = RULES.get(eqn.primitive)
+        if rule is None:
+            raise LoweringException(
+                f"pallas-tpu (backend 'mosaic_tpu') cannot lower the primitive "
+                f"'{eqn.primitive.name}' to Mosaic TPU yet (kernel {lctx.name}, at "
+                f"{jc.source_info_summary(eqn)}). It runs under interpret=True."
+            )
+        invals = [read(v) for v in eqn.invars]
+        try:
+            outs = rule(lctx, eqn, *invals)
+        except LoweringException:
+            raise
+        except (NotImplementedError, ValueError, TypeError) as e:
+            raise LoweringException(
+                f"Lowering '{eqn.primitive.name}' in kernel {lctx.name} to Mosaic TPU failed "
+                f"at {jc.source_info_summary(eqn)}: {type(e).__name__}: {e}"
+            ) from e
+        lctx.uses.add(eqn.primitive.name)
+        if not eqn.primitive.multiple_results:
+            outs = [outs]
+        for v, o in zip(eqn.outvars, outs):
+            env[v] = o
+    return [read(v) for v in jaxpr.outvars]

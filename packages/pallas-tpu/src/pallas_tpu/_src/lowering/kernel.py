@@ -1,0 +1,152 @@
+"""Builds the Mosaic TPU module of a ``pallas_call``: the kernel ``func.func @main`` with
+its grid and window parameters, and one ``transform_<k>`` function per blocked operand.
+
+``@main`` takes, in order: one i32 per grid dimension (the program ids), the
+scalar-prefetch operands (whole, in SMEM), one memref per input and output (the block
+window in VMEM/SMEM, or the whole array for ``ANY``/``HBM`` operands), and the scratch
+buffers. Its attributes tell Mosaic how to pipeline the grid: ``iteration_bounds``,
+``dimension_semantics``, ``window_params`` (block shape + index transform per operand),
+``scalar_prefetch``, ``scratch_operands`` and ``tpu.core_type``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import func
+from jaxlib.mosaic.python import tpu
+
+import pallas as pl
+from pallas_tpu._src import jax_compat as jc
+from pallas_tpu._src.compiler_params import ARBITRARY, CORE_PARALLEL, CompilerParams
+from pallas_tpu._src.enums import LoweringException
+from pallas_tpu._src.lowering import types as T
+from pallas_tpu._src.lowering.common import materialize, to_i32
+from pallas_tpu._src.lowering.engine import LoweringContext, RefVal, lower_jaxpr
+from pallas_tpu._src.memory import MemorySpace, is_any_space
+
+
+@dataclasses.dataclass
+class MosaicKernel:
+    """The lowered kernel: the module, its context, and what the custom call needs."""
+
+    module: ir.Module
+    context: ir.Context
+    input_memory_spaces: tuple
+    output_memory_spaces: tuple
+    primitives: frozenset
+
+
+def new_context() -> ir.Context:
+    ctx = jc.make_ir_context()
+    tpu.register_dialect(ctx)
+    return ctx
+
+
+def _block_memref(bm):
+    """(memref type, squeezed mask, space) of a block operand as the kernel receives it."""
+    space = T.space_of(bm.memory_space)
+    if is_any_space(bm.memory_space) or space is MemorySpace.HOST:
+        shape = tuple(bm.array_aval.shape)
+        return T.memref_type(shape, bm.array_aval.dtype, space), (False,) * len(shape), space
+    shape = tuple(bm.block_shape)
+    squeezed = tuple(isinstance(d, pl.Squeezed) for d in bm.block_dims)
+    return T.memref_type(shape, bm.array_aval.dtype, space), squeezed, space
+
+
+def _emit_transform(k, bm, gm, prefetch_types, name, mesh_axes) -> str:
+    fname = f"transform_{k}"
+    grid_types = [T.i32()] * len(gm.grid)
+    n_out = len(bm.block_dims)
+    f = func.FuncOp(fname, (grid_types + prefetch_types, [T.i32()] * n_out))
+    with ir.InsertionPoint(f.add_entry_block()):
+        args = list(f.arguments)
+        grid_args = args[: len(gm.grid)]
+        pf = [RefVal(a, av.dtype, MemorySpace.SMEM, (False,) * len(av.shape))
+              for a, av in zip(args[len(gm.grid):], gm.prefetch_avals)]
+        lctx = LoweringContext(gm.grid, [], f"index_map of {bm.origin} in {name}",
+                               mesh_axes=mesh_axes)
+        cj = bm.index_map_jaxpr
+        outs = lower_jaxpr(lctx, cj.jaxpr, cj.consts, [*grid_args, *pf])
+        vals = [to_i32(materialize(o, v.aval)) for o, v in zip(outs, cj.jaxpr.outvars)]
+        func.ReturnOp(vals)
+    return fname
+
+
+def _semantics_attr(params: CompilerParams, gm) -> ir.ArrayAttr:
+    rank = len(gm.grid)
+    default = CORE_PARALLEL if gm.grid_names else ARBITRARY  # pl.kernel over cores
+    sem = params.dimension_semantics or (default,) * rank
+    return ir.ArrayAttr.get(
+        [ir.Attribute.parse(f"#tpu.dimension_semantics<{s.value}>") for s in sem])
+
+
+def build_module(jaxpr, gm, params: CompilerParams, name: str,
+                 mesh_axes: tuple = ()) -> MosaicKernel:
+    """Lowers the kernel jaxpr and grid mapping to a verified Mosaic TPU module."""
+    ctx = new_context()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            prefetch_types = [T.memref_type(a.shape, a.dtype, MemorySpace.SMEM)
+                              for a in gm.prefetch_avals]
+            window_params, block_args = [], []
+            for k, bm in enumerate(gm.block_mappings):
+                mt, squeezed, space = _block_memref(bm)
+                block_args.append((mt, squeezed, space, bm))
+                if is_any_space(bm.memory_space) or space is MemorySpace.HOST:
+                    window_params.append(ir.DictAttr.get({}))
+                    continue
+                tname = _emit_transform(k, bm, gm, prefetch_types, name, mesh_axes)
+                window_params.append(ir.DictAttr.get({
+                    "transform_indices": ir.FlatSymbolRefAttr.get(tname),
+                    "window_bounds": ir.DenseI64ArrayAttr.get(list(bm.block_shape)),
+                }))
+            scratch = []
+            for t in gm.scratch_types:
+                scratch.append((T.memref_type(t.shape, t.dtype, t.memory_space), t))
+            arg_types = ([T.i32()] * len(gm.grid) + prefetch_types
+                         + [b[0] for b in block_args] + [s[0] for s in scratch])
+            main = func.FuncOp("main", (arg_types, []))
+            with ir.InsertionPoint(main.add_entry_block()):
+                args = list(main.arguments)
+                ng, npf = len(gm.grid), len(prefetch_types)
+                grid_idx = args[:ng]
+                refs = [RefVal(a, av.dtype, MemorySpace.SMEM, (False,) * len(av.shape))
+                        for a, av in zip(args[ng:ng + npf], gm.prefetch_avals)]
+                for a, (_mt, squeezed, space, bm) in zip(args[ng + npf:], block_args):
+                    refs.append(RefVal(a, bm.array_aval.dtype, space, squeezed))
+                for a, (_mt, t) in zip(args[ng + npf + len(block_args):], scratch):
+                    refs.append(RefVal(a, t.dtype, t.memory_space, (False,) * len(t.shape)))
+                lctx = LoweringContext(gm.grid, grid_idx, name, mesh_axes=mesh_axes,
+                                       grid_names=tuple(gm.grid_names or ()))
+                lower_jaxpr(lctx, jaxpr.jaxpr, jaxpr.consts, refs)
+                func.ReturnOp([])
+            main.attributes["dimension_semantics"] = _semantics_attr(params, gm)
+            main.attributes["iteration_bounds"] = ir.DenseI64ArrayAttr.get(list(gm.grid))
+            main.attributes["scalar_prefetch"] = T.i64_attr(gm.num_scalar_prefetch)
+            main.attributes["scratch_operands"] = T.i64_attr(len(gm.scratch_types))
+            main.attributes["tpu.core_type"] = ir.Attribute.parse("#tpu.core_type<tc>")
+            main.attributes["window_params"] = ir.ArrayAttr.get(window_params)
+        try:
+            module.operation.verify()
+        except ir.MLIRError as e:
+            raise LoweringException(
+                f"pallas-tpu produced a Mosaic module for {name} that does not verify "
+                f"(a bug in pallas-tpu; please report it): {e}"
+            ) from e
+    spaces = [_custom_call_space(b[2]) for b in block_args]
+    nin = gm.num_inputs
+    in_spaces = tuple([jc.CustomCallMemorySpace.SMEM] * gm.num_scalar_prefetch + spaces[:nin])
+    return MosaicKernel(module, ctx, in_spaces, tuple(spaces[nin:]), frozenset(lctx.uses))
+
+
+def _custom_call_space(space):
+    if space in (MemorySpace.ANY, MemorySpace.HBM):
+        return None
+    if space is MemorySpace.SMEM:
+        return jc.CustomCallMemorySpace.SMEM
+    if space is MemorySpace.HOST:
+        return jc.CustomCallMemorySpace.HOST
+    return None

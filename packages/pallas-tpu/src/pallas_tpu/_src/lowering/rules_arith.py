@@ -1,0 +1,513 @@
+"""Lowering rules of value operations: elementwise arithmetic, comparisons, casts,
+shapes, reductions and matmuls."""
+
+from __future__ import annotations
+
+import jax.extend.core.primitives as P
+import jax.numpy as jnp
+import numpy as np
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, math, vector
+from jaxlib.mosaic.python import tpu
+
+from pallas_tpu._src.lowering import types as T
+from pallas_tpu._src.lowering.common import (
+    RULES,
+    aval_in,
+    aval_out,
+    broadcast_to,
+    const,
+    convert,
+    kind,
+    materialize,
+    operands,
+    rule,
+)
+
+# ------------------------------------------------------------------------------------------
+# Elementwise arithmetic.
+
+_BINARY = {
+    # primitive: (float op, signed op, unsigned op)
+    P.add_p: (arith.addf, arith.addi, arith.addi),
+    P.sub_p: (arith.subf, arith.subi, arith.subi),
+    P.mul_p: (arith.mulf, arith.muli, arith.muli),
+    P.div_p: (arith.divf, arith.divsi, arith.divui),
+    P.rem_p: (arith.remf, arith.remsi, arith.remui),
+    P.max_p: (arith.maximumf, arith.maxsi, arith.maxui),
+    P.min_p: (arith.minimumf, arith.minsi, arith.minui),
+    P.and_p: (None, arith.andi, arith.andi),
+    P.or_p: (None, arith.ori, arith.ori),
+    P.xor_p: (None, arith.xori, arith.xori),
+    P.shift_left_p: (None, arith.shli, arith.shli),
+    P.shift_right_arithmetic_p: (None, arith.shrsi, arith.shrsi),
+    P.shift_right_logical_p: (None, arith.shrui, arith.shrui),
+}
+
+
+def _binary(lctx, eqn, x, y):
+    a, b = operands(eqn, [x, y])
+    fop, sop, uop = _BINARY[eqn.primitive]
+    k = kind(aval_in(eqn, 0).dtype)
+    op = {"f": fop, "i": sop, "u": uop, "b": uop}[k]
+    if op is None:
+        raise NotImplementedError(f"{eqn.primitive.name} on {aval_in(eqn, 0).dtype}")
+    return op(a, b)
+
+
+for _p in _BINARY:
+    RULES[_p] = _binary
+
+_UNARY_FLOAT = {
+    P.exp_p: math.exp, P.log_p: math.log, P.tanh_p: math.tanh, P.sqrt_p: math.sqrt,
+    P.rsqrt_p: math.rsqrt, P.sin_p: math.sin, P.cos_p: math.cos, P.exp2_p: math.exp2,
+    P.log1p_p: math.log1p, P.floor_p: math.floor, P.ceil_p: math.ceil, P.erf_p: math.erf,
+    P.tan_p: math.tan, P.expm1_p: math.expm1, P.atan_p: math.atan, P.cbrt_p: math.cbrt,
+    P.acos_p: math.acos, P.asin_p: math.asin, P.asinh_p: math.asinh, P.acosh_p: math.acosh,
+    P.atanh_p: math.atanh, P.sinh_p: math.sinh, P.cosh_p: math.cosh, P.erfc_p: math.erfc,
+}
+
+
+@rule(*_UNARY_FLOAT)
+def _unary_float(lctx, eqn, x):
+    if kind(aval_in(eqn, 0).dtype) != "f":
+        raise NotImplementedError(f"{eqn.primitive.name} on {aval_in(eqn, 0).dtype}")
+    (v,) = operands(eqn, [x])
+    return _UNARY_FLOAT[eqn.primitive](v)
+
+
+@rule(P.atan2_p)
+def _atan2(lctx, eqn, x, y):
+    a, b = operands(eqn, [x, y])
+    return math.atan2(a, b)
+
+
+@rule(P.is_finite_p)
+def _is_finite(lctx, eqn, x):
+    return math.isfinite(materialize(x, aval_in(eqn, 0)))
+
+
+@rule(P.round_p)
+def _round(lctx, eqn, x):
+    (v,) = operands(eqn, [x])
+    method = int(eqn.params.get("rounding_method", 0))
+    return math.roundeven(v) if method == 1 else math.round(v)
+
+
+@rule(P.population_count_p)
+def _popcount(lctx, eqn, x):
+    return math.ctpop(materialize(x, aval_in(eqn, 0)))
+
+
+@rule(P.clz_p)
+def _clz(lctx, eqn, x):
+    return math.ctlz(materialize(x, aval_in(eqn, 0)))
+
+
+_ERF_INV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
+                    0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
+_ERF_INV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
+                 0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
+
+
+@rule(P.erf_inv_p)
+def _erf_inv(lctx, eqn, x):
+    """Giles' single-precision approximation (two polynomials in w = -log(1 - x^2))."""
+    a = aval_in(eqn, 0)
+    if jnp.dtype(a.dtype) != jnp.float32:
+        raise NotImplementedError(f"erf_inv of {a.dtype} (float32 only)")
+    (v,) = operands(eqn, [x])
+    c = lambda k: const(a.shape, a.dtype, k)
+    one = c(1.0)
+    w = arith.negf(math.log(arith.mulf(arith.subf(one, v), arith.addf(one, v))))
+
+    def poly(coeffs, t):
+        p = c(coeffs[0])
+        for k in coeffs[1:]:
+            p = arith.addf(c(k), arith.mulf(p, t))
+        return p
+
+    central = poly(_ERF_INV_CENTRAL, arith.subf(w, c(2.5)))
+    tail = poly(_ERF_INV_TAIL, arith.subf(math.sqrt(w), c(3.0)))
+    p = arith.select(arith.cmpf(arith.CmpFPredicate.OLT, w, c(5.0)), central, tail)
+    return arith.mulf(p, v)
+
+
+@rule(P.nextafter_p)
+def _nextafter(lctx, eqn, x, y):
+    """The next float after x towards y, by stepping x's bit pattern."""
+    a = aval_in(eqn, 0)
+    if jnp.dtype(a.dtype) != jnp.float32:
+        raise NotImplementedError(f"nextafter of {a.dtype} (float32 only)")
+    xv, yv = operands(eqn, [x, y])
+    shape = a.shape
+    it = T.value_type(shape, jnp.int32)
+    ci = lambda k: const(shape, jnp.int32, k)
+    cf = lambda k: const(shape, a.dtype, k)
+    xb = arith.bitcast(it, xv)
+    yb = arith.bitcast(it, yv)
+    up = arith.addi(xb, ci(1))
+    down = arith.subi(xb, ci(1))
+    towards_larger_magnitude = arith.xori(
+        arith.cmpf(arith.CmpFPredicate.OLT, xv, yv), arith.cmpf(arith.CmpFPredicate.OLT, xv, cf(0.0)))
+    stepped = arith.select(towards_larger_magnitude, up, down)
+    sign_y = arith.andi(yb, ci(-(1 << 31)))
+    from_zero = arith.ori(sign_y, ci(1))
+    is_zero = arith.cmpf(arith.CmpFPredicate.OEQ, xv, cf(0.0))
+    out = arith.bitcast(T.value_type(shape, a.dtype), arith.select(is_zero, from_zero, stepped))
+    out = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, xv, yv), yv, out)
+    unordered = arith.cmpf(arith.CmpFPredicate.UNO, xv, yv)
+    return arith.select(unordered, cf(np.nan), out)
+
+
+@rule(P.neg_p)
+def _neg(lctx, eqn, x):
+    (v,) = operands(eqn, [x])
+    a = aval_in(eqn, 0)
+    if kind(a.dtype) == "f":
+        return arith.negf(v)
+    return arith.subi(const(a.shape, a.dtype, 0), v)
+
+
+@rule(P.not_p)
+def _not(lctx, eqn, x):
+    (v,) = operands(eqn, [x])
+    a = aval_in(eqn, 0)
+    return arith.xori(v, const(a.shape, a.dtype, True if a.dtype == jnp.bool_ else -1))
+
+
+@rule(P.abs_p)
+def _abs(lctx, eqn, x):
+    (v,) = operands(eqn, [x])
+    return math.absf(v) if kind(aval_in(eqn, 0).dtype) == "f" else math.absi(v)
+
+
+@rule(P.logistic_p)
+def _logistic(lctx, eqn, x):
+    (v,) = operands(eqn, [x])
+    a = aval_in(eqn, 0)
+    one = const(a.shape, a.dtype, 1.0)
+    return arith.divf(one, arith.addf(one, math.exp(arith.negf(v))))
+
+
+@rule(P.square_p)
+def _square(lctx, eqn, x):
+    (v,) = operands(eqn, [x])
+    return arith.mulf(v, v) if kind(aval_in(eqn, 0).dtype) == "f" else arith.muli(v, v)
+
+
+@rule(P.integer_pow_p)
+def _integer_pow(lctx, eqn, x):
+    (v,) = operands(eqn, [x])
+    a = aval_in(eqn, 0)
+    y = eqn.params["y"]
+    mul = arith.mulf if kind(a.dtype) == "f" else arith.muli
+    if y == 0:
+        return const(a.shape, a.dtype, 1)
+    acc, base, n = None, v, abs(y)
+    while n:
+        if n & 1:
+            acc = base if acc is None else mul(acc, base)
+        n >>= 1
+        if n:
+            base = mul(base, base)
+    if y < 0:
+        acc = arith.divf(const(a.shape, a.dtype, 1.0), acc)
+    return acc
+
+
+@rule(P.pow_p)
+def _pow(lctx, eqn, x, y):
+    a, b = operands(eqn, [x, y])
+    return math.powf(a, b)
+
+
+@rule(P.sign_p)
+def _sign(lctx, eqn, x):
+    (v,) = operands(eqn, [x])
+    a = aval_in(eqn, 0)
+    zero, one, minus = (const(a.shape, a.dtype, c) for c in (0, 1, -1))
+    if kind(a.dtype) == "f":
+        gt = arith.cmpf(arith.CmpFPredicate.OGT, v, zero)
+        lt = arith.cmpf(arith.CmpFPredicate.OLT, v, zero)
+    elif kind(a.dtype) == "i":
+        gt = arith.cmpi(arith.CmpIPredicate.sgt, v, zero)
+        lt = arith.cmpi(arith.CmpIPredicate.slt, v, zero)
+    else:
+        return arith.select(arith.cmpi(arith.CmpIPredicate.ne, v, zero), one, zero)
+    # sign(nan) is nan: x where neither comparison holds and x != 0
+    pos = arith.select(gt, one, v if kind(a.dtype) == "f" else zero)
+    return arith.select(lt, minus, pos)
+
+
+_CMP = {
+    P.eq_p: ("OEQ", "eq", "eq"), P.ne_p: ("UNE", "ne", "ne"),
+    P.lt_p: ("OLT", "slt", "ult"), P.le_p: ("OLE", "sle", "ule"),
+    P.gt_p: ("OGT", "sgt", "ugt"), P.ge_p: ("OGE", "sge", "uge"),
+}
+
+
+@rule(*_CMP)
+def _compare(lctx, eqn, x, y):
+    a_aval = aval_in(eqn, 0)
+    shape = aval_out(eqn).shape
+    a = materialize(x, a_aval)
+    b = materialize(y, aval_in(eqn, 1))
+    if shape:
+        a = broadcast_to(a, shape, a_aval.dtype)
+        b = broadcast_to(b, shape, aval_in(eqn, 1).dtype)
+    f, s, u = _CMP[eqn.primitive]
+    k = kind(a_aval.dtype)
+    if k == "f":
+        return arith.cmpf(getattr(arith.CmpFPredicate, f), a, b)
+    pred = s if k == "i" else u
+    return arith.cmpi(getattr(arith.CmpIPredicate, pred), a, b)
+
+
+@rule(P.select_n_p)
+def _select_n(lctx, eqn, which, *cases):
+    shape, dtype = aval_out(eqn).shape, aval_out(eqn).dtype
+    w_aval = aval_in(eqn, 0)
+    w = materialize(which, w_aval)
+    vals = [broadcast_to(materialize(c, aval_in(eqn, i + 1)), shape, dtype)
+            for i, c in enumerate(cases)]
+    if shape and not w_aval.shape:
+        w = broadcast_to(w, shape, w_aval.dtype)
+    if len(vals) == 1:
+        return vals[0]
+    if w_aval.dtype == jnp.bool_:
+        return arith.select(w, vals[1], vals[0])
+    out = vals[-1]
+    for i in range(len(vals) - 2, -1, -1):
+        is_i = arith.cmpi(arith.CmpIPredicate.eq, w, const(w_aval.shape if shape else (),
+                                                          w_aval.dtype, i))
+        out = arith.select(is_i, vals[i], out)
+    return out
+
+
+@rule(P.clamp_p)
+def _clamp(lctx, eqn, lo, x, hi):
+    shape, dtype = aval_out(eqn).shape, aval_out(eqn).dtype
+    vals = [broadcast_to(materialize(v, aval_in(eqn, i)), shape, dtype)
+            for i, v in enumerate((lo, x, hi))]
+    mx, mn = ((arith.maximumf, arith.minimumf) if kind(dtype) == "f"
+              else (arith.maxsi, arith.minsi))
+    return mn(mx(vals[1], vals[0]), vals[2])
+
+
+@rule(P.convert_element_type_p)
+def _convert(lctx, eqn, x):
+    src, dst = aval_in(eqn, 0), aval_out(eqn)
+    v = materialize(x, src)
+    return convert(v, src.shape, src.dtype, dst.dtype)
+
+
+@rule(P.iota_p)
+def _iota(lctx, eqn):
+    out = aval_out(eqn)
+    if kind(out.dtype) != "i" or jnp.dtype(out.dtype).itemsize != 4:
+        raise NotImplementedError(f"iota of dtype {out.dtype} (Mosaic TPU has int32 iota)")
+    if len(out.shape) < 1:
+        raise NotImplementedError("iota of rank 0")
+    return tpu.iota(T.aval_type(out), [eqn.params["dimension"]])
+
+
+
+# ------------------------------------------------------------------------------------------
+# Shapes.
+
+
+@rule(P.broadcast_in_dim_p)
+def _broadcast_in_dim(lctx, eqn, x):
+    src, out = aval_in(eqn, 0), aval_out(eqn)
+    v = materialize(x, src)
+    if not src.shape:
+        return broadcast_to(v, out.shape, out.dtype)
+    dims = eqn.params["broadcast_dimensions"]
+    inter = [1] * len(out.shape)
+    for i, d in enumerate(dims):
+        inter[d] = src.shape[i]
+    if tuple(inter) != tuple(src.shape):
+        v = vector.shape_cast(T.value_type(tuple(inter), src.dtype), v)
+    if tuple(inter) == tuple(out.shape):
+        return v
+    return vector.broadcast(T.aval_type(out), v)
+
+
+def _check_reshape(src_shape, dst_shape, what):
+    def strip(s):
+        s = list(s)
+        while s and s[0] == 1:
+            s.pop(0)
+        return s
+
+    a, b = strip(src_shape), strip(dst_shape)
+    if a == b:
+        return  # only leading unit dims change
+    if len(a) >= 2 and len(b) >= 2 and a[-2:] == b[-2:]:
+        return  # only leading (untiled) dims change
+    if a[-1:] == b[-1:] and len(a) >= 1 and len(b) >= 1 and a[-1] % 128 == 0 and (
+            np.prod(a[:-1]) == np.prod(b[:-1])):
+        if (len(a) < 2 or a[-2] % 8 == 0) and (len(b) < 2 or b[-2] % 8 == 0):
+            return  # sublane-aligned merges/splits of leading dims
+    raise NotImplementedError(
+        f"{what} from {tuple(src_shape)} to {tuple(dst_shape)} changes the tiled (last two) "
+        f"dimensions in a way Mosaic TPU does not support; keep the last two dims, or "
+        f"reshape only leading dims (second-minor multiple of 8, minor multiple of 128)"
+    )
+
+
+@rule(P.reshape_p, P.squeeze_p)
+def _reshape(lctx, eqn, x):
+    src, out = aval_in(eqn, 0), aval_out(eqn)
+    v = materialize(x, src)
+    if tuple(src.shape) == tuple(out.shape):
+        return v
+    if not out.shape:
+        return vector.extract(v, [], [0] * len(src.shape))
+    if not src.shape:
+        return broadcast_to(v, out.shape, out.dtype)
+    _check_reshape(src.shape, out.shape, eqn.primitive.name)
+    return vector.shape_cast(T.aval_type(out), v)
+
+
+@rule(P.transpose_p)
+def _transpose(lctx, eqn, x):
+    src, out = aval_in(eqn, 0), aval_out(eqn)
+    perm = tuple(eqn.params["permutation"])
+    n = len(perm)
+    ok = perm == tuple(range(n - 2)) + (n - 1, n - 2) if n >= 2 else False
+    if perm == tuple(range(n)):
+        return materialize(x, src)
+    if not ok:
+        raise NotImplementedError(
+            f"transpose with permutation {perm}: Mosaic TPU supports swapping the last two "
+            f"dimensions only (use pltpu.einshape for other layouts)"
+        )
+    return tpu.transpose(T.aval_type(out), materialize(x, src), list(perm))
+
+
+@rule(P.slice_p)
+def _slice(lctx, eqn, x):
+    src, out = aval_in(eqn, 0), aval_out(eqn)
+    strides = eqn.params["strides"]
+    if strides is not None and any(s != 1 for s in strides):
+        raise NotImplementedError(f"strided slices of values (strides={strides})")
+    start = [int(s) for s in eqn.params["start_indices"]]
+    sizes = list(out.shape)
+    v = materialize(x, src)
+    if not sizes:
+        return v
+    return vector.extract_strided_slice(T.aval_type(out), v, start, sizes, [1] * len(sizes))
+
+
+@rule(P.concatenate_p)
+def _concatenate(lctx, eqn, *xs):
+    vals = [materialize(x, aval_in(eqn, i)) for i, x in enumerate(xs)]
+    return tpu.concatenate(vals, eqn.params["dimension"], results=[T.aval_type(aval_out(eqn))])
+
+
+
+# ------------------------------------------------------------------------------------------
+# Reductions and matmul.
+
+_REDUCE = {P.reduce_sum_p: "add", P.reduce_max_p: "max", P.reduce_min_p: "min",
+           P.reduce_and_p: "and", P.reduce_or_p: "or", P.reduce_prod_p: "mul"}
+
+
+@rule(*_REDUCE)
+def _reduce(lctx, eqn, x):
+    src, out = aval_in(eqn, 0), aval_out(eqn)
+    v = materialize(x, src)
+    axes = list(eqn.params["axes"])
+    name = _REDUCE[eqn.primitive]
+    k = kind(src.dtype)
+    if name == "add":
+        kname, init = "add", 0
+    elif name == "max":
+        kname = {"f": "maximumf", "i": "maxsi", "u": "maxui", "b": "maxui"}[k]
+        init = -np.inf if k == "f" else (jnp.iinfo(src.dtype).min if k != "b" else 0)
+    elif name == "min":
+        kname = {"f": "minimumf", "i": "minsi", "u": "minui", "b": "minui"}[k]
+        init = np.inf if k == "f" else (jnp.iinfo(src.dtype).max if k != "b" else 1)
+    elif name == "mul":
+        kname, init = "mul", 1
+    elif name == "and":
+        kname, init = "and", 1
+    else:
+        kname, init = "or", 0
+    acc = const(out.shape, out.dtype, init)
+    kattr = ir.Attribute.parse(f"#vector.kind<{kname}>")
+    return vector.multi_reduction(kattr, v, acc, axes)
+
+
+@rule(P.dot_general_p)
+def _dot_general(lctx, eqn, x, y):
+    lhs_aval, rhs_aval, out = aval_in(eqn, 0), aval_in(eqn, 1), aval_out(eqn)
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lc, rc, lb, rb = tuple(lc), tuple(rc), tuple(lb), tuple(rb)
+    nl, nr = len(lhs_aval.shape), len(rhs_aval.shape)
+    if len(lc) != 1 or len(rc) != 1 or nl - len(lb) != 2 or nr - len(rb) != 2:
+        raise NotImplementedError(
+            f"dot_general of shapes {lhs_aval.shape} x {rhs_aval.shape} with dimension "
+            f"numbers {eqn.params['dimension_numbers']}: Mosaic TPU matmuls contract one "
+            f"dimension of 2-D operands (plus optional leading batch dimensions)"
+        )
+    if lb != tuple(range(len(lb))) or rb != tuple(range(len(rb))):
+        raise NotImplementedError("dot_general whose batch dimensions are not leading")
+    lhs = materialize(x, lhs_aval)
+    rhs = materialize(y, rhs_aval)
+    lhs_nc = [d for d in range(nl) if d not in lc and d not in lb]
+    rhs_nc = [d for d in range(nr) if d not in rc and d not in rb]
+    order = [f"0, {d}" for d in lb] + [f"0, {lhs_nc[0]}", f"1, {rhs_nc[0]}"]
+    dn = ir.Attribute.parse(
+        f"#tpu.dot_dimension_numbers<[{lc[0]}], [{rc[0]}], [{lhs_nc[0]}], [{rhs_nc[0]}], "
+        f"[{', '.join(order)}], [{', '.join(map(str, lb))}], [{', '.join(map(str, rb))}]>"
+    )
+    # Mosaic accumulates in 32 bits; narrower results are converted afterwards.
+    acc_dtype = out.dtype
+    if jnp.dtype(out.dtype).itemsize < 4:
+        acc_dtype = jnp.float32 if kind(out.dtype) == "f" else jnp.int32
+    acc = const(out.shape, acc_dtype, 0)
+    precision = eqn.params.get("precision")
+    prec_attr = None
+    if precision is not None:
+        p = precision[0] if isinstance(precision, tuple) else precision
+        if str(p) in ("HIGHEST", "Precision.HIGHEST"):
+            prec_attr = ir.Attribute.parse("#tpu.contract_precision<fp32>")
+    res = tpu.matmul(T.value_type(out.shape, acc_dtype), lhs, rhs, acc, False,
+                     dimension_numbers=dn, precision=prec_attr)
+    return convert(res, out.shape, acc_dtype, out.dtype)
+
+
+@rule(P.argmax_p, P.argmin_p)
+def _argminmax(lctx, eqn, x):
+    """argmax/argmin as: the smallest index where the value equals the max/min."""
+    src, out = aval_in(eqn, 0), aval_out(eqn)
+    (axis,) = eqn.params["axes"]
+    if jnp.dtype(out.dtype) != jnp.int32:
+        raise NotImplementedError(f"{eqn.primitive.name} with index dtype {out.dtype}")
+    v = materialize(x, src)
+    is_max = eqn.primitive is P.argmax_p
+    k = kind(src.dtype)
+    if k == "f":
+        kname, init = ("maximumf", -np.inf) if is_max else ("minimumf", np.inf)
+    elif k == "i":
+        info = jnp.iinfo(src.dtype)
+        kname, init = ("maxsi", info.min) if is_max else ("minsi", info.max)
+    else:
+        raise NotImplementedError(f"{eqn.primitive.name} of {src.dtype}")
+    red_shape = tuple(n for i, n in enumerate(src.shape) if i != axis)
+    best = vector.multi_reduction(ir.Attribute.parse(f"#vector.kind<{kname}>"), v,
+                                  const(red_shape, src.dtype, init), [axis])
+    keep = list(src.shape)
+    keep[axis] = 1
+    best = broadcast_to(vector.shape_cast(T.value_type(tuple(keep), src.dtype), best)
+                        if red_shape else best, src.shape, src.dtype)
+    eq = (arith.cmpf(arith.CmpFPredicate.OEQ, v, best) if k == "f"
+          else arith.cmpi(arith.CmpIPredicate.eq, v, best))
+    idx = tpu.iota(T.value_type(src.shape, jnp.int32), [axis])
+    big = const(src.shape, jnp.int32, src.shape[axis])
+    cand = arith.select(eq, idx, big)
+    return vector.multi_reduction(ir.Attribute.parse("#vector.kind<minsi>"), cand,
+                                  const(out.shape, jnp.int32, src.shape[axis]), [axis])

@@ -1,0 +1,230 @@
+"""Lowering rules of refs: ``ref[...]`` loads and stores (with ``pl.ds`` windows, strides
+and masks) and the memref views that DMAs and semaphores use."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, memref, vector
+from jaxlib.mosaic.python import tpu
+
+from pallas_tpu._src import core_compat as cc
+from pallas_tpu._src import jax_compat as jc
+from pallas_tpu._src.lowering import types as T
+from pallas_tpu._src.lowering.common import (
+    aval_in,
+    aval_out,
+    const,
+    kind,
+    materialize,
+    rule,
+    to_i32,
+    to_index,
+)
+from pallas_tpu._src.lowering.engine import Lit, RefVal
+from pallas_tpu._src.memory import MemorySpace
+
+# ------------------------------------------------------------------------------------------
+# Refs: indexing, loads and stores.
+
+
+class Window:
+    """A rectangular view of a memref: per memref dim a start, a size and whether the
+    dim is dropped (integer-indexed or squeezed)."""
+
+    def __init__(self, ref: RefVal):
+        self.ref = ref
+        self.starts = [0] * len(ref.squeezed)
+        self.sizes = list(ref.memref_shape)
+        self.dropped = list(ref.squeezed)
+        self.strides = [1] * len(ref.squeezed)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(s for s, d in zip(self.sizes, self.dropped) if not d)
+
+    @property
+    def full_shape(self) -> tuple[int, ...]:
+        return tuple(self.sizes)
+
+
+def apply_transforms(ref: RefVal, flat, tree) -> Window:
+    """Applies ``ref.at[...]`` indexers (leaves from the eqn) to a window of ``ref``."""
+    transforms = jax.tree_util.tree_unflatten(tree, flat)
+    w = Window(ref)
+    for t in transforms:
+        if not isinstance(t, jc.NDIndexer):
+            raise NotImplementedError(
+                f"ref transform {type(t).__name__} (ref.bitcast/ref.reshape) is not "
+                f"implemented yet in pallas-tpu lowering"
+            )
+        if tuple(getattr(t, "int_indexer_shape", ())):
+            raise NotImplementedError("gather-style (array) ref indexing")
+        visible = [i for i, d in enumerate(w.dropped) if not d]
+        if len(t.indices) != len(visible):
+            raise ValueError(f"indexer of rank {len(t.indices)} on a ref of rank {len(visible)}")
+        for dim, idx in zip(visible, t.indices):
+            if isinstance(idx, jc.Slice):
+                if idx.stride != 1 and w.strides[dim] != 1:
+                    raise NotImplementedError("strided slices of strided ref views")
+                w.starts[dim] = _add(w.starts[dim], idx.start)
+                w.sizes[dim] = int(idx.size)
+                w.strides[dim] = int(idx.stride)
+            else:
+                if isinstance(idx, ir.Value) and isinstance(idx.type, ir.VectorType) or (
+                        isinstance(idx, Lit) and np.ndim(idx.val)):
+                    raise NotImplementedError("gather-style (array) ref indexing")
+                w.starts[dim] = _add(w.starts[dim], idx)
+                w.sizes[dim] = 1
+                w.dropped[dim] = True
+    return w
+
+
+def _add(a, b):
+    if isinstance(b, Lit):
+        b = int(np.asarray(b.val))
+    if isinstance(a, int) and isinstance(b, int | np.integer):
+        return a + int(b)
+    if isinstance(a, int) and a == 0:
+        return b
+    return arith.addi(to_index(a), to_index(b))
+
+
+def window_indices(w: Window) -> list:
+    return [to_index(s) for s in w.starts]
+
+
+def _static_zero(w: Window) -> bool:
+    return all(isinstance(s, int) and s == 0 for s in w.starts)
+
+
+def window_memref(w: Window) -> ir.Value:
+    """A memref for the window (tpu.memref_slice + tpu.memref_squeeze)."""
+    ref = w.ref
+    src = ref.memref
+    mt = ir.MemRefType(src.type)
+    if _strided(w):
+        raise NotImplementedError("DMAs or semaphores on strided ref views")
+    if tuple(w.sizes) != tuple(mt.shape) or not _static_zero(w):
+        t = ir.MemRefType.get(w.sizes, mt.element_type, memory_space=mt.memory_space)
+        src = tpu.memref_slice(t, src, [to_i32(s) for s in w.starts], [])
+    if any(w.dropped):
+        shape = [s for s, d in zip(w.sizes, w.dropped) if not d]
+        t = ir.MemRefType.get(shape, mt.element_type, memory_space=mt.memory_space)
+        src = tpu.memref_squeeze(t, src)
+    return src
+
+
+def _is_smem(ref: RefVal) -> bool:
+    return T.space_of(ref.space) is MemorySpace.SMEM
+
+
+def _strided(w: Window) -> bool:
+    return any(s != 1 for s in w.strides)
+
+
+def load_window(w: Window, dtype) -> ir.Value:
+    ref = w.ref
+    if _is_smem(ref):
+        if w.shape:
+            raise NotImplementedError("vector loads from SMEM (SMEM holds scalars)")
+        return memref.load(ref.memref, window_indices(w))
+    full_t = T.value_type(w.full_shape, dtype)
+    if _strided(w):
+        v = tpu.strided_load(full_t, ref.memref, window_indices(w), list(w.strides))
+    else:
+        v = vector.load(full_t, ref.memref, window_indices(w))
+    shape = w.shape
+    if not shape:
+        return vector.extract(v, [], [0] * len(w.full_shape))
+    if tuple(shape) != tuple(w.full_shape):
+        v = vector.shape_cast(T.value_type(shape, dtype), v)
+    return v
+
+
+def store_window(w: Window, value: ir.Value, dtype, mask=None) -> None:
+    ref = w.ref
+    if _is_smem(ref):
+        if w.shape:
+            raise NotImplementedError("vector stores to SMEM (SMEM holds scalars)")
+        memref.store(value, ref.memref, window_indices(w))
+        return
+    full = w.full_shape
+    if not w.shape:
+        value = vector.broadcast(T.value_type(full, dtype), value)
+    elif tuple(w.shape) != tuple(full):
+        value = vector.shape_cast(T.value_type(full, dtype), value)
+    if _strided(w):
+        if mask is not None:
+            raise NotImplementedError("masked strided stores")
+        tpu.strided_store(value, ref.memref, window_indices(w), list(w.strides))
+        return
+    if mask is not None:
+        if tuple(w.shape) != tuple(full):
+            mask = vector.shape_cast(T.value_type(full, jnp.bool_), mask)
+        tpu.vector_store(value, ref.memref, window_indices(w), mask=mask)
+        return
+    vector.store(value, ref.memref, window_indices(w))
+
+
+@rule(jc.get_p)
+def _get(lctx, eqn, ref, *idx):
+    w = apply_transforms(ref, idx, eqn.params["tree"])
+    return load_window(w, aval_out(eqn).dtype)
+
+
+@rule(jc.swap_p)
+def _swap(lctx, eqn, ref, val, *idx):
+    w = apply_transforms(ref, idx, eqn.params["tree"])
+    dtype = aval_in(eqn, 1).dtype
+    v = materialize(val, aval_in(eqn, 1))
+    old = None
+    if eqn.outvars and lctx.is_used(eqn.outvars[0]):
+        old = load_window(w, dtype)
+    store_window(w, v, dtype)
+    return old if old is not None else v
+
+
+@rule(jc.addupdate_p)
+def _addupdate(lctx, eqn, ref, val, *idx):
+    w = apply_transforms(ref, idx, eqn.params["tree"])
+    dtype = aval_in(eqn, 1).dtype
+    v = materialize(val, aval_in(eqn, 1))
+    old = load_window(w, dtype)
+    new = arith.addf(old, v) if kind(dtype) == "f" else arith.addi(old, v)
+    store_window(w, new, dtype)
+    return []
+
+
+@rule(cc.load_p)
+def _masked_load(lctx, eqn, ref, *rest):
+    tree = eqn.params["tree"]
+    n = tree.num_leaves
+    idx, extra = rest[:n], list(rest[n:])
+    w = apply_transforms(ref, idx, tree)
+    out = aval_out(eqn)
+    v = load_window(w, out.dtype)
+    if eqn.params["has_mask"]:
+        mask = materialize(extra.pop(0), aval_in(eqn, 1 + n))
+        other = (materialize(extra.pop(0), aval_in(eqn, 2 + n)) if eqn.params["has_other"]
+                 else const(out.shape, out.dtype, 0))
+        v = arith.select(mask, v, other)
+    return v
+
+
+@rule(cc.swap_p)
+def _masked_swap(lctx, eqn, ref, val, *rest):
+    tree = eqn.params["tree"]
+    n = tree.num_leaves
+    idx, extra = rest[:n], list(rest[n:])
+    w = apply_transforms(ref, idx, tree)
+    dtype = aval_in(eqn, 1).dtype
+    v = materialize(val, aval_in(eqn, 1))
+    old = None
+    if eqn.outvars and lctx.is_used(eqn.outvars[0]):
+        old = load_window(w, dtype)
+    mask = materialize(extra[0], aval_in(eqn, 2 + n)) if eqn.params["has_mask"] else None
+    store_window(w, v, dtype, mask=mask)
+    return old if old is not None else v

@@ -1,0 +1,235 @@
+"""Lowering rules of semaphores, DMAs and the TPU primitives (``roll``, ``bitcast``,
+packing, stochastic rounding, the PRNG, tracing, debug printing)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith
+from jaxlib.mosaic.python import tpu
+
+from pallas_tpu._src import core_compat as cc
+from pallas_tpu._src.lowering import types as T
+from pallas_tpu._src.lowering.common import (
+    RULES,
+    aval_in,
+    aval_out,
+    const,
+    materialize,
+    rule,
+    to_i32,
+)
+from pallas_tpu._src.lowering.engine import RefVal
+from pallas_tpu._src.lowering.rules_refs import apply_transforms, window_memref
+from pallas_tpu._src.memory import MemorySpace
+from pallas_tpu._src.primitives import dma, misc
+from pallas_tpu._src.primitives import vector as tpu_vector
+
+# ------------------------------------------------------------------------------------------
+# Semaphores and DMAs.
+
+
+def _sem_view(ref: RefVal, flat, tree) -> ir.Value:
+    w = apply_transforms(ref, flat, tree)
+    if w.shape:
+        raise ValueError(f"a semaphore operation needs a single semaphore; got a view of "
+                         f"shape {w.shape} (index it: sem.at[i])")
+    return window_memref(w)
+
+
+@rule(cc.semaphore_signal_p)
+def _sem_signal(lctx, eqn, sem, *rest):
+    p = eqn.params
+    n = p["tree"].num_leaves
+    idx, inc = rest[:n], rest[n]
+    dev = rest[n + 1:n + 1 + p["device_id_tree"].num_leaves]
+    core = rest[n + 1 + len(dev):] if p["has_core"] else ()
+    device_id = _device_id(dev, p["device_id_type"], lctx) if dev else None
+    tpu.sem_signal(_sem_view(sem, idx, p["tree"]), to_i32(inc), device_id=device_id,
+                   core_id=to_i32(core[0]) if core else None)
+    return []
+
+
+def _device_id(dev, device_id_type, lctx=None):
+    """The logical device id Mosaic expects, from a logical id or mesh coordinates."""
+    from pallas import DeviceIdType
+
+    if device_id_type == DeviceIdType.LOGICAL or len(dev) == 1 and (
+            lctx is None or len(lctx.mesh_axes) <= 1):
+        if len(dev) != 1:
+            raise ValueError(f"a logical device id is one integer; got {len(dev)}")
+        return to_i32(dev[0])
+    sizes = [s for _, s in lctx.mesh_axes]
+    if len(dev) != len(sizes):
+        raise NotImplementedError(
+            f"a mesh device id with {len(dev)} coordinates for a mesh with axes "
+            f"{[n for n, _ in lctx.mesh_axes]} (pass every coordinate, or a logical id)"
+        )
+    out = to_i32(dev[0])
+    for c, n in zip(dev[1:], sizes[1:]):
+        out = arith.addi(arith.muli(out, const((), jnp.int32, n)), to_i32(c))
+    return out
+
+
+@rule(cc.semaphore_wait_p)
+def _sem_wait(lctx, eqn, sem, *rest):
+    p = eqn.params
+    n = p["tree"].num_leaves
+    idx, value = rest[:n], rest[n]
+    view = _sem_view(sem, idx, p["tree"])
+    amount = to_i32(materialize(value, aval_in(eqn, 1 + n)))
+    tpu.sem_wait(view, amount)
+    if not p["decrement"]:  # Mosaic's wait always decrements: give the count back
+        tpu.sem_signal(view, amount)
+    return []
+
+
+@rule(cc.semaphore_read_p)
+def _sem_read(lctx, eqn, sem, *idx):
+    return tpu.sem_read(_sem_view(sem, idx, eqn.params["tree"]))
+
+
+def _ref_views(spec, invals):
+    from pallas_tpu._src.primitives import refs as R
+
+    out = []
+    for entry in R.unflatten(spec, invals):
+        if entry is None:
+            out.append(None)
+            continue
+        base, flat, tree = entry
+        out.append((base, apply_transforms(base, flat, tree)))
+    return out
+
+
+@rule(dma.dma_start_p)
+def _dma_start(lctx, eqn, *invals):
+    from pallas_tpu._src.primitives import refs as R
+
+    p = eqn.params
+    end = R.spec_end(p["refs"])
+    (src, ws), (dst, wd), (sem, wm), src_sem = _ref_views(p["refs"], invals[:end])
+    if p["add"]:
+        raise NotImplementedError("DMAs with add=True on Mosaic TPU")
+    dev = list(invals[end:])
+    device_id = _device_id(dev, p["device_id_type"], lctx) if dev else None
+    tpu.enqueue_dma(
+        window_memref(ws), window_memref(wd),
+        source_semaphore=window_memref(src_sem[1]) if src_sem is not None else None,
+        target_semaphore=window_memref(wm), device_id=device_id,
+        priority=p["priority"] if p["priority"] else None,
+    )
+    return []
+
+
+@rule(dma.dma_wait_p)
+def _dma_wait(lctx, eqn, *invals):
+    from pallas_tpu._src.primitives import refs as R
+
+    p = eqn.params
+    end = R.spec_end(p["refs"])
+    (sem, wm), (src, ws), (dst, wd) = _ref_views(p["refs"], invals[:end])
+    dev = list(invals[end:])
+    device_id = _device_id(dev, p["device_id_type"], lctx) if dev else None
+    tpu.wait_dma2(window_memref(wm), window_memref(ws), window_memref(wd), device_id=device_id)
+    return []
+
+
+
+# ------------------------------------------------------------------------------------------
+# TPU value primitives.
+
+
+@rule(tpu_vector.roll_p)
+def _roll(lctx, eqn, x, shift):
+    v = materialize(x, aval_in(eqn, 0))
+    p = eqn.params
+    return tpu.dynamic_rotate(v, to_i32(materialize(shift, aval_in(eqn, 1))), p["axis"],
+                              stride=p["stride"], stride_dimension=p["stride_axis"])
+
+
+@rule(tpu_vector.bitcast_p)
+def _bitcast(lctx, eqn, x):
+    src = aval_in(eqn, 0)
+    if not src.shape:
+        return arith.bitcast(T.aval_type(aval_out(eqn)), materialize(x, src))
+    return tpu.bitcast(T.aval_type(aval_out(eqn)), materialize(x, src))
+
+
+@rule(tpu_vector.pack_elementwise_p)
+def _pack(lctx, eqn, *xs):
+    vals = [materialize(x, aval_in(eqn, i)) for i, x in enumerate(xs)]
+    return tpu.pack_elementwise(T.aval_type(aval_out(eqn)), vals,
+                                T.elem_type(eqn.params["packed_dtype"]))
+
+
+@rule(tpu_vector.unpack_elementwise_p)
+def _unpack(lctx, eqn, x):
+    return tpu.unpack_elementwise(T.aval_type(aval_out(eqn)), materialize(x, aval_in(eqn, 0)),
+                                  T.elem_type(eqn.params["packed_dtype"]),
+                                  eqn.params["index"])
+
+
+@rule(tpu_vector.stochastic_round_p)
+def _stochastic_round(lctx, eqn, x, bits):
+    return tpu.stochastic_convert(T.aval_type(aval_out(eqn)), materialize(x, aval_in(eqn, 0)),
+                                  materialize(bits, aval_in(eqn, 1)))
+
+
+@rule(misc.prng_seed_p)
+def _prng_seed(lctx, eqn, *seeds):
+    tpu.prng_set_seed_32([to_i32(materialize(s, aval_in(eqn, i)))
+                          for i, s in enumerate(seeds)])
+    return []
+
+
+@rule(misc.prng_random_bits_p)
+def _prng_bits(lctx, eqn):
+    return tpu.prng_random_bits(T.aval_type(aval_out(eqn)))
+
+
+@rule(misc.trace_value_p)
+def _trace_value(lctx, eqn, x):
+    tpu.trace_value(materialize(x, aval_in(eqn, 0)), eqn.params["label"])
+    return []
+
+
+@rule(misc.get_barrier_semaphore_p)
+def _get_barrier_semaphore(lctx, eqn):
+    t = ir.MemRefType.get([], ir.Type.parse("!tpu.semaphore"),
+                          memory_space=T.memory_space_attr(MemorySpace.SEMAPHORE))
+    from pallas_tpu._src.memory import SemaphoreType
+
+    return RefVal(tpu.sem_barrier(t), jnp.int32, SemaphoreType.BARRIER, ())
+
+
+@rule(misc.touch_p)
+def _touch(lctx, eqn, *args):
+    return []
+
+
+def _register_debug_rules():
+    prims = cc.debug_prims()
+    if "debug_print_p" in prims:
+
+        def _debug_print(lctx, eqn, *args):
+            vals = [materialize(a, aval_in(eqn, i)) for i, a in enumerate(args)]
+            fmt = eqn.params["fmt"]
+            if any(isinstance(v.type, ir.VectorType) for v in vals):
+                raise NotImplementedError("debug_print of vectors on Mosaic TPU (scalars only)")
+            tpu.log(vals, fmt.replace("{}", "%d") if vals else fmt, formatted=bool(vals))
+            return []
+
+        RULES[prims["debug_print_p"]] = _debug_print
+    if "delay_p" in prims:
+
+        def _delay(lctx, eqn, n):
+            tpu.delay(to_i32(materialize(n, aval_in(eqn, 0))))
+            return []
+
+        RULES[prims["delay_p"]] = _delay
+    if "debug_check_p" in prims:
+        RULES[prims["debug_check_p"]] = lambda lctx, eqn, *a: []
+
+
+_register_debug_rules()

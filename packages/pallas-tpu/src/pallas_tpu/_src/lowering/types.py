@@ -1,0 +1,113 @@
+"""MLIR types and attributes of Mosaic TPU kernels, from JAX avals and memory spaces."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jaxlib.mlir import ir
+
+from pallas_tpu._src.memory import MemorySpace, SemaphoreType, canonical_space
+
+
+def elem_type(dtype) -> ir.Type:
+    dt = jnp.dtype(dtype)
+    if dt == jnp.float32:
+        return ir.F32Type.get()
+    if dt == jnp.bfloat16:
+        return ir.BF16Type.get()
+    if dt == jnp.float16:
+        return ir.F16Type.get()
+    if dt == jnp.bool_:
+        return ir.IntegerType.get_signless(1)
+    if dt.kind in "iu":
+        return ir.IntegerType.get_signless(dt.itemsize * 8)
+    f8 = {
+        "float8_e4m3fn": "Float8E4M3FNType", "float8_e5m2": "Float8E5M2Type",
+        "float8_e4m3b11fnuz": "Float8E4M3B11FNUZType",
+    }.get(dt.name)
+    if f8 is not None and hasattr(ir, f8):
+        return getattr(ir, f8).get()
+    raise TypeError(f"dtype {dt.name} has no Mosaic TPU element type")
+
+
+def value_type(shape, dtype) -> ir.Type:
+    """Rank-0 values are scalars; others are vectors."""
+    if len(shape) == 0:
+        return elem_type(dtype)
+    return ir.VectorType.get(list(shape), elem_type(dtype))
+
+
+def aval_type(aval) -> ir.Type:
+    return value_type(aval.shape, aval.dtype)
+
+
+def i32() -> ir.Type:
+    return ir.IntegerType.get_signless(32)
+
+
+def index() -> ir.Type:
+    return ir.IndexType.get()
+
+
+def i64_attr(v: int) -> ir.Attribute:
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), int(v))
+
+
+_SPACE_NAMES = {
+    MemorySpace.VMEM: "vmem", MemorySpace.SMEM: "smem", MemorySpace.ANY: "any",
+    MemorySpace.HBM: "hbm", MemorySpace.CMEM: "cmem", MemorySpace.VMEM_SHARED: "vmem_shared",
+    MemorySpace.SEMAPHORE: "semaphore_mem", MemorySpace.HOST: "host",
+}
+
+
+def space_of(space, default=MemorySpace.VMEM):
+    s = canonical_space(space)
+    return default if s is None else s
+
+
+def memory_space_attr(space) -> ir.Attribute:
+    s = space_of(space)
+    if isinstance(s, SemaphoreType):
+        s = MemorySpace.SEMAPHORE
+    return ir.Attribute.parse(f"#tpu.memory_space<{_SPACE_NAMES[s]}>")
+
+
+def semaphore_elem(space) -> ir.Type:
+    s = space_of(space)
+    if s is SemaphoreType.DMA:
+        return ir.Type.parse("!tpu.dma_semaphore")
+    return ir.Type.parse("!tpu.semaphore")
+
+
+def is_semaphore(space) -> bool:
+    s = space_of(space)
+    return isinstance(s, SemaphoreType) or s is MemorySpace.SEMAPHORE
+
+
+def memref_type(shape, dtype, space) -> ir.MemRefType:
+    if is_semaphore(space):
+        return ir.MemRefType.get(list(shape), semaphore_elem(space),
+                                 memory_space=memory_space_attr(MemorySpace.SEMAPHORE))
+    return ir.MemRefType.get(list(shape), elem_type(dtype), memory_space=memory_space_attr(space))
+
+
+def splat_attr(vtype, value, dtype) -> ir.Attribute:
+    dt = jnp.dtype(dtype)
+    et = vtype.element_type if isinstance(vtype, ir.VectorType) else vtype
+    if dt.kind == "f" or dt == jnp.bfloat16:
+        scalar = ir.FloatAttr.get(et, float(value))
+    elif dt == jnp.bool_:
+        scalar = ir.IntegerAttr.get(et, int(bool(value)))
+    else:
+        v = int(value)
+        bits = dt.itemsize * 8
+        if dt.kind == "u" and v >= 1 << (bits - 1):
+            v -= 1 << bits  # signless attrs hold the two's-complement value
+        scalar = ir.IntegerAttr.get(et, v)
+    if isinstance(vtype, ir.VectorType):
+        return ir.DenseElementsAttr.get_splat(vtype, scalar)
+    return scalar
+
+
+def np_dtype(dtype):
+    return np.dtype(jnp.dtype(dtype))

@@ -1,0 +1,137 @@
+"""TPU memory spaces and semaphore types.
+
+``pltpu.VMEM(shape, dtype)`` (and SMEM, HBM, CMEM, VMEM_SHARED) describe scratch buffers
+and ``run_scoped`` allocations; ``pltpu.VMEM`` itself (the same object as
+``pltpu.MemorySpace.VMEM``) goes in ``BlockSpec(memory_space=)``. Core's ``pl.ANY`` is
+understood as ``MemorySpace.ANY``.
+``SemaphoreType.DMA((2,))`` is an array of two DMA semaphores; a bare
+``SemaphoreType.DMA`` in ``scratch_shapes`` is a single one.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+import pallas as pl
+from pallas import MemoryRef
+from pallas import MemorySpace as CoreMemorySpace
+from pallas_tpu._src import core_compat
+from pallas_tpu._src import jax_compat as jc
+
+
+def _aval(shape, dtype):
+    return jc.ShapedArray(tuple(int(d) for d in shape), jnp.dtype(dtype))
+
+
+class MemorySpace(enum.Enum):
+    """Where a TPU buffer lives.
+
+    ``ANY``/``HBM``: device memory, not copied into the kernel (use DMAs); ``VMEM``: the
+    TensorCore's vector memory (the default for blocks); ``SMEM``: scalar memory;
+    ``CMEM``: the common memory of v4/v5p; ``VMEM_SHARED``: VMEM shared by SparseCore
+    subcores; ``SEMAPHORE``: semaphores; ``HOST``: host memory.
+    """
+
+    ANY = "any"
+    VMEM = "vmem"
+    VMEM_SHARED = "vmem_shared"
+    SMEM = "smem"
+    CMEM = "cmem"
+    SEMAPHORE = "semaphore_mem"
+    HBM = "hbm"
+    HOST = "host"
+
+    def __call__(self, shape: Sequence[int], dtype: Any = None) -> MemoryRef:
+        if self is MemorySpace.SEMAPHORE:
+            dtype = np.int32 if dtype in (None, semaphore_dtype) else dtype
+        elif dtype is None:
+            raise TypeError(f"pltpu.{self.name}(shape, dtype) needs a dtype")
+        return MemoryRef(_aval(shape, dtype), self)
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_semaphore(self) -> bool:
+        return self is MemorySpace.SEMAPHORE
+
+
+class semaphore_dtype:  # noqa: N801 - a dtype-like marker, as upstream's
+    """The dtype of a regular semaphore buffer."""
+
+    dtype = np.dtype(np.int32)
+
+
+class dma_semaphore:  # noqa: N801 - upstream name
+    """The dtype-like marker of DMA semaphores (``pltpu.dma_semaphore``)."""
+
+    dtype = np.dtype(np.int32)
+
+
+class SemaphoreType(enum.Enum):
+    """Kinds of semaphores: ``REGULAR`` (counting), ``DMA`` (DMA completion), ``BARRIER``.
+
+    ``SemaphoreType.DMA(shape)`` makes an array of semaphores; used bare (in
+    ``scratch_shapes`` or ``run_scoped``) it is a single semaphore.
+    """
+
+    REGULAR = "semaphore"
+    DMA = "dma_semaphore"
+    BARRIER = "barrier_semaphore"
+
+    @property
+    def is_semaphore(self) -> bool:
+        return True
+
+    def __call__(self, shape: Sequence[int] = ()) -> MemoryRef:
+        return MemoryRef(_aval(tuple(shape), np.int32), self)
+
+    def get_memory_ref(self) -> MemoryRef:
+        return self(())
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# ``pltpu.VMEM(shape, dtype)`` makes a buffer type, and ``pltpu.VMEM`` itself is a memory
+# space (``pl.BlockSpec(memory_space=pltpu.SMEM)``): the members are both.
+VMEM = MemorySpace.VMEM
+SMEM = MemorySpace.SMEM
+HBM = MemorySpace.HBM
+CMEM = MemorySpace.CMEM
+VMEM_SHARED = MemorySpace.VMEM_SHARED
+SEMAPHORE = MemorySpace.SEMAPHORE
+
+
+# -- classification used by validation, lowering and the interpreter -----------------------
+
+_ANY_LIKE = {MemorySpace.ANY, CoreMemorySpace.ANY}
+
+
+def canonical_space(space: Any) -> MemorySpace | SemaphoreType | None:
+    """Maps core's and our memory spaces to ours (``None``: the default, VMEM for blocks)."""
+    if space is None or space is CoreMemorySpace.DEFAULT:
+        return None
+    if isinstance(space, (MemorySpace, SemaphoreType)):
+        return space
+    if space in _ANY_LIKE or space is pl.ANY:
+        return MemorySpace.ANY
+    if space is CoreMemorySpace.HOST or space is pl.HOST:
+        return MemorySpace.HOST
+    if core_compat.is_semaphore_space(space):
+        name = str(getattr(space, "value", space))
+        if "dma" in name:
+            return SemaphoreType.DMA
+        if "barrier" in name:
+            return SemaphoreType.BARRIER
+        return SemaphoreType.REGULAR
+    raise ValueError(f"memory space {space!r} is not a TPU memory space")
+
+
+def is_any_space(space: Any) -> bool:
+    return canonical_space(space) in (MemorySpace.ANY, MemorySpace.HBM)

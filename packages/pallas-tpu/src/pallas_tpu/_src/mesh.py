@@ -1,0 +1,61 @@
+"""``create_tensorcore_mesh`` and ``run_on_first_core``: running a kernel on every
+TensorCore of a chip with ``pl.kernel``.
+
+A ``TensorCoreMesh`` has one axis (named by the user) whose size is the number of
+TensorCores of a logical device (2 on megacore chips, 1 otherwise; 1 on CPU). ``pl.kernel``
+turns it into a ``pallas_call`` whose grid is the mesh: in the interpreter the cores run
+one after the other; for TPU the axis lowers as ``core_parallel`` and
+``lax.axis_index(name)`` is the core's index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from jax import lax
+
+import pallas as pl
+from pallas.plugins import Mesh
+from pallas_tpu._src.memory import MemorySpace
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorCoreMesh(Mesh):
+    """The TensorCores of a logical TPU device, along one named axis."""
+
+    axis_name: str
+    num_cores: int
+    devices: Any = None
+
+    backend = "mosaic_tpu"
+    default_memory_space = MemorySpace.ANY
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return {self.axis_name: self.num_cores}
+
+
+def create_tensorcore_mesh(axis_name: str, devices: Sequence[Any] | None = None,
+                           num_cores: int | None = None) -> TensorCoreMesh:
+    """A mesh over the TensorCores of one logical device (``num_cores`` defaults to the
+    running TPU's, or 1 elsewhere)."""
+    if num_cores is None:
+        from pallas_tpu._src.tpu_info import get_tpu_info, is_tpu_device
+
+        num_cores = get_tpu_info().num_cores if is_tpu_device() else 1
+    if int(num_cores) < 1:
+        raise ValueError(f"num_cores must be >= 1; got {num_cores}")
+    return TensorCoreMesh(str(axis_name), int(num_cores),
+                          tuple(devices) if devices is not None else None)
+
+
+def run_on_first_core(core_axis_name: str):
+    """Decorator: runs the zero-argument function only on core 0 of ``core_axis_name``."""
+
+    def decorator(f):
+        pl.when(lax.axis_index(core_axis_name) == 0)(f)
+        return f
+
+    return decorator

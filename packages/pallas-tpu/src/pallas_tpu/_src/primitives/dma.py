@@ -1,0 +1,216 @@
+"""DMAs: ``make_async_copy``, ``async_copy``, ``sync_copy`` and their remote forms.
+
+A DMA copies ``src_ref`` into ``dst_ref`` (both may be ``ref.at[...]`` views, in any
+memory space) and signals a DMA semaphore when done; ``wait()`` blocks until the
+semaphore has been signalled for a copy of the destination's size, then consumes it.
+
+Interpreter semantics (``interpret=True``): ``start()`` performs the copy at once and
+adds the copy's size in bytes to the semaphore; ``wait()`` subtracts the size of the
+destination view, reporting (under ``pl.enable_debug_checks``) a wait that would block
+forever. This is the "DMA completes at start" schedule: correct kernels give the same
+numbers under any schedule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pallas import DeviceIdType
+from pallas_tpu._src import jax_compat as jc
+from pallas_tpu._src.memory import SemaphoreType
+from pallas_tpu._src.primitives import refs as R
+
+dma_start_p = jc.Primitive("tpu_dma_start")
+dma_start_p.multiple_results = True
+dma_wait_p = jc.Primitive("tpu_dma_wait")
+dma_wait_p.multiple_results = True
+
+
+def _check_copy(src_ref, dst_ref, what: str) -> None:
+    src, dst = R.view_aval(src_ref), R.view_aval(dst_ref)
+    if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype:
+        raise ValueError(
+            f"{what}: the source ({src.str_short()}) and destination ({dst.str_short()}) "
+            f"of a DMA must have the same shape and dtype"
+        )
+
+
+def _flat_device_id(device_id):
+    if device_id is None:
+        return [], None
+    leaves, tree = jax.tree_util.tree_flatten(device_id)
+    return [jnp.asarray(d, jnp.int32) for d in leaves], tree
+
+
+@dataclasses.dataclass
+class AsyncCopyDescriptor:
+    """A DMA that can be started and waited on (returned by ``make_async_copy``)."""
+
+    src_ref: Any
+    dst_ref: Any
+    dst_sem: Any
+    src_sem: Any = None
+    device_id: Any = None
+    device_id_type: DeviceIdType = DeviceIdType.MESH
+    priority: int = 0
+    add: bool = False
+
+    @property
+    def is_remote(self) -> bool:
+        return self.src_sem is not None or self.device_id is not None
+
+    def start(self, priority: int | None = None) -> None:
+        """Starts the copy."""
+        prio = self.priority if priority is None else int(priority)
+        refs = R.FlatRefs(self.src_ref, self.dst_ref, self.dst_sem, self.src_sem)
+        dev, dev_tree = _flat_device_id(self.device_id)
+        dma_start_p.bind(
+            *refs.operands, *dev, refs=refs.spec, device_id_tree=dev_tree,
+            device_id_type=self.device_id_type, priority=prio, add=bool(self.add),
+        )
+
+    def _wait(self, sem, kind: str) -> None:
+        refs = R.FlatRefs(sem, self.src_ref, self.dst_ref)
+        dev, dev_tree = ([], None)
+        if kind == "send":
+            dev, dev_tree = _flat_device_id(self.device_id)
+        dma_wait_p.bind(*refs.operands, *dev, refs=refs.spec, device_id_tree=dev_tree,
+                        device_id_type=self.device_id_type, kind=kind)
+
+    def wait(self) -> None:
+        """Waits for the copy to land in ``dst_ref`` (and, if remote, to leave ``src_ref``)."""
+        if self.src_sem is not None:
+            self.wait_send()
+        self.wait_recv()
+
+    def wait_recv(self) -> None:
+        """Waits until the data has arrived (signals on the destination semaphore)."""
+        self._wait(self.dst_sem, "recv")
+
+    def wait_send(self) -> None:
+        """Waits until the data has left the source (remote copies only)."""
+        if self.src_sem is None:
+            raise ValueError("wait_send() needs a remote copy (make_async_remote_copy)")
+        self._wait(self.src_sem, "send")
+
+
+def make_async_copy(src_ref, dst_ref, sem) -> AsyncCopyDescriptor:
+    """A DMA from ``src_ref`` to ``dst_ref`` signalling ``sem``; call ``.start()``/``.wait()``."""
+    _check_copy(src_ref, dst_ref, "make_async_copy")
+    return AsyncCopyDescriptor(src_ref, dst_ref, sem)
+
+
+def async_copy(src_ref, dst_ref, sem, *, priority: int = 0,
+               add: bool = False) -> AsyncCopyDescriptor:
+    """Starts a DMA at once and returns its descriptor (``add=True`` accumulates)."""
+    _check_copy(src_ref, dst_ref, "async_copy")
+    desc = AsyncCopyDescriptor(src_ref, dst_ref, sem, priority=priority, add=add)
+    desc.start()
+    return desc
+
+
+def sync_copy(src_ref, dst_ref, *, add: bool = False) -> None:
+    """Copies ``src_ref`` to ``dst_ref`` and waits for it (with a scoped DMA semaphore)."""
+    from pallas import run_scoped
+
+    _check_copy(src_ref, dst_ref, "sync_copy")
+
+    def body(sem):
+        desc = AsyncCopyDescriptor(src_ref, dst_ref, sem, add=add)
+        desc.start()
+        desc.wait()
+
+    run_scoped(body, SemaphoreType.DMA)
+
+
+def make_async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id,
+                           device_id_type: DeviceIdType = DeviceIdType.MESH
+                           ) -> AsyncCopyDescriptor:
+    """A DMA from this device's ``src_ref`` to ``dst_ref`` on ``device_id``."""
+    _check_copy(src_ref, dst_ref, "make_async_remote_copy")
+    return AsyncCopyDescriptor(src_ref, dst_ref, recv_sem, send_sem, device_id,
+                               device_id_type)
+
+
+def async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id,
+                      device_id_type: DeviceIdType = DeviceIdType.MESH
+                      ) -> AsyncCopyDescriptor:
+    """Starts a remote DMA at once and returns its descriptor."""
+    desc = make_async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id,
+                                  device_id_type)
+    desc.start()
+    return desc
+
+
+# -- abstract evaluation -----------------------------------------------------------------
+
+
+def _start_effects(*avals, refs, device_id_tree, device_id_type, priority, add):
+    src, dst, dst_sem, src_sem = refs
+    effects = {jc.ReadEffect(src[0]), jc.WriteEffect(dst[0]), jc.WriteEffect(dst_sem[0])}
+    if src_sem is not None:
+        effects.add(jc.WriteEffect(src_sem[0]))
+    return [], effects
+
+
+def _wait_effects(*avals, refs, device_id_tree, device_id_type, kind):
+    sem = refs[0]
+    return [], {jc.WriteEffect(sem[0])}
+
+
+dma_start_p.def_effectful_abstract_eval(_start_effects)
+dma_wait_p.def_effectful_abstract_eval(_wait_effects)
+
+
+# -- interpreter rules -----------------------------------------------------------------------
+
+
+def _view(cell, flat, tree):
+    return jc.get_view(cell.value, flat, tree)
+
+
+def _set(cell, flat, tree, new):
+    cell.value = jc.set_view(cell.value, new, flat, tree)
+    if getattr(cell, "init", None) is not None:
+        cell.init = jc.set_view(cell.init, jnp.ones(jnp.shape(new), jnp.bool_), flat, tree)
+
+
+def dma_start_rule(ctx, eqn, invals):
+    p = eqn.params
+    if p["device_id_tree"] is not None:
+        from pallas_tpu._src.primitives.remote import remote_dma_start
+
+        return remote_dma_start(ctx, eqn, invals)
+    (src, s_flat, s_tree), (dst, d_flat, d_tree), (sem, m_flat, m_tree), src_sem = (
+        R.unflatten(p["refs"], invals))
+    data = _view(src, s_flat, s_tree)
+    if p["add"]:
+        data = _view(dst, d_flat, d_tree) + data
+    _set(dst, d_flat, d_tree, data)
+    size = R.nbytes(jax.typeof(data))
+    _set(sem, m_flat, m_tree, _view(sem, m_flat, m_tree) + jnp.int32(size))
+    if src_sem is not None:
+        c, f, t = src_sem
+        _set(c, f, t, _view(c, f, t) + jnp.int32(size))
+    return []
+
+
+def dma_wait_rule(ctx, eqn, invals):
+    p = eqn.params
+    (sem, m_flat, m_tree), _src, (dst, d_flat, d_tree) = R.unflatten(p["refs"], invals)
+    size = R.nbytes(jax.typeof(_view(dst, d_flat, d_tree)))
+    cur = _view(sem, m_flat, m_tree)
+    ctx.report(
+        jnp.all(cur >= size),
+        f"DMA wait on {sem.origin} would block forever: no DMA of this size "
+        f"({size} bytes) was started on that semaphore",
+    )
+    _set(sem, m_flat, m_tree, cur - jnp.int32(size))
+    return []
+
+
+INTERPRET_RULES = {dma_start_p: dma_start_rule, dma_wait_p: dma_wait_rule}

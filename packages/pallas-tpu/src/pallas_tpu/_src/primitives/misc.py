@@ -1,0 +1,195 @@
+"""PRNG (``prng_seed``, ``prng_random_bits``, ``stateful_*``), ``trace_value``, ``touch``
+and ``with_memory_space_constraint``.
+
+The TPU core has a hardware PRNG seeded by ``prng_seed``. In the interpreter the state is
+a threefry key derived from the seeds; each ``prng_random_bits`` call site draws from
+``fold_in(key, n)`` where ``n`` counts the calls made so far in this kernel evaluation.
+(A call inside a loop body therefore draws the same bits in every iteration under the
+interpreter; fold the loop index into the seed if that matters.)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallas_tpu._src import jax_compat as jc
+from pallas_tpu._src.memory import canonical_space
+from pallas_tpu._src.primitives import refs as R
+from pallas_tpu._src.primitives.effects import tpu_kernel_effect
+
+prng_seed_p = jc.Primitive("tpu_prng_seed")
+prng_seed_p.multiple_results = True
+prng_random_bits_p = jc.Primitive("tpu_prng_random_bits")
+trace_value_p = jc.Primitive("tpu_trace_value")
+trace_value_p.multiple_results = True
+touch_p = jc.Primitive("tpu_touch")
+touch_p.multiple_results = True
+
+
+def prng_seed(*seeds) -> None:
+    """Seeds the kernel's PRNG with one or more int32 scalars."""
+    if not seeds:
+        raise ValueError("prng_seed needs at least one seed")
+    flat = []
+    for s in seeds:
+        s = jnp.asarray(s)
+        flat += list(s.reshape(-1)) if s.ndim else [s]
+    prng_seed_p.bind(*[jnp.asarray(s).astype(jnp.int32) for s in flat])
+
+
+def prng_random_bits(shape):
+    """Random int32 bits of ``shape`` from the kernel's PRNG (seed it first)."""
+    return prng_random_bits_p.bind(shape=tuple(int(d) for d in shape))
+
+
+prng_seed_p.def_effectful_abstract_eval(lambda *s: ([], {tpu_kernel_effect}))
+prng_random_bits_p.def_effectful_abstract_eval(
+    lambda *, shape: (jc.ShapedArray(shape, jnp.int32), {tpu_kernel_effect}))
+
+_STATE = "mosaic_tpu.prng"
+
+
+def _seed_rule(ctx, eqn, invals):
+    key = jax.random.key(jnp.uint32(0), impl="threefry2x32")
+    for s in invals:
+        key = jax.random.fold_in(key, lax.convert_element_type(s, jnp.uint32))
+    ctx.backend_state[_STATE] = [key, 0]
+    return []
+
+
+def _bits_rule(ctx, eqn, invals):
+    state = ctx.backend_state.get(_STATE)
+    if state is None:
+        raise ValueError(
+            "prng_random_bits before prng_seed: seed the kernel's PRNG with "
+            "pltpu.prng_seed(...) first"
+        )
+    key, n = state
+    state[1] = n + 1
+    bits = jax.random.bits(jax.random.fold_in(key, n), eqn.params["shape"], jnp.uint32)
+    return [lax.bitcast_convert_type(bits, jnp.int32)]
+
+
+# -- stateful samplers built on the kernel PRNG ----------------------------------------------
+
+
+def stateful_bits(shape, dtype=jnp.uint32):
+    """Random bits of ``shape`` as an unsigned integer ``dtype`` (kernel PRNG)."""
+    bits = lax.bitcast_convert_type(prng_random_bits(shape), jnp.uint32)
+    return bits.astype(dtype)
+
+
+def stateful_uniform(shape, dtype=jnp.float32, minval=0.0, maxval=1.0):
+    """Uniform floats in ``[minval, maxval)`` from the kernel PRNG."""
+    bits = lax.bitcast_convert_type(prng_random_bits(shape), jnp.uint32)
+    mant = (bits >> jnp.uint32(9)) | jnp.uint32(0x3F800000)
+    u = lax.bitcast_convert_type(mant, jnp.float32) - 1.0
+    return (minval + (maxval - minval) * u).astype(dtype)
+
+
+def stateful_normal(shape, dtype=jnp.float32):
+    """Standard normal samples from the kernel PRNG (inverse-CDF method)."""
+    u = stateful_uniform(shape, jnp.float32, minval=-1.0 + 1e-7, maxval=1.0)
+    return (jnp.sqrt(2.0) * lax.erf_inv(u)).astype(dtype)
+
+
+def stateful_bernoulli(shape, p=0.5):
+    """Booleans that are true with probability ``p`` (kernel PRNG)."""
+    return stateful_uniform(shape) < p
+
+
+# -- trace_value, touch ------------------------------------------------------------------------
+
+
+def trace_value(label: str, value) -> None:
+    """Records a scalar ``value`` under ``label`` in the TPU profiler trace."""
+    trace_value_p.bind(jnp.asarray(value), label=str(label))
+
+
+trace_value_p.def_effectful_abstract_eval(lambda v, *, label: ([], {tpu_kernel_effect}))
+
+
+def touch(ref) -> None:
+    """Marks ``ref`` as used (keeps it alive), without reading or writing it."""
+    base, flat, tree = R.flatten_ref(ref)
+    touch_p.bind(base, *flat, tree=tree)
+
+
+touch_p.def_effectful_abstract_eval(lambda *a, tree: ([], {jc.ReadEffect(0)}))
+
+
+def with_memory_space_constraint(x, memory_space):
+    """Asks that the ``pallas_call`` operand ``x`` be placed in ``memory_space``.
+
+    Returns ``x`` unchanged; the placement is a hint that the TPU backend honours when
+    ``x`` feeds a kernel directly. Only ``ANY``/``HBM``, ``VMEM``, ``SMEM`` and
+    ``SEMAPHORE`` are meaningful.
+    """
+    space = canonical_space(memory_space)
+    if space is None:
+        raise ValueError("with_memory_space_constraint needs a memory space, not None")
+    return x
+
+
+# -- the barrier semaphore ---------------------------------------------------------------------
+
+get_barrier_semaphore_p = jc.Primitive("tpu_get_barrier_semaphore")
+
+
+def get_barrier_semaphore():
+    """The kernel's barrier semaphore, for handshakes between devices.
+
+    Signal it on neighbours with ``pl.semaphore_signal(sem, device_id=...)`` and wait on
+    it locally. Kernels using it must pass ``collective_id`` in ``pltpu.CompilerParams``.
+
+    Not usable yet: pallas-core's semaphore primitives declare their effects on jaxpr
+    inputs, and this semaphore is created inside the kernel, so tracing a signal on it
+    fails. The primitive, its interpreter rule and its lowering (``tpu.sem_barrier``)
+    are here for when pallas-core accepts it.
+    """
+    from pallas_tpu._src.unimplemented import NotImplementedInBackend
+
+    raise NotImplementedInBackend(
+        "pltpu.get_barrier_semaphore is not implemented yet in pallas-tpu (Pallas backend "
+        "'mosaic_tpu'): pallas-core's semaphore_signal/wait cannot yet act on a semaphore "
+        "created inside the kernel; see the pallas-tpu README"
+    )
+
+
+def _get_barrier_semaphore():
+    return get_barrier_semaphore_p.bind()
+
+
+def _barrier_aval():
+    from pallas_tpu._src.memory import SemaphoreType
+
+    return jc.AbstractRef(jc.ShapedArray((), jnp.int32), memory_space=SemaphoreType.BARRIER)
+
+
+get_barrier_semaphore_p.def_effectful_abstract_eval(
+    lambda: (_barrier_aval(), {tpu_kernel_effect}))
+
+_BARRIER = "mosaic_tpu.barrier_semaphore"
+
+
+def _barrier_rule(ctx, eqn, invals):
+    from pallas.plugins import Cell
+    from pallas_tpu._src.memory import SemaphoreType
+
+    cell = ctx.backend_state.get(_BARRIER)
+    if cell is None:
+        cell = Cell(jnp.zeros((), jnp.int32), "the barrier semaphore", None,
+                    SemaphoreType.BARRIER)
+        ctx.backend_state[_BARRIER] = cell
+    return [cell]
+
+
+INTERPRET_RULES = {
+    get_barrier_semaphore_p: _barrier_rule,
+    prng_seed_p: _seed_rule,
+    prng_random_bits_p: _bits_rule,
+    trace_value_p: lambda ctx, eqn, invals: [],
+    touch_p: lambda ctx, eqn, invals: [],
+}

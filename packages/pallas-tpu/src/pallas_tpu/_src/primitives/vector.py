@@ -1,0 +1,241 @@
+"""TPU value operations: ``roll``, ``bitcast``, ``einshape``, ``pack_elementwise``,
+``unpack_elementwise``, ``stochastic_round``."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallas_tpu._src.primitives._define import value_primitive
+
+
+# -- roll ------------------------------------------------------------------------------------
+def _roll_impl(x, shift, *, axis, stride, stride_axis):
+    if stride is None:
+        return jnp.roll(x, shift, axis)
+    n = x.shape[stride_axis]
+    parts = []
+    for i in range(n):
+        xi = lax.index_in_dim(x, i, stride_axis, keepdims=True)
+        parts.append(jnp.roll(xi, shift + i * stride, axis))
+    return jnp.concatenate(parts, axis=stride_axis)
+
+
+roll_p = value_primitive("tpu_roll", _roll_impl)
+
+
+def roll(x, shift, axis: int, *, stride: int | None = None, stride_axis: int | None = None):
+    """Rotates ``x`` by ``shift`` along ``axis``, as ``jnp.roll``.
+
+    With ``stride``, slice ``i`` along ``stride_axis`` is rotated by ``shift + i*stride``.
+    """
+    x = jnp.asarray(x)
+    axis = axis % x.ndim
+    if (stride is None) != (stride_axis is None):
+        raise ValueError("roll: stride and stride_axis must be given together")
+    if stride_axis is not None:
+        stride_axis = stride_axis % x.ndim
+    if isinstance(shift, int) and shift < 0:
+        raise ValueError(f"roll: shift must be non-negative; got {shift}")
+    return roll_p.bind(x, jnp.asarray(shift, jnp.int32), axis=axis, stride=stride,
+                       stride_axis=stride_axis)
+
+
+# -- bitcast ---------------------------------------------------------------------------------
+def _bits(dtype) -> int:
+    return np.dtype(dtype).itemsize * 8
+
+
+def _bitcast_impl(x, *, ty):
+    ty = jnp.dtype(ty)
+    s, d = _bits(x.dtype), _bits(ty)
+    if s == d:
+        return lax.bitcast_convert_type(x, ty)
+    if x.ndim < 2:
+        raise ValueError(f"bitcast between {s}- and {d}-bit types needs an array of rank >= 2")
+    *lead, r, c = x.shape
+    if s > d:  # each row splits into s/d rows (row-interleaved packing)
+        k = s // d
+        y = lax.bitcast_convert_type(x, ty)  # (..., r, c, k)
+        y = jnp.swapaxes(y, -1, -2)  # (..., r, k, c)
+        return y.reshape(*lead, r * k, c)
+    k = d // s
+    if r % k:
+        raise ValueError(f"bitcast to a {d}-bit type needs rows divisible by {k}; got {r}")
+    y = x.reshape(*lead, r // k, k, c)
+    y = jnp.swapaxes(y, -1, -2)  # (..., r/k, c, k)
+    return lax.bitcast_convert_type(y, ty)
+
+
+bitcast_p = value_primitive("tpu_bitcast", _bitcast_impl)
+
+
+def bitcast(x, ty):
+    """Reinterprets the bits of ``x`` as ``ty``.
+
+    Between types of different widths the second-minor dimension changes: bitcasting
+    f32 ``(8, 128)`` to bf16 gives ``(16, 128)``; consecutive rows pack into one.
+    """
+    x = jnp.asarray(x)
+    s, d = _bits(x.dtype), _bits(ty)
+    if s != d and x.ndim >= 2 and s < d and x.shape[-2] % (d // s):
+        raise ValueError(
+            f"bitcast of {x.shape} {x.dtype} to {jnp.dtype(ty)}: the second-minor dimension "
+            f"{x.shape[-2]} must be a multiple of {d // s}"
+        )
+    return bitcast_p.bind(x, ty=jnp.dtype(ty))
+
+
+# -- einshape --------------------------------------------------------------------------------
+_GROUP = re.compile(r"\(([a-zA-Z]+)\)|([a-zA-Z])")
+
+
+def _parse_side(side: str) -> list[list[str]]:
+    side = side.replace(" ", "")
+    groups, pos = [], 0
+    for m in _GROUP.finditer(side):
+        if m.start() != pos:
+            raise ValueError(f"einshape: cannot parse {side!r}")
+        groups.append(list(m.group(1) or m.group(2)))
+        pos = m.end()
+    if pos != len(side):
+        raise ValueError(f"einshape: cannot parse {side!r}")
+    return groups
+
+
+def einshape(equation: str, x, assert_is_tile_preserving: bool = False, **sizes: int):
+    """Reshapes and transposes ``x`` as ``equation`` says, e.g. ``"m(nk)->nmk"``.
+
+    Parenthesised letters on the left are split (give all but one size as keyword
+    arguments); on the right they are merged.
+    """
+    x = jnp.asarray(x)
+    lhs, rhs = equation.split("->")
+    lg, rg = _parse_side(lhs), _parse_side(rhs)
+    if len(lg) != x.ndim:
+        raise ValueError(f"einshape {equation!r}: left side has {len(lg)} dims, x has {x.ndim}")
+    dim = dict(sizes)
+    for g, n in zip(lg, x.shape):
+        unknown = [a for a in g if a not in dim]
+        known = int(np.prod([dim[a] for a in g if a in dim], dtype=np.int64))
+        if len(unknown) > 1:
+            raise ValueError(f"einshape {equation!r}: give the sizes of {unknown[1:]}")
+        if unknown:
+            if n % known:
+                raise ValueError(f"einshape {equation!r}: {n} is not divisible by {known}")
+            dim[unknown[0]] = n // known
+        elif known != n:
+            raise ValueError(f"einshape {equation!r}: sizes {g} do not multiply to {n}")
+    la = [a for g in lg for a in g]
+    ra = [a for g in rg for a in g]
+    if sorted(la) != sorted(ra):
+        raise ValueError(f"einshape {equation!r}: both sides must name the same dims")
+    y = x.reshape([dim[a] for a in la])
+    perm = [la.index(a) for a in ra]
+    if perm != list(range(len(perm))):
+        y = jnp.transpose(y, perm)
+    return y.reshape([int(np.prod([dim[a] for a in g], dtype=np.int64)) for g in rg])
+
+
+# -- pack / unpack -----------------------------------------------------------------------------
+def _uint(bits: int):
+    return {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32}[bits]
+
+
+def _pack_impl(*xs, packed_dtype):
+    narrow = _bits(packed_dtype)
+    total = narrow * len(xs)
+    out_t = _uint(total) if total in (8, 16, 32) else None
+    if out_t is None:
+        raise ValueError(f"pack_elementwise: {len(xs)} x {narrow} bits do not fill a word")
+    acc = jnp.zeros(xs[0].shape, out_t)
+    for i, x in enumerate(xs):
+        bits = lax.bitcast_convert_type(x.astype(packed_dtype), _uint(max(narrow, 8)))
+        acc = acc | (bits.astype(out_t) << jnp.asarray(i * narrow, out_t))
+    return acc
+
+
+pack_elementwise_p = value_primitive("tpu_pack_elementwise", _pack_impl)
+
+
+def pack_elementwise(xs, *, packed_dtype):
+    """Converts each of ``xs`` to ``packed_dtype`` and packs them bitwise into one word.
+
+    Element ``i`` of the result holds ``xs[0][i]`` in its low bits, then ``xs[1][i]``, ...
+    The result is an unsigned integer array of the same shape.
+    """
+    xs = [jnp.asarray(x) for x in xs]
+    if len({x.shape for x in xs}) != 1:
+        raise ValueError("pack_elementwise: all inputs must have the same shape")
+    return pack_elementwise_p.bind(*xs, packed_dtype=jnp.dtype(packed_dtype))
+
+
+def _unpack_impl(x, *, index, packed_dtype, unpacked_dtype):
+    narrow = _bits(packed_dtype)
+    word = lax.bitcast_convert_type(x, _uint(_bits(x.dtype)))
+    part = (word >> jnp.asarray(index * narrow, word.dtype)) & jnp.asarray(
+        (1 << narrow) - 1, word.dtype)
+    sub = lax.bitcast_convert_type(part.astype(_uint(max(narrow, 8))), packed_dtype)
+    return sub.astype(unpacked_dtype)
+
+
+unpack_elementwise_p = value_primitive("tpu_unpack_elementwise", _unpack_impl)
+
+
+def unpack_elementwise(x, *, index, packed_dtype, unpacked_dtype):
+    """Extracts sub-element ``index`` (of type ``packed_dtype``) of each word of ``x``."""
+    x = jnp.asarray(x)
+    n = _bits(x.dtype) // _bits(packed_dtype)
+    if not 0 <= index < n:
+        raise ValueError(f"unpack_elementwise: index {index} out of range [0, {n})")
+    return unpack_elementwise_p.bind(x, index=int(index), packed_dtype=jnp.dtype(packed_dtype),
+                                     unpacked_dtype=jnp.dtype(unpacked_dtype))
+
+
+# -- stochastic rounding -----------------------------------------------------------------------
+def _stochastic_round_impl(x, random_bits, *, target_dtype):
+    target_dtype = jnp.dtype(target_dtype)
+    x = x.astype(jnp.float32)
+    drop = 32 - (jnp.finfo(target_dtype).nmant + 1 + jnp.finfo(target_dtype).nexp)
+    if target_dtype == jnp.float32 or drop <= 0:
+        return x.astype(target_dtype)
+    bits = lax.bitcast_convert_type(x, jnp.uint32)
+    mask = jnp.uint32((1 << drop) - 1)
+    noise = lax.bitcast_convert_type(random_bits, jnp.uint32) & mask
+    finite = jnp.isfinite(x)
+    rounded = (bits + noise) & ~mask
+    y = lax.bitcast_convert_type(jnp.where(finite, rounded, bits), jnp.float32)
+    return y.astype(target_dtype)
+
+
+stochastic_round_p = value_primitive("tpu_stochastic_round", _stochastic_round_impl)
+
+
+def stochastic_round(x, random_bits, *, target_dtype):
+    """Rounds float32 ``x`` to ``target_dtype`` (e.g. bf16) up or down at random.
+
+    The bits dropped by the narrowing decide: ``random_bits`` (uint32, same shape) are
+    added to them before truncation, so ``x`` rounds up with probability proportional
+    to its distance from the lower neighbour.
+    """
+    x, random_bits = jnp.asarray(x), jnp.asarray(random_bits)
+    if x.shape != random_bits.shape:
+        raise ValueError("stochastic_round: x and random_bits must have the same shape")
+    if jnp.dtype(target_dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16),
+                                       jnp.dtype(jnp.float32)):
+        raise NotImplementedError(
+            f"stochastic_round to {jnp.dtype(target_dtype)} is not implemented in "
+            f"pallas-tpu (backend mosaic_tpu); supported: bfloat16, float16, float32"
+        )
+    return stochastic_round_p.bind(x, random_bits, target_dtype=jnp.dtype(target_dtype))
+
+
+def to_pallas_key(key: jax.Array) -> jax.Array:
+    """The raw uint32 key data of a typed JAX PRNG key (for passing into kernels)."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(key)
+    return key

@@ -1,0 +1,167 @@
+"""The public surface: upstream's 66 names, types, CompilerParams, TpuInfo, the plugin."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas as pl
+import pallas.plugins
+import pallas_tpu as pltpu
+
+REFERENCE = Path(__file__).resolve().parents[4] / "shared/reference/upstream-api-jax-0.10.2.md"
+
+
+def _upstream_names():
+    if not REFERENCE.exists():
+        pytest.skip("shared/reference is not beside the repository")
+    text = REFERENCE.read_text().split("## `jax.experimental.pallas.tpu`")[1].split("\n## ")[0]
+    return re.findall(r"^- `(\w+)`", text, re.M)
+
+
+def test_all_upstream_names_present():
+    names = _upstream_names()
+    assert len(names) == 66
+    missing = [n for n in names if not hasattr(pltpu, n)]
+    assert not missing
+    assert set(names) == set(pltpu.UPSTREAM_NAMES)
+
+
+@pytest.mark.parametrize("name", [
+    "emit_pipeline_with_allocations",
+    "core_barrier", "get_barrier_semaphore", "matmul_acc_lhs",
+    "matmul_pop", "matmul_push_rhs", "sample_block", "BufferedRef", "BufferedRefBase",
+])
+def test_unimplemented_names_raise_naming_themselves(name):
+    with pytest.raises(NotImplementedError, match=rf"pltpu\.{name} .*mosaic_tpu"):
+        getattr(pltpu, name)()
+
+
+def test_unimplemented_names_are_listed_in_readme():
+    from pallas_tpu._src.unimplemented import NAMES
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for n in NAMES:
+        assert f"`{n}`" in readme, n
+
+
+def test_memory_spaces_make_memory_refs():
+    r = pltpu.VMEM((8, 128), jnp.float32)
+    assert isinstance(r, pl.MemoryRef)
+    assert r.shape == (8, 128) and r.dtype == jnp.float32
+    assert r.memory_space is pltpu.MemorySpace.VMEM
+    for f, space in [(pltpu.SMEM, "SMEM"), (pltpu.HBM, "HBM"), (pltpu.CMEM, "CMEM"),
+                     (pltpu.VMEM_SHARED, "VMEM_SHARED")]:
+        assert f((4,), jnp.int32).memory_space is pltpu.MemorySpace[space]
+    assert pltpu.MemorySpace.VMEM((2,), jnp.bfloat16).dtype == jnp.bfloat16
+    assert pltpu.SEMAPHORE((2,), None).memory_space.is_semaphore
+
+
+def test_semaphore_types():
+    s = pltpu.SemaphoreType.DMA((2,))
+    assert s.shape == (2,) and s.dtype == jnp.int32 and s.memory_space.is_semaphore
+    assert pltpu.SemaphoreType.REGULAR.get_memory_ref().shape == ()
+    assert pltpu.SemaphoreType.BARRIER(()).memory_space is pltpu.SemaphoreType.BARRIER
+
+
+def test_compiler_params():
+    p = pltpu.CompilerParams(dimension_semantics=("parallel", pltpu.ARBITRARY),
+                             vmem_limit_bytes=1 << 20, flags={"xla_tpu_foo": True})
+    assert p.BACKEND == "mosaic_tpu"
+    assert p.dimension_semantics == (pltpu.PARALLEL, pltpu.ARBITRARY)
+    assert p.flags_dict == {"xla_tpu_foo": True}
+    assert isinstance(p, pl.CompilerParams)
+    hash(p)
+    with pytest.raises(ValueError, match="dimension_semantics"):
+        pltpu.CompilerParams(dimension_semantics=("sideways",))
+    assert {s.value for s in pltpu.GridDimensionSemantics} >= {
+        "parallel", "arbitrary", "core_parallel", "subcore_parallel"}
+
+
+def test_prefetch_scalar_grid_spec_is_cores():
+    assert pltpu.PrefetchScalarGridSpec is pl.PrefetchScalarGridSpec
+
+
+@pytest.mark.parametrize("chip,cores,vmem,hbm_gib", [
+    (pltpu.ChipVersion.TPU_V4, 2, 16 << 20, 32),
+    (pltpu.ChipVersion.TPU_V5E, 1, 128 << 20, 16),
+    (pltpu.ChipVersion.TPU_V5P, 2, 95 << 20, 95),
+    (pltpu.ChipVersion.TPU_V6E, 1, 128 << 20, 32),
+    (pltpu.ChipVersion.TPU_7X, 2, 64 << 20, 192),
+])
+def test_tpu_info(chip, cores, vmem, hbm_gib):
+    info = pltpu.get_tpu_info_for_chip(chip, cores)
+    assert isinstance(info, pltpu.TpuInfo)
+    assert info.num_cores == cores and info.num_lanes == 128 and info.num_sublanes == 8
+    assert info.vmem_capacity_bytes == vmem
+    assert info.hbm_capacity_bytes == hbm_gib << 30
+    assert info.bf16_ops_per_second > 10**14
+    with pytest.raises(ValueError):
+        pltpu.get_tpu_info_for_chip(chip, cores + 1)
+
+
+def test_v6e_has_256_wide_mxu():
+    assert pltpu.get_tpu_info_for_chip(pltpu.ChipVersion.TPU_V6E, 1).mxu_column_size == 256
+    assert pltpu.get_tpu_info_for_chip(pltpu.ChipVersion.TPU_V5E, 1).mxu_column_size == 128
+
+
+def test_is_tpu_device_on_cpu():
+    assert pltpu.is_tpu_device() is False
+    with pytest.raises(RuntimeError, match="get_tpu_info_for_chip"):
+        pltpu.get_tpu_info()
+
+
+def test_plugin_is_discovered_through_its_entry_point():
+    backends = {b.name: b for b in pallas.plugins.list_backends()}
+    assert "mosaic_tpu" in backends, pallas.plugins.load_failures()
+    b = backends["mosaic_tpu"]
+    assert b.package == "pallas-tpu" and "tpu" in b.platforms
+    assert b.compiler_params_type is pltpu.CompilerParams
+    assert pallas.plugins.select_backend("tpu").name == "mosaic_tpu"
+    assert pallas.plugins.select_backend("cpu").name == "interpret"
+    assert pallas.plugins.select_backend(
+        "tpu", compiler_params=pltpu.CompilerParams()).name == "mosaic_tpu"
+
+
+def test_selecting_the_backend_on_cpu_runs_tpu_interpret_mode():
+    def k(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 2
+
+    f = pl.pallas_call(k, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                       compiler_params=pltpu.CompilerParams())
+    np.testing.assert_array_equal(f(jnp.zeros((8, 128))), 2)
+
+
+def test_force_tpu_interpret_mode_runs_on_cpu():
+    def k(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1
+
+    f = pl.pallas_call(k, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                       compiler_params=pltpu.CompilerParams())
+    with pltpu.force_tpu_interpret_mode():
+        out = f(jnp.zeros((8, 128)))
+    np.testing.assert_array_equal(out, 1)
+    pltpu.set_tpu_interpret_mode()
+    try:
+        np.testing.assert_array_equal(f(jnp.ones((8, 128))), 2)
+    finally:
+        pltpu.reset_tpu_interpret_mode_state()
+
+
+def test_interpret_params():
+    p = pltpu.InterpretParams(uninitialized_memory="zero")
+    hash(p)
+    with pytest.raises(NotImplementedError, match="detect_races"):
+        pltpu.InterpretParams(detect_races=True)
+
+    def k(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 3
+
+    out = pl.pallas_call(k, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                         interpret=pltpu.InterpretParams())(jnp.ones((8, 128)))
+    np.testing.assert_array_equal(out, 3)

@@ -1,0 +1,436 @@
+"""Lowering to Mosaic TPU on a CPU machine: structural checks on the emitted modules.
+
+Every test lowers with ``lowering_platforms=("tpu",)``; the ``lower_tpu`` fixture then
+decodes the Mosaic module carried by each ``tpu_custom_call``, deserialises it with the
+TPU dialect loaded and verifies it.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import pallas as pl
+import pallas_tpu as pltpu
+from pallas_tpu.inspect import backend_configs
+
+F32 = jnp.float32
+ANY = pltpu.MemorySpace.ANY
+
+
+def _one_block(kernel, *shapes, out=None, **kw):
+    """A grid-less pallas_call over whole arrays (for value-level op tests)."""
+    out = out or jax.ShapeDtypeStruct(shapes[0].shape, shapes[0].dtype)
+    return lambda *args: pl.pallas_call(kernel, out_shape=out, **kw)(*args)
+
+
+def _main(module):
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and str(op.attributes["sym_name"]) == '"main"':
+            return op
+    raise AssertionError("no @main")
+
+
+def test_elementwise_kernel(lower_tpu, ops):
+    def kernel(x_ref, y_ref, o_ref):
+        x, y = x_ref[...], y_ref[...]
+        z = jnp.where(x > y, jnp.exp(x) * 2.0, jnp.maximum(x, y) - jnp.tanh(y))
+        o_ref[...] = (z / (1.0 + jnp.abs(x))).astype(o_ref.dtype)
+
+    x = jnp.zeros((256, 512), F32)
+    f = lambda x, y: pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct(x.shape, jnp.bfloat16), grid=(2, 4),
+        in_specs=[pl.BlockSpec((128, 128), lambda i, j: (i, j))] * 2,
+        out_specs=pl.BlockSpec((128, 128), lambda i, j: (i, j)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+    )(x, y)
+    lowered, (m,) = lower_tpu(f, x, x)
+    names = collections.Counter(ops(m))
+    for op in ["arith.cmpf", "math.exp", "arith.maximumf", "math.tanh", "math.absf",
+               "arith.select", "arith.divf", "arith.truncf", "vector.load", "vector.store"]:
+        assert names[op] >= 1, op
+    main = _main(m)
+    assert str(main.attributes["iteration_bounds"]) == "array<i64: 2, 4>"
+    assert "parallel" in str(main.attributes["dimension_semantics"])
+    assert str(main.attributes["tpu.core_type"]) == "#tpu.core_type<tc>"
+    wp = str(main.attributes["window_params"])
+    assert wp.count("window_bounds = array<i64: 128, 128>") == 3
+    assert "@transform_0" in wp and "@transform_2" in wp
+    assert names["func.func"] == 4  # main + one transform per operand
+    text = lowered.as_text()
+    assert "tpu_custom_call" in text and 'kernel_name = "kernel"' in text
+    assert "bf16" in str(m)
+
+
+def test_matmul_3d_grid_with_accumulator(lower_tpu, ops, export_tpu):
+    def kernel(x_ref, y_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=F32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+    def matmul(x, y):
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((x.shape[0], y.shape[1]), x.dtype),
+            grid=(2, 2, 3),
+            in_specs=[pl.BlockSpec((128, 128), lambda i, j, k: (i, k)),
+                      pl.BlockSpec((128, 128), lambda i, j, k: (k, j))],
+            out_specs=pl.BlockSpec((128, 128), lambda i, j, k: (i, j)),
+            scratch_shapes=[pltpu.VMEM((128, 128), F32)],
+            compiler_params=pltpu.CompilerParams(
+                dimension_semantics=("parallel", "parallel", "arbitrary"),
+                vmem_limit_bytes=32 << 20),
+        )(x, y)
+
+    x = jnp.zeros((256, 384), jnp.bfloat16)
+    y = jnp.zeros((384, 256), jnp.bfloat16)
+    lowered, (m,) = lower_tpu(matmul, x, y)
+    names = collections.Counter(ops(m))
+    assert names["tpu.matmul"] == 1 and names["scf.if"] == 2
+    text = str(m)
+    assert "#tpu.dot_dimension_numbers<[1], [0], [0], [1], [0, 0, 1, 1], [], []>" in text
+    assert "vector<128x128xbf16>, vector<128x128xbf16>, vector<128x128xf32> -> vector<128x128xf32>" in text
+    main = _main(m)
+    assert str(main.attributes["scratch_operands"]) == "1 : i64"
+    assert "memref<128x128xf32, #tpu.memory_space<vmem>>" in str(main.type)
+    assert "arbitrary" in str(main.attributes["dimension_semantics"])
+    (cfg,) = backend_configs(lowered)
+    assert cfg["scoped_memory_configs"][0]["size"] == 32 << 20
+    export_tpu(matmul, x, y)
+
+
+@pytest.mark.parametrize("reduce,kind", [(jnp.sum, "add"), (jnp.max, "maximumf"),
+                                         (jnp.min, "minimumf")])
+def test_reductions(lower_tpu, ops, reduce, kind):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = reduce(x_ref[...], axis=1, keepdims=True) + reduce(x_ref[...])
+
+    x = jnp.zeros((8, 256), F32)
+    _, (m,) = lower_tpu(_one_block(kernel, x, out=jax.ShapeDtypeStruct((8, 1), F32)), x)
+    text = str(m)
+    assert f"vector.multi_reduction <{kind}>" in text
+    assert "[1] : vector<8x256xf32> to vector<8xf32>" in text
+    assert "[0, 1] : vector<8x256xf32> to f32" in text
+
+
+def test_int_reduction_and_iota(lower_tpu):
+    def kernel(x_ref, o_ref):
+        i = lax.broadcasted_iota(jnp.int32, x_ref.shape, 1)
+        o_ref[...] = jnp.max(x_ref[...] * i, axis=0, keepdims=True)
+
+    x = jnp.zeros((8, 128), jnp.int32)
+    _, (m,) = lower_tpu(_one_block(kernel, x, out=jax.ShapeDtypeStruct((1, 128), jnp.int32)), x)
+    text = str(m)
+    assert "tpu.iota" in text and "vector.multi_reduction <maxsi>" in text
+    assert "arith.muli" in text
+
+
+def test_fori_loop_and_while_loop(lower_tpu, ops):
+    def kernel(x_ref, o_ref):
+        def body(i, acc):
+            return acc + x_ref[pl.ds(pl.multiple_of(i * 8, 8), 8), :]
+
+        acc = lax.fori_loop(0, 4, body, jnp.zeros((8, 128), F32))
+        n = lax.while_loop(lambda c: c < 10, lambda c: c * 2 + 1, 1)
+        o_ref[...] = acc * n.astype(F32)
+
+    x = jnp.zeros((32, 128), F32)
+    _, (m,) = lower_tpu(_one_block(kernel, x, out=jax.ShapeDtypeStruct((8, 128), F32)), x)
+    names = collections.Counter(ops(m))
+    assert names["scf.for"] == 1 and names["scf.while"] == 1
+    assert names["tpu.assume_multiple"] == 1
+    assert "arith.index_cast" in names
+
+
+def test_scalar_prefetch_and_smem(lower_tpu, ops):
+    def kernel(idx_ref, x_ref, o_ref):
+        s = idx_ref[pl.program_id(0)]
+        o_ref[...] = x_ref[...] * s.astype(F32)
+
+    def f(idx, x):
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1, grid=(4,),
+                in_specs=[pl.BlockSpec((8, 128), lambda i, idx: (idx[i], 0))],
+                out_specs=pl.BlockSpec((8, 128), lambda i, idx: (i, 0))),
+        )(idx, x)
+
+    idx = jnp.zeros((4,), jnp.int32)
+    x = jnp.zeros((32, 128), F32)
+    _, (m,) = lower_tpu(f, idx, x)
+    main = _main(m)
+    assert str(main.attributes["scalar_prefetch"]) == "1 : i64"
+    assert "memref<4xi32, #tpu.memory_space<smem>>" in str(main.type)
+    # The index map reads the prefetched ref in its transform function.
+    transform0 = [op for op in m.body.operations
+                  if str(op.attributes["sym_name"]) == '"transform_0"'][0]
+    assert "memref.load" in str(transform0)
+    assert "memref.load" in ops(m)
+
+
+def test_squeezed_block_dims(lower_tpu):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1.0
+
+    def f(x):
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(4,),
+            in_specs=[pl.BlockSpec((None, 8, 128), lambda b: (b, 0, 0))],
+            out_specs=pl.BlockSpec((pl.squeezed, 8, 128), lambda b: (b, 0, 0)),
+        )(x)
+
+    x = jnp.zeros((4, 8, 128), F32)
+    _, (m,) = lower_tpu(f, x)
+    text = str(m)
+    assert "window_bounds = array<i64: 1, 8, 128>" in text
+    assert "vector<1x8x128xf32>" in text and "vector.shape_cast" in text
+
+
+def test_double_buffered_dma(lower_tpu, ops, export_tpu):
+    def kernel(x_hbm, o_ref, buf, sem):
+        i, n = pl.program_id(0), pl.num_programs(0)
+        slot = i % 2
+
+        def copy(j, s):
+            return pltpu.make_async_copy(x_hbm.at[pl.ds(j * 8, 8)], buf.at[s], sem.at[s])
+
+        @pl.when(i == 0)
+        def _():
+            copy(0, 0).start()
+
+        @pl.when(i + 1 < n)
+        def _():
+            copy(i + 1, 1 - slot).start()
+
+        copy(i, slot).wait()
+        o_ref[...] = buf[slot]
+
+    def f(x):
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(8,),
+            in_specs=[pl.BlockSpec(memory_space=ANY)],
+            out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+            scratch_shapes=[pltpu.VMEM((2, 8, 128), F32), pltpu.SemaphoreType.DMA((2,))],
+        )(x)
+
+    x = jnp.zeros((64, 128), F32)
+    lowered, (m,) = lower_tpu(f, x)
+    names = collections.Counter(ops(m))
+    assert names["tpu.enqueue_dma"] == 2 and names["tpu.wait_dma2"] == 1
+    assert names["tpu.memref_slice"] >= 6 and names["tpu.memref_squeeze"] >= 4
+    main = _main(m)
+    sig = str(main.type)
+    assert "memref<64x128xf32, #tpu.memory_space<any>>" in sig
+    assert "memref<2x!tpu.dma_semaphore, #tpu.memory_space<semaphore_mem>>" in sig
+    wp = str(main.attributes["window_params"])
+    assert wp.startswith("[{}, {transform_indices")  # the ANY operand has no window
+    assert "tpu_custom_call" in export_tpu(f, x).mlir_module()
+
+
+def test_semaphores_and_run_scoped(lower_tpu, ops):
+    def kernel(x_hbm, o_hbm):
+        def body(buf, dma_sem, sem):
+            pltpu.async_copy(x_hbm, buf, dma_sem).wait()
+            pl.semaphore_signal(sem, 2)
+            pl.semaphore_wait(sem, 2)
+            pltpu.sync_copy(buf, o_hbm)
+
+        pl.run_scoped(body, pltpu.VMEM((8, 128), F32), pltpu.SemaphoreType.DMA,
+                      pltpu.SemaphoreType.REGULAR)
+
+    x = jnp.zeros((8, 128), F32)
+    f = _one_block(kernel, x, in_specs=[pl.BlockSpec(memory_space=ANY)],
+                   out_specs=pl.BlockSpec(memory_space=ANY))
+    _, (m,) = lower_tpu(f, x)
+    names = collections.Counter(ops(m))
+    assert names["tpu.region"] == 2  # the outer run_scoped and sync_copy's own
+    assert names["tpu.sem_alloc"] == 3 and names["memref.alloca"] == 1
+    assert names["tpu.sem_signal"] == 1 and names["tpu.sem_wait"] == 1
+    assert names["tpu.enqueue_dma"] == 2 and names["tpu.wait_dma2"] == 2
+
+
+def test_tpu_value_primitives(lower_tpu, ops):
+    def kernel(x_ref, i_ref, o_ref, b_ref, r_ref):
+        x = x_ref[...]
+        o_ref[...] = pltpu.roll(x, 3, 1) + pltpu.roll(x, i_ref[0, 0], 0)
+        b_ref[...] = pltpu.bitcast(x, jnp.int32)
+        pltpu.prng_seed(i_ref[0, 0])
+        bits = pltpu.prng_random_bits(x.shape)
+        r_ref[...] = pltpu.stochastic_round(x, bits, target_dtype=jnp.bfloat16)
+        pltpu.trace_value("x", x_ref[0, 0])
+
+    x = jnp.zeros((8, 128), F32)
+    i = jnp.zeros((8, 128), jnp.int32)
+    outs = (jax.ShapeDtypeStruct((8, 128), F32), jax.ShapeDtypeStruct((8, 128), jnp.int32),
+            jax.ShapeDtypeStruct((8, 128), jnp.bfloat16))
+    _, (m,) = lower_tpu(_one_block(kernel, x, out=outs), x, i)
+    names = collections.Counter(ops(m))
+    assert names["tpu.dynamic_rotate"] == 2 and names["tpu.bitcast"] == 1
+    assert names["tpu.prng_set_seed_32"] == 1 and names["tpu.prng_random_bits"] == 1
+    assert names["tpu.stochastic_convert"] == 1 and names["tpu.trace_value"] == 1
+
+
+def test_more_elementwise_and_reductions(lower_tpu, ops):
+    def kernel(x_ref, i_ref, o_ref, j_ref):
+        x, i = x_ref[...], i_ref[...]
+        y = jnp.arcsin(jnp.clip(x, -1, 1)) + jnp.arctan2(x, 2.0) + jnp.round(x) + jnp.sinh(x)
+        y = jnp.where(jnp.isfinite(x), y, 0.0) * jnp.prod(x, axis=0, keepdims=True)
+        o_ref[...] = jnp.concatenate([y[:, :64] * 0 + y[:, 64:], y[:, 64:]], axis=1)
+        j_ref[...] = jnp.sign(i) + lax.population_count(i) + lax.clz(i)
+
+    x = jnp.zeros((8, 128), F32)
+    i = jnp.zeros((8, 128), jnp.int32)
+    _, (m,) = lower_tpu(_one_block(kernel, x, out=(jax.ShapeDtypeStruct(x.shape, F32),
+                                                   jax.ShapeDtypeStruct(i.shape, jnp.int32))),
+                        x, i)
+    names = collections.Counter(ops(m))
+    for op in ["math.asin", "math.atan2", "math.roundeven", "math.sinh", "math.isfinite",
+               "math.ctpop", "math.ctlz", "tpu.concatenate", "vector.multi_reduction"]:
+        assert names[op] >= 1, op
+    assert "vector.multi_reduction <mul>" in str(m)
+
+
+def test_batched_matmul_and_argmax(lower_tpu, ops):
+    def kernel(x_ref, y_ref, o_ref, a_ref):
+        o_ref[...] = jnp.einsum("bmk,bkn->bmn", x_ref[...], y_ref[...],
+                                preferred_element_type=F32)
+        a_ref[...] = jnp.argmax(o_ref[0], axis=1, keepdims=True).astype(jnp.int32)
+
+    x = jnp.zeros((2, 8, 128), F32)
+    outs = (jax.ShapeDtypeStruct((2, 8, 128), F32), jax.ShapeDtypeStruct((8, 1), jnp.int32))
+    _, (m,) = lower_tpu(_one_block(kernel, x, out=outs), x, jnp.zeros((2, 128, 128), F32))
+    text = str(m)
+    assert "#tpu.dot_dimension_numbers<[2], [1], [1], [2], [0, 0, 0, 1, 1, 2], [0], [0]>" in text
+    assert "vector.multi_reduction <minsi>" in text and "tpu.iota" in text
+
+
+def test_transpose_and_masked_store(lower_tpu, ops):
+    def kernel(x_ref, o_ref):
+        xt = x_ref[...].T
+        mask = lax.broadcasted_iota(jnp.int32, xt.shape, 0) < 64
+        pl.store(o_ref, xt, mask=mask)
+
+    x = jnp.zeros((128, 128), F32)
+    _, (m,) = lower_tpu(_one_block(kernel, x), x)
+    names = collections.Counter(ops(m))
+    assert names["tpu.transpose"] == 1 and names["tpu.vector_store"] == 1
+
+
+def test_input_output_aliases_reach_the_custom_call(lower_tpu):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    x = jnp.zeros((8, 128), F32)
+    lowered, _ = lower_tpu(_one_block(kernel, x, input_output_aliases={0: 0}), x)
+    assert "output_operand_aliases" in lowered.as_text()
+
+
+# -- trace-time errors ------------------------------------------------------------------------
+
+
+def _blocked(block, shape=(64, 256), dtype=F32, kernel=None):
+    kernel = kernel or (lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...]))
+    grid = tuple(s // b for s, b in zip(shape, block))
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct(shape, dtype), grid=grid,
+        in_specs=[pl.BlockSpec(block, lambda i, j: (i, j))],
+        out_specs=pl.BlockSpec(block, lambda i, j: (i, j)),
+        compiler_params=pltpu.CompilerParams(),
+    )
+
+
+def test_block_shape_rule_is_enforced_at_trace_time():
+    x = jnp.zeros((64, 256), F32)
+    with pytest.raises(ValueError, match=r"args\[0\].*last block dimension 64 must be divisible by 128"):
+        jax.eval_shape(_blocked((8, 64)), x)
+    with pytest.raises(ValueError, match="second-to-last block dimension 4 must be divisible by 8"):
+        jax.eval_shape(_blocked((4, 128)), x)
+    jax.eval_shape(_blocked((8, 128)), x)  # fine
+    jax.eval_shape(_blocked((64, 256)), x)  # full dims are fine
+
+
+def test_unsupported_dtypes_are_rejected_at_trace_time():
+    x = jnp.zeros((64, 256), jnp.int4)
+    with pytest.raises(TypeError, match="int4.*sub-byte"):
+        jax.eval_shape(_blocked((8, 128), dtype=jnp.int4), x)
+
+
+def test_unsupported_primitive_is_rejected_at_trace_time():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.cumsum(x_ref[...], axis=0)
+
+    with pytest.raises(NotImplementedError, match="cumsum.*mosaic_tpu.*interpret=True"):
+        jax.eval_shape(_blocked((8, 128), kernel=kernel), jnp.zeros((64, 256), F32))
+
+
+def test_dimension_semantics_must_match_grid():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), F32), grid=(1,),
+                       compiler_params=pltpu.CompilerParams(
+                           dimension_semantics=("parallel", "parallel")))
+    with pytest.raises(ValueError, match="2 entries but the grid"):
+        jax.eval_shape(f, jnp.zeros((8, 128), F32))
+
+
+def test_unsupported_transpose_fails_with_a_clear_lowering_error(lower_tpu):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.transpose(x_ref[...], (1, 0, 2))
+
+    x = jnp.zeros((8, 8, 128), F32)
+    with pytest.raises(pltpu.LoweringException, match=r"transpose.*last two"):
+        lower_tpu(_one_block(kernel, x), x)
+
+
+def test_strided_loads_and_narrow_matmul_results(lower_tpu, ops):
+    def kernel(x_ref, y_ref, o_ref, s_ref):
+        o_ref[...] = jnp.dot(x_ref[...], y_ref[...])  # bf16 result: f32 acc, then truncf
+        s_ref[...] = x_ref[pl.ds(0, 8, stride=2), :].astype(F32)
+
+    x = jnp.zeros((16, 128), jnp.bfloat16)
+    y = jnp.zeros((128, 128), jnp.bfloat16)
+    outs = (jax.ShapeDtypeStruct((16, 128), jnp.bfloat16), jax.ShapeDtypeStruct((8, 128), F32))
+    _, (m,) = lower_tpu(_one_block(kernel, x, out=outs), x, y)
+    names = collections.Counter(ops(m))
+    assert names["tpu.strided_load"] == 1 and names["tpu.matmul"] == 1
+    assert "-> vector<16x128xf32>" in str(m) and names["arith.truncf"] >= 1
+
+
+def test_smem_needs_32_bit_values():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.bfloat16),
+                       in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+                       compiler_params=pltpu.CompilerParams())
+    with pytest.raises(TypeError, match="SMEM holds 32-bit values"):
+        jax.eval_shape(f, jnp.zeros((8, 128), jnp.bfloat16))
+
+
+def test_remote_copy_lowers_with_device_id(lower_tpu, ops):
+    def kernel(x_hbm, o_hbm, send, recv):
+        c = pltpu.make_async_remote_copy(x_hbm, o_hbm, send, recv, device_id=1,
+                                         device_id_type=pl.DeviceIdType.LOGICAL)
+        c.start()
+        c.wait()
+
+    x = jnp.zeros((8, 128), F32)
+    f = _one_block(kernel, x, in_specs=[pl.BlockSpec(memory_space=ANY)],
+                   out_specs=pl.BlockSpec(memory_space=ANY),
+                   scratch_shapes=[pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA])
+    lowered, (m,) = lower_tpu(f, x)
+    text = str(m)
+    assert "tpu.enqueue_dma" in text and "source_semaphore" in text and "device_id" in text
+    assert collections.Counter(ops(m))["tpu.wait_dma2"] == 2  # send and receive
+    assert backend_configs(lowered)[0]["custom_call_config"].get("has_communication") is True

@@ -1,0 +1,55 @@
+"""``create_tensorcore_mesh`` with ``pl.kernel``, and ``run_on_first_core``."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas as pl
+import pallas_tpu as pltpu
+
+
+def _scale_rows(mesh, x):
+    @pl.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=mesh,
+               scratch_types=[pltpu.VMEM((8, 128), jnp.float32),
+                              pltpu.SMEM((1,), jnp.int32)])
+    def kernel(x_hbm, o_hbm, buf, flag):
+        core = jax.lax.axis_index("core")
+        pltpu.sync_copy(x_hbm.at[pl.ds(core * 8, 8)], buf)
+        flag[0] = 0
+
+        @pltpu.run_on_first_core("core")
+        def _():
+            flag[0] = 1
+
+        buf[...] = buf[...] * 2.0 + flag[0].astype(jnp.float32)
+        pltpu.sync_copy(buf, o_hbm.at[pl.ds(core * 8, 8)])
+
+    return kernel(x)
+
+
+def test_tensorcore_mesh_in_the_interpreter():
+    mesh = pltpu.create_tensorcore_mesh("core", num_cores=2)
+    assert mesh.shape == {"core": 2} and mesh.backend == "mosaic_tpu"
+    x = jnp.arange(16 * 128, dtype=jnp.float32).reshape(16, 128)
+    out = _scale_rows(mesh, x)
+    want = x * 2.0 + jnp.repeat(jnp.array([1.0, 0.0]), 8)[:, None]
+    np.testing.assert_allclose(out, want)
+
+
+def test_tensorcore_mesh_lowers_core_parallel(lower_tpu):
+    mesh = pltpu.create_tensorcore_mesh("core", num_cores=2)
+    x = jnp.zeros((16, 128), jnp.float32)
+    _, (m,) = lower_tpu(lambda a: _scale_rows(mesh, a), x)
+    text = str(m)
+    assert "#tpu.dimension_semantics<core_parallel>" in text
+    assert "iteration_bounds = array<i64: 2>" in text
+    assert "memref<1xi32, #tpu.memory_space<smem>>" in text
+
+
+def test_mesh_defaults_to_one_core_off_tpu():
+    assert pltpu.create_tensorcore_mesh("c").num_cores == 1
+    with pytest.raises(ValueError):
+        pltpu.create_tensorcore_mesh("c", num_cores=0)
