@@ -14,7 +14,12 @@ from pallas._src.jax_compat import axis_index_p
 from pallas._src.memory import MemoryRef, MemorySpace, SemaphoreSpace, is_semaphore_space
 from pallas._src.mesh import CoreMesh, Mesh, core_map_p
 from pallas._src.pallas_call import lower_with_interpreter, pallas_call_p
-from pallas._src.primitives.debug import debug_check_p, debug_print_p, delay_p
+from pallas._src.primitives.debug import (
+    debug_check_p,
+    debug_print_p,
+    delay_p,
+    kernel_debug_effect,
+)
 from pallas._src.primitives.grid import num_programs_p, program_id_p
 from pallas._src.primitives.hints import multiple_of_p
 from pallas._src.primitives.load_store import load_p, swap_p
@@ -52,7 +57,7 @@ __all__ = [
     "PRIMITIVES", "BlockMapping", "Blocked", "BoundedSlice", "Checks", "Element",
     "GridMapping", "MemoryRef", "MemorySpace", "SemaphoreSpace", "Squeezed",
     "axis_index_p", "core_map_p", "debug_check_p", "debug_print_p", "delay_p",
-    "eval_jaxpr", "fresh_cell", "interpret_pallas_call", "interpret_rules",
+    "eval_jaxpr", "fresh_cell", "kernel_debug_effect", "interpret_pallas_call", "interpret_rules",
     "is_semaphore_space", "load_p", "lower_with_interpreter", "multiple_of_p",
     "num_programs_p", "pallas_call_p", "program_id_p", "run_scoped_p",
     "semaphore_read_p", "semaphore_signal_p", "semaphore_wait_p", "swap_p",

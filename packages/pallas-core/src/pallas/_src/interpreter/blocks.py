@@ -24,6 +24,10 @@ def own_padding(bm) -> tuple[tuple[int, int], ...]:
             pads.append((0, -(-n // d.block_size) * d.block_size - n))
         elif isinstance(d, bs.Element):
             pads.append(tuple(d.padding))
+        elif isinstance(d, bs.BoundedSlice):
+            # A slice may start anywhere in the array; room for a whole block after it
+            # keeps dynamic_slice from clamping the start.
+            pads.append((0, d.block_size))
         else:
             pads.append((0, 0))
     return tuple(pads)
