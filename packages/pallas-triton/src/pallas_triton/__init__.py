@@ -1,0 +1,60 @@
+"""Pallas on Triton: lowers Pallas kernels to ``triton.language`` for NVIDIA GPUs.
+
+``import pallas_triton as pltriton`` mirrors upstream ``jax.experimental.pallas.triton``;
+``pltriton.inspect(f, *args)`` shows the generated Triton kernel.
+"""
+
+from pallas_triton.__about__ import __version__
+from pallas_triton._src.api import (
+    CompilerParams,
+    PallasCall,
+    approx_tanh,
+    dot,
+    find_pallas_calls,
+    inspect,
+    load,
+    lower,
+    max_contiguous,
+    store,
+)
+from pallas_triton._src.codegen import TritonLoweringError
+from pallas_triton._src.compile import CompiledKernel, compile_lowered
+from pallas_triton._src.emulate import emulate_lowered
+from pallas_triton._src.lowering import LoweredKernel
+from pallas_triton._src.primitives import (
+    atomic_add,
+    atomic_and,
+    atomic_cas,
+    atomic_max,
+    atomic_min,
+    atomic_or,
+    atomic_xchg,
+    atomic_xor,
+    debug_barrier,
+    elementwise_inline_asm,
+)
+
+
+def compile(f, *args, compute_capability: int = 80, **kwargs) -> list[CompiledKernel]:  # noqa: A001
+    """Compiles every ``pallas_call`` of ``f(*args)`` with ``triton.compile`` (no GPU needed)."""
+    return [compile_lowered(k, compute_capability) for k in lower(f, *args, **kwargs)]
+
+
+def emulate(f, *args, **kwargs):
+    """Runs ``f``'s single ``pallas_call`` under Triton's interpreter; returns its outputs.
+
+    The arguments are the ``pallas_call``'s operands (scalar prefetch first).
+    """
+    (k,) = lower(f, *args, **kwargs)
+    outs = emulate_lowered(k, *args)
+    return outs[0] if len(outs) == 1 else outs
+
+
+__all__ = [
+    "CompiledKernel", "CompilerParams", "LoweredKernel", "PallasCall", "TritonLoweringError",
+    "__version__", "approx_tanh", "atomic_add", "atomic_and", "atomic_cas", "atomic_max",
+    "atomic_min", "atomic_or", "atomic_xchg", "atomic_xor", "compile", "debug_barrier",
+    "elementwise_inline_asm", "compile_lowered", "dot", "emulate",
+    "emulate_lowered", "find_pallas_calls", "inspect", "load", "lower", "max_contiguous",
+    "store",
+]

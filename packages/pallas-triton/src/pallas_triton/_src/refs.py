@@ -1,0 +1,283 @@
+"""Reads and writes of refs: ``ref[...]``, ``pl.ds`` slices, masks, edge blocks.
+
+A pointer-backed ref becomes ``base + sum(index_d * stride_d)`` over the array
+dimensions, where ``index_d`` is the block's start (from the BlockSpec's index map)
+plus the position inside the block; dimensions that can leave the array (edge blocks,
+``Element`` padding, ``BoundedSlice``) add a mask. A register-backed ref (scratch) is a
+variable that is read and reassigned whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from pallas_triton._src import jax_compat as jc
+from pallas_triton._src.codegen import (
+    Emitter,
+    GlobalRef,
+    LocalRef,
+    TritonLoweringError,
+    Value,
+    check_pow2,
+    dtype_name,
+    expand,
+    literal_operand,
+    tl_dtype,
+    unsupported,
+)
+
+
+@dataclasses.dataclass
+class _Range:
+    start: str  # offset inside the ref dimension
+    stride: int
+    size: int
+
+
+@dataclasses.dataclass
+class _Point:
+    index: str
+
+
+def _as_expr(x) -> str:
+    if isinstance(x, Value):
+        if x.shape:
+            raise unsupported(
+                "indexing a ref with an array of indices (gather/scatter)",
+                "load the block and use jnp.take on it, or index with pl.ds",
+            )
+        return literal_operand(x)
+    return repr(int(x))
+
+
+def _add(a: str, b: str) -> str:
+    if a == "0":
+        return b
+    if b == "0":
+        return a
+    return f"({a} + {b})"
+
+
+def _mul(a: str, k: int) -> str:
+    if k == 1 or a == "0":
+        return a
+    return f"({a} * {k})"
+
+
+def _view(shape, transforms) -> list:
+    view = [_Range("0", 1, int(n)) for n in shape]
+    for t in transforms:
+        if not isinstance(t, jc.NDIndexer):
+            raise unsupported(
+                f"the ref transform {type(t).__name__}",
+                "index refs with ref[...], ref.at[...] and pl.ds",
+            )
+        ranged = [i for i, v in enumerate(view) if isinstance(v, _Range)]
+        if len(t.indices) != len(ranged):
+            raise TritonLoweringError(f"indexer {t} does not match the ref view")
+        new = list(view)
+        for pos, idx in zip(ranged, t.indices):
+            cur = view[pos]
+            if isinstance(idx, jc.Slice):
+                if isinstance(idx.size, Value):
+                    raise unsupported("a pl.ds slice with a traced size", "use a static size")
+                start = _as_expr(idx.start)
+                new[pos] = _Range(_add(cur.start, _mul(start, cur.stride)),
+                                  cur.stride * int(idx.stride), int(idx.size))
+            else:
+                new[pos] = _Point(_add(cur.start, _mul(_as_expr(idx), cur.stride)))
+        view = new
+    return view
+
+
+def _result_shape(view) -> tuple[int, ...]:
+    return tuple(v.size for v in view if isinstance(v, _Range))
+
+
+def _address(em: Emitter, ref: GlobalRef, transforms):
+    """Pointer and mask expressions (names) for ``ref`` viewed through ``transforms``."""
+    view = _view(ref.shape, transforms)
+    shape = _result_shape(view)
+    check_pow2(shape, f"a read or write of the block of {ref.origin}")
+    rank = len(shape)
+    terms, conds = [], []
+    it = iter(view)
+    axis = 0
+    for stride, dim in zip(ref.strides, ref.dims):
+        if dim.squeezed:
+            elem, inner = dim.start, None
+        else:
+            v = next(it)
+            if isinstance(v, _Point):
+                inner = v.index
+            else:
+                ar = f"tl.arange(0, {v.size})"
+                if v.stride != 1:
+                    ar = f"{ar} * {v.stride}"
+                inner = expand(_add(v.start, ar) if v.start != "0" else ar, axis, rank)
+                axis += 1
+            elem = _add(dim.start, inner)
+        if dim.extent > 1 or dim.start != "0" or (inner not in (None, "0")):
+            terms.append(_mul(elem, int(stride)))
+        if dim.mask_hi:
+            conds.append(_cond(elem, "<", str(dim.extent)))
+        if dim.mask_lo:
+            conds.append(_cond(elem, ">=", "0"))
+        if dim.bound is not None and inner is not None:
+            conds.append(_cond(inner, "<", dim.bound))
+    conds = [c for c in conds if c is not None]
+    if rank and conds:
+        # Compare full-shape index tensors, so that every mask has the block's shape
+        # even when only scalar (squeezed or integer-indexed) dimensions need one.
+        zeros = em.fresh("zeros")
+        em.line(f"{zeros} = tl.zeros({list(shape)}, tl.int32)")
+        conds = [c if c is None else c.replace("(", f"({zeros} + ", 1) for c in conds]
+    offset = " + ".join(terms) if terms else "0"
+    ptr = em.fresh("ptr")
+    em.line(f"{ptr} = {ref.ptr} + {offset}")
+    mask = None
+    if conds:
+        mask = em.fresh("mask")
+        em.line(f"{mask} = " + " & ".join(conds))
+    return ptr, mask, shape
+
+
+def _cond(lhs: str, op: str, rhs: str) -> str | None:
+    """``(lhs op rhs)``, or None when both sides are integer constants and it holds."""
+    try:
+        a, b = int(lhs), int(rhs)
+    except ValueError:
+        return f"({lhs} {op} {rhs})"
+    holds = a < b if op == "<" else a >= b
+    return None if holds else "(tl.zeros([], tl.int1))"
+
+
+def _combine_masks(em: Emitter, a: str | None, b: Value | None, shape) -> str | None:
+    if b is None:
+        return a
+    if a is None:
+        return b.expr
+    name = em.fresh("mask")
+    em.line(f"{name} = {a} & {b.expr}")
+    return name
+
+
+def load(em: Emitter, ref, transforms, *, mask: Value | None = None,
+         other: Value | None = None, extra: str = "") -> Value:
+    if isinstance(ref, LocalRef):
+        return _local_get(em, ref, transforms, mask)
+    ptr, bmask, shape = _address(em, ref, transforms)
+    m = _combine_masks(em, bmask, mask, shape)
+    args = [ptr]
+    if m is not None:
+        args.append(f"mask={m}")
+        fill = other.expr if other is not None else "0"
+        args.append(f"other={fill}")
+    if extra:
+        args.append(extra)
+    return em.assign(f"tl.load({', '.join(args)})", shape, ref.dtype)
+
+
+def store(em: Emitter, ref, transforms, val: Value, *, mask: Value | None = None,
+          want_old: bool = True, extra: str = "") -> Value | None:
+    """Writes ``val``; returns the previous contents when ``want_old``."""
+    if isinstance(ref, LocalRef):
+        return _local_swap(em, ref, transforms, val, mask)
+    old = None
+    if want_old:
+        old = load(em, ref, transforms, mask=mask)
+    ptr, bmask, shape = _address(em, ref, transforms)
+    m = _combine_masks(em, bmask, mask, shape)
+    v = literal_operand(val)
+    if val.literal or (val.shape == () and shape != ()):
+        v = f"tl.full({list(shape)}, {v}, {tl_dtype(ref.dtype)})"
+    args = [ptr, v]
+    if m is not None:
+        args.append(f"mask={m}")
+    if extra:
+        args.append(extra)
+    em.line(f"tl.store({', '.join(args)})")
+    return old
+
+
+def atomic(em: Emitter, op: str, ref, transforms, val: Value, *, mask: Value | None,
+           cmp: Value | None = None, sem: str | None = None) -> Value:
+    if isinstance(ref, LocalRef):
+        raise unsupported("atomics on scratch buffers", "use atomics on output refs")
+    ptr, bmask, shape = _address(em, ref, transforms)
+    m = _combine_masks(em, bmask, mask, shape)
+    args = [ptr]
+    if cmp is not None:
+        args.append(literal_operand(cmp))
+    args.append(literal_operand(val))
+    if m is not None and cmp is None:
+        args.append(f"mask={m}")
+    if sem:
+        args.append(f'sem="{sem}"')
+    return em.assign(f"tl.atomic_{op}({', '.join(args)})", shape, ref.dtype)
+
+
+def _local_view(ref: LocalRef, transforms):
+    """The view as (kept dims, point dims {dim: index}); partial ranges are unsupported."""
+    view = _view(ref.shape, transforms)
+    points = {}
+    for d, (v, n) in enumerate(zip(view, ref.shape)):
+        if isinstance(v, _Point):
+            points[d] = v.index
+        elif not (v.start == "0" and v.stride == 1 and v.size == n):
+            raise unsupported(
+                f"a partial slice of the scratch buffer {ref.origin}",
+                "read and write scratch buffers whole (ref[...]) or at integer indices")
+    return points
+
+
+def _selector(d: int, idx: str, n: int, rank: int) -> str:
+    return f"({expand(f'tl.arange(0, {n})', d, rank)} == {idx})"
+
+
+def _local_get(em, ref: LocalRef, transforms, mask):
+    points = _local_view(ref, transforms)
+    if not points:
+        return Value(ref.var, ref.shape, ref.dtype)
+    rank = len(ref.shape)
+    cur = ref.var
+    if dtype_name(ref.dtype) == "bfloat16":
+        cur = f"{cur}.to(tl.float32)"
+    shape = list(ref.shape)
+    # Select the indexed elements by masking and summing, highest dimension first.
+    for d in sorted(points, reverse=True):
+        zero = "False" if dtype_name(ref.dtype) == "bool" else "0"
+        cur = f"tl.sum(tl.where({_selector(d, points[d], ref.shape[d], rank)}, {cur}, {zero}), axis={d})"
+        del shape[d]
+        rank -= 1
+        cur = em.assign(cur, tuple(shape), ref.dtype).expr
+    return em.assign(f"{cur}.to({tl_dtype(ref.dtype)})", tuple(shape), ref.dtype)
+
+
+def _local_swap(em, ref: LocalRef, transforms, val: Value, mask):
+    points = _local_view(ref, transforms)
+    old = _local_get(em, ref, transforms, None) if points else em.assign(
+        ref.var, ref.shape, ref.dtype)
+    rank = len(ref.shape)
+    new = literal_operand(val)
+    kept = [d for d in range(rank) if d not in points]
+    if val.shape == () and kept:
+        new = f"tl.full({[ref.shape[d] for d in kept]}, {new}, {tl_dtype(ref.dtype)})"
+    if mask is not None:
+        new = f"tl.where({mask.expr}, {new}, {old.expr})"
+    if points:
+        if kept:
+            idx = ", ".join("None" if d in points else ":" for d in range(rank))
+            new = f"({new})[{idx}]"
+        sel = " & ".join(_selector(d, i, ref.shape[d], rank) for d, i in points.items())
+        new = f"tl.where({sel}, {new}, {ref.var})"
+    elif val.shape != ref.shape:
+        new = f"tl.full({list(ref.shape)}, {new}, {tl_dtype(ref.dtype)})"
+    em.line(f"{ref.var} = {new}")
+    return old
+
+
+def unflatten_transforms(tree, leaves):
+    return jax.tree_util.tree_unflatten(tree, list(leaves))

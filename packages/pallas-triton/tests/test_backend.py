@@ -1,0 +1,155 @@
+"""The plugin, tensor cores in the PTX, the cuda lowering, and the errors."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas as pl
+import pallas.plugins
+import pallas_triton as pltriton
+
+
+def test_plugin_is_discovered_through_its_entry_point():
+    b = pallas.plugins.get_backend("triton")
+    assert b.name == "triton" and b.package == "pallas-triton"
+    assert b.version == pltriton.__version__
+    assert "cuda" in b.platforms
+    assert b.compiler_params_type is pltriton.CompilerParams
+    assert {"lower", "compile", "emulate"} <= set(b.levels)
+    assert "triton" in [x.name for x in pallas.plugins.list_backends()]
+
+
+def test_compiler_params_select_the_backend():
+    params = pltriton.CompilerParams(num_warps=8, num_stages=2)
+    assert params.BACKEND == "triton"
+    assert pallas.plugins.select_backend("cuda", compiler_params=params).name == "triton"
+    assert pallas.plugins.select_backend("cuda", backend="triton").name == "triton"
+
+
+def _matmul(bm, bn, bk, dtype=jnp.bfloat16, num_warps=4):
+    def kernel(a_ref, b_ref, o_ref):
+        o_ref[...] = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+    f = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((2 * bm, 2 * bn), jnp.float32), grid=(2, 2),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j: (i, 0)),
+                  pl.BlockSpec((bk, bn), lambda i, j: (0, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps))
+    a = jnp.ones((2 * bm, bk), dtype)
+    b = jnp.ones((bk, 2 * bn), dtype)
+    return f, (a, b)
+
+
+def test_bf16_dot_uses_tensor_cores_on_sm80():
+    f, args = _matmul(64, 64, 32)
+    (k,) = pltriton.compile(f, *args, compute_capability=80)
+    assert "mma.sync" in k.ptx
+    assert k.uses_tensor_cores()
+
+
+def test_bf16_dot_uses_wgmma_on_sm90():
+    f, args = _matmul(64, 64, 32)
+    (k,) = pltriton.compile(f, *args, compute_capability=90)
+    assert "wgmma" in k.ptx
+
+
+def test_inspect_shows_the_generated_kernel():
+    f, args = _matmul(32, 32, 32)
+    src = pltriton.inspect(f, *args)
+    assert "tl.dot(" in src and "tl.program_id(0)" in src and "tl.program_id(1)" in src
+    assert "out_dtype=tl.float32" in src
+
+
+def test_non_power_of_two_block_is_rejected():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((24, 24), jnp.float32),
+                       grid=(2,), in_specs=[pl.BlockSpec((12, 24), lambda i: (i, 0))],
+                       out_specs=pl.BlockSpec((12, 24), lambda i: (i, 0)))
+    with pytest.raises(NotImplementedError, match=r"pallas-triton.*power of two"):
+        pltriton.inspect(f, jnp.zeros((24, 24)))
+
+
+def test_unsupported_primitive_names_itself_backend_and_alternative():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.sort(x_ref[...])
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16,), jnp.float32))
+    with pytest.raises(NotImplementedError, match=r"'sort'.*Triton backend.*outside"):
+        pltriton.inspect(f, jnp.zeros((16,)))
+
+
+def test_small_and_integer_dots_fall_back_to_multiply_and_sum():
+    for dtype in (jnp.float32, jnp.int32):
+        f, args = _matmul(8, 8, 8, dtype=dtype)
+        src = pltriton.inspect(f, *args)
+        assert "tl.dot(" not in src and "tl.sum(" in src
+        out = pltriton.emulate(f, *args)
+        np.testing.assert_allclose(out, np.full((16, 16), 8.0))
+
+
+def test_input_output_aliases_in_emulation():
+    def kernel(x_ref, o_ref):
+        o_ref[0:8] = x_ref[0:8] + 1.0
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16,), jnp.float32),
+                       input_output_aliases={0: 0})
+    x = np.arange(16, dtype=np.float32)
+    out = pltriton.emulate(f, x)
+    np.testing.assert_array_equal(out, np.concatenate([x[:8] + 1, x[8:]]))
+
+
+needs_cuda_plugin = pytest.mark.skipif(
+    importlib.util.find_spec("jax_cuda13_plugin") is None,
+    reason="lowering for cuda needs jax-cuda13-plugin==0.10.2 (pallas-triton[cuda])")
+
+
+@needs_cuda_plugin
+def test_lowers_for_cuda_to_the_triton_kernel_call():
+    f, args = _matmul(64, 64, 32)
+    lowered = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
+    text = lowered.as_text()
+    assert "stablehlo.custom_call @triton_kernel_call" in text
+    assert "api_version = 2" in text
+
+
+@needs_cuda_plugin
+def test_exports_for_cuda():
+    from jax import export
+
+    f, args = _matmul(32, 32, 32)
+    exp = export.export(
+        jax.jit(f), platforms=["cuda"],
+        disabled_checks=[export.DisabledSafetyCheck.custom_call("triton_kernel_call")],
+    )(*args)
+    assert exp.platforms == ("cuda",)
+    assert exp.serialize()
+
+
+def test_elementwise_inline_asm_compiles():
+    def kernel(x_ref, o_ref):
+        (y,) = pltriton.elementwise_inline_asm(
+            "shl.b32 $0, $1, 1;", args=[x_ref[...]], constraints="=r,r", pack=1,
+            result_shape_dtypes=[jax.ShapeDtypeStruct((128,), jnp.int32)])
+        o_ref[...] = y
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((128,), jnp.int32))
+    (k,) = pltriton.compile(f, jnp.zeros((128,), jnp.int32))
+    assert "shl.b32" in k.ptx
+    with pytest.raises(NotImplementedError, match="interpreter cannot execute PTX"):
+        pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((128,), jnp.int32),
+                       interpret=True)(jnp.zeros((128,), jnp.int32))
+
+
+def test_reduction_grid_axes_run_in_program(make_case):
+    f, args = make_case("matmul_k_grid", False)
+    (k,) = pltriton.lower(f, *args)
+    assert k.grid == (2, 2, 3) and k.launch_grid == (2, 2, 1)
+    assert "for step2_" in k.source
