@@ -217,3 +217,27 @@ def test_squeezed_and_element_dims():
     fast, slow = both(make)
     np.testing.assert_array_equal(fast(x), x + jnp.arange(3.0)[:, None])
     np.testing.assert_array_equal(slow(x), fast(x))
+
+
+def test_aliased_input_reads_see_original_values_after_write_back():
+    # Output block 0 is written back before grid point 1 reads input block 0 again;
+    # the input still reads as it was (upstream's interpreter behaves the same).
+    def make(interpret):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + 1
+
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct((2, 4), jnp.float32),
+            grid=(2,),
+            in_specs=[pl.BlockSpec((1, 4), lambda i: (0, 0))],
+            out_specs=pl.BlockSpec((1, 4), lambda i: (i, 0)),
+            input_output_aliases={0: 0},
+            interpret=interpret,
+        )
+
+    x = jnp.arange(8, dtype=jnp.float32).reshape(2, 4)
+    fast, slow = both(make)
+    expected = np.broadcast_to(np.asarray(x[0]) + 1, (2, 4))
+    np.testing.assert_array_equal(fast(x), expected)
+    np.testing.assert_array_equal(slow(x), expected)

@@ -93,16 +93,13 @@ class _Plan:
                 init = uninitialized_value(bm.array_aval.shape, bm.array_aval.dtype)
             self.out_pads.append(pads)
             self.out_init.append(B.pad_array(init, pads))
+        # Inputs are read from their original values, aliased or not (as upstream's
+        # interpreter does): the aliased output starts as a copy of its input.
         self.in_pads, self.in_bufs = [], []
-        self.reads_out = {i: o for o, i in self.alias_of_out.items()}
-        for i, (bm, x) in enumerate(zip(in_bms, ins)):
-            if i in self.reads_out:
-                self.in_pads.append(self.out_pads[self.reads_out[i]])
-                self.in_bufs.append(None)
-            else:
-                pads = B.own_padding(bm)
-                self.in_pads.append(pads)
-                self.in_bufs.append(B.pad_array(x, pads))
+        for bm, x in zip(in_bms, ins):
+            pads = B.own_padding(bm)
+            self.in_pads.append(pads)
+            self.in_bufs.append(B.pad_array(x, pads))
         self.tables = [analysis.index_table(bm, gm.grid) for bm in gm.block_mappings]
         self.starts = [
             None if t is None else analysis.start_table(bm, t)
@@ -181,14 +178,6 @@ def choose_lanes(plan: _Plan, jaxpr, checks: Checks):
         lane_rows = lane_rows.reshape(-1, s.shape[1])
         if not analysis.rows_distinct(lane_rows) or not analysis.blocks_are_disjoint(bm):
             return None
-    for o, i in plan.alias_of_out.items():
-        a, b = plan.starts[i], plan.starts[n_in + o]
-        if a is None or a.shape != b.shape or not np.array_equal(a, b):
-            return None
-        if gm.in_block_mappings[i].block_shape != gm.out_block_mappings[o].block_shape:
-            return None
-    if plan.aliased_prefetch:
-        return None
     first_scratch = gm.num_scalar_prefetch + gm.num_inputs + gm.num_outputs
     known = {a: 0 for a in seq}
     if analysis.scratch_live_in(jaxpr, first_scratch, known, grid):
@@ -344,8 +333,7 @@ def run_sequential(plan: _Plan, jaxpr, checks: Checks):
                                                changed, flush)
             poss[o] = new_pos
             out_cells.append(Cell(blocks[o], bm.origin, mblocks[o], bm.memory_space, flat))
-        in_src = [outs[plan.reads_out[i]] if i in plan.reads_out else b
-                  for i, b in enumerate(plan.in_bufs)]
+        in_src = plan.in_bufs
         if checks.bounds:
             for k, bm in enumerate(gm.block_mappings):
                 if bm.whole:
@@ -406,8 +394,7 @@ def run_lanes(plan: _Plan, jaxpr, lanes: tuple[int, ...], outer: tuple[int, ...]
     seq_grid = tuple(grid[a] for a in seq)
     n_seq = math.prod(seq_grid)
     n_in = gm.num_inputs
-    in_src = [plan.out_init[plan.reads_out[i]] if i in plan.reads_out else b
-              for i, b in enumerate(plan.in_bufs)]
+    in_src = plan.in_bufs
 
     def lane(outer_idx, *lane_idx):
         def grid_point(s):
