@@ -16,6 +16,7 @@ import numpy as np
 from pallas._src import block_spec as bs
 from pallas._src import jax_compat as jc
 from pallas._src.interpreter.blocks import block_indices_np
+from pallas._src.jaxpr_util import eqn_sub_jaxprs
 
 
 def grid_coords(grid) -> list[np.ndarray]:
@@ -261,7 +262,7 @@ def trip_count_axes(kernel_jaxpr) -> set[int]:
                 ins = {eqn.params["axis"]}
             if eqn.primitive is jc.while_p:
                 axes.update(ins)
-            for sub in _sub_jaxprs(eqn):
+            for sub in eqn_sub_jaxprs(eqn):
                 inner = {iv: set(ins) for iv in sub.invars}
                 walk(sub, inner)
             for o in eqn.outvars:
@@ -270,12 +271,3 @@ def trip_count_axes(kernel_jaxpr) -> set[int]:
     j = kernel_jaxpr.jaxpr if hasattr(kernel_jaxpr, "jaxpr") else kernel_jaxpr
     walk(j, {})
     return axes
-
-
-def _sub_jaxprs(eqn):
-    for key in ("jaxpr", "call_jaxpr", "cond_jaxpr", "body_jaxpr"):
-        j = eqn.params.get(key)
-        if j is not None:
-            yield getattr(j, "jaxpr", j)
-    for br in eqn.params.get("branches", ()):
-        yield br.jaxpr

@@ -20,6 +20,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from pallas._src import jax_compat as jc
+from pallas._src.jaxpr_util import contains
 from pallas._src.pallas_call import _abstract_eval, pallas_call_p
 from pallas._src.primitives.debug import debug_check_p
 
@@ -59,24 +60,7 @@ pallas_call_p.def_effectful_abstract_eval(_effectful_abstract_eval)
 
 
 def _has_debug_checks(jaxpr) -> bool:
-    for eqn in jaxpr.eqns:
-        if eqn.primitive is debug_check_p:
-            return True
-        for v in eqn.params.values():
-            for sub in _sub_jaxprs(v):
-                if _has_debug_checks(sub):
-                    return True
-    return False
-
-
-def _sub_jaxprs(v):
-    if isinstance(v, jc.ClosedJaxpr):
-        yield v.jaxpr
-    elif isinstance(v, jc.Jaxpr):
-        yield v
-    elif isinstance(v, (tuple, list)):
-        for x in v:
-            yield from _sub_jaxprs(x)
+    return contains(jaxpr, lambda eqn: eqn.primitive is debug_check_p)
 
 
 def _checkify_rule(error, enabled_errors, *args, **params):

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pallas._src import jax_compat as jc
+from pallas._src.jaxpr_util import contains
 from pallas._src.primitives.grid import num_programs_p, program_id_p
 
 # primitive -> fn(params, shift) -> new params, for primitives that name grid axes.
@@ -42,24 +43,7 @@ def _map_param(v, fn):
 
 def uses_grid_axes(jaxpr) -> bool:
     """Whether ``jaxpr`` (a Jaxpr) refers to grid axes by position anywhere."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive in grid_axis_param_rules:
-            return True
-        for v in eqn.params.values():
-            for sub in _sub_jaxprs(v):
-                if uses_grid_axes(sub):
-                    return True
-    return False
-
-
-def _sub_jaxprs(v):
-    if isinstance(v, jc.ClosedJaxpr):
-        yield v.jaxpr
-    elif isinstance(v, jc.Jaxpr):
-        yield v
-    elif isinstance(v, (tuple, list)):
-        for x in v:
-            yield from _sub_jaxprs(x)
+    return contains(jaxpr, lambda eqn: eqn.primitive in grid_axis_param_rules)
 
 
 def shift_grid_axes(jaxpr, shift: int):

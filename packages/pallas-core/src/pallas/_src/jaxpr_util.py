@@ -1,0 +1,33 @@
+"""Walking jaxprs: the sub-jaxprs of equations, and searches through them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from pallas._src import jax_compat as jc
+
+
+def sub_jaxprs(value: Any) -> Iterator[Any]:
+    """The Jaxprs inside one equation parameter (a (Closed)Jaxpr or a sequence of them)."""
+    if isinstance(value, jc.ClosedJaxpr):
+        yield value.jaxpr
+    elif isinstance(value, jc.Jaxpr):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for x in value:
+            yield from sub_jaxprs(x)
+
+
+def eqn_sub_jaxprs(eqn) -> Iterator[Any]:
+    """Every Jaxpr nested directly in ``eqn`` (branches, loop bodies, called jaxprs)."""
+    for v in eqn.params.values():
+        yield from sub_jaxprs(v)
+
+
+def contains(jaxpr, predicate: Callable[[Any], bool]) -> bool:
+    """Whether some equation of ``jaxpr``, at any depth, satisfies ``predicate``."""
+    return any(
+        predicate(eqn) or any(contains(sub, predicate) for sub in eqn_sub_jaxprs(eqn))
+        for eqn in jaxpr.eqns
+    )
