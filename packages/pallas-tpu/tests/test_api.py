@@ -32,11 +32,7 @@ def test_all_upstream_names_present():
     assert set(names) == set(pltpu.UPSTREAM_NAMES)
 
 
-@pytest.mark.parametrize("name", [
-    "emit_pipeline_with_allocations",
-    "core_barrier", "get_barrier_semaphore", "matmul_acc_lhs",
-    "matmul_pop", "matmul_push_rhs", "sample_block", "BufferedRef", "BufferedRefBase",
-])
+@pytest.mark.parametrize("name", ["core_barrier", "get_barrier_semaphore"])
 def test_unimplemented_names_raise_naming_themselves(name):
     with pytest.raises(NotImplementedError, match=rf"pltpu\.{name} .*mosaic_tpu"):
         getattr(pltpu, name)()

@@ -80,3 +80,108 @@ def test_emit_pipeline_rejects_edge_blocks():
                        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
                        out_specs=pl.BlockSpec(memory_space=pl.ANY),
                        interpret=True)(jnp.zeros((20, 128)))
+
+
+# -- emit_pipeline_with_allocations and BufferedRef --------------------------------------
+
+
+def _two_pipelines_one_allocation(x, y, interpret):
+    """Two invocations of one pipeline (x*2+1, then y*2+1) sharing one set of buffers."""
+    specs = dict(in_specs=[pl.BlockSpec((8, 128), lambda i, j: (i, j))],
+                 out_specs=[pl.BlockSpec((8, 128), lambda i, j: (i, j))])
+
+    def body(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2.0 + 1.0
+
+    pipeline, make_allocations = pltpu.emit_pipeline_with_allocations(
+        body, grid=(2, 2), **specs)
+
+    def kernel(x_hbm, y_hbm, ox_hbm, oy_hbm):
+        def scoped(allocs):
+            assert all(isinstance(a, pltpu.BufferedRef) for a in allocs)
+            assert allocs[0].is_input and allocs[1].is_output
+            assert allocs[0].has_allocated_buffer
+            pipeline(x_hbm, ox_hbm, allocations=allocs)
+            pipeline(y_hbm, oy_hbm, allocations=allocs)
+
+        pl.run_scoped(scoped, make_allocations(x_hbm, ox_hbm))
+
+    shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return pl.pallas_call(
+        kernel, out_shape=(shape, shape),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * 2,
+        out_specs=(pl.BlockSpec(memory_space=pl.ANY),) * 2, interpret=interpret,
+    )(x, y)
+
+
+def test_emit_pipeline_with_allocations_interpreter(rng):
+    x = jnp.asarray(rng.standard_normal((16, 256)), jnp.float32)
+    y = jnp.asarray(rng.standard_normal((16, 256)), jnp.float32)
+    ox, oy = _two_pipelines_one_allocation(x, y, True)
+    np.testing.assert_allclose(ox, x * 2 + 1, rtol=1e-6)
+    np.testing.assert_allclose(oy, y * 2 + 1, rtol=1e-6)
+
+
+def test_emit_pipeline_with_allocations_lowering(lower_tpu, ops):
+    x = jnp.zeros((16, 256), jnp.float32)
+    _, (m,) = lower_tpu(lambda a, b: _two_pipelines_one_allocation(a, b, False), x, x)
+    names = collections.Counter(ops(m))
+    # One allocation region shared by the two pipelines (two loops).
+    assert names["tpu.region"] == 1 and names["scf.for"] == 2
+    assert names["tpu.enqueue_dma"] == 6 and names["tpu.wait_dma2"] == 4
+
+
+def test_buffered_ref_allocation_types():
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    a = pltpu.BufferedRef.input(spec, jnp.float32)
+    assert isinstance(a, pltpu.BufferedRefBase) and a.is_input and not a.is_output
+    assert a.buffer_type == pltpu.BufferType.INPUT and a.buffer_count == 2
+    assert a.window_ref.shape == (2, 8, 128) and not a.has_allocated_buffer
+    o = pltpu.BufferedRef.output(spec, jnp.bfloat16)
+    assert o.is_output and o.window_ref.shape == (8, 128)
+    assert o.with_spec(pl.BlockSpec((16, 128), lambda i: (i, 0))).block_shape == (16, 128)
+    leaves = jax.tree_util.tree_leaves(
+        a, is_leaf=lambda x: isinstance(x, pl.MemoryRef))
+    assert len(leaves) == 2
+    with pytest.raises(NotImplementedError, match="ACCUMULATOR"):
+        pltpu.BufferedRef.create(spec, jnp.float32, pltpu.BufferType.ACCUMULATOR)
+    with pytest.raises(NotImplementedError, match="buffer_count=3"):
+        pltpu.BufferedRef.input(spec, jnp.float32, buffer_count=3)
+    with pytest.raises(TypeError):
+        pltpu.BufferedRefBase()
+
+
+def test_emit_pipeline_rejects_mismatched_allocations():
+    specs = dict(in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                 out_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))])
+    pipeline, make_allocations = pltpu.emit_pipeline_with_allocations(
+        lambda x, o: None, grid=(2,), **specs)
+
+    def kernel(x_hbm, o_hbm):
+        def scoped(allocs):
+            pipeline(x_hbm, o_hbm, allocations=allocs)
+
+        bad = [pltpu.BufferedRef.input(specs["in_specs"][0], jnp.bfloat16),
+               pltpu.BufferedRef.output(specs["out_specs"][0], jnp.float32)]
+        pl.run_scoped(scoped, bad)
+
+    x = jnp.zeros((16, 128), jnp.float32)
+    with pytest.raises(Exception, match="allocation 0 holds bfloat16"):
+        pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                       out_specs=pl.BlockSpec(memory_space=pl.ANY), interpret=True)(x)
+
+
+def test_pipeline_call_options_not_implemented_raise():
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    pipeline = pltpu.emit_pipeline(lambda x, o: None, grid=(2,), in_specs=[spec],
+                                   out_specs=[spec])
+
+    def kernel(x_hbm, o_hbm):
+        pipeline(x_hbm, o_hbm, first_cycle=True)
+
+    x = jnp.zeros((16, 128), jnp.float32)
+    with pytest.raises(NotImplementedError, match="first_cycle"):
+        pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                       out_specs=pl.BlockSpec(memory_space=pl.ANY), interpret=True)(x)

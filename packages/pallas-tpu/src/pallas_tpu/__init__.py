@@ -39,7 +39,12 @@ from pallas_tpu._src.memory import (
     dma_semaphore,
 )
 from pallas_tpu._src.mesh import TensorCoreMesh, create_tensorcore_mesh, run_on_first_core
-from pallas_tpu._src.pipeline import emit_pipeline
+from pallas_tpu._src.pipeline import (
+    BufferedRef,
+    BufferedRefBase,
+    emit_pipeline,
+    emit_pipeline_with_allocations,
+)
 from pallas_tpu._src.primitives.dma import (
     AsyncCopyDescriptor,
     async_copy,
@@ -60,6 +65,7 @@ from pallas_tpu._src.primitives.misc import (
     trace_value,
     with_memory_space_constraint,
 )
+from pallas_tpu._src.primitives.mxu import matmul_acc_lhs, matmul_pop, matmul_push_rhs
 from pallas_tpu._src.primitives.vector import (
     bitcast,
     einshape,
@@ -69,6 +75,7 @@ from pallas_tpu._src.primitives.vector import (
     to_pallas_key,
     unpack_elementwise,
 )
+from pallas_tpu._src.sampling import sample_block
 from pallas_tpu._src.tpu_info import (
     ChipVersion,
     TpuInfo,
@@ -77,14 +84,7 @@ from pallas_tpu._src.tpu_info import (
     is_tpu_device,
 )
 from pallas_tpu._src.unimplemented import (
-    BufferedRef,
-    BufferedRefBase,
     core_barrier,
-    emit_pipeline_with_allocations,
-    matmul_acc_lhs,
-    matmul_pop,
-    matmul_push_rhs,
-    sample_block,
 )
 from pallas_tpu.plugin import register_interpret_rules as _register_interpret_rules
 

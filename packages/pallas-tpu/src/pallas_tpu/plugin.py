@@ -8,7 +8,7 @@ from __future__ import annotations
 from pallas.plugins import hookimpl, register_interpret_rule
 from pallas_tpu._src import core_compat
 from pallas_tpu._src.backend import MOSAIC_TPU
-from pallas_tpu._src.primitives import _define, dma, misc, remote
+from pallas_tpu._src.primitives import _define, dma, misc, mxu, remote
 
 
 @hookimpl
@@ -18,7 +18,8 @@ def pallas_backends():
 
 def interpret_rules() -> dict:
     """Interpreter rules of every TPU primitive (and remote ``semaphore_signal``)."""
-    return {**dma.INTERPRET_RULES, **misc.INTERPRET_RULES, **_define.INTERPRET_RULES,
+    return {**dma.INTERPRET_RULES, **misc.INTERPRET_RULES, **mxu.INTERPRET_RULES,
+            **_define.INTERPRET_RULES,
             **_extend(core_compat.semaphore_signal_p, remote.remote_semaphore_signal),
             **_extend(core_compat.axis_index_p, remote.mesh_axis_index)}
 

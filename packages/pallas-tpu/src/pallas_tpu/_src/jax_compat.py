@@ -23,7 +23,7 @@ __all__ = [
     "AbstractRef", "ClosedJaxpr", "Literal", "NDIndexer", "Primitive", "ShapedArray",
     "Slice", "TransformedRef", "Var", "core", "dtypes", "effects", "get_view",
     "lower_module_to_custom_call", "make_ir_context", "mlir", "set_view",
-    "trace_to_jaxpr", "transform_type",
+    "blocked_fold_in", "blocked_sample_block", "trace_to_jaxpr", "transform_type",
 ]
 
 # -- state (Refs) ------------------------------------------------------------------------
@@ -93,3 +93,17 @@ def source_info_summary(eqn) -> str:
     from jax._src import source_info_util
 
     return source_info_util.summarize(eqn.source_info)
+
+
+# -- block-invariant sampling (JAX's non-Pallas helper for tile-by-tile PRNG keys) -------
+def blocked_fold_in(global_key, total_size, block_size, tile_size, block_index):
+    from jax._src import blocked_sampler
+
+    return blocked_sampler.blocked_fold_in(global_key, total_size, block_size, tile_size,
+                                           block_index)
+
+
+def blocked_sample_block(sampler_fn, keys, block_size, tile_size, **kwargs):
+    from jax._src import blocked_sampler
+
+    return blocked_sampler.sample_block(sampler_fn, keys, block_size, tile_size, **kwargs)

@@ -11,17 +11,29 @@ before ``body`` runs on the current ones. An output block stays in its VMEM buff
 consecutive iterations that map to the same block (so ``body`` can accumulate into it)
 and is copied back to HBM after every iteration. Only ``Blocked`` and squeezed
 (``None``) block dims whose sizes divide the array are supported.
+
+``emit_pipeline_with_allocations`` returns the same pipeline together with
+``make_allocations(*refs)``, which describes the pipeline's VMEM buffers and DMA
+semaphores as one :class:`BufferedRef` per operand. Allocated once at the top of a kernel
+(``pl.run_scoped(lambda allocs: ..., make_allocations(*refs))``), they can be reused by
+several invocations of the pipeline: ``pipeline(*refs, allocations=allocs)``.
 """
 
 from __future__ import annotations
 
+import abc
+import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
 import pallas as pl
+from pallas.plugins import MemoryRef
+from pallas_tpu._src.enums import BufferType
 from pallas_tpu._src.memory import VMEM, SemaphoreType
 from pallas_tpu._src.primitives.dma import AsyncCopyDescriptor
 
@@ -79,6 +91,172 @@ def _unravel(t, grid):
     return tuple(reversed(idx))
 
 
+def _is_alloc_type(x) -> bool:
+    return isinstance(x, MemoryRef) or hasattr(x, "get_memory_ref")
+
+
+class BufferedRefBase(abc.ABC):
+    """The interface of a pipelined operand's buffers (see :class:`BufferedRef`)."""
+
+    @property
+    @abc.abstractmethod
+    def spec(self) -> pl.BlockSpec: ...
+
+    @property
+    @abc.abstractmethod
+    def buffer_type(self) -> BufferType: ...
+
+    @property
+    def is_input(self) -> bool:
+        return self.buffer_type in (BufferType.INPUT, BufferType.INPUT_OUTPUT)
+
+    @property
+    def is_output(self) -> bool:
+        return self.buffer_type in (BufferType.OUTPUT, BufferType.ACCUMULATOR,
+                                    BufferType.INPUT_OUTPUT)
+
+    @property
+    def is_input_output(self) -> bool:
+        return self.buffer_type == BufferType.INPUT_OUTPUT
+
+    @property
+    def is_manual(self) -> bool:
+        return self.buffer_type == BufferType.MANUAL
+
+    @property
+    def block_shape(self):
+        return self.spec.block_shape
+
+    @property
+    def has_allocated_buffer(self) -> bool:
+        """Whether the buffers were allocated outside the pipeline loop."""
+        return False
+
+    def with_spec(self, spec: pl.BlockSpec) -> BufferedRefBase:
+        """A copy with the given block spec."""
+        return dataclasses.replace(self, _spec=spec)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class BufferedRef(BufferedRefBase):
+    """The VMEM buffer(s) and DMA semaphores of one pipelined operand.
+
+    Built (before allocation) by :meth:`input`/:meth:`output`/:meth:`create`, its
+    ``window_ref`` and ``sems`` are allocation types (``VMEM(...)``,
+    ``SemaphoreType.DMA(...)``); passed through ``pl.run_scoped`` they become refs.
+    Inputs have ``buffer_count`` (2) slots along a leading dim; outputs one buffer.
+    """
+
+    _spec: pl.BlockSpec = dataclasses.field(metadata=dict(static=True))
+    _buffer_type: BufferType = dataclasses.field(metadata=dict(static=True))
+    _buffer_count: int = dataclasses.field(metadata=dict(static=True))
+    dtype: Any = dataclasses.field(metadata=dict(static=True))
+    window_ref: Any  # VMEM buffer: (buffer_count, *block) for inputs, block for outputs
+    sems: Any  # DMA semaphores, one per slot
+
+    @property
+    def spec(self) -> pl.BlockSpec:
+        return self._spec
+
+    @property
+    def buffer_type(self) -> BufferType:
+        return self._buffer_type
+
+    @property
+    def buffer_count(self) -> int:
+        return self._buffer_count
+
+    @property
+    def has_allocated_buffer(self) -> bool:
+        return not _is_alloc_type(self.window_ref)
+
+    @property
+    def is_buffered(self) -> bool:
+        return True
+
+    @classmethod
+    def create(cls, spec: pl.BlockSpec, dtype_or_type, buffer_type: BufferType,
+               buffer_count: int = 2, *, shape=None) -> BufferedRef:
+        """The allocation types for an operand of ``shape`` (and ``dtype``) under ``spec``."""
+        if buffer_type not in (BufferType.INPUT, BufferType.OUTPUT):
+            raise NotImplementedError(
+                f"BufferedRef with buffer type {buffer_type.name} is not implemented yet in "
+                f"pallas-tpu (backend 'mosaic_tpu'); INPUT and OUTPUT are")
+        if buffer_count != 2:
+            raise NotImplementedError(
+                f"BufferedRef(buffer_count={buffer_count}) is not implemented yet in "
+                f"pallas-tpu (backend 'mosaic_tpu'); inputs are double-buffered")
+        dtype = getattr(dtype_or_type, "dtype", dtype_or_type)
+        shape = getattr(dtype_or_type, "shape", None) if shape is None else shape
+        if spec.block_shape is None and shape is None:
+            raise ValueError("BufferedRef.create needs the operand's shape when the "
+                             "BlockSpec has no block_shape (pass a ref or ShapeDtypeStruct)")
+        dims = _block_dims(spec, shape if shape is not None else
+                           [d if isinstance(d, int) else getattr(d, "block_size", 1)
+                            for d in spec.block_shape], "operand")
+        block = tuple(d for d in dims if d is not None)
+        if buffer_type == BufferType.INPUT:
+            return cls(spec, buffer_type, buffer_count, jnp.dtype(dtype),
+                       VMEM((buffer_count, *block), dtype), SemaphoreType.DMA((buffer_count,)))
+        return cls(spec, buffer_type, buffer_count, jnp.dtype(dtype), VMEM(block, dtype),
+                   SemaphoreType.DMA((1,)))
+
+    @classmethod
+    def input(cls, spec: pl.BlockSpec, dtype_or_type, buffer_count: int = 2,
+              **kw) -> BufferedRef:
+        return cls.create(spec, dtype_or_type, BufferType.INPUT, buffer_count, **kw)
+
+    @classmethod
+    def output(cls, spec: pl.BlockSpec, dtype_or_type, buffer_count: int = 2,
+               **kw) -> BufferedRef:
+        return cls.create(spec, dtype_or_type, BufferType.OUTPUT, buffer_count, **kw)
+
+    def current_ref(self, slot=0):
+        """The VMEM block the body sees (slot ``slot`` of an input's buffers)."""
+        return self.window_ref.at[slot] if self.is_input else self.window_ref
+
+
+def _check_allocations(allocations, in_specs, out_specs, refs):
+    allocations = list(allocations)
+    if len(allocations) != len(refs):
+        raise ValueError(f"the pipeline has {len(refs)} operands; got {len(allocations)} "
+                         f"allocations")
+    for k, (a, r) in enumerate(zip(allocations, refs)):
+        if not isinstance(a, BufferedRef):
+            raise TypeError(f"allocation {k} is a {type(a).__name__}, not a BufferedRef "
+                            f"(use make_allocations from emit_pipeline_with_allocations)")
+        if a.is_input != (k < len(in_specs)):
+            raise ValueError(f"allocation {k} is an {a.buffer_type.name} buffer for an "
+                             f"{'input' if k < len(in_specs) else 'output'} operand")
+        if not a.has_allocated_buffer:
+            raise ValueError("allocations must be allocated (pass make_allocations(...) "
+                             "through pl.run_scoped) before the pipeline uses them")
+        block = tuple(a.window_ref.shape[1:] if a.is_input else a.window_ref.shape)
+        spec = (list(in_specs) + list(out_specs))[k]
+        want = tuple(d for d in _block_dims(spec, r.shape, f"operand {k}") if d is not None)
+        if block != want or jnp.dtype(a.window_ref.dtype) != jnp.dtype(r.dtype):
+            raise ValueError(f"allocation {k} holds {a.window_ref.dtype}{list(block)} blocks "
+                             f"but the operand needs {r.dtype}{list(want)}")
+    return allocations
+
+
+def make_pipeline_allocations(*refs, in_specs=(), out_specs=(),
+                              should_accumulate_out=False):
+    """One :class:`BufferedRef` (allocation types) per operand of the pipeline."""
+    if should_accumulate_out:
+        raise NotImplementedError(
+            "make_pipeline_allocations(should_accumulate_out=True) is not implemented yet "
+            "in pallas-tpu (backend 'mosaic_tpu')")
+    in_specs, out_specs = _as_list(in_specs), _as_list(out_specs)
+    if len(refs) != len(in_specs) + len(out_specs):
+        raise ValueError(f"the pipeline takes {len(in_specs)} input and {len(out_specs)} "
+                         f"output refs; got {len(refs)} refs")
+    ins, outs = refs[:len(in_specs)], refs[len(in_specs):]
+    return ([BufferedRef.input(s, r.dtype, shape=r.shape) for s, r in zip(in_specs, ins)]
+            + [BufferedRef.output(s, r.dtype, shape=r.shape) for s, r in zip(out_specs, outs)])
+
+
 def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tiling=None,
                   core_axis=None, core_axis_name=None, dimension_semantics=None,
                   trace_scopes=True, should_accumulate_out=False, first_cycle=None,
@@ -95,57 +273,78 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
     grid = tuple(int(g) for g in grid)
     in_specs, out_specs = _as_list(in_specs), _as_list(out_specs)
 
-    def pipeline(*refs, scratches=None, **kw):
+    def pipeline(*refs, scratches=None, allocations=None, **kw):
         if len(refs) != len(in_specs) + len(out_specs):
             raise ValueError(f"the pipeline takes {len(in_specs)} input and "
                              f"{len(out_specs)} output refs; got {len(refs)} refs")
+        unsupported = [k for k, v in kw.items() if v is not None]
+        if scratches:
+            unsupported.insert(0, "scratches")
+        if unsupported:
+            raise NotImplementedError(
+                f"calling an emit_pipeline pipeline with {', '.join(unsupported)}=... is not "
+                f"implemented yet in pallas-tpu (backend 'mosaic_tpu')")
+        if allocations is None:
+            pl.run_scoped(lambda allocs: pipeline(*refs, allocations=allocs),
+                          make_pipeline_allocations(*refs, in_specs=in_specs,
+                                                    out_specs=out_specs))
+            return
+        allocations = _check_allocations(allocations, in_specs, out_specs, refs)
         ins, outs = refs[:len(in_specs)], refs[len(in_specs):]
         in_dims = [_block_dims(s, r.shape, f"input {i}")
                    for i, (s, r) in enumerate(zip(in_specs, ins))]
         out_dims = [_block_dims(s, r.shape, f"output {i}")
                     for i, (s, r) in enumerate(zip(out_specs, outs))]
-        shape_of = lambda dims: tuple(d for d in dims if d is not None)
-        types = (
-            [VMEM((2, *shape_of(d)), r.dtype) for d, r in zip(in_dims, ins)]
-            + [VMEM(shape_of(d), r.dtype) for d, r in zip(out_dims, outs)]
-            + [SemaphoreType.DMA((2, max(len(ins), 1))), SemaphoreType.DMA((max(len(outs), 1),))]
-        )
         n = math.prod(grid)
+        in_allocs, out_allocs = allocations[:len(ins)], allocations[len(ins):]
+        in_bufs = [a.window_ref for a in in_allocs]
+        out_bufs = [a.window_ref for a in out_allocs]
 
-        def scoped(*bufs):
-            in_bufs, out_bufs = bufs[:len(ins)], bufs[len(ins):len(ins) + len(outs)]
-            in_sems, out_sems = bufs[-2], bufs[-1]
+        def in_copies(t, slot):
+            idx = _unravel(t, grid)
+            return [AsyncCopyDescriptor(_window(r, s, d, idx), b.at[slot],
+                                        a.sems.at[slot])
+                    for r, s, d, b, a in zip(ins, in_specs, in_dims, in_bufs, in_allocs)]
 
-            def in_copies(t, slot):
-                idx = _unravel(t, grid)
-                return [AsyncCopyDescriptor(_window(r, s, d, idx), b.at[slot],
-                                            in_sems.at[slot, k])
-                        for k, (r, s, d, b) in enumerate(zip(ins, in_specs, in_dims, in_bufs))]
+        if n:
+            for c in in_copies(jnp.int32(0), 0):
+                c.start()
 
-            if n:
-                for c in in_copies(jnp.int32(0), 0):
+        def step(t, carry):
+            slot = lax.rem(t, 2)
+
+            @pl.when(t + 1 < n)
+            def _():
+                for c in in_copies(t + 1, 1 - slot):
                     c.start()
 
-            def step(t, carry):
-                slot = lax.rem(t, 2)
+            for c in in_copies(t, slot):
+                c.wait()
+            body(*[b.at[slot] for b in in_bufs], *out_bufs)
+            idx = _unravel(t, grid)
+            for r, s, d, b, a in zip(outs, out_specs, out_dims, out_bufs, out_allocs):
+                c = AsyncCopyDescriptor(b, _window(r, s, d, idx), a.sems.at[0])
+                c.start()
+                c.wait()
+            return carry
 
-                @pl.when(t + 1 < n)
-                def _():
-                    for c in in_copies(t + 1, 1 - slot):
-                        c.start()
-
-                for c in in_copies(t, slot):
-                    c.wait()
-                body(*[b.at[slot] for b in in_bufs], *out_bufs)
-                idx = _unravel(t, grid)
-                for k, (r, s, d, b) in enumerate(zip(outs, out_specs, out_dims, out_bufs)):
-                    c = AsyncCopyDescriptor(b, _window(r, s, d, idx), out_sems.at[k])
-                    c.start()
-                    c.wait()
-                return carry
-
-            lax.fori_loop(0, n, step, 0)
-
-        pl.run_scoped(scoped, *types)
+        lax.fori_loop(0, n, step, 0)
 
     return pipeline
+
+
+def emit_pipeline_with_allocations(body, *, grid: Sequence[int], in_specs=(), out_specs=(),
+                                   should_accumulate_out=False):
+    """Returns ``(pipeline, make_allocations)``.
+
+    ``make_allocations(*refs)`` gives one :class:`BufferedRef` per operand (allocation
+    types); pass them through ``pl.run_scoped`` at the top of the kernel and call
+    ``pipeline(*refs, allocations=allocs)`` as many times as needed, reusing the buffers.
+    """
+    pipeline = emit_pipeline(body, grid=grid, in_specs=in_specs, out_specs=out_specs,
+                             should_accumulate_out=should_accumulate_out)
+
+    def make_allocations(*refs):
+        return make_pipeline_allocations(*refs, in_specs=in_specs, out_specs=out_specs)
+
+    return pipeline, make_allocations

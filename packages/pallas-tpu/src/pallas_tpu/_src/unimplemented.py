@@ -45,20 +45,11 @@ def not_implemented_class(name: str):
                            "__doc__": f"Not implemented yet in {PACKAGE}."})
 
 
-emit_pipeline_with_allocations = not_implemented("emit_pipeline_with_allocations")
-BufferedRef = not_implemented_class("BufferedRef")
-BufferedRefBase = not_implemented_class("BufferedRefBase")
 core_barrier = not_implemented("core_barrier")
-matmul_acc_lhs = not_implemented("matmul_acc_lhs")
-matmul_pop = not_implemented("matmul_pop")
-matmul_push_rhs = not_implemented("matmul_push_rhs")
-sample_block = not_implemented("sample_block")
 
 NAMES = [
-    "emit_pipeline_with_allocations", "BufferedRef", "BufferedRefBase",
     "core_barrier",
     "get_barrier_semaphore",  # defined in primitives/misc.py, raising the same way
-    "matmul_acc_lhs", "matmul_pop", "matmul_push_rhs", "sample_block",
 ]
 
 

@@ -35,8 +35,13 @@ def _result_aval(ref, transforms):
     return jc.state_types.transform_type(list(transforms), aval.inner_aval)
 
 
-def load(ref, idx=(), *, mask: Any = None, other: Any = None):
-    """Reads ``ref`` (optionally ``ref.at[idx]``); masked-out elements read as ``other``."""
+def load(ref, idx=(), *, mask: Any = None, other: Any = None, cache_modifier: str | None = None,
+         eviction_policy: str | None = None, volatile: bool = False):
+    """Reads ``ref`` (optionally ``ref.at[idx]``); masked-out elements read as ``other``.
+
+    ``cache_modifier``, ``eviction_policy`` and ``volatile`` are hints for backends that
+    have them (Triton); they never change values.
+    """
     base, transforms = _ref_and_transforms(ref, idx)
     out_aval = _result_aval(base, transforms)
     flat, tree = jax.tree_util.tree_flatten(transforms)
@@ -47,10 +52,12 @@ def load(ref, idx=(), *, mask: Any = None, other: Any = None):
         extra.append(mask)
     if has_other:
         extra.append(jnp.broadcast_to(jnp.asarray(other, out_aval.dtype), out_aval.shape))
-    return load_p.bind(base, *flat, *extra, tree=tree, has_mask=has_mask, has_other=has_other)
+    return load_p.bind(base, *flat, *extra, tree=tree, has_mask=has_mask, has_other=has_other,
+                       cache_modifier=cache_modifier, eviction_policy=eviction_policy,
+                       is_volatile=bool(volatile))
 
 
-def swap(ref, idx=(), val=None, *, mask: Any = None):
+def swap(ref, idx=(), val=None, *, mask: Any = None, eviction_policy: str | None = None):
     """Writes ``val`` to ``ref`` where ``mask`` is true; returns the previous contents."""
     base, transforms = _ref_and_transforms(ref, idx)
     out_aval = _result_aval(base, transforms)
@@ -65,12 +72,13 @@ def swap(ref, idx=(), val=None, *, mask: Any = None):
     flat, tree = jax.tree_util.tree_flatten(transforms)
     has_mask = mask is not None
     extra = [jnp.broadcast_to(jnp.asarray(mask, jnp.bool_), out_aval.shape)] if has_mask else []
-    return swap_p.bind(base, val, *flat, *extra, tree=tree, has_mask=has_mask)
+    return swap_p.bind(base, val, *flat, *extra, tree=tree, has_mask=has_mask,
+                       eviction_policy=eviction_policy)
 
 
-def store(ref, val, idx=(), *, mask: Any = None) -> None:
+def store(ref, val, idx=(), *, mask: Any = None, eviction_policy: str | None = None) -> None:
     """Writes ``val`` into ``ref`` (optionally ``ref.at[idx]``) where ``mask`` is true."""
-    swap(ref, idx, val, mask=mask)
+    swap(ref, idx, val, mask=mask, eviction_policy=eviction_policy)
 
 
 def _split(args, tree, n_extra):
@@ -78,13 +86,13 @@ def _split(args, tree, n_extra):
     return args[:n], args[n : n + n_extra]
 
 
-def _load_abstract_eval(ref_aval, *args, tree, has_mask, has_other):
+def _load_abstract_eval(ref_aval, *args, tree, has_mask, has_other, **hints):
     transforms = jax.tree_util.tree_unflatten(tree, args[: tree.num_leaves])
     out = jc.state_types.transform_type(transforms, ref_aval.inner_aval)
     return out, {jc.ReadEffect(0)}
 
 
-def _swap_abstract_eval(ref_aval, val_aval, *args, tree, has_mask):
+def _swap_abstract_eval(ref_aval, val_aval, *args, tree, has_mask, **hints):
     transforms = jax.tree_util.tree_unflatten(tree, args[: tree.num_leaves])
     out = jc.state_types.transform_type(transforms, ref_aval.inner_aval)
     return out, {jc.WriteEffect(0)}

@@ -41,26 +41,25 @@ from pallas._src.primitives.scoped import run_scoped_p
 # JVP rules of the kernel-side primitives that the kernel jaxpr may contain.
 
 
-def _masked_load_jvp(primals, tangents, *, tree, has_mask, has_other):
+def _masked_load_jvp(primals, tangents, **params):
+    has_other = params["has_other"]
     ref, *rest = primals
     tref = tangents[0]
-    out = load_store.load_p.bind(ref, *rest, tree=tree, has_mask=has_mask,
-                                 has_other=has_other)
+    out = load_store.load_p.bind(ref, *rest, **params)
     t_aval = jax.typeof(out).to_tangent_aval()
     if type(tref) is jc.Zero:
         return out, jc.Zero(t_aval)
     trest = list(rest)
     if has_other:
         trest[-1] = jc.instantiate_zeros(tangents[-1])
-    tout = load_store.load_p.bind(tref, *trest, tree=tree, has_mask=has_mask,
-                                  has_other=has_other)
+    tout = load_store.load_p.bind(tref, *trest, **params)
     return out, tout
 
 
-def _masked_swap_jvp(primals, tangents, *, tree, has_mask):
+def _masked_swap_jvp(primals, tangents, **params):
     ref, val, *rest = primals
     tref, tval = tangents[0], tangents[1]
-    out = load_store.swap_p.bind(ref, val, *rest, tree=tree, has_mask=has_mask)
+    out = load_store.swap_p.bind(ref, val, *rest, **params)
     t_aval = jax.typeof(out).to_tangent_aval()
     if type(tref) is jc.Zero and type(tval) is jc.Zero:
         return out, jc.Zero(t_aval)
@@ -69,8 +68,7 @@ def _masked_swap_jvp(primals, tangents, *, tree, has_mask):
             "A differentiated value is stored into a kernel ref that has no tangent "
             f"({jax.typeof(ref).str_short()})."
         )
-    tout = load_store.swap_p.bind(tref, jc.instantiate_zeros(tval), *rest, tree=tree,
-                                  has_mask=has_mask)
+    tout = load_store.swap_p.bind(tref, jc.instantiate_zeros(tval), *rest, **params)
     return out, tout
 
 

@@ -22,7 +22,7 @@ from pallas_tpu._src.lowering.common import (
 from pallas_tpu._src.lowering.engine import RefVal
 from pallas_tpu._src.lowering.rules_refs import apply_transforms, window_memref
 from pallas_tpu._src.memory import MemorySpace
-from pallas_tpu._src.primitives import dma, misc
+from pallas_tpu._src.primitives import dma, misc, mxu
 from pallas_tpu._src.primitives import vector as tpu_vector
 
 # ------------------------------------------------------------------------------------------
@@ -201,6 +201,40 @@ def _get_barrier_semaphore(lctx, eqn):
     from pallas_tpu._src.memory import SemaphoreType
 
     return RefVal(tpu.sem_barrier(t), jnp.int32, SemaphoreType.BARRIER, ())
+
+
+# ------------------------------------------------------------------------------------------
+# Explicit MXU control.
+
+
+def _i32_attr(v: int) -> ir.IntegerAttr:
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(32), v)
+
+
+@rule(mxu.matmul_push_rhs_p)
+def _matmul_push_rhs(lctx, eqn, rhs):
+    p = eqn.params
+    tpu.matmul_push_rhs(materialize(rhs, aval_in(eqn, 0)), _i32_attr(p["mxu_index"]),
+                        staging_register=_i32_attr(p["staging_register"]),
+                        transpose=ir.BoolAttr.get(p["transpose"]))
+    return []
+
+
+@rule(mxu.matmul_acc_lhs_p)
+def _matmul_acc_lhs(lctx, eqn, lhs):
+    p = eqn.params
+    load = p["load_staged_rhs"]
+    tpu.matmul_acc_lhs(_i32_attr(p["acc_addr"]), materialize(lhs, aval_in(eqn, 0)),
+                       _i32_attr(p["mxu_index"]),
+                       load_staged_rhs=None if load is None else _i32_attr(load))
+    return []
+
+
+@rule(mxu.matmul_pop_p)
+def _matmul_pop(lctx, eqn):
+    p = eqn.params
+    return tpu.matmul_pop(T.aval_type(aval_out(eqn)), _i32_attr(p["acc_addr"]),
+                          _i32_attr(p["mxu_index"]))
 
 
 @rule(misc.touch_p)
