@@ -153,3 +153,78 @@ def test_reduction_grid_axes_run_in_program(make_case):
     (k,) = pltriton.lower(f, *args)
     assert k.grid == (2, 2, 3) and k.launch_grid == (2, 2, 1)
     assert "for step2_" in k.source
+
+
+def _traced_fori(compiler_params=None):
+    # A fori_loop whose trip count depends on program_id (as in causal attention).
+    def kernel(x_ref, o_ref):
+        i = pl.program_id(0)
+
+        def body(j, acc):
+            return acc + x_ref[pl.ds(j * 8, 8), :]
+
+        o_ref[...] = jax.lax.fori_loop(0, i + 1, body, jnp.zeros((8, 16), jnp.float32))
+
+    f = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((32, 16), jnp.float32), grid=(4,),
+        in_specs=[pl.BlockSpec((32, 16), lambda i: (0, 0))],
+        out_specs=pl.BlockSpec((8, 16), lambda i: (i, 0)), compiler_params=compiler_params)
+    return f, jnp.arange(32 * 16, dtype=jnp.float32).reshape(32, 16)
+
+
+def test_fori_loop_with_traced_bounds_is_a_for_loop():
+    # Triton software-pipelines `for` loops, not `while` loops.
+    f, x = _traced_fori()
+    src = pltriton.inspect(f, x)
+    assert "while " not in src and "in range(c" in src
+    want = np.cumsum(np.asarray(x).reshape(4, 8, 16), axis=0).reshape(32, 16)
+    np.testing.assert_allclose(np.asarray(pltriton.emulate(f, x)), want)
+    np.testing.assert_allclose(np.asarray(f(x)), want)
+
+
+def test_compile_targets_compiler_params_compute_capability():
+    f, x = _traced_fori(pltriton.CompilerParams(compute_capability=90))
+    (k,) = pltriton.compile(f, x)
+    assert k.compute_capability == 90
+    (k,) = pltriton.compile(f, x, compute_capability=80)
+    assert k.compute_capability == 80
+
+
+def _k_grid_matmul(final_reads_input: bool):
+    def kernel(a_ref, b_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            extra = a_ref[:, :32] if final_reads_input else 0.0
+            o_ref[...] = acc_ref[...] + extra
+
+    f = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((64, 64), jnp.float32), grid=(2, 2, 3),
+        in_specs=[pl.BlockSpec((32, 32), lambda i, j, k: (i, k)),
+                  pl.BlockSpec((32, 32), lambda i, j, k: (k, j))],
+        out_specs=pl.BlockSpec((32, 32), lambda i, j, k: (i, j)),
+        scratch_shapes=[pl.ANY((32, 32), jnp.float32)])
+    a = jnp.arange(64 * 96, dtype=jnp.float32).reshape(64, 96) / 1000
+    b = jnp.arange(96 * 64, dtype=jnp.float32).reshape(96, 64) / 1000
+    return f, (a, b)
+
+
+@pytest.mark.parametrize("final_reads_input", [False, True])
+def test_final_k_step_store_is_emitted_after_the_loop(final_reads_input):
+    f, args = _k_grid_matmul(final_reads_input)
+    src = pltriton.inspect(f, *args)
+    store_line = [ln for ln in src.splitlines() if "tl.store(" in ln][0]
+    loop_line = [ln for ln in src.splitlines() if "for step" in ln][0]
+    after_loop = len(store_line) - len(store_line.lstrip()) == (
+        len(loop_line) - len(loop_line.lstrip()))
+    # An input block moves along K: reading it in the final step keeps the store inside.
+    assert after_loop is not final_reads_input
+    np.testing.assert_allclose(np.asarray(pltriton.emulate(f, *args)), np.asarray(f(*args)),
+                               rtol=1e-2)
+    (k,) = pltriton.compile(f, *args, compute_capability=90)
+    assert k.uses_tensor_cores()

@@ -19,6 +19,7 @@ from pallas_triton._src.api import (
 )
 from pallas_triton._src.codegen import TritonLoweringError
 from pallas_triton._src.compile import CompiledKernel, compile_lowered
+from pallas_triton._src.compile import compute_capability as _target
 from pallas_triton._src.emulate import emulate_lowered
 from pallas_triton._src.lowering import LoweredKernel
 from pallas_triton._src.primitives import (
@@ -35,9 +36,15 @@ from pallas_triton._src.primitives import (
 )
 
 
-def compile(f, *args, compute_capability: int = 80, **kwargs) -> list[CompiledKernel]:  # noqa: A001
-    """Compiles every ``pallas_call`` of ``f(*args)`` with ``triton.compile`` (no GPU needed)."""
-    return [compile_lowered(k, compute_capability) for k in lower(f, *args, **kwargs)]
+def compile(f, *args, compute_capability: int | None = None,  # noqa: A001
+            **kwargs) -> list[CompiledKernel]:
+    """Compiles every ``pallas_call`` of ``f(*args)`` with ``triton.compile`` (no GPU needed).
+
+    The target, unless ``compute_capability`` is given: each call's
+    ``CompilerParams.compute_capability``, the environment, the local GPU, else 80.
+    """
+    return [compile_lowered(c.lower(), compute_capability or _target(c.compiler_params))
+            for c in find_pallas_calls(f, *args, **kwargs)]
 
 
 def emulate(f, *args, **kwargs):

@@ -110,11 +110,10 @@ def max_contiguous(x, values):
 def load(ref, *, mask=None, other=None, cache_modifier: str | None = None,
          eviction_policy: str | None = None, volatile: bool = False):
     """``pl.load`` with Triton's cache hints (hints do not change values)."""
-    del cache_modifier, eviction_policy, volatile
-    return pl.load(ref, (), mask=mask, other=other)
+    return pl.load(ref, (), mask=mask, other=other, cache_modifier=cache_modifier,
+                   eviction_policy=eviction_policy, volatile=volatile)
 
 
 def store(ref, val, *, mask=None, eviction_policy: str | None = None) -> None:
     """``pl.store`` with Triton's eviction hint (hints do not change values)."""
-    del eviction_policy
-    pl.store(ref, val, (), mask=mask)
+    pl.store(ref, val, (), mask=mask, eviction_policy=eviction_policy)

@@ -252,7 +252,27 @@ def _lower_kernel(jaxpr, gm, num_warps, num_stages, name) -> LoweredKernel:
 
     closed = jaxpr
     consts = [_const_value(c) for c in closed.consts]
-    lower_jaxpr(ctx, closed.jaxpr, consts, [*prefetch_refs, *operand_refs, *scratch_refs])
+    refs = [*prefetch_refs, *operand_refs, *scratch_refs]
+    body, last = closed.jaxpr, None
+    if len(seq_axes) == 1:
+        # Input blocks may move along the loop axis: only outputs, scratch and scalar
+        # prefetch (addressed the same at every step) may be used after the loop.
+        inputs = body.invars[len(prefetch_refs):len(prefetch_refs) + gm.num_inputs]
+        last = _final_step_epilogue(body, seq_axes[0], grid, set(body.invars) - set(inputs))
+    if last is None:
+        lower_jaxpr(ctx, body, consts, refs)
+    else:
+        # ``pl.when(k == last)`` ending the body of the K loop: emitted after the loop,
+        # where it runs at the same point (after the last step's body). Inside the loop
+        # its store keeps a layout conversion of the accumulator live next to the
+        # pipelined buffers (more shared memory, and spills); after it, none.
+        lower_jaxpr(ctx, body.replace(eqns=body.eqns[:-1]), consts, refs)
+        em.depth -= 1
+        a = seq_axes[0]
+        ctx.pids[a] = Value(str(grid[a] - 1), (), np.int32, literal=True)
+        env = dict(zip(body.invars, refs))
+        jaxpr1, consts1 = _closed(last.params["branches"][1])
+        lower_jaxpr(ctx, jaxpr1, consts1, [env[v] for v in last.invars[1:]])
 
     header = [
         "import triton",
@@ -276,6 +296,51 @@ def _lower_kernel(jaxpr, gm, num_warps, num_stages, name) -> LoweredKernel:
         grid=grid, num_warps=int(num_warps), num_stages=int(num_stages),
         input_output_aliases=tuple(gm.input_output_aliases),
     )
+
+
+def _final_step_epilogue(jaxpr, axis: int, grid, allowed: set):
+    """The kernel's last equation if it is ``pl.when(program_id(axis) == last)`` over
+    ``allowed`` refs only (with an empty else branch); else None."""
+    if not jaxpr.eqns:
+        return None
+    eqn = jaxpr.eqns[-1]
+    if eqn.primitive.name != "cond" or eqn.outvars or len(eqn.params["branches"]) != 2:
+        return None
+    if _closed(eqn.params["branches"][0])[0].eqns:
+        return None
+    if not all(type(v).__name__ != "Literal" and v in allowed for v in eqn.invars[1:]):
+        return None
+    producers = {o: e for e in jaxpr.eqns for o in e.outvars}
+
+    def const(v):
+        if type(v).__name__ == "Literal":
+            return int(v.val) if np.ndim(v.val) == 0 else None
+        e = producers.get(v)
+        if e is None:
+            return None
+        if e.primitive.name == "num_programs":
+            return int(grid[e.params["axis"]])
+        if e.primitive.name in ("sub", "add"):
+            x, y = (const(u) for u in e.invars)
+            if x is None or y is None:
+                return None
+            return x - y if e.primitive.name == "sub" else x + y
+        return None
+
+    def is_pid(v):
+        e = producers.get(v)
+        return e is not None and e.primitive.name == "program_id" and e.params["axis"] == axis
+
+    idx = eqn.invars[0]
+    e = producers.get(idx)
+    if e is not None and e.primitive.name == "convert_element_type":
+        e = producers.get(e.invars[0])
+    if e is None or e.primitive.name != "eq":
+        return None
+    x, y = e.invars
+    if is_pid(x) and const(y) == grid[axis] - 1 or is_pid(y) and const(x) == grid[axis] - 1:
+        return eqn
+    return None
 
 
 def _depends(jaxpr, n_axes: int) -> set[int]:
@@ -718,6 +783,15 @@ def _while(ctx, eqn, invals, used):
     cargs, bargs, init = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
     carries = _carry_vars(ctx, init)
     em = ctx.em
+    if _is_fori(cjaxpr, cconsts, bjaxpr, bn):
+        # A fori_loop with traced bounds: a ``for`` over ``range(lo, hi)``, which
+        # Triton's software pipeliner handles (it does not pipeline ``while`` loops).
+        it = em.fresh("it")
+        em.line(f"for {it} in range({carries[0].expr}, {carries[1].expr}):")
+        with em.indent():
+            outs = lower_jaxpr(ctx, bjaxpr, bconsts, [*bargs, *carries])
+            _assign_all(ctx, carries, outs)
+        return carries
     (pred,) = lower_jaxpr(ctx, cjaxpr, cconsts, [*cargs, *carries])
     pvar = em.assign(typed(em, pred).expr, (), np.bool_, prefix="pred")
     em.line(f"while {pvar.expr}:")
@@ -728,6 +802,29 @@ def _while(ctx, eqn, invals, used):
         (pred2,) = lower_jaxpr(ctx, cjaxpr, cconsts, [*cargs, *carries])
         em.line(f"{pvar.expr} = {typed(em, pred2).expr}")
     return carries
+
+
+def _is_fori(cjaxpr, cconsts, bjaxpr, bn: int) -> bool:
+    """Whether a ``while`` is ``lax.fori_loop``'s: carries ``(i, upper, *x)``, condition
+    ``i < upper``, body ``(i + 1, upper, ...)`` with ``upper`` passed through."""
+    if cconsts or len(cjaxpr.invars) < 2 or len(cjaxpr.eqns) != 1:
+        return False
+    (ceqn,) = cjaxpr.eqns
+    i, upper = cjaxpr.invars[:2]
+    if (ceqn.primitive.name != "lt" or list(ceqn.invars) != [i, upper]
+            or list(ceqn.outvars) != list(cjaxpr.outvars)
+            or i.aval.dtype != upper.aval.dtype or i.aval.shape != ()
+            or not np.issubdtype(i.aval.dtype, np.integer)):
+        return False
+    bi, bupper = bjaxpr.invars[bn:bn + 2]
+    if bjaxpr.outvars[1] is not bupper:
+        return False
+    for e in bjaxpr.eqns:
+        if e.outvars and e.outvars[0] is bjaxpr.outvars[0]:
+            one = e.invars[1] if len(e.invars) == 2 else None
+            return (e.primitive.name == "add" and e.invars[0] is bi
+                    and getattr(one, "val", None) is not None and int(one.val) == 1)
+    return False
 
 
 def describe(lowered: LoweredKernel) -> str:
