@@ -125,12 +125,23 @@ def _strided(w: Window) -> bool:
     return any(s != 1 for s in w.strides)
 
 
+def _check_vector_window(w: Window, what: str) -> None:
+    """VMEM accesses go through vector ops, which need a memref of rank >= 1."""
+    if not w.full_shape:
+        raise NotImplementedError(
+            f"{what} a ()-shaped (0-d) VMEM ref: Mosaic TPU vector memory holds arrays of "
+            f"rank >= 1 (give the operand shape (1, 1) or place it in SMEM with "
+            f"pl.BlockSpec(memory_space=pltpu.SMEM))"
+        )
+
+
 def load_window(w: Window, dtype) -> ir.Value:
     ref = w.ref
     if _is_smem(ref):
         if w.shape:
             raise NotImplementedError("vector loads from SMEM (SMEM holds scalars)")
         return memref.load(ref.memref, window_indices(w))
+    _check_vector_window(w, "loading from")
     full_t = T.value_type(w.full_shape, dtype)
     if _strided(w):
         v = tpu.strided_load(full_t, ref.memref, window_indices(w), list(w.strides))
@@ -151,6 +162,7 @@ def store_window(w: Window, value: ir.Value, dtype, mask=None) -> None:
             raise NotImplementedError("vector stores to SMEM (SMEM holds scalars)")
         memref.store(value, ref.memref, window_indices(w))
         return
+    _check_vector_window(w, "storing to")
     full = w.full_shape
     if not w.shape:
         value = vector.broadcast(T.value_type(full, dtype), value)
