@@ -48,6 +48,8 @@ TAGS: dict[str, str] = {
     "pytrees": "pytrees of operands and outputs",
     "scalar_prefetch": "PrefetchScalarGridSpec and data-dependent index maps",
     "semaphores": "semaphore_signal / semaphore_wait / semaphore_read",
+    "atomics": "atomic read-modify-write on refs (pallas.atomics: add/max/min/and/or/"
+               "xor/xchg/cas), including masked atomics and contention across programs",
     "bf16": "bfloat16 operands",
     "f16": "float16 operands",
     "int8": "int8 operands",

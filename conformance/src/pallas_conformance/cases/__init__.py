@@ -2,10 +2,12 @@
 
 from pallas_conformance.cases import (
     aliasing,
+    atomics,
     broadcasting,
     control_flow,
     dot,
     elementwise,
+    elementwise_more,
     indexing,
     kernels,
     outputs,

@@ -14,6 +14,7 @@ from pallas._src.jax_compat import axis_index_p
 from pallas._src.memory import MemoryRef, MemorySpace, SemaphoreSpace, is_semaphore_space
 from pallas._src.mesh import CoreMesh, Mesh, core_map_p
 from pallas._src.pallas_call import lower_with_interpreter, pallas_call_p
+from pallas._src.primitives.atomics import atomic_cas_p, atomic_rmw_p
 from pallas._src.primitives.debug import (
     debug_check_p,
     debug_print_p,
@@ -50,11 +51,12 @@ from pallas._src.registry.registry import (
 PRIMITIVES = (
     program_id_p, num_programs_p, load_p, swap_p, run_scoped_p, semaphore_signal_p,
     semaphore_wait_p, semaphore_read_p, multiple_of_p, debug_print_p, debug_check_p,
-    delay_p, core_map_p, axis_index_p,
+    delay_p, core_map_p, axis_index_p, atomic_rmw_p, atomic_cas_p,
 )
 
 __all__ = [
-    "PRIMITIVES", "BlockMapping", "Blocked", "BoundedSlice", "Checks", "Element",
+    "PRIMITIVES", "atomic_cas_p", "atomic_rmw_p", "BlockMapping", "Blocked", "BoundedSlice",
+    "Checks", "Element",
     "GridMapping", "MemoryRef", "MemorySpace", "SemaphoreSpace", "Squeezed",
     "axis_index_p", "core_map_p", "debug_check_p", "debug_print_p", "delay_p",
     "eval_jaxpr", "fresh_cell", "kernel_debug_effect", "interpret_pallas_call", "interpret_rules",

@@ -7,7 +7,6 @@ change to this file (and the pin in pallas-core), not a hunt through the package
 from __future__ import annotations
 
 from jax._src.interpreters import mlir as _mlir
-from jax._src.state import discharge as _discharge
 from jax._src.state import indexing as _indexing
 from jax._src.state import types as _state_types
 
@@ -20,10 +19,6 @@ TransposeTransform = _state_types.TransposeTransform
 TransformedRef = _state_types.TransformedRef
 WriteEffect = _state_types.WriteEffect
 transform_type = _state_types.transform_type
-
-# Reading and writing a value through an indexer (the interpreter rules of atomics).
-get_discharge = _discharge._get_discharge
-swap_discharge = _discharge._swap_discharge
 
 custom_call = _mlir.custom_call
 

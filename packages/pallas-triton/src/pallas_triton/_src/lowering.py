@@ -572,7 +572,7 @@ def _masked_swap(ctx, eqn, invals, used):
     return [old if old is not None else val] if eqn.outvars else []
 
 
-@special("triton_atomic_rmw")
+@special("atomic_rmw")
 def _atomic_rmw(ctx, eqn, invals, used):
     ref, val, *rest = invals
     transforms, extra = _split_transforms(eqn, rest)
@@ -580,7 +580,7 @@ def _atomic_rmw(ctx, eqn, invals, used):
     return [refs.atomic(ctx.em, eqn.params["op"], ref, transforms, val, mask=mask)]
 
 
-@special("triton_atomic_cas")
+@special("atomic_cas")
 def _atomic_cas(ctx, eqn, invals, used):
     ref, cmp, val, *rest = invals
     transforms, _ = _split_transforms(eqn, rest)

@@ -216,6 +216,9 @@ def atomic(em: Emitter, op: str, ref, transforms, val: Value, *, mask: Value | N
         args.append(f"mask={m}")
     if sem:
         args.append(f'sem="{sem}"')
+    # Program order: the program's earlier writes (made by all of its threads) happen
+    # before the atomic, which a single thread may issue (a scalar release of a lock).
+    em.line("tl.debug_barrier()")
     return em.assign(f"tl.atomic_{op}({', '.join(args)})", shape, ref.dtype)
 
 
