@@ -54,6 +54,7 @@ from pallas_tpu._src.primitives.dma import (
     sync_copy,
 )
 from pallas_tpu._src.primitives.misc import (
+    core_barrier,
     get_barrier_semaphore,
     prng_random_bits,
     prng_seed,
@@ -82,9 +83,6 @@ from pallas_tpu._src.tpu_info import (
     get_tpu_info,
     get_tpu_info_for_chip,
     is_tpu_device,
-)
-from pallas_tpu._src.unimplemented import (
-    core_barrier,
 )
 from pallas_tpu.plugin import register_interpret_rules as _register_interpret_rules
 

@@ -107,3 +107,9 @@ def blocked_sample_block(sampler_fn, keys, block_size, tile_size, **kwargs):
     from jax._src import blocked_sampler
 
     return blocked_sampler.sample_block(sampler_fn, keys, block_size, tile_size, **kwargs)
+
+
+def mark_ref_allocating(prim) -> None:
+    """Marks ``prim`` as creating a ref inside a jaxpr (as JAX's own ``ref_p``): effects
+    of later primitives on its result then need no corresponding jaxpr input."""
+    prim.ref_allocating = True

@@ -45,12 +45,7 @@ def not_implemented_class(name: str):
                            "__doc__": f"Not implemented yet in {PACKAGE}."})
 
 
-core_barrier = not_implemented("core_barrier")
-
-NAMES = [
-    "core_barrier",
-    "get_barrier_semaphore",  # defined in primitives/misc.py, raising the same way
-]
+NAMES: list[str] = []
 
 
 @functools.cache

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith
+from jaxlib.mlir.dialects import arith, scf
 from jaxlib.mosaic.python import tpu
 
 from pallas_tpu._src import core_compat as cc
@@ -201,6 +201,29 @@ def _get_barrier_semaphore(lctx, eqn):
     from pallas_tpu._src.memory import SemaphoreType
 
     return RefVal(tpu.sem_barrier(t), jnp.int32, SemaphoreType.BARRIER, ())
+
+
+@rule(misc.core_barrier_p)
+def _core_barrier(lctx, eqn, sem, *idx):
+    p = eqn.params
+    n, name = p["num_cores"], p["axis_name"]
+    if n <= 1:
+        return []
+    if name not in lctx.grid_names:
+        raise NotImplementedError(
+            f"core_barrier over axis {name!r}, which is not a core axis of this kernel "
+            f"(its axes: {lctx.grid_names}); use the axis of pltpu.create_tensorcore_mesh"
+        )
+    me = to_i32(lctx.grid_indices[lctx.grid_names.index(name)])
+    view = _sem_view(sem, idx, p["tree"])
+    for core in range(n):  # signal every other core
+        other = arith.cmpi(arith.CmpIPredicate.ne, me, to_i32(core))
+        op = scf.IfOp(other, [], has_else=False)
+        with ir.InsertionPoint(op.then_block):
+            tpu.sem_signal(view, to_i32(1), core_id=to_i32(core))
+            scf.yield_([])
+    tpu.sem_wait(view, to_i32(n - 1))
+    return []
 
 
 # ------------------------------------------------------------------------------------------

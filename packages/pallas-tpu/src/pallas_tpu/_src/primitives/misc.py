@@ -136,26 +136,21 @@ def with_memory_space_constraint(x, memory_space):
 # -- the barrier semaphore ---------------------------------------------------------------------
 
 get_barrier_semaphore_p = jc.Primitive("tpu_get_barrier_semaphore")
+# The semaphore is created inside the kernel: marking the primitive as allocating a ref
+# lets JAX accept the semaphore primitives' effects on it (they name no jaxpr input).
+jc.mark_ref_allocating(get_barrier_semaphore_p)
 
 
 def get_barrier_semaphore():
     """The kernel's barrier semaphore, for handshakes between devices.
 
     Signal it on neighbours with ``pl.semaphore_signal(sem, device_id=...)`` and wait on
-    it locally. Kernels using it must pass ``collective_id`` in ``pltpu.CompilerParams``.
-
-    Not usable yet: pallas-core's semaphore primitives declare their effects on jaxpr
-    inputs, and this semaphore is created inside the kernel, so tracing a signal on it
-    fails. The primitive, its interpreter rule and its lowering (``tpu.sem_barrier``)
-    are here for when pallas-core accepts it.
+    it locally. Kernels using it must pass ``collective_id`` in ``pltpu.CompilerParams``
+    (Mosaic allocates the semaphore from it). In the interpreter it is one int32 count
+    per device, shared by every use in the kernel; remote signals reach it when the
+    kernel runs under ``jax.shard_map``.
     """
-    from pallas_tpu._src.unimplemented import NotImplementedInBackend
-
-    raise NotImplementedInBackend(
-        "pltpu.get_barrier_semaphore is not implemented yet in pallas-tpu (Pallas backend "
-        "'mosaic_tpu'): pallas-core's semaphore_signal/wait cannot yet act on a semaphore "
-        "created inside the kernel; see the pallas-tpu README"
-    )
+    return get_barrier_semaphore_p.bind()
 
 
 def _get_barrier_semaphore():
@@ -186,7 +181,41 @@ def _barrier_rule(ctx, eqn, invals):
     return [cell]
 
 
+# -- core_barrier ---------------------------------------------------------------------------
+
+core_barrier_p = jc.Primitive("tpu_core_barrier")
+core_barrier_p.multiple_results = True
+
+
+def core_barrier(sem, *, core_axis_name: str) -> None:
+    """Synchronizes the TensorCores of ``core_axis_name`` (a ``create_tensorcore_mesh``
+    axis): each core signals ``sem`` on every other core, then waits for the
+    ``num_cores - 1`` signals it receives. A no-op on a single core.
+
+    ``sem`` is a regular semaphore (e.g. ``pltpu.SemaphoreType.REGULAR`` scratch).
+    """
+    num_cores = lax.axis_size(core_axis_name)
+    base, flat, tree = R.flatten_ref(sem)
+    core_barrier_p.bind(base, *flat, tree=tree, axis_name=core_axis_name,
+                        num_cores=int(num_cores))
+
+
+core_barrier_p.def_effectful_abstract_eval(lambda *a, **k: ([], {jc.WriteEffect(0)}))
+
+
+def _core_barrier_rule(ctx, eqn, invals):
+    n = eqn.params["num_cores"]
+    if n > 1:
+        raise NotImplementedError(
+            f"pltpu.core_barrier over {n} cores of axis {eqn.params['axis_name']!r} in the "
+            f"Pallas interpreter (backend 'mosaic_tpu'): the interpreter runs the cores one "
+            f"after another, so no core can wait for a later one; it lowers for TPU"
+        )
+    return []  # one core: nothing to synchronize
+
+
 INTERPRET_RULES = {
+    core_barrier_p: _core_barrier_rule,
     get_barrier_semaphore_p: _barrier_rule,
     prng_seed_p: _seed_rule,
     prng_random_bits_p: _bits_rule,
