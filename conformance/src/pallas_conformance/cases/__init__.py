@@ -13,6 +13,7 @@ from pallas_conformance.cases import (
     outputs,
     prefetch,
     reductions,
+    reductions_more,
     scratch,
     semaphores,
     transforms,
