@@ -40,9 +40,15 @@ TAGS: dict[str, str] = {
                     "program_id/num_programs",
     "dot": "jnp.dot / lax.dot_general inside kernels",
     "scratch": "scratch_shapes and run_scoped buffers",
-    "sequential_grid": "kernels that rely on the grid running in order: scratch that "
-                       "persists across grid steps, outputs accumulated along a grid axis "
-                       "(TPU and the interpreter; not GPUs, whose programs run in parallel)",
+    "sequential_grid": "kernels that rely on the grid running in order along a reduction "
+                       "axis (one that no output's index map uses): output blocks revisited "
+                       "and accumulated along it, scratch accumulators that persist across "
+                       "its steps (GPU backends run such an axis as a loop in each program)",
+    "carry_across_blocks": "state carried from one output block to the next: scratch or a "
+                           "semaphore that persists across grid steps writing different "
+                           "output blocks (a running sum over the grid); needs the whole "
+                           "grid run in order (TPU and the interpreter; not GPUs, whose "
+                           "programs for different output blocks run in parallel)",
     "aliasing": "input_output_aliases",
     "multiple_outputs": "several outputs from one pallas_call",
     "pytrees": "pytrees of operands and outputs",

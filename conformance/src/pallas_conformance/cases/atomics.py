@@ -213,30 +213,29 @@ def cas_elementwise(pallas_call, ref, val):
                        input_output_aliases={0: 0})(ref, val)
 
 
-@case("atomics/cas_spin_lock", tags={"atomics", "aliasing", "multiple_outputs", "control_flow"},
-      inputs=lambda rng: (jnp.zeros((8, C), jnp.int32), jnp.zeros((8, C), jnp.float32),
-                          _ints_as_f32(rng, (8 * N, C))),
-      reference=lambda lock, acc, x: (lock, _block_sum(x), x))
-def spin_lock(pallas_call, lock, acc, x):
-    """A lock taken with atomic_cas in a while loop guards a plain read-modify-write of a
-    shared block; atomic_xchg releases it (the pattern of Triton's layer-norm backward)."""
-    def kernel(l_in, a_in, x_ref, lock_ref, acc_ref, y_ref):
-        lock_at = lock_ref.at[0, 0]
+@case("atomics/cas_retry_loop", tags={"atomics", "aliasing", "multiple_outputs", "control_flow"},
+      inputs=lambda rng: (jnp.ones((8, C), jnp.int32), randn(rng, (8 * N, C), jnp.int32)),
+      reference=lambda one, x: (one.at[0, 0].set(3 * 5 * 7 * 9).at[0, 1].set(N + 1), x))
+def cas_retry_loop(pallas_call, one, x):
+    """A lock-free update no atomic instruction does: each program multiplies a shared
+    element by its factor 2i+3 with an atomic_cas retry loop (the product is order-free)."""
+    def kernel(o_in, x_ref, acc_ref, y_ref):
+        factor = pl.program_id(0) * 2 + 3
+        cell = acc_ref.at[0, 0]
 
-        def spin(old):
-            return atomics.atomic_cas(lock_at, 0, 1)
+        def retry(carry):
+            guess, _ = carry
+            seen = atomics.atomic_cas(cell, guess, guess * factor)
+            return seen, seen != guess
 
-        lax.while_loop(lambda old: old != 0, spin, atomics.atomic_cas(lock_at, 0, 1))
-        acc_ref[...] += x_ref[...]
-        atomics.atomic_xchg(lock_ref, (0, 0), 0)
+        guess = atomics.atomic_add(acc_ref, (0, 0), 0)  # an atomic read
+        lax.while_loop(lambda c: c[1], retry, (guess, True))
+        atomics.atomic_add(acc_ref, (0, 1), 1)
         y_ref[...] = x_ref[...]
 
-    return pallas_call(
-        kernel, out_shape=(sds((8, C), jnp.int32), sds((8, C), jnp.float32),
-                           sds(x.shape, x.dtype)),
-        grid=(N,), in_specs=[_shared(), _shared(), _block()],
-        out_specs=(_shared(), _shared(), _block()),
-        input_output_aliases={0: 0, 1: 1})(lock, acc, x)
+    return pallas_call(kernel, out_shape=(sds((8, C), jnp.int32), sds(x.shape, x.dtype)),
+                       grid=(N,), in_specs=[_shared(), _block()],
+                       out_specs=(_shared(), _block()), input_output_aliases={0: 0})(one, x)
 
 
 def _histogram_ref(zeros, x):

@@ -23,7 +23,7 @@ def staging(pallas_call, x):
                        scratch_shapes=[pl.ANY((8, C), jnp.float32)])(x)
 
 
-@case("scratch/persists_across_grid", tags={"scratch", "sequential_grid"},
+@case("scratch/persists_across_grid", tags={"scratch", "sequential_grid", "carry_across_blocks"},
       inputs=lambda rng: (randn(rng, (R, C)),),
       reference=lambda x: jnp.cumsum(x.reshape(4, 8, C), axis=0).reshape(R, C))
 def persists(pallas_call, x):
@@ -41,7 +41,7 @@ def persists(pallas_call, x):
                        out_specs=spec, scratch_shapes=[pl.ANY((8, C), jnp.float32)])(x)
 
 
-@case("scratch/int32_counter", tags={"scratch", "sequential_grid"},
+@case("scratch/int32_counter", tags={"scratch", "sequential_grid", "carry_across_blocks"},
       inputs=lambda rng: (randn(rng, (R, C), jnp.int32),),
       reference=lambda x: x + jnp.repeat(jnp.arange(1, 5, dtype=jnp.int32), 8)[:, None])
 def counter(pallas_call, x):

@@ -47,7 +47,8 @@ def array_of(pallas_call, x):
                        scratch_shapes=[SemaphoreSpace.REGULAR((4,))])(x)
 
 
-@case("semaphores/count_across_grid", tags={"semaphores", "scratch", "sequential_grid"},
+@case("semaphores/count_across_grid",
+      tags={"semaphores", "scratch", "sequential_grid", "carry_across_blocks"},
       inputs=lambda rng: (randn(rng, (32, C)),),
       reference=lambda x: x + jnp.repeat(jnp.arange(1, 5, dtype=jnp.float32), 8)[:, None])
 def count_across(pallas_call, x):

@@ -235,7 +235,8 @@ def vmap_unbatched_weight(pallas_call, x, w):
     return jax.vmap(lambda a, b: _matmul_rows(pallas_call, a, b), in_axes=(0, None))(x, w)
 
 
-@case("vmap/grid_scratch_accumulate", tags={"vmap", "scratch", "sequential_grid"},
+@case("vmap/grid_scratch_accumulate",
+      tags={"vmap", "scratch", "sequential_grid", "carry_across_blocks"},
       inputs=lambda rng: (randn(rng, (3, 32, C)),), reference=jax.vmap(_ref_running_sum),
       tolerance={"float32": (1e-5, 1e-5)})
 def vmap_grid_scratch(pallas_call, x):
@@ -419,7 +420,7 @@ def grad_checkpoint(pallas_call, x):
     return jax.grad(lambda a: jnp.sum(f(a) ** 2))(x)
 
 
-@case("grad/jvp_scratch", tags={"grad", "scratch", "sequential_grid"},
+@case("grad/jvp_scratch", tags={"grad", "scratch", "sequential_grid", "carry_across_blocks"},
       inputs=lambda rng: (randn(rng, (32, C)), randn(rng, (32, C))),
       reference=lambda x, t: jax.jvp(_ref_running_sum, (x,), (t,)),
       tolerance={"float32": (1e-5, 1e-5)})
@@ -555,7 +556,8 @@ def export_grad(pallas_call, x):
     return jax.export.export(f)(x).call(x)
 
 
-@case("export/scratch_and_grid", tags={"export", "scratch", "sequential_grid"},
+@case("export/scratch_and_grid",
+      tags={"export", "scratch", "sequential_grid", "carry_across_blocks"},
       inputs=lambda rng: (randn(rng, (32, C)),), reference=_ref_running_sum,
       tolerance={"float32": (1e-5, 1e-5)})
 def export_scratch(pallas_call, x):

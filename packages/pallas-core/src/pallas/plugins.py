@@ -7,6 +7,7 @@ a ``@hookimpl``-marked ``pallas_backends`` function, and register the module in 
 
 from pallas._src.block_spec import Blocked, BoundedSlice, Element, Squeezed
 from pallas._src.grid_spec import BlockMapping, GridMapping
+from pallas._src.interpreter.analysis import scratch_live_in
 from pallas._src.interpreter.evaluator import Cell, KernelContext, eval_jaxpr
 from pallas._src.interpreter.grid_runner import Checks, interpret_pallas_call
 from pallas._src.interpreter.rules import interpret_rules, register_interpret_rule
@@ -66,5 +67,5 @@ __all__ = [
     "Backend", "BackendLoadError", "BackendNotFoundError", "Cell", "CoreMesh", "ENTRY_POINT_GROUP",
     "KernelContext", "LEVELS", "Mesh", "PluginLoadWarning", "env_var", "get_backend", "hookimpl",
     "hookspec", "list_backends", "load_failures", "register_backend",
-    "register_interpret_rule", "reset", "select_backend",
+    "register_interpret_rule", "reset", "scratch_live_in", "select_backend",
 ]

@@ -11,7 +11,7 @@ from pallas_triton._src.api import CompilerParams
 CAPABILITIES = frozenset({
     "elementwise", "broadcasting", "reductions", "indexing", "control_flow", "dot",
     "multiple_outputs", "scratch", "atomics", "aliasing", "pytrees", "scalar_prefetch",
-    "bf16", "f16", "int8", "uint32", "bool", "kernels", "vmap",
+    "bf16", "f16", "int8", "uint32", "bool", "kernels", "vmap", "sequential_grid",
 })
 
 

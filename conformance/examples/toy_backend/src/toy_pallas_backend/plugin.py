@@ -24,7 +24,7 @@ from toy_pallas_backend import __version__
 CAPABILITIES = frozenset({
     "elementwise", "broadcasting", "reductions", "indexing", "masking", "edge_blocks",
     "control_flow", "dot", "scratch", "aliasing", "multiple_outputs", "pytrees",
-    "scalar_prefetch", "semaphores", "sequential_grid", "bf16", "f16", "int8", "uint32", "bool",
+    "scalar_prefetch", "semaphores", "sequential_grid", "carry_across_blocks", "bf16", "f16", "int8", "uint32", "bool",
     "export", "kernels",
 })
 

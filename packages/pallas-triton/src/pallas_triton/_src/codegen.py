@@ -169,6 +169,9 @@ class GlobalRef:
     strides: tuple[int, ...]  # element strides of the whole array
     dims: list[ArrayDim]
     origin: str
+    # The parallel grid axes along which concurrently running programs see this same
+    # (output) block: only atomics may touch it.
+    shared_along: tuple[int, ...] = ()
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -17,6 +17,7 @@ import re
 
 import numpy as np
 
+from pallas import plugins
 from pallas._src import block_spec as bs
 from pallas_triton._src import refs
 from pallas_triton._src.codegen import (
@@ -248,8 +249,13 @@ def _lower_kernel(jaxpr, gm, num_warps, num_stages, name) -> LoweredKernel:
         params.append(p)
         sig[p] = "*" + sig_dtype(bm.array_aval.dtype)
         avals.append(bm.array_aval)
-        operand_refs.append(_block_ref(ctx, bm, p, prefetch_refs))
+        ref = _block_ref(ctx, bm, p, prefetch_refs)
+        if kind == "out" and not bm.whole:
+            used = _depends(bm.index_map_jaxpr.jaxpr, len(grid))
+            ref.shared_along = tuple(a for a in par_axes if a not in used and grid[a] > 1)
+        operand_refs.append(ref)
 
+    _check_scratch_carry(jaxpr, gm, seq_axes, par_grid)
     closed = jaxpr
     consts = [_const_value(c) for c in closed.consts]
     refs = [*prefetch_refs, *operand_refs, *scratch_refs]
@@ -359,6 +365,26 @@ def _depends(jaxpr, n_axes: int) -> set[int]:
         if type(v).__name__ != "Literal":
             out |= taint.get(v, set())
     return out
+
+
+def _check_scratch_carry(jaxpr, gm, seq_axes, par_grid) -> None:
+    """Rejects scratch that a program would inherit from the previous one.
+
+    Each Triton program starts with fresh scratch; Pallas carries scratch from one grid
+    step to the next. That differs only where a program may read scratch before writing
+    it at its first step (loop axes at 0), with more than one program.
+    """
+    if not gm.scratch_types or math.prod(par_grid) <= 1:
+        return
+    first = gm.num_scalar_prefetch + gm.num_inputs + gm.num_outputs
+    if plugins.scratch_live_in(jaxpr, first, {a: 0 for a in seq_axes}, gm.grid):
+        raise unsupported(
+            "scratch carried from one program to the next (read before it is written at "
+            "the first step of a program, which runs in parallel with the others)",
+            "initialise scratch at the first step of each program, e.g. under "
+            "pl.when(pl.program_id(k) == 0) for a reduction axis k that no output's index "
+            "map uses (such axes run as a loop inside each program), or carry the value "
+            "in an output")
 
 
 def sequential_axes(gm) -> list[int]:

@@ -164,10 +164,22 @@ def _combine_masks(em: Emitter, a: str | None, b: Value | None, shape) -> str | 
     return name
 
 
+def _check_not_shared(ref, access: str) -> None:
+    """Plain accesses of a block that parallel programs share would race: reject them."""
+    if getattr(ref, "shared_along", ()):
+        axes = ", ".join(map(str, ref.shared_along))
+        raise unsupported(
+            f"a {access} of {ref.origin}, whose block programs running in parallel along "
+            f"grid axes {axes} share (its index map ignores them)",
+            "update it with pallas.atomics (or pltriton.atomic_*), or give it a block per "
+            "program; an axis that no output's index map uses runs as a loop instead")
+
+
 def load(em: Emitter, ref, transforms, *, mask: Value | None = None,
          other: Value | None = None, extra: str = "") -> Value:
     if isinstance(ref, LocalRef):
         return _local_get(em, ref, transforms, mask)
+    _check_not_shared(ref, "plain read")
     ptr, bmask, shape = _address(em, ref, transforms)
     m = _combine_masks(em, bmask, mask, shape)
     args = [ptr]
@@ -185,6 +197,7 @@ def store(em: Emitter, ref, transforms, val: Value, *, mask: Value | None = None
     """Writes ``val``; returns the previous contents when ``want_old``."""
     if isinstance(ref, LocalRef):
         return _local_swap(em, ref, transforms, val, mask)
+    _check_not_shared(ref, "plain write")
     old = None
     if want_old:
         old = load(em, ref, transforms, mask=mask)
