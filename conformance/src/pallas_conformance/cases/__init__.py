@@ -9,6 +9,7 @@ from pallas_conformance.cases import (
     elementwise,
     elementwise_more,
     indexing,
+    indexing_more,
     kernels,
     outputs,
     prefetch,
