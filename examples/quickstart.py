@@ -10,12 +10,13 @@ does not have. For every kernel the script
    with plain JAX, printing the largest error and a check mark;
 2. for every installed backend other than ``interpret`` (see
    ``pallas.plugins.list_backends()``), lowers it ahead of time for the backend's first
-   platform with ``jax.jit(f).trace(*args).lower(lowering_platforms=(platform,))``. No
-   accelerator is needed for that: lowering only produces the backend's compiler input.
+   platform with ``jax.jit(f).trace(*args).lower(lowering_platforms=(platform,))``, and,
+   if the backend has a ``compile`` level (Triton: PTX and cubin), compiles each of its
+   ``pallas_call``s with ``backend.compile``. No accelerator is needed for either.
 
 The script ends with a table, kernel x (interpret, each backend), where a backend's
-cell is ``ok``, ``unsupported`` (the backend raised ``NotImplementedError``) or
-``error``. It exits non-zero if an interpreter result does not match plain JAX.
+cell is ``ok`` (``+ compiled`` when compiled too), ``unsupported`` (the backend raised
+``NotImplementedError``) or ``error``. It exits non-zero if an interpreter result does not match plain JAX.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402 - after choosing the platform
+import jax.extend.core  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -186,17 +188,41 @@ def first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [""])[0]
 
 
+def pallas_call_eqns(jaxpr) -> list:
+    """The ``pallas_call`` equations of a jaxpr, including those in sub-jaxprs."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is pl.pallas_call_p:
+            found.append(eqn)
+            continue
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found.extend(pallas_call_eqns(sub))
+    return found
+
+
+def compile_calls(f, args, backend) -> None:
+    """Compiles every ``pallas_call`` of ``f(*args)`` with the backend's compiler."""
+    for eqn in pallas_call_eqns(jax.make_jaxpr(f)(*args).jaxpr):
+        p = eqn.params
+        backend.compile(p["jaxpr"], p["grid_mapping"], p["compiler_params"], name=p["name"],
+                        out_avals=p["out_avals"], cost_estimate=p["cost_estimate"])
+
+
 def try_lower(fn, args, backend) -> tuple[str, str | None]:
-    """Lowers ``fn`` for ``backend``'s first platform; returns (cell text, note)."""
+    """Lowers (and compiles, if it can) ``fn`` for ``backend``; returns (cell, note)."""
     platform = backend.platforms[0]
     f = jax.jit(functools.partial(fn, backend=backend.name))
+    done = "ok"
     try:
         f.trace(*args).lower(lowering_platforms=(platform,))
+        if "compile" in backend.levels:
+            compile_calls(f, args, backend)
+            done = "ok + compiled"
     except NotImplementedError as e:  # the backend's way of saying "not supported"
         return f"unsupported ({platform})", f"{type(e).__name__}: {first_line(e)}"
     except Exception as e:  # noqa: BLE001 - reported under the table
         return f"error ({platform})", f"{type(e).__name__}: {first_line(e)}"
-    return f"ok ({platform})", None
+    return f"{done} ({platform})", None
 
 
 def print_table(header, rows):
