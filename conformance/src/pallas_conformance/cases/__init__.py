@@ -6,6 +6,7 @@ from pallas_conformance.cases import (
     broadcasting,
     control_flow,
     dot,
+    dot_more,
     elementwise,
     elementwise_more,
     indexing,
