@@ -44,7 +44,7 @@ _MAX_YZ = 65535
 _ALTERNATIVES = {
     "gather": "index with pl.ds or load whole blocks",
     "scatter": "write with pl.ds or masked pl.store",
-    "scatter-add": "use pltriton.atomic_add",
+    "scatter-add": "use pallas.atomics.atomic_add (pltriton.atomic_add)",
     "sort": "sort outside the kernel",
     "concatenate": "write the pieces into an output ref with pl.ds",
     "pad": "use a larger BlockSpec; edge blocks are masked",
@@ -56,6 +56,9 @@ _ALTERNATIVES = {
     "reduce_and": "compare with jnp.min on an integer cast",
     "reduce_or": "compare with jnp.max on an integer cast",
     "reduce_prod": "use jnp.exp(jnp.sum(jnp.log(x))) or a loop",
+    "cumprod": "use a fori_loop over the axis, or jnp.cumsum of logarithms",
+    "cummax": "use a fori_loop over the axis",
+    "cummin": "use a fori_loop over the axis",
 }
 
 

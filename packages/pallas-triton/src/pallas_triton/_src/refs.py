@@ -218,7 +218,8 @@ def store(em: Emitter, ref, transforms, val: Value, *, mask: Value | None = None
 def atomic(em: Emitter, op: str, ref, transforms, val: Value, *, mask: Value | None,
            cmp: Value | None = None, sem: str | None = None) -> Value:
     if isinstance(ref, LocalRef):
-        raise unsupported("atomics on scratch buffers", "use atomics on output refs")
+        raise unsupported(f"atomic_{op} on the scratch buffer {ref.origin} (registers)",
+                          "apply atomics to output refs, which live in global memory")
     ptr, bmask, shape = _address(em, ref, transforms)
     m = _combine_masks(em, bmask, mask, shape)
     args = [ptr]

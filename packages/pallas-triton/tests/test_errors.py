@@ -1,0 +1,89 @@
+"""What the Triton backend cannot lower fails at lowering time, and says so.
+
+Each error is a ``TritonLoweringError`` (a ``NotImplementedError``) naming what is not
+supported (the primitive or construct), the backend, and, where there is one, what to
+do instead.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import pallas as pl
+import pallas_triton as pltriton
+from pallas import atomics
+from pallas.plugins import SemaphoreSpace
+
+SDS = jax.ShapeDtypeStruct
+X = jnp.zeros((16, 128), jnp.float32)
+SCRATCH = {"scratch_shapes": [pl.ANY((16, 128), jnp.float32)]}
+
+
+def _gather(x_ref, o_ref):
+    o_ref[...] = x_ref[jnp.arange(16) % 3, :]
+
+
+def _pad(x_ref, o_ref):
+    o_ref[...] = jnp.pad(x_ref[:8, :], ((0, 8), (0, 0)))
+
+
+def _sort(x_ref, o_ref):
+    o_ref[...] = jnp.sort(x_ref[...], axis=1)
+
+
+def _cumprod(x_ref, o_ref):
+    o_ref[...] = jnp.cumprod(x_ref[...], axis=1)
+
+
+def _atomic_on_scratch(x_ref, o_ref, s_ref):
+    s_ref[...] = x_ref[...]
+    atomics.atomic_add(s_ref, (slice(None), slice(None)), x_ref[...])
+    o_ref[...] = s_ref[...]
+
+
+def _scratch_slice(x_ref, o_ref, s_ref):
+    s_ref[...] = x_ref[...]
+    o_ref[pl.ds(0, 8), :] = s_ref[pl.ds(8, 8), :]
+    o_ref[pl.ds(8, 8), :] = s_ref[pl.ds(0, 8), :]
+
+
+def _semaphore(x_ref, o_ref, sem):
+    pl.semaphore_signal(sem, 1)
+    o_ref[...] = x_ref[...]
+
+
+CASES = {
+    "gather": (_gather, {}, r"array of indices \(gather/scatter\)", r"pl\.ds"),
+    "pad": (_pad, {}, r"primitive 'pad'", r"larger BlockSpec"),
+    "sort": (_sort, {}, r"primitive 'sort'", r"outside the kernel"),
+    "cumprod": (_cumprod, {}, r"primitive 'cumprod'", r"fori_loop"),
+    "atomic on scratch": (_atomic_on_scratch, SCRATCH, r"atomic_add on the scratch buffer",
+                          r"output refs"),
+    "scratch slice": (_scratch_slice, SCRATCH, r"partial slice of the scratch buffer",
+                      r"whole \(ref\[\.\.\.\]\)"),
+    "semaphore": (_semaphore, {"scratch_shapes": [SemaphoreSpace.REGULAR(())]}, r"semaphore",
+                  r"Mosaic backends"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_unsupported_constructs_name_themselves_the_backend_and_an_alternative(name):
+    kernel, kw, what, alternative = CASES[name]
+    f = pl.pallas_call(kernel, out_shape=SDS(X.shape, X.dtype), **kw)
+    with pytest.raises(pltriton.TritonLoweringError) as info:
+        pltriton.inspect(f, X)
+    msg = str(info.value)
+    assert isinstance(info.value, NotImplementedError)
+    assert "Pallas Triton backend (pallas-triton)" in msg
+    assert re.search(what, msg), msg
+    assert re.search(alternative, msg), msg
+
+
+def test_the_error_is_raised_when_lowering_for_cuda_not_later():
+    f = pl.pallas_call(_sort, out_shape=SDS(X.shape, X.dtype), backend="triton")
+    with pytest.raises(NotImplementedError, match=r"'sort'.*pallas-triton"):
+        jax.jit(f).trace(X).lower(lowering_platforms=("cuda",))
