@@ -11,6 +11,7 @@ import collections
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax import lax
 
@@ -367,9 +368,9 @@ def test_unsupported_dtypes_are_rejected_at_trace_time():
 
 def test_unsupported_primitive_is_rejected_at_trace_time():
     def kernel(x_ref, o_ref):
-        o_ref[...] = jnp.cumsum(x_ref[...], axis=0)
+        o_ref[...] = lax.cumlogsumexp(x_ref[...], axis=0)
 
-    with pytest.raises(NotImplementedError, match="cumsum.*mosaic_tpu.*interpret=True"):
+    with pytest.raises(NotImplementedError, match="cumlogsumexp.*mosaic_tpu.*interpret=True"):
         jax.eval_shape(_blocked((8, 128), kernel=kernel), jnp.zeros((64, 256), F32))
 
 
@@ -460,3 +461,58 @@ def test_remote_copy_lowers_with_device_id(lower_tpu, ops):
     assert "tpu.enqueue_dma" in text and "source_semaphore" in text and "device_id" in text
     assert collections.Counter(ops(m))["tpu.wait_dma2"] == 2  # send and receive
     assert backend_configs(lowered)[0]["custom_call_config"].get("has_communication") is True
+
+
+def test_cumulative_ops_lower_to_log_step_rotations(lower_tpu, ops):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.cumsum(x_ref[...], axis=1) + lax.cummax(x_ref[...], axis=0)
+
+    x = jnp.zeros((8, 128), F32)
+    _, (m,) = lower_tpu(_one_block(kernel, x), x)
+    names = collections.Counter(ops(m))
+    assert names["tpu.dynamic_rotate"] == 7 + 3  # log2(128) lane steps, log2(8) sublane steps
+
+
+def test_cumsum_runs_in_tpu_interpret_mode_like_jnp():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.cumsum(x_ref[...], axis=1)
+
+    x = jnp.arange(8 * 128, dtype=F32).reshape(8, 128) % 7
+    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, F32),
+                         compiler_params=pltpu.CompilerParams())(x)
+    np.testing.assert_allclose(out, jnp.cumsum(x, axis=1))
+
+
+def test_reverse_cumsum_fails_with_a_clear_lowering_error(lower_tpu):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = lax.cumsum(x_ref[...], axis=1, reverse=True)
+
+    x = jnp.zeros((8, 128), F32)
+    with pytest.raises(pltpu.LoweringException, match=r"cumsum\(reverse=True\)"):
+        lower_tpu(_one_block(kernel, x), x)
+
+
+def test_bitcasts_half_casts_and_integer_powers_lower(lower_tpu, ops):
+    def kernel(x_ref, n_ref, o_ref, h_ref):
+        x = x_ref[...]
+        bits = lax.bitcast_convert_type(x, jnp.int32) & 0x7FFFFFFF  # |x| through the bits
+        o_ref[...] = lax.bitcast_convert_type(bits, F32) + jnp.power(x, n_ref[...])
+        h_ref[...] = x.astype(jnp.bfloat16).astype(jnp.float16)  # bf16 -> f16 via f32
+
+    x, n = jnp.zeros((8, 128), F32), jnp.zeros((8, 128), jnp.int32)
+    f = lambda x, n: pl.pallas_call(
+        kernel, out_shape=(jax.ShapeDtypeStruct(x.shape, F32),
+                           jax.ShapeDtypeStruct(x.shape, jnp.float16)))(x, n)
+    _, (m,) = lower_tpu(f, x, n)
+    names = collections.Counter(ops(m))
+    assert names["arith.bitcast"] == 2 and names["math.fpowi"] == 1
+    assert names["arith.extf"] >= 1 and names["arith.truncf"] >= 2
+
+
+def test_bitcast_convert_between_widths_fails_with_a_clear_lowering_error(lower_tpu):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = lax.bitcast_convert_type(x_ref[...], jnp.int16)[..., 0].astype(F32)
+
+    x = jnp.zeros((8, 128), F32)
+    with pytest.raises(pltpu.LoweringException, match="different widths"):
+        lower_tpu(_one_block(kernel, x), x)

@@ -101,6 +101,9 @@ def convert(v, shape, src_dtype, dst_dtype):
             return arith.cmpf(arith.CmpFPredicate.UNE, v, zero)
         return arith.cmpi(arith.CmpIPredicate.ne, v, zero)
     if ks == "f" and kd == "f":
+        if d.itemsize == s.itemsize:  # bf16 <-> f16: through f32
+            v = arith.extf(T.value_type(shape, jnp.float32), v)
+            return arith.truncf(out_t, v)
         return arith.extf(out_t, v) if d.itemsize > s.itemsize else arith.truncf(out_t, v)
     if ks in "iu" and kd == "f":
         return arith.sitofp(out_t, v) if ks == "i" else arith.uitofp(out_t, v)

@@ -219,7 +219,23 @@ def _integer_pow(lctx, eqn, x):
 @rule(P.pow_p)
 def _pow(lctx, eqn, x, y):
     a, b = operands(eqn, [x, y])
+    if kind(aval_in(eqn, 1).dtype) in "iu":  # float base, integer exponents
+        return math.fpowi(a, b)
     return math.powf(a, b)
+
+
+@rule(P.bitcast_convert_type_p)
+def _bitcast_convert_type(lctx, eqn, x):
+    src, out = aval_in(eqn, 0), aval_out(eqn)
+    if jnp.dtype(src.dtype).itemsize != jnp.dtype(out.dtype).itemsize:
+        raise NotImplementedError(
+            f"lax.bitcast_convert_type between dtypes of different widths "
+            f"({jnp.dtype(src.dtype).name} -> {jnp.dtype(out.dtype).name}); use pltpu.bitcast"
+        )
+    (v,) = operands(eqn, [x])
+    if jnp.dtype(src.dtype) == jnp.dtype(out.dtype):
+        return v
+    return arith.bitcast(T.aval_type(out), v)
 
 
 @rule(P.sign_p)
@@ -300,6 +316,42 @@ def _convert(lctx, eqn, x):
     src, dst = aval_in(eqn, 0), aval_out(eqn)
     v = materialize(x, src)
     return convert(v, src.shape, src.dtype, dst.dtype)
+
+
+@rule(P.cumsum_p, P.cumprod_p, P.cummax_p, P.cummin_p)
+def _cumulative(lctx, eqn, x):
+    """An inclusive scan along one axis in log2(n) steps: each step rotates the running
+    value by ``2**k`` along the axis (``tpu.dynamic_rotate``, as ``jnp.roll``) and combines
+    it into the elements at least ``2**k`` from the start (the others get the identity)."""
+    a = aval_in(eqn, 0)
+    axis, reverse = eqn.params["axis"], eqn.params["reverse"]
+    name = eqn.primitive.name
+    if reverse:
+        raise NotImplementedError(f"{name}(reverse=True) in Mosaic TPU kernels")
+    k = kind(a.dtype)
+    if k == "b" or jnp.dtype(a.dtype).itemsize != 4:
+        raise NotImplementedError(f"{name} of {jnp.dtype(a.dtype).name} (32-bit types only)")
+    if not a.shape:
+        return materialize(x, a)
+    (v,) = operands(eqn, [x])
+    combine = {
+        "cumsum": arith.addf if k == "f" else arith.addi,
+        "cumprod": arith.mulf if k == "f" else arith.muli,
+        "cummax": arith.maximumf if k == "f" else (arith.maxsi if k == "i" else arith.maxui),
+        "cummin": arith.minimumf if k == "f" else (arith.minsi if k == "i" else arith.minui),
+    }[name]
+    if name in ("cumsum", "cumprod"):
+        identity = const(a.shape, a.dtype, 0 if name == "cumsum" else 1)
+    else:
+        identity = v  # max/min with itself changes nothing
+    pos = tpu.iota(T.value_type(a.shape, jnp.int32), [axis])
+    shift = 1
+    while shift < a.shape[axis]:
+        rolled = tpu.dynamic_rotate(v, const((), jnp.int32, shift), axis)
+        inside = arith.cmpi(arith.CmpIPredicate.sge, pos, const(a.shape, jnp.int32, shift))
+        v = combine(v, arith.select(inside, rolled, identity))
+        shift *= 2
+    return v
 
 
 @rule(P.iota_p)
