@@ -5,6 +5,7 @@ from pallas_conformance.cases import (
     atomics,
     broadcasting,
     control_flow,
+    control_flow_more,
     dot,
     dot_more,
     elementwise,
