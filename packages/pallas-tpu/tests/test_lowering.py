@@ -516,3 +516,27 @@ def test_bitcast_convert_between_widths_fails_with_a_clear_lowering_error(lower_
     x = jnp.zeros((8, 128), F32)
     with pytest.raises(pltpu.LoweringException, match="different widths"):
         lower_tpu(_one_block(kernel, x), x)
+
+
+def test_scan_over_arrays_is_unrolled_and_stacks_its_outputs(lower_tpu, ops):
+    def kernel(x_ref, o_ref):
+        def step(acc, row):
+            acc = acc + row
+            return acc, acc
+
+        o_ref[...] = lax.scan(step, jnp.zeros((128,), F32), x_ref[...])[1]
+
+    x = jnp.zeros((8, 128), F32)
+    _, (m,) = lower_tpu(_one_block(kernel, x), x)
+    names = collections.Counter(ops(m))
+    assert names["vector.extract_strided_slice"] == 8 and names["tpu.concatenate"] == 1
+    assert names["scf.for"] == 0
+
+
+def test_long_scans_over_arrays_fail_with_a_clear_lowering_error(lower_tpu):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = lax.scan(lambda c, r: (c + r, c), jnp.zeros((128,), F32), x_ref[...])[1]
+
+    x = jnp.zeros((128, 128), F32)
+    with pytest.raises(pltpu.LoweringException, match="length 128.*unrolled"):
+        lower_tpu(_one_block(kernel, x), x)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.extend.core.primitives as P
 import jax.numpy as jnp
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith, memref, scf
+from jaxlib.mlir.dialects import arith, memref, scf, vector
 from jaxlib.mosaic.python import tpu
 
 from pallas_tpu._src import core_compat as cc
@@ -125,7 +125,7 @@ def _scan(lctx, eqn, *args):
     nconsts, ncarry = p["num_consts"], p["num_carry"]
     consts, carry, xs = args[:nconsts], args[nconsts:nconsts + ncarry], args[nconsts + ncarry:]
     if xs or len(eqn.outvars) != ncarry:
-        raise NotImplementedError("lax.scan over arrays in kernels (use fori_loop / pl.loop)")
+        return _unrolled_scan(lctx, eqn, consts, carry, xs)
     if p["reverse"]:
         raise NotImplementedError("reverse scans in kernels")
     carry_avals = [aval_in(eqn, nconsts + i) for i in range(ncarry)]
@@ -139,6 +139,58 @@ def _scan(lctx, eqn, *args):
         outs = lower_jaxpr(lctx, body.jaxpr, body.consts, [*consts, *loop.inner_iter_args])
         scf.yield_([materialize(o, a) for o, a in zip(outs, carry_avals)])
     return list(loop.results)
+
+
+MAX_UNROLLED_SCAN = 64
+
+
+def _row(x: ir.Value, i: int, shape) -> ir.Value:
+    """Row ``i`` (along the leading axis) of the vector ``x`` of ``shape``, as a value of
+    ``shape[1:]`` (a scalar when ``x`` is 1-D)."""
+    if len(shape) == 1:
+        return vector.extract(x, [], [i])
+    t = ir.VectorType(x.type)
+    row = vector.extract_strided_slice(ir.VectorType.get([1, *shape[1:]], t.element_type), x,
+                                       [i] + [0] * (len(shape) - 1), [1, *shape[1:]],
+                                       [1] * len(shape))
+    return vector.shape_cast(ir.VectorType.get(list(shape[1:]), t.element_type), row)
+
+
+def _stack(rows: list, aval) -> ir.Value:
+    """Stacks values of ``aval.shape[1:]`` along a new leading axis (``tpu.concatenate``)."""
+    one = T.value_type((1, *aval.shape[1:]), aval.dtype)
+    pieces = [vector.broadcast(one, r) if not aval.shape[1:] else vector.shape_cast(one, r)
+              for r in rows]
+    if len(pieces) == 1:
+        return pieces[0]
+    return tpu.concatenate(pieces, 0, results=[T.aval_type(aval)])
+
+
+def _unrolled_scan(lctx, eqn, consts, carry, xs):
+    """``lax.scan`` over arrays: Mosaic vectors cannot be indexed dynamically, so the scan
+    is unrolled (static row slices of ``xs``, ``ys`` stacked with ``tpu.concatenate``)."""
+    p = eqn.params
+    nconsts, ncarry, length = p["num_consts"], p["num_carry"], int(p["length"])
+    if length > MAX_UNROLLED_SCAN:
+        raise NotImplementedError(
+            f"lax.scan over arrays of length {length} in a Mosaic TPU kernel (scans over "
+            f"arrays are unrolled, up to {MAX_UNROLLED_SCAN} steps; use fori_loop over a ref)"
+        )
+    carry_avals = [aval_in(eqn, nconsts + i) for i in range(ncarry)]
+    x_avals = [aval_in(eqn, nconsts + ncarry + i) for i in range(len(xs))]
+    y_avals = [v.aval for v in eqn.outvars[ncarry:]]
+    xs = [materialize(x, a) for x, a in zip(xs, x_avals)]
+    state = [materialize(c, a) for c, a in zip(carry, carry_avals)]
+    ys: list[list] = [[None] * length for _ in y_avals]
+    body = p["jaxpr"]
+    for i in (reversed(range(length)) if p["reverse"] else range(length)):
+        rows = [_row(x, i, a.shape) for x, a in zip(xs, x_avals)]
+        outs = lower_jaxpr(lctx, body.jaxpr, body.consts, [*consts, *state, *rows])
+        outs = [materialize(o, v.aval) for o, v in zip(outs, body.jaxpr.outvars)]
+        state = outs[:ncarry]
+        for k, y in enumerate(outs[ncarry:]):
+            ys[k][i] = y
+    return [*state, *[_stack(rows, a) for rows, a in zip(ys, y_avals)]]
 
 
 @rule(P.while_p)
