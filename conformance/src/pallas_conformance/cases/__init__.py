@@ -13,6 +13,7 @@ from pallas_conformance.cases import (
     indexing,
     indexing_more,
     kernels,
+    operands_more,
     outputs,
     prefetch,
     reductions,

@@ -150,15 +150,15 @@ def while_reads_ref(pallas_call, x):
 
 
 @case("control_flow/fori_bound_from_memory", tags={"control_flow"},
-      inputs=lambda rng: (randn(rng, (32, C)), jnp.asarray([[0], [1], [3], [5]], jnp.int32)),
-      reference=lambda x, n: x * jnp.repeat(2.0 ** n[:, 0].astype(jnp.float32), 8)[:, None])
+      inputs=lambda rng: (randn(rng, (32, C)), jnp.asarray([0, 1, 3, 5], jnp.int32).reshape(4, 1, 1)),
+      reference=lambda x, n: x * jnp.repeat(2.0 ** n[:, 0, 0].astype(jnp.float32), 8)[:, None])
 def fori_bound_mem(pallas_call, x, n):
     """A fori_loop whose upper bound is read from an operand (per program)."""
     def kernel(x_ref, n_ref, o_ref):
         o_ref[...] = lax.fori_loop(0, n_ref[0, 0], lambda i, c: c * 2.0, x_ref[...])
 
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(4,),
-                       in_specs=[_spec(), pl.BlockSpec((1, 1), lambda i: (i, 0))],
+                       in_specs=[_spec(), pl.BlockSpec((None, 1, 1), lambda i: (i, 0, 0))],
                        out_specs=_spec())(x, n)
 
 
@@ -186,9 +186,9 @@ def nested_when(pallas_call, x):
 
 
 @case("control_flow/switch_on_data", tags={"control_flow"},
-      inputs=lambda rng: (randn(rng, (32, C)), jnp.asarray([[2], [0], [7], [1]], jnp.int32)),
+      inputs=lambda rng: (randn(rng, (32, C)), jnp.asarray([2, 0, 7, 1], jnp.int32).reshape(4, 1, 1)),
       reference=lambda x, k: jnp.concatenate(
-          [[r + 1, r * 2, -r][min(int(k[i, 0]), 2)] for i, r in enumerate(_rows(x))]))
+          [[r + 1, r * 2, -r][min(int(k[i, 0, 0]), 2)] for i, r in enumerate(_rows(x))]))
 def switch_data(pallas_call, x, k):
     """lax.switch on an index read from memory (out-of-range indices clamp to the last
     branch)."""
@@ -197,7 +197,7 @@ def switch_data(pallas_call, x, k):
                                 x_ref[...])
 
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(4,),
-                       in_specs=[_spec(), pl.BlockSpec((1, 1), lambda i: (i, 0))],
+                       in_specs=[_spec(), pl.BlockSpec((None, 1, 1), lambda i: (i, 0, 0))],
                        out_specs=_spec())(x, k)
 
 

@@ -246,19 +246,19 @@ def vmap_grid_scratch(pallas_call, x):
 
 @case("vmap/multiple_outputs", tags={"vmap", "multiple_outputs", "reductions"},
       inputs=lambda rng: (randn(rng, (3, 16, C)),),
-      reference=lambda x: (x * 2.0, jnp.sum(x, axis=-1)),
+      reference=lambda x: (x * 2.0, jnp.sum(x, axis=-1, keepdims=True)),
       tolerance={"float32": (1e-5, 1e-5)})
 def vmap_multi(pallas_call, x):
     """vmap of a kernel with two outputs of different shapes (a block and its row sums)."""
     def f(a):
         def kernel(x_ref, o_ref, s_ref):
             o_ref[...] = x_ref[...] * 2.0
-            s_ref[...] = jnp.sum(x_ref[...], axis=-1)
+            s_ref[...] = jnp.sum(x_ref[...], axis=-1, keepdims=True)
 
-        return pallas_call(kernel, out_shape=(sds(a.shape, a.dtype), sds((16,), a.dtype)),
+        return pallas_call(kernel, out_shape=(sds(a.shape, a.dtype), sds((16, 1), a.dtype)),
                            grid=(2,), in_specs=[pl.BlockSpec((8, C), lambda i: (i, 0))],
                            out_specs=(pl.BlockSpec((8, C), lambda i: (i, 0)),
-                                      pl.BlockSpec((8,), lambda i: (i,))))(a)
+                                      pl.BlockSpec((8, 1), lambda i: (i, 0))))(a)
 
     return jax.vmap(f)(x)
 
