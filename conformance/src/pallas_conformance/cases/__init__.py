@@ -13,6 +13,7 @@ from pallas_conformance.cases import (
     indexing,
     indexing_more,
     kernels,
+    kernels_more,
     operands_more,
     outputs,
     prefetch,
