@@ -394,30 +394,35 @@ def test_unsupported_transpose_fails_with_a_clear_lowering_error(lower_tpu):
         lower_tpu(_one_block(kernel, x), x)
 
 
-def test_a_0d_vmem_ref_fails_with_a_clear_lowering_error_not_a_crash(lower_tpu):
+def test_0d_operands_and_outputs_live_in_smem(lower_tpu, ops):
     # Regression: reading a ()-shaped VMEM ref used to hand a scalar to vector.extract,
-    # which crashed the Python process inside the MLIR bindings.
+    # which crashed the Python process inside the MLIR bindings. 0-d 32-bit operands
+    # now go to SMEM (no tile to live in) unless placed explicitly.
+    def kernel(s_ref, x_ref, o_ref, t_ref):
+        o_ref[...] = x_ref[...] * s_ref[...]
+        t_ref[...] = jnp.sum(x_ref[...])
+
+    s, x = jnp.zeros((), F32), jnp.zeros((8, 128), F32)
+    f = lambda s, x: pl.pallas_call(
+        kernel, out_shape=(jax.ShapeDtypeStruct(x.shape, F32), jax.ShapeDtypeStruct((), F32)),
+        compiler_params=pltpu.CompilerParams())(s, x)
+    _, (m,) = lower_tpu(f, s, x)
+    names = collections.Counter(ops(m))
+    assert names["memref.load"] == 1 and names["memref.store"] == 1
+    assert str(m).count("memref<f32, #tpu.memory_space<smem>>") >= 2
+
+
+def test_a_0d_vmem_ref_fails_with_a_clear_lowering_error_not_a_crash(lower_tpu):
     def kernel(s_ref, x_ref, o_ref):
         o_ref[...] = x_ref[...] * s_ref[...]
 
     s, x = jnp.zeros((), F32), jnp.zeros((8, 128), F32)
     f = lambda s, x: pl.pallas_call(
         kernel, out_shape=jax.ShapeDtypeStruct(x.shape, F32),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM), pl.BlockSpec((8, 128), lambda: (0, 0))],
         compiler_params=pltpu.CompilerParams())(s, x)
     with pytest.raises(pltpu.LoweringException, match=r"'get'.*0-d\) VMEM ref"):
         lower_tpu(f, s, x)
-
-
-def test_a_0d_vmem_ref_store_fails_with_a_clear_lowering_error(lower_tpu):
-    def kernel(x_ref, o_ref):
-        o_ref[...] = jnp.sum(x_ref[...])
-
-    x = jnp.zeros((8, 128), F32)
-    f = lambda x: pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((), F32),
-        compiler_params=pltpu.CompilerParams())(x)
-    with pytest.raises(pltpu.LoweringException, match=r"storing to a \(\)-shaped"):
-        lower_tpu(f, x)
 
 
 def test_strided_loads_and_narrow_matmul_results(lower_tpu, ops):

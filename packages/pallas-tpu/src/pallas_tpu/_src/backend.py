@@ -11,8 +11,9 @@ from pallas_tpu._src.compiler_params import CompilerParams
 # block shapes that TPUs cannot tile (rejected at trace time, by design) or features
 # listed as not implemented in the README; see the package README.
 CAPABILITIES = frozenset({
-    "aliasing", "bool", "elementwise", "f16", "int8", "pytrees", "scalar_prefetch",
-    "semaphores", "uint32",
+    "aliasing", "bf16", "bool", "broadcasting", "dot", "elementwise", "f16", "int8",
+    "kernels", "pytrees", "reductions", "scalar_prefetch", "scratch", "semaphores",
+    "sequential_grid", "shard_map", "uint32",
 })
 
 

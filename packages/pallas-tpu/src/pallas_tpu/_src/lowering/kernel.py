@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func
 from jaxlib.mosaic.python import tpu
@@ -52,6 +53,11 @@ def _block_memref(bm):
         return T.memref_type(shape, bm.array_aval.dtype, space), (False,) * len(shape), space
     shape = tuple(bm.block_shape)
     squeezed = tuple(isinstance(d, pl.Squeezed) for d in bm.block_dims)
+    if (not shape and bm.memory_space is None
+            and jnp.dtype(bm.array_aval.dtype).itemsize == 4):
+        # A 0-d operand has no (8, 128) tile to live in: unless placed explicitly, a
+        # 32-bit scalar goes to SMEM (read and written with memref.load/store).
+        space = MemorySpace.SMEM
     return T.memref_type(shape, bm.array_aval.dtype, space), squeezed, space
 
 

@@ -547,6 +547,8 @@ def _argminmax(lctx, eqn, x):
     elif k == "i":
         info = jnp.iinfo(src.dtype)
         kname, init = ("maxsi", info.min) if is_max else ("minsi", info.max)
+    elif k == "u":
+        kname, init = ("maxui", 0) if is_max else ("minui", jnp.iinfo(src.dtype).max)
     else:
         raise NotImplementedError(f"{eqn.primitive.name} of {src.dtype}")
     red_shape = tuple(n for i, n in enumerate(src.shape) if i != axis)
