@@ -67,17 +67,17 @@ def scalar_ref(pallas_call, x, s):
 
 
 @case("broadcasting/outer_product_f32", tags={"broadcasting"},
-      inputs=lambda rng: (randn(rng, (32,)), randn(rng, (C,))),
+      inputs=lambda rng: (randn(rng, (2 * C,)), randn(rng, (C,))),
       reference=lambda a, b: a[:, None] * b[None, :])
 def outer(pallas_call, a, b):
     """a[:, None] * b[None, :] tiled over the rows."""
     def kernel(a_ref, b_ref, o_ref):
         o_ref[...] = a_ref[...][:, None] * b_ref[...][None, :]
 
-    return pallas_call(kernel, out_shape=sds((32, C), a.dtype), grid=(4,),
-                       in_specs=[pl.BlockSpec((8,), lambda i: (i,)),
+    return pallas_call(kernel, out_shape=sds((2 * C, C), a.dtype), grid=(2,),
+                       in_specs=[pl.BlockSpec((C,), lambda i: (i,)),
                                  pl.BlockSpec((C,), lambda i: (0,))],
-                       out_specs=pl.BlockSpec((8, C), lambda i: (i, 0)))(a, b)
+                       out_specs=pl.BlockSpec((C, C), lambda i: (i, 0)))(a, b)
 
 
 @case("broadcasting/broadcast_to_3d_f32", tags={"broadcasting"},
@@ -130,7 +130,7 @@ def row_bf16(pallas_call, x, b):
                        out_specs=_row_spec())(x, b)
 
 
-@case("broadcasting/reshape_f32", tags={"broadcasting"},
+@case("broadcasting/reshape_f32", tags={"broadcasting", "unaligned_blocks"},
       inputs=lambda rng: (randn(rng, (8, C)),),
       reference=lambda x: x.reshape(8, 2, 64).sum(axis=1))
 def reshape(pallas_call, x):
@@ -142,16 +142,16 @@ def reshape(pallas_call, x):
 
 
 @case("broadcasting/transpose_f32", tags={"broadcasting"},
-      inputs=lambda rng: (randn(rng, (32, C)),),
+      inputs=lambda rng: (randn(rng, (2 * C, 2 * C)),),
       reference=lambda x: x.T)
 def transpose(pallas_call, x):
     """x.T per block, with the output index map swapping the block indices."""
     def kernel(x_ref, o_ref):
         o_ref[...] = x_ref[...].T
 
-    return pallas_call(kernel, out_shape=sds((C, 32), x.dtype), grid=(2, 2),
-                       in_specs=[pl.BlockSpec((16, 64), lambda i, j: (i, j))],
-                       out_specs=pl.BlockSpec((64, 16), lambda i, j: (j, i)))(x)
+    return pallas_call(kernel, out_shape=sds((2 * C, 2 * C), x.dtype), grid=(2, 2),
+                       in_specs=[pl.BlockSpec((C, C), lambda i, j: (i, j))],
+                       out_specs=pl.BlockSpec((C, C), lambda i, j: (j, i)))(x)
 
 
 @case("broadcasting/concatenate_f32", tags={"broadcasting"},

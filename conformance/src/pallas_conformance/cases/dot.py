@@ -117,6 +117,11 @@ register(Case(name="dot/matrix_vector_f32", fn=_matvec_fn,
               tolerance=_TOL, description="(M, K) @ (K, 1)"))
 
 
+# The grid-accumulation cases: (16, 128) x (128, 128) block products (aligned to the
+# (8, 128) tiles of TPU and fine for every backend) over a (2, 2, 4) grid.
+GM, GK, GN, BM, BK, BN = 32, 512, 256, 16, 128, 128
+
+
 def _acc_out_fn(dtype):
     def fn(pallas_call, a, b):
         def kernel(a_ref, b_ref, o_ref):
@@ -128,10 +133,10 @@ def _acc_out_fn(dtype):
                                   preferred_element_type=jnp.float32)
 
         return pallas_call(
-            kernel, out_shape=sds((M, N), jnp.float32), grid=(2, 2, 4),
-            in_specs=[pl.BlockSpec((16, 16), lambda i, j, k: (i, k)),
-                      pl.BlockSpec((16, 16), lambda i, j, k: (k, j))],
-            out_specs=pl.BlockSpec((16, 16), lambda i, j, k: (i, j)))(a, b)
+            kernel, out_shape=sds((GM, GN), jnp.float32), grid=(2, 2, 4),
+            in_specs=[pl.BlockSpec((BM, BK), lambda i, j, k: (i, k)),
+                      pl.BlockSpec((BK, BN), lambda i, j, k: (k, j))],
+            out_specs=pl.BlockSpec((BM, BN), lambda i, j, k: (i, j)))(a, b)
 
     return fn
 
@@ -139,7 +144,8 @@ def _acc_out_fn(dtype):
 for _dt in (F32, BF16):
     register(Case(
         name=f"dot/accumulate_over_grid_into_output_{short(_dt)}", fn=_acc_out_fn(_dt),
-        inputs=lambda rng, dt=_dt: (randn(rng, (M, K), dt, 0.5), randn(rng, (K, N), dt, 0.5)),
+        inputs=lambda rng, dt=_dt: (randn(rng, (GM, GK), dt, 0.5),
+                                    randn(rng, (GK, GN), dt, 0.5)),
         reference=lambda a, b: jnp.dot(a, b, precision=HI, preferred_element_type=F32),
         tags=frozenset({"dot", "sequential_grid"} | dtype_tags(_dt)), tolerance=_TOL,
         description="accumulating a (2, 2, 4) grid of block products into the output",
@@ -147,7 +153,7 @@ for _dt in (F32, BF16):
 
 
 def _acc_scratch_fn(pallas_call, a, b):
-    n_k = K // 16
+    n_k = GK // BK
 
     def kernel(a_ref, b_ref, o_ref, acc_ref):
         @pl.when(pl.program_id(2) == 0)
@@ -161,15 +167,16 @@ def _acc_scratch_fn(pallas_call, a, b):
             o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
     return pallas_call(
-        kernel, out_shape=sds((M, N), a.dtype), grid=(2, 2, n_k),
-        in_specs=[pl.BlockSpec((16, 16), lambda i, j, k: (i, k)),
-                  pl.BlockSpec((16, 16), lambda i, j, k: (k, j))],
-        out_specs=pl.BlockSpec((16, 16), lambda i, j, k: (i, j)),
-        scratch_shapes=[pl.ANY((16, 16), jnp.float32)])(a, b)
+        kernel, out_shape=sds((GM, GN), a.dtype), grid=(2, 2, n_k),
+        in_specs=[pl.BlockSpec((BM, BK), lambda i, j, k: (i, k)),
+                  pl.BlockSpec((BK, BN), lambda i, j, k: (k, j))],
+        out_specs=pl.BlockSpec((BM, BN), lambda i, j, k: (i, j)),
+        scratch_shapes=[pl.ANY((BM, BN), jnp.float32)])(a, b)
 
 
 register(Case(name="dot/accumulate_over_grid_in_scratch_bf16", fn=_acc_scratch_fn,
-              inputs=lambda rng: (randn(rng, (M, K), BF16, 0.5), randn(rng, (K, N), BF16, 0.5)),
+              inputs=lambda rng: (randn(rng, (GM, GK), BF16, 0.5),
+                                  randn(rng, (GK, GN), BF16, 0.5)),
               reference=lambda a, b: jnp.dot(a, b, preferred_element_type=F32).astype(BF16),
               tags=frozenset({"dot", "scratch", "sequential_grid", "bf16"}), tolerance=_TOL,
               description="f32 scratch accumulator, bf16 output written on the last k step"))

@@ -36,14 +36,14 @@ def ds_static_lanes(pallas_call, x):
 @case("indexing/ds_dynamic_program_id", tags={"indexing"},
       inputs=lambda rng: (randn(rng, (R, C)),), reference=lambda x: x)
 def ds_dynamic(pallas_call, x):
-    """pl.ds(program_id * 4, 4): each program copies its own rows from a whole-array block."""
+    """pl.ds(program_id * 8, 8): each program copies its own rows from a whole-array block."""
     def kernel(x_ref, o_ref):
         i = pl.program_id(0)
-        o_ref[...] = x_ref[pl.ds(i * 4, 4), :]
+        o_ref[...] = x_ref[pl.ds(i * 8, 8), :]
 
-    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(4,),
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(R // 8,),
                        in_specs=[pl.BlockSpec((R, C), lambda i: (0, 0))],
-                       out_specs=pl.BlockSpec((4, C), lambda i: (i, 0)))(x)
+                       out_specs=pl.BlockSpec((8, C), lambda i: (i, 0)))(x)
 
 
 @case("indexing/ds_dynamic_in_loop", tags={"indexing", "control_flow"},
@@ -128,14 +128,15 @@ def integer_index(pallas_call, x):
 @case("indexing/dynamic_integer_index", tags={"indexing"},
       inputs=lambda rng: (randn(rng, (R, C)),), reference=lambda x: x[::-1])
 def dynamic_integer_index(pallas_call, x):
-    """x_ref[R - 1 - program_id]: a traced scalar index."""
+    """o_ref[program_id] = x_ref[R - 1 - program_id]: traced scalar indices (each program
+    writes its own row of the whole-array output block)."""
     def kernel(x_ref, o_ref):
         i = pl.program_id(0)
-        o_ref[0, :] = x_ref[R - 1 - i]
+        o_ref[i, :] = x_ref[R - 1 - i]
 
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(R,),
                        in_specs=[pl.BlockSpec((R, C), lambda i: (0, 0))],
-                       out_specs=pl.BlockSpec((1, C), lambda i: (i, 0)))(x)
+                       out_specs=pl.BlockSpec((R, C), lambda i: (0, 0)))(x)
 
 
 @case("indexing/scalar_write", tags={"indexing"},
@@ -244,15 +245,17 @@ def masked_load_ds(pallas_call, x):
 
 
 @case("indexing/squeezed_block_dim", tags={"indexing"},
-      inputs=lambda rng: (randn(rng, (4, 8, C)),), reference=lambda x: x.sum(axis=1))
+      inputs=lambda rng: (randn(rng, (4, 8, C)),),
+      reference=lambda x: x.sum(axis=1, keepdims=True))
 def squeezed(pallas_call, x):
-    """A None block dim: the kernel sees (8, C) blocks of a (4, 8, C) array."""
+    """None block dims: the kernel sees (8, C) blocks of a (4, 8, C) array and writes
+    (1, C) blocks of a (4, 1, C) array."""
     def kernel(x_ref, o_ref):
         o_ref[...] = jnp.sum(x_ref[...], axis=0, keepdims=True)
 
-    return pallas_call(kernel, out_shape=sds((4, C), x.dtype), grid=(4,),
+    return pallas_call(kernel, out_shape=sds((4, 1, C), x.dtype), grid=(4,),
                        in_specs=[pl.BlockSpec((None, 8, C), lambda i: (i, 0, 0))],
-                       out_specs=pl.BlockSpec((1, C), lambda i: (i, 0)))(x)
+                       out_specs=pl.BlockSpec((None, 1, C), lambda i: (i, 0, 0)))(x)
 
 
 @case("indexing/index_map_reversed", tags={"indexing"},
@@ -283,7 +286,8 @@ def edge_elementwise(pallas_call, x):
                        in_specs=[spec], out_specs=spec)(x)
 
 
-@case("indexing/edge_row_sum_masked", tags={"indexing", "reductions", "sequential_grid"},
+@case("indexing/edge_row_sum_masked",
+      tags={"indexing", "reductions", "sequential_grid", "unaligned_blocks"},
       inputs=lambda rng: (randn(rng, (20, 200)),), reference=lambda x: x.sum(axis=1))
 def edge_row_sum(pallas_call, x):
     """A row sum over lane blocks that overhang: the padding is masked out with

@@ -18,7 +18,7 @@ F32 = jnp.float32
 
 # --- Tiled matmul -------------------------------------------------------------------
 
-def _matmul(pallas_call, a, b, *, bm=32, bn=32, bk=32, out_dtype=F32):
+def _matmul(pallas_call, a, b, *, bm=32, bn=128, bk=128, out_dtype=F32):
     m, k = a.shape
     n = b.shape[1]
     nk = k // bk
@@ -44,17 +44,18 @@ def _matmul(pallas_call, a, b, *, bm=32, bn=32, bk=32, out_dtype=F32):
 
 
 @case("kernels/tiled_matmul_f32", tags={"kernels", "dot", "scratch", "sequential_grid"},
-      inputs=lambda rng: (randn(rng, (64, 96)), randn(rng, (96, 64))),
+      inputs=lambda rng: (randn(rng, (64, 384)), randn(rng, (384, 256))),
       reference=lambda a, b: jnp.dot(a, b, precision=HI),
       tolerance={"float32": (1e-4, 1e-4)})
 def tiled_matmul(pallas_call, a, b):
-    """A (2, 2, 3) grid of 32x32x32 tiles with an f32 scratch accumulator."""
+    """A (2, 2, 3) grid of 32x128x128 tiles with an f32 scratch accumulator."""
     return _matmul(pallas_call, a, b)
 
 
 @case("kernels/tiled_matmul_bf16",
       tags={"kernels", "dot", "scratch", "sequential_grid", "bf16"},
-      inputs=lambda rng: (randn(rng, (64, 64), jnp.bfloat16), randn(rng, (64, 64), jnp.bfloat16)),
+      inputs=lambda rng: (randn(rng, (64, 256), jnp.bfloat16),
+                          randn(rng, (256, 256), jnp.bfloat16)),
       reference=lambda a, b: jnp.dot(a, b, preferred_element_type=F32).astype(jnp.bfloat16),
       tolerance={"bfloat16": (3e-2, 2e-2)})
 def tiled_matmul_bf16(pallas_call, a, b):
@@ -131,8 +132,8 @@ def rms_norm(pallas_call, x, g):
 
 # --- Causal flash attention -----------------------------------------------------------
 
-BH, S, D = 2, 64, 32  # (batch * heads), sequence, head dim
-BQ = BK = 16
+BH, S, D = 2, 256, 32  # (batch * heads), sequence, head dim
+BQ = BK = 128  # (8, 128)-aligned blocks; lse and delta are (BH, 1, S) arrays of (1, BQ) blocks
 
 
 def _attention_reference(q, k, v):
@@ -172,14 +173,14 @@ def _flash_fwd(pallas_call, q, k, v):
         init = (jnp.full((BQ,), -jnp.inf, F32), jnp.zeros((BQ,), F32), jnp.zeros((BQ, D), F32))
         m, l, acc = lax.fori_loop(0, qi + 1, body, init)  # causal: only blocks <= qi
         o_ref[...] = acc / l[:, None]
-        lse_ref[...] = m + jnp.log(l)
+        lse_ref[...] = (m + jnp.log(l))[None, :]
 
     q_spec = pl.BlockSpec((None, BQ, D), lambda h, i: (h, i, 0))
     kv_spec = pl.BlockSpec((None, S, D), lambda h, i: (h, 0, 0))
     return pallas_call(
-        kernel, out_shape=(sds(q.shape, q.dtype), sds((BH, S), F32)), grid=(BH, S // BQ),
+        kernel, out_shape=(sds(q.shape, q.dtype), sds((BH, 1, S), F32)), grid=(BH, S // BQ),
         in_specs=[q_spec, kv_spec, kv_spec],
-        out_specs=(q_spec, pl.BlockSpec((None, BQ), lambda h, i: (h, i))))(q, k, v)
+        out_specs=(q_spec, pl.BlockSpec((None, 1, BQ), lambda h, i: (h, 0, i))))(q, k, v)
 
 
 @case("kernels/flash_attention_fwd_causal",
@@ -193,7 +194,7 @@ def flash_fwd(pallas_call, q, k, v):
 
 def _flash_bwd(pallas_call, q, k, v, o, lse, do):
     scale = 1.0 / math.sqrt(D)
-    delta = jnp.sum(o * do, axis=-1)  # (BH, S)
+    delta = jnp.sum(o * do, axis=-1)[:, None, :]  # (BH, 1, S), like lse
 
     def p_and_ds(qb, kb, vb, dob, lse_b, delta_b, qi, kj):
         s = jnp.dot(qb, kb.T, precision=HI) * scale
@@ -206,7 +207,7 @@ def _flash_bwd(pallas_call, q, k, v, o, lse, do):
 
     def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref):
         qi = pl.program_id(1)
-        qb, dob, lse_b, delta_b = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+        qb, dob, lse_b, delta_b = q_ref[...], do_ref[...], lse_ref[0], delta_ref[0]
 
         def body(j, dq):
             kb = k_ref[pl.ds(j * BK, BK), :]
@@ -224,8 +225,8 @@ def _flash_bwd(pallas_call, q, k, v, o, lse, do):
             dk, dv = carry
             qb = q_ref[pl.ds(i * BQ, BQ), :]
             dob = do_ref[pl.ds(i * BQ, BQ), :]
-            lse_b = lse_ref[pl.ds(i * BQ, BQ)]
-            delta_b = delta_ref[pl.ds(i * BQ, BQ)]
+            lse_b = lse_ref[0, pl.ds(i * BQ, BQ)]
+            delta_b = delta_ref[0, pl.ds(i * BQ, BQ)]
             p, ds = p_and_ds(qb, kb, vb, dob, lse_b, delta_b, i, kj)
             return dk + jnp.dot(ds.T, qb, precision=HI), dv + jnp.dot(p.T, dob, precision=HI)
 
@@ -236,8 +237,8 @@ def _flash_bwd(pallas_call, q, k, v, o, lse, do):
 
     blk = pl.BlockSpec((None, BQ, D), lambda h, i: (h, i, 0))
     full = pl.BlockSpec((None, S, D), lambda h, i: (h, 0, 0))
-    vblk = pl.BlockSpec((None, BQ), lambda h, i: (h, i))
-    vfull = pl.BlockSpec((None, S), lambda h, i: (h, 0))
+    vblk = pl.BlockSpec((None, 1, BQ), lambda h, i: (h, 0, i))
+    vfull = pl.BlockSpec((None, 1, S), lambda h, i: (h, 0, 0))
     dq = pallas_call(dq_kernel, out_shape=sds(q.shape, F32), grid=(BH, S // BQ),
                      in_specs=[blk, full, full, blk, vblk, vblk], out_specs=blk)(
         q, k, v, do, lse, delta)
@@ -335,7 +336,7 @@ def paged_attention(pallas_call, lengths, page_indices, q, k_pages, v_pages):
 
 # --- Tiled matmul with the reduction inside the kernel (no sequential grid needed) -----
 
-def _matmul_kloop(pallas_call, a, b, *, bm=32, bn=32, bk=32):
+def _matmul_kloop(pallas_call, a, b, *, bm=32, bn=128, bk=128):
     m, k = a.shape
     n = b.shape[1]
 
@@ -356,18 +357,19 @@ def _matmul_kloop(pallas_call, a, b, *, bm=32, bn=32, bk=32):
 
 
 @case("kernels/tiled_matmul_kloop_f32", tags={"kernels", "dot", "control_flow", "indexing"},
-      inputs=lambda rng: (randn(rng, (64, 128)), randn(rng, (128, 64))),
+      inputs=lambda rng: (randn(rng, (64, 256)), randn(rng, (256, 256))),
       reference=lambda a, b: jnp.dot(a, b, precision=HI),
       tolerance={"float32": (1e-4, 1e-4)})
 def tiled_matmul_kloop(pallas_call, a, b):
-    """A (2, 2) grid of independent 32x32 output tiles, each looping over K in the
+    """A (2, 2) grid of independent 32x128 output tiles, each looping over K in the
     kernel (the GPU formulation: no state carried between programs)."""
     return _matmul_kloop(pallas_call, a, b)
 
 
 @case("kernels/tiled_matmul_kloop_bf16",
       tags={"kernels", "dot", "control_flow", "indexing", "bf16"},
-      inputs=lambda rng: (randn(rng, (64, 64), jnp.bfloat16), randn(rng, (64, 64), jnp.bfloat16)),
+      inputs=lambda rng: (randn(rng, (64, 256), jnp.bfloat16),
+                          randn(rng, (256, 256), jnp.bfloat16)),
       reference=lambda a, b: jnp.dot(a, b, preferred_element_type=F32).astype(jnp.bfloat16),
       tolerance={"bfloat16": (3e-2, 2e-2)})
 def tiled_matmul_kloop_bf16(pallas_call, a, b):

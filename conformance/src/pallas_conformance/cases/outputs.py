@@ -43,16 +43,17 @@ def three_shapes(pallas_call, x):
 
 @case("multiple_outputs/different_block_specs", tags={"multiple_outputs"},
       inputs=lambda rng: (randn(rng, (R, C)),),
-      reference=lambda x: (x + 1, jnp.sum(x.reshape(2, 8, C), axis=1)))
+      reference=lambda x: (x + 1, jnp.sum(x.reshape(2, 8, C), axis=1, keepdims=True)))
 def different_specs(pallas_call, x):
-    """One output tiled like the input, one with a block per program."""
+    """One output tiled like the input, one with a (squeezed) block per program: a
+    (2, 1, C) array whose (1, C) blocks are whole in their last two dims."""
     def kernel(x_ref, y_ref, s_ref):
         y_ref[...] = x_ref[...] + 1
         s_ref[...] = jnp.sum(x_ref[...], axis=0, keepdims=True)
 
-    return pallas_call(kernel, out_shape=(sds(x.shape, x.dtype), sds((2, C), x.dtype)),
+    return pallas_call(kernel, out_shape=(sds(x.shape, x.dtype), sds((2, 1, C), x.dtype)),
                        grid=(2,), in_specs=[_spec()],
-                       out_specs=(_spec(), pl.BlockSpec((1, C), lambda i: (i, 0))))(x)
+                       out_specs=(_spec(), pl.BlockSpec((None, 1, C), lambda i: (i, 0, 0))))(x)
 
 
 @case("pytrees/dict_operands", tags={"pytrees"},

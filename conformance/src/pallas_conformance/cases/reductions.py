@@ -31,31 +31,38 @@ def _gen(op, dtype, shape):
     return gen
 
 
-def _reduce_case(op, dtype, axis, shape=(R, C)):
+def _reduce_case(op, dtype, axis, shape=None):
     fn_op = _OPS[op]
+    if shape is None:
+        # The tiled 2-D cases use (8, 128)-aligned blocks and 128-element output blocks
+        # (which every backend, TPU's tiling included, can hold): axis 1 splits 256 rows
+        # into two (128, 128) blocks, axis 0 splits 256 columns into two (16, 128) blocks.
+        shape = {1: (2 * C, C), 0: (R, 2 * C)}.get(axis, (R, C))
+    rows, cols = shape[-2:]
 
     def reference(x):
-        return fn_op(x, axis=axis)
+        # A full reduction keeps its dims: a (1, 1) result, which tiled memories can hold
+        return fn_op(x, axis=axis, keepdims=True) if axis is None else fn_op(x, axis=axis)
 
     def fn(pallas_call, x):
         out = jax.eval_shape(reference, x)
 
         def kernel(x_ref, o_ref):
-            o_ref[...] = fn_op(x_ref[...], axis=axis)
+            o_ref[...] = reference(x_ref[...])
 
         if axis == len(shape) - 1 and len(shape) == 2:
             # Tile over the rows: each program reduces its own rows.
             return pallas_call(kernel, out_shape=sds(out.shape, out.dtype), grid=(2,),
-                               in_specs=[pl.BlockSpec((R // 2, C), lambda i: (i, 0))],
-                               out_specs=pl.BlockSpec((R // 2,), lambda i: (i,)))(x)
+                               in_specs=[pl.BlockSpec((rows // 2, cols), lambda i: (i, 0))],
+                               out_specs=pl.BlockSpec((rows // 2,), lambda i: (i,)))(x)
         if axis == 0 and len(shape) == 2:
             # Tile over the columns: each program reduces whole columns.
             return pallas_call(kernel, out_shape=sds(out.shape, out.dtype), grid=(2,),
-                               in_specs=[pl.BlockSpec((R, C // 2), lambda i: (0, i))],
-                               out_specs=pl.BlockSpec((C // 2,), lambda i: (i,)))(x)
+                               in_specs=[pl.BlockSpec((rows, cols // 2), lambda i: (0, i))],
+                               out_specs=pl.BlockSpec((cols // 2,), lambda i: (i,)))(x)
         return pallas_call(kernel, out_shape=sds(out.shape, out.dtype))(x)
 
-    ax = "all" if axis is None else f"axis{axis}"  # "all": a 0-d output
+    ax = "all" if axis is None else f"axis{axis}"  # "all": a (1, 1) output
     tol = {"float32": (1e-4, 1e-5)} if op in ("sum", "mean", "prod") else {}
     tol.update({"bfloat16": (6e-2, 2e-2)} if op in ("sum", "mean", "prod") else {})
     register(Case(
