@@ -4,6 +4,7 @@ from pallas_conformance.cases import (
     aliasing,
     atomics,
     broadcasting,
+    broadcasting_more,
     control_flow,
     control_flow_more,
     dot,
