@@ -63,7 +63,8 @@ NB = 4  # lane blocks per row
 
 
 @case("kernels/online_softmax_lane_blocks",
-      tags={"kernels", "reductions", "broadcasting", "scratch", "sequential_grid"},
+      tags={"kernels", "reductions", "broadcasting", "scratch", "sequential_grid",
+            "carry_across_blocks"},
       inputs=lambda rng: (randn(rng, (16, NB * C), scale=3.0),),
       reference=lambda x: jax.nn.softmax(x, axis=-1), tolerance={"float32": (1e-6, 1e-5)})
 def online_softmax(pallas_call, x):

@@ -68,8 +68,8 @@ def alias_prefetch(pallas_call, idx, x):
 
 # --- Multiple outputs -------------------------------------------------------------------
 
-@case("multiple_outputs/accumulator_and_tiles", tags={"multiple_outputs", "reductions",
-                                                       "sequential_grid"},
+@case("multiple_outputs/accumulator_and_tiles",
+      tags={"multiple_outputs", "reductions", "sequential_grid", "carry_across_blocks"},
       inputs=lambda rng: (randn(rng, (32, C)),),
       reference=lambda x: (jnp.tanh(x), jnp.sum(x.reshape(4, 8, C), axis=0)),
       tolerance={"float32": (1e-5, 1e-5)})
