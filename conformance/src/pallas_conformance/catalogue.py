@@ -56,6 +56,10 @@ TAGS: dict[str, str] = {
     "semaphores": "semaphore_signal / semaphore_wait / semaphore_read",
     "atomics": "atomic read-modify-write on refs (pallas.atomics: add/max/min/and/or/"
                "xor/xchg/cas), including masked atomics and contention across programs",
+    "unaligned_blocks": "block shapes a tiled memory cannot hold: a last block dim that is "
+                        "neither a multiple of 128 nor the array's full dim, or a "
+                        "second-to-last one neither a multiple of 8 nor full (TPU's tiling "
+                        "rule); cases about odd shapes carry it, the rest use aligned blocks",
     "bf16": "bfloat16 operands",
     "f16": "float16 operands",
     "int8": "int8 operands",
