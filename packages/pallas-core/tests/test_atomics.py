@@ -159,3 +159,23 @@ def test_backends_find_the_primitives_in_the_plugin_api():
     assert plugins.atomic_cas_p.name == "atomic_cas"
     assert plugins.atomic_rmw_p in plugins.PRIMITIVES
     assert plugins.atomic_cas_p in plugins.interpret_rules
+
+
+@pytest.mark.parametrize("shared", ["blocked", "any"])
+def test_contention_is_exact_whether_the_shared_output_is_blocked_or_whole(shared):
+    # The interpreter may vectorise independent programs; atomics on a shared output
+    # must still see every program's update.
+    x = jnp.arange(32 * 128, dtype=jnp.int32).reshape(32, 128) % 13
+    spec = (pl.BlockSpec((8, 128), lambda i: (0, 0)) if shared == "blocked"
+            else pl.BlockSpec(memory_space=pl.ANY))
+    rows = pl.BlockSpec((8, 128), lambda i: (i, 0))
+
+    def kernel(z_ref, x_ref, s_ref, y_ref):
+        atomics.atomic_add(s_ref, ALL, x_ref[...])
+        y_ref[...] = x_ref[...]
+
+    s, _ = pl.pallas_call(
+        kernel, out_shape=(SDS((8, 128), jnp.int32), SDS(x.shape, x.dtype)), grid=(4,),
+        in_specs=[spec, rows], out_specs=(spec, rows), input_output_aliases={0: 0},
+        interpret=True)(jnp.zeros((8, 128), jnp.int32), x)
+    np.testing.assert_array_equal(s, np.asarray(x).reshape(4, 8, 128).sum(axis=0))
