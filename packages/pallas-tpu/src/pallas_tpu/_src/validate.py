@@ -47,11 +47,22 @@ def _check_block(bm) -> None:
     if space in (MemorySpace.ANY, MemorySpace.HBM, MemorySpace.HOST):
         return
     for d in bm.block_dims:
-        if isinstance(d, (pl.Element, pl.BoundedSlice)) or type(d).__name__ == "Indirect":
+        if type(d).__name__ == "Indirect":
             raise NotImplementedError(
                 f"pallas_call operand {bm.origin}: {type(d).__name__} block dims are not "
                 f"implemented yet in pallas-tpu (backend 'mosaic_tpu'); use Blocked dims"
             )
+    element_window = any(isinstance(d, (pl.Element, pl.BoundedSlice)) for d in bm.block_dims)
+    if element_window:
+        for i, (d, n) in enumerate(zip(bm.block_dims, bm.array_aval.shape)):
+            if isinstance(d, pl.Blocked) and n % d.block_size:
+                raise NotImplementedError(
+                    f"pallas_call operand {bm.origin} has Element/BoundedSlice block dims "
+                    f"and a Blocked dim {i} of size {d.block_size} that does not divide the "
+                    f"array dim {n}; pallas-tpu (backend 'mosaic_tpu') lowers such a window "
+                    f"in element offsets, where edge blocks cannot overhang. Use "
+                    f"pl.Element({d.block_size}, padding=...) for that dim"
+                )
     if space is MemorySpace.SMEM:
         if jnp.dtype(bm.array_aval.dtype).itemsize != 4:
             raise TypeError(
@@ -69,6 +80,8 @@ def _check_block(bm) -> None:
         if i < 0 or isinstance(dims[i], pl.Squeezed):
             continue
         b, n = block[i], shape[i]
+        if isinstance(dims[i], pl.Element):
+            n += sum(dims[i].padding)  # an Element window spans the padded array
         if b == n or b % need == 0:
             continue
         which = "last" if i == rank - 1 else "second-to-last"

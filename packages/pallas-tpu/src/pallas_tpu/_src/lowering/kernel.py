@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+import numpy as np
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import func
+from jaxlib.mlir.dialects import arith, func
 from jaxlib.mosaic.python import tpu
 
 import pallas as pl
@@ -24,7 +25,7 @@ from pallas_tpu._src.compiler_params import ARBITRARY, CORE_PARALLEL, CompilerPa
 from pallas_tpu._src.enums import LoweringException
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import materialize, to_i32
-from pallas_tpu._src.lowering.engine import LoweringContext, RefVal, lower_jaxpr
+from pallas_tpu._src.lowering.engine import Lit, LoweringContext, RefVal, lower_jaxpr
 from pallas_tpu._src.memory import MemorySpace, is_any_space
 
 
@@ -61,6 +62,55 @@ def _block_memref(bm):
     return T.memref_type(shape, bm.array_aval.dtype, space), squeezed, space
 
 
+def uses_element_window(bm) -> bool:
+    """Whether the operand's window is given in element offsets (``#tpu.element_window``):
+    true when some block dim is ``Element`` or ``BoundedSlice``."""
+    return any(isinstance(d, (pl.Element, pl.BoundedSlice)) for d in bm.block_dims)
+
+
+def _element_offsets(bm, outs, name):
+    """The element offset of every block dim from the index map's outputs.
+
+    In an element window Mosaic reads every transform result as an element offset, so a
+    ``Blocked(b)`` dim's block index ``i`` becomes ``i * b``; ``Element`` and
+    ``Squeezed`` dims already are offsets. A ``BoundedSlice(b)`` dim yields
+    ``(start, size)``; it lowers when ``size`` is statically ``b`` (then it is an
+    element window of ``b`` rows at ``start``).
+    """
+    offsets, k = [], 0
+    for i, d in enumerate(bm.block_dims):
+        o = outs[k]
+        if isinstance(d, pl.BoundedSlice):
+            size = outs[k + 1]
+            k += 2
+            if not (isinstance(size, Lit) and int(np.asarray(size.val)) == d.block_size):
+                raise LoweringException(
+                    f"pallas-tpu (backend 'mosaic_tpu') lowers a BoundedSlice block dim "
+                    f"only when the index map's pl.ds size is the static block size: "
+                    f"operand {bm.origin} of {name}, dim {i} is {d} but its size is "
+                    f"{'dynamic' if not isinstance(size, Lit) else int(np.asarray(size.val))}"
+                    f". Dynamic sizes run under interpret=True."
+                )
+            offsets.append(to_i32(o))
+            continue
+        k += 1
+        scale = d.block_size if isinstance(d, pl.Blocked) else 1
+        if isinstance(o, Lit):
+            offsets.append(arith.constant(T.i32(), int(np.asarray(o.val)) * scale))
+        elif scale != 1:
+            offsets.append(arith.muli(to_i32(o), arith.constant(T.i32(), scale)))
+        else:
+            offsets.append(to_i32(o))
+    return offsets
+
+
+def _element_window_attr(bm) -> ir.Attribute:
+    pads = [d.padding if isinstance(d, pl.Element) else (0, 0) for d in bm.block_dims]
+    low = ", ".join(str(int(lo)) for lo, _ in pads)
+    high = ", ".join(str(int(hi)) for _, hi in pads)
+    return ir.Attribute.parse(f"#tpu.element_window<[{low}], [{high}]>")
+
+
 def _emit_transform(k, bm, gm, prefetch_types, name, mesh_axes) -> str:
     fname = f"transform_{k}"
     grid_types = [T.i32()] * len(gm.grid)
@@ -75,7 +125,10 @@ def _emit_transform(k, bm, gm, prefetch_types, name, mesh_axes) -> str:
                                mesh_axes=mesh_axes)
         cj = bm.index_map_jaxpr
         outs = lower_jaxpr(lctx, cj.jaxpr, cj.consts, [*grid_args, *pf])
-        vals = [to_i32(materialize(o, v.aval)) for o, v in zip(outs, cj.jaxpr.outvars)]
+        if uses_element_window(bm):
+            vals = _element_offsets(bm, outs, name)
+        else:
+            vals = [to_i32(materialize(o, v.aval)) for o, v in zip(outs, cj.jaxpr.outvars)]
         func.ReturnOp(vals)
     return fname
 
@@ -105,10 +158,13 @@ def build_module(jaxpr, gm, params: CompilerParams, name: str,
                     window_params.append(ir.DictAttr.get({}))
                     continue
                 tname = _emit_transform(k, bm, gm, prefetch_types, name, mesh_axes)
-                window_params.append(ir.DictAttr.get({
+                wp = {
                     "transform_indices": ir.FlatSymbolRefAttr.get(tname),
                     "window_bounds": ir.DenseI64ArrayAttr.get(list(bm.block_shape)),
-                }))
+                }
+                if uses_element_window(bm):
+                    wp["window_kind"] = _element_window_attr(bm)
+                window_params.append(ir.DictAttr.get(wp))
             scratch = []
             for t in gm.scratch_types:
                 scratch.append((T.memref_type(t.shape, t.dtype, t.memory_space), t))
