@@ -286,6 +286,57 @@ def vmap_of_jit(pallas_call, x):
     return jax.vmap(jax.jit(lambda a: _tiled_sin(pallas_call, a)))(x)
 
 
+def _gather_blocks(pallas_call, idx, x):
+    """Row blocks of ``x`` gathered by prefetched block indices."""
+    def kernel(idx_ref, x_ref, o_ref):
+        del idx_ref
+        o_ref[...] = x_ref[...] * 2.0
+
+    return pallas_call(
+        kernel, out_shape=sds((idx.shape[0] * 8, C), x.dtype),
+        grid_spec=pl.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(idx.shape[0],),
+            in_specs=[pl.BlockSpec((8, C), lambda i, idx: (idx[i], 0))],
+            out_specs=pl.BlockSpec((8, C), lambda i, idx: (i, 0))))(idx, x)
+
+
+def _ref_gather_blocks(idx, x):
+    return jnp.concatenate([x[8 * int(i):8 * int(i) + 8] for i in idx]) * 2.0
+
+
+@case("vmap/scalar_prefetch_unbatched_indices", tags={"vmap", "scalar_prefetch"},
+      inputs=lambda rng: (jnp.asarray([2, 0, 3], jnp.int32), randn(rng, (2, 32, C))),
+      reference=lambda idx, x: jnp.stack([_ref_gather_blocks(idx, b) for b in x]))
+def vmap_prefetch_unbatched(pallas_call, idx, x):
+    """vmap over the data of a scalar-prefetch gather whose indices are shared."""
+    return jax.vmap(lambda a: _gather_blocks(pallas_call, idx, a))(x)
+
+
+@case("vmap/scalar_prefetch_batched_indices", tags={"vmap", "scalar_prefetch"},
+      inputs=lambda rng: (jnp.asarray([[2, 0, 3], [1, 1, 0]], jnp.int32),
+                          randn(rng, (2, 32, C))),
+      reference=lambda idx, x: jnp.stack([_ref_gather_blocks(i, b) for i, b in zip(idx, x)]))
+def vmap_prefetch_batched(pallas_call, idx, x):
+    """vmap over batched prefetched indices and data (one gather per batch element)."""
+    return jax.vmap(lambda i, a: _gather_blocks(pallas_call, i, a))(idx, x)
+
+
+@case("vmap/aliased_unbatched_input", tags={"vmap", "aliasing"},
+      inputs=lambda rng: (randn(rng, (8, C)), randn(rng, (3, 8, C))),
+      reference=lambda acc, x: acc[None] * 0.5 + x)
+def vmap_aliased(pallas_call, acc, x):
+    """vmap where the aliased input is unbatched (it is broadcast to the batched output)."""
+    def f(a, b):
+        def kernel(a_ref, b_ref, o_ref):
+            del a_ref
+            o_ref[...] = o_ref[...] * 0.5 + b_ref[...]
+
+        return pallas_call(kernel, out_shape=sds(a.shape, a.dtype),
+                           input_output_aliases={0: 0})(a, b)
+
+    return jax.vmap(f, in_axes=(None, 0))(acc, x)
+
+
 # --- More grad and jvp ----------------------------------------------------------------
 
 def _softmax_rows(pallas_call, x):
