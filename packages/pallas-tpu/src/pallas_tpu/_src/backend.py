@@ -11,9 +11,10 @@ from pallas_tpu._src.compiler_params import CompilerParams
 # block shapes that TPUs cannot tile (rejected at trace time, by design) or features
 # listed as not implemented in the README; see the package README.
 CAPABILITIES = frozenset({
-    "aliasing", "bf16", "bool", "broadcasting", "dot", "elementwise", "f16", "int8",
-    "kernels", "pytrees", "reductions", "scalar_prefetch", "scratch", "semaphores",
-    "sequential_grid", "shard_map", "uint32",
+    "aliasing", "bf16", "bool", "broadcasting", "carry_across_blocks", "control_flow", "dot",
+    "elementwise", "f16", "indexing", "int8", "kernels", "multiple_outputs", "pytrees",
+    "reductions", "scalar_prefetch", "scratch", "semaphores", "sequential_grid",
+    "shard_map", "uint32", "vmap",
 })
 
 
