@@ -545,3 +545,16 @@ def test_long_scans_over_arrays_fail_with_a_clear_lowering_error(lower_tpu):
     x = jnp.zeros((128, 128), F32)
     with pytest.raises(pltpu.LoweringException, match="length 128.*unrolled"):
         lower_tpu(_one_block(kernel, x), x)
+
+
+def test_jvp_of_a_kernel_lowers_its_tangent_sums(lower_tpu, ops):
+    # The JVP of x * x sums two tangent products with add_any, lowered as arith.addf.
+    def kernel(x_ref, o_ref):
+        x = x_ref[...]
+        o_ref[...] = x * x
+
+    x = jnp.ones((8, 128), F32)
+    f = lambda x, t: jax.jvp(_one_block(kernel, x), (x,), (t,))
+    _, modules = lower_tpu(f, x, x)
+    tangent_ops = [ops(m) for m in modules if "arith.addf" in ops(m)]
+    assert tangent_ops and tangent_ops[0].count("arith.mulf") >= 2

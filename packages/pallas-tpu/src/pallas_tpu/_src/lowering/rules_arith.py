@@ -30,6 +30,7 @@ from pallas_tpu._src.lowering.common import (
 _BINARY = {
     # primitive: (float op, signed op, unsigned op)
     P.add_p: (arith.addf, arith.addi, arith.addi),
+    P.add_jaxvals_p: (arith.addf, arith.addi, arith.addi),  # add_any: JVP tangent sums
     P.sub_p: (arith.subf, arith.subi, arith.subi),
     P.mul_p: (arith.mulf, arith.muli, arith.muli),
     P.div_p: (arith.divf, arith.divsi, arith.divui),
