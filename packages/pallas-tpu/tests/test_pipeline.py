@@ -185,3 +185,43 @@ def test_pipeline_call_options_not_implemented_raise():
         pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
                        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
                        out_specs=pl.BlockSpec(memory_space=pl.ANY), interpret=True)(x)
+
+
+def _overlapping_row_windows(x, interpret):
+    """Three 16-row windows of ``x`` starting every 8 rows (pl.Element rows), doubled."""
+    def outer(x_hbm, o_hbm):
+        def body(x_ref, o_ref):
+            o_ref[...] = x_ref[...] * 2.0
+
+        pltpu.emit_pipeline(
+            body, grid=(3,),
+            in_specs=[pl.BlockSpec((pl.Element(16), 128), lambda i: (i * 8, 0))],
+            out_specs=[pl.BlockSpec((None, 16, 128), lambda i: (i, 0, 0))],
+        )(x_hbm, o_hbm)
+
+    return pl.pallas_call(
+        outer, out_shape=jax.ShapeDtypeStruct((3, 16, 128), x.dtype),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)], out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        interpret=interpret)(x)
+
+
+def test_emit_pipeline_element_dims_take_element_offsets(rng, lower_tpu, ops):
+    x = jnp.asarray(rng.standard_normal((32, 128)), jnp.float32)
+    want = np.stack([np.asarray(x)[i * 8:i * 8 + 16] * 2.0 for i in range(3)])
+    np.testing.assert_allclose(_overlapping_row_windows(x, True), want)
+    _, (m,) = lower_tpu(lambda a: _overlapping_row_windows(a, False), x)
+    assert "tpu.enqueue_dma" in ops(m)
+
+
+def test_emit_pipeline_rejects_padded_element_dims():
+    def outer(x_hbm, o_hbm):
+        pltpu.emit_pipeline(
+            lambda a, b: None, grid=(2,),
+            in_specs=[pl.BlockSpec((pl.Element(16, padding=(8, 8)), 128), lambda i: (i, 0))],
+            out_specs=[pl.BlockSpec((16, 128), lambda i: (i, 0))])(x_hbm, o_hbm)
+
+    with pytest.raises(NotImplementedError, match=r"Element\(16, padding=\(8, 8\)\).*padding"):
+        pl.pallas_call(outer, out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32),
+                       in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                       out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                       interpret=True)(jnp.zeros((16, 128)))

@@ -9,8 +9,9 @@ order), where each block is a VMEM ref selected by its BlockSpec's index map.
 Inputs are double-buffered: the DMA of the next iteration's input blocks is started
 before ``body`` runs on the current ones. An output block stays in its VMEM buffer across
 consecutive iterations that map to the same block (so ``body`` can accumulate into it)
-and is copied back to HBM after every iteration. Only ``Blocked`` and squeezed
-(``None``) block dims whose sizes divide the array are supported.
+and is copied back to HBM after every iteration. ``Blocked`` and squeezed (``None``)
+block dims whose sizes divide the array are supported, and ``pl.Element(n)`` dims
+without padding (the index map returns the window's element offset).
 
 ``emit_pipeline_with_allocations`` returns the same pipeline together with
 ``make_allocations(*refs)``, which describes the pipeline's VMEM buffers and DMA
@@ -46,6 +47,10 @@ def _as_list(specs) -> list:
     return list(specs)
 
 
+class _ElementSize(int):
+    """The size of a ``pl.Element`` dim: its index-map value is an element offset."""
+
+
 def _block_dims(spec: pl.BlockSpec, shape, what: str):
     if spec.block_shape is None:
         return [int(n) for n in shape]
@@ -64,6 +69,12 @@ def _block_dims(spec: pl.BlockSpec, shape, what: str):
             dims.append(d)
         elif isinstance(d, pl.Blocked):
             dims.append(d.block_size)
+        elif isinstance(d, pl.Element) and d.padding == (0, 0):
+            dims.append(_ElementSize(d.block_size))
+        elif isinstance(d, pl.Element):
+            raise NotImplementedError(
+                f"emit_pipeline {what}: {d} block dims with padding are not implemented "
+                f"yet in pallas-tpu (backend 'mosaic_tpu'); pad the array instead")
         else:
             raise NotImplementedError(
                 f"emit_pipeline {what}: {type(d).__name__} block dims are not implemented "
@@ -79,7 +90,12 @@ def _window(ref, spec, dims, idx):
     indexers = []
     for b, d in zip(block_idx, dims):
         b = jnp.asarray(b, jnp.int32)
-        indexers.append(b if d is None else pl.ds(pl.multiple_of(b * d, d), d))
+        if d is None:
+            indexers.append(b)
+        elif isinstance(d, _ElementSize):
+            indexers.append(pl.ds(b, int(d)))
+        else:
+            indexers.append(pl.ds(pl.multiple_of(b * d, d), d))
     return ref.at[tuple(indexers)]
 
 
