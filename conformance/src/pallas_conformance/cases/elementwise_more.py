@@ -1,7 +1,8 @@
 """More elementwise cases: the jnp/lax ops and dtypes that ``elementwise`` leaves out
 (log2/log10, inverse hyperbolics, trunc, round-half-even, isnan/isinf, remainder,
-hypot, logaddexp, NaN propagation, jax.nn activations, comparisons and integer ops over
-every dtype, unsigned and wrap-around semantics, casts, select_n, clip).
+hypot, copysign, signbit, logaddexp, pow with integer exponents, NaN propagation, jax.nn
+activations, comparisons and integer ops over every dtype, unsigned and wrap-around
+semantics, casts, bitcasts, select_n, clip).
 
 Every case runs a (16, 128) array through a grid of two (8, 128) blocks.
 """
@@ -205,6 +206,21 @@ _unary("cast_to_u32_wide", lambda x: x.astype(U32), (I32,), domain=_wide_i32,
        what="negative int32 values to uint32 (mod 2**32)")
 _unary("cast_to_i32_trunc", lambda x: x.astype(I32), (F32,), domain=(-100, 100),
        what="float32 to int32 truncates toward zero")
+
+
+_unary("signbit", jnp.signbit, (F32,))
+_binary("copysign", jnp.copysign, (F32,))
+_binary("pow_int_exponent", lambda x, y: lax.pow(x, y.astype(jnp.int32)), (F32,),
+        domain=(0.5, 2), domain_b=(-3, 4), tolerance=_TOL_SPECIAL,
+        what="lax.pow with an int32 exponent")
+_unary("bitcast_to_i32", lambda x: lax.bitcast_convert_type(x, I32), (F32,),
+       what="lax.bitcast_convert_type float32 -> int32")
+_unary("bitcast_to_f32", lambda x: lax.bitcast_convert_type(x, F32), (U32,),
+       domain=lambda rng, s: jnp.asarray(rng.integers(0x3F000000, 0x40800000, size=s),
+                                         jnp.uint32),
+       what="lax.bitcast_convert_type uint32 -> float32")
+_unary("bitcast_to_u32", lambda x: lax.bitcast_convert_type(x, U32), (I32,), domain=_wide_i32,
+       what="lax.bitcast_convert_type int32 -> uint32")
 
 
 def _select_n(which, a, b, c):
