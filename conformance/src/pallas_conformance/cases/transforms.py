@@ -480,6 +480,50 @@ def jvp_scratch(pallas_call, x, t):
     return jax.jvp(lambda a: _running_sum(pallas_call, a), (x,), (t,))
 
 
+def _masked_tanh(pallas_call, x):
+    """tanh of the first 100 lanes through a masked load (other=0) and a masked store
+    over a zero fill."""
+    def kernel(x_ref, o_ref):
+        m = jax.lax.broadcasted_iota(jnp.int32, (8, C), 1) < 100
+        o_ref[...] = jnp.zeros_like(o_ref)
+        v = pl.load(x_ref, (slice(None), slice(None)), mask=m, other=0.0)
+        pl.store(o_ref, jnp.tanh(v), (slice(None), slice(None)), mask=m)
+
+    spec = pl.BlockSpec((8, C), lambda i: (i, 0))
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(x.shape[0] // 8,),
+                       in_specs=[spec], out_specs=spec)(x)
+
+
+def _ref_masked_tanh(x):
+    return jnp.where(jnp.arange(C)[None] < 100, jnp.tanh(x), 0.0)
+
+
+@case("grad/masked_load_store", tags={"grad", "indexing"},
+      inputs=lambda rng: (randn(rng, (16, C)),),
+      reference=lambda x: jax.grad(lambda a: jnp.sum(_ref_masked_tanh(a) ** 2))(x),
+      tolerance={"float32": (1e-5, 1e-5)})
+def grad_masked(pallas_call, x):
+    """grad through masked pl.load/pl.store: masked-out lanes get a zero gradient."""
+    return jax.grad(lambda a: jnp.sum(_masked_tanh(pallas_call, a) ** 2))(x)
+
+
+@case("grad/jvp_while_loop", tags={"grad", "control_flow"},
+      inputs=lambda rng: (randn(rng, (8, C)) * 5.0, randn(rng, (8, C))),
+      reference=lambda x, t: jax.jvp(
+          lambda a: jax.lax.while_loop(lambda v: jnp.max(jnp.abs(v)) >= 1.0,
+                                       lambda v: v * 0.5, a), (x,), (t,)))
+def jvp_while(pallas_call, x, t):
+    """jax.jvp (forward mode) of a kernel whose while_loop trip count depends on data."""
+    def f(a):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = jax.lax.while_loop(lambda v: jnp.max(jnp.abs(v)) >= 1.0,
+                                            lambda v: v * 0.5, x_ref[...])
+
+        return pallas_call(kernel, out_shape=sds(a.shape, a.dtype))(a)
+
+    return jax.jvp(f, (x,), (t,))
+
+
 # --- More shard_map (over every local device; set XLA_FLAGS=
 # --xla_force_host_platform_device_count=N on a CPU to use N > 1) -----------------------
 
