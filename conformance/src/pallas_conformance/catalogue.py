@@ -60,6 +60,7 @@ TAGS: dict[str, str] = {
                         "neither a multiple of 128 nor the array's full dim, or a "
                         "second-to-last one neither a multiple of 8 nor full (TPU's tiling "
                         "rule); cases about odd shapes carry it, the rest use aligned blocks",
+    "special_functions": "the gamma family (lgamma, digamma) inside kernels",
     "bf16": "bfloat16 operands",
     "f16": "float16 operands",
     "int8": "int8 operands",

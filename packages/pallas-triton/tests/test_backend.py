@@ -228,3 +228,25 @@ def test_final_k_step_store_is_emitted_after_the_loop(final_reads_input):
                                rtol=1e-2)
     (k,) = pltriton.compile(f, *args, compute_capability=90)
     assert k.uses_tensor_cores()
+
+
+def _unary_call(op, x):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = op(x_ref[...])
+
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))
+
+
+def test_digamma_matches_xla_including_its_poles():
+    # libdevice has no digamma: the backend generates one; XLA gives NaN at the poles.
+    x = jnp.array([[0.0, -1.0, -2.0, 0.5, 1.0, 3.25, 20.0, -0.5] * 16] * 8, jnp.float32)
+    f = _unary_call(jax.lax.digamma, x)
+    got, want = np.asarray(pltriton.emulate(f, x)), np.asarray(jax.lax.digamma(x))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5)
+
+
+def test_sign_of_bf16_is_minus_one_for_negative_values():
+    x = jnp.array([[-3.0, -0.5, 0.0, 2.0] * 32] * 8, jnp.bfloat16)
+    got = np.asarray(pltriton.emulate(_unary_call(jnp.sign, x), x), np.float32)
+    np.testing.assert_array_equal(got, np.asarray(jnp.sign(x), np.float32))

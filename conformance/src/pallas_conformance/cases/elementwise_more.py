@@ -57,14 +57,14 @@ def _fn(op, nargs):
     return fn
 
 
-def _op(name, op, dtypes, domains, tolerance=None, what=None):
+def _op(name, op, dtypes, domains, tolerance=None, what=None, tags=()):
     for dt in dtypes:
         gens = [_gen(dt, d) for d in domains]
         out = jax.eval_shape(op, *(jax.ShapeDtypeStruct(SHAPE, dt) for _ in domains))
         register(Case(
             name=f"elementwise/{name}_{short(dt)}", fn=_fn(op, len(domains)),
             inputs=lambda rng, gens=gens: tuple(g(rng) for g in gens), reference=op,
-            tags=frozenset({"elementwise"} | dtype_tags(dt, out.dtype)),
+            tags=frozenset({"elementwise", *tags} | dtype_tags(dt, out.dtype)),
             tolerance=dict(tolerance or {}),
             description=f"{what or name} over {jnp.dtype(dt).name}",
         ))
@@ -127,7 +127,7 @@ _unary("sin", jnp.sin, (F16,), domain=(-3, 3))
 _unary("logistic", lax.logistic, (F16,))
 _unary("floor", jnp.floor, (F16,), domain=(-10, 10))
 _unary("reciprocal", jnp.reciprocal, (BF16,), domain=(0.5, 4))
-_unary("sign", jnp.sign, (I8,))
+_unary("sign", jnp.sign, (I8, BF16, F16, U32))
 _unary("square", jnp.square, (F16, I8))
 _unary("integer_pow_neg2", lambda x: lax.integer_pow(x, -2), (F32,), domain=(0.5, 3),
        tolerance=_TOL_SPECIAL)
@@ -273,3 +273,21 @@ register(Case(
                         jnp.asarray(rng.integers(0, 50, size=SHAPE), jnp.int32)),
     reference=lambda lo, x, hi: jnp.clip(x, lo, hi), tags=frozenset({"elementwise"}),
     description="jnp.clip with per-element int32 bounds"))
+
+
+# Special functions: erfc is everywhere; the gamma family is a capability of its own.
+_unary("erfc", lax.erfc, (F32, BF16), domain=(-3.0, 3.0))
+_unary("lgamma", lax.lgamma, (F32,), domain=(0.05, 12.0), tags=("special_functions",),
+       tolerance={"float32": (1e-5, 2e-5)})
+_unary("lgamma_negative", lax.lgamma, (F32,),
+       domain=lambda rng, shape: jnp.asarray(
+           rng.integers(-6, 0, size=shape) + rng.uniform(0.1, 0.9, size=shape), F32),
+       tags=("special_functions",), tolerance={"float32": (1e-4, 1e-4)},
+       what="lgamma between the poles of negative arguments")
+_unary("digamma", lax.digamma, (F32,), domain=(0.05, 12.0), tags=("special_functions",),
+       tolerance={"float32": (1e-5, 2e-5)})
+_unary("digamma_negative", lax.digamma, (F32,),
+       domain=lambda rng, shape: jnp.asarray(
+           rng.integers(-6, 0, size=shape) + rng.uniform(0.1, 0.9, size=shape), F32),
+       tags=("special_functions",), tolerance={"float32": (1e-4, 1e-4)},
+       what="digamma between the poles of negative arguments")

@@ -9,7 +9,8 @@ from pallas_triton.__about__ import __version__
 from pallas_triton._src.api import CompilerParams
 
 CAPABILITIES = frozenset({
-    "elementwise", "broadcasting", "reductions", "indexing", "control_flow", "dot",
+    "elementwise", "special_functions", "broadcasting", "reductions", "indexing",
+    "control_flow", "dot",
     "multiple_outputs", "scratch", "atomics", "aliasing", "pytrees", "scalar_prefetch",
     "bf16", "f16", "int8", "uint32", "bool", "kernels", "vmap", "sequential_grid",
     # Blocks of any shape: edge blocks and odd sizes become masks (only what a kernel

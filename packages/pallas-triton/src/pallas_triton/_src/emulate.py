@@ -91,14 +91,16 @@ _NUMPY_LIBDEVICE = {
     "cbrt": np.cbrt, "pow": np.power, "atan2": np.arctan2, "nextafter": np.nextafter,
     "fmod": np.fmod, "rint": np.rint, "round": _round_half_away,
     "popc": lambda x: np.bitwise_count(x.view(f"u{x.dtype.itemsize}")).astype(x.dtype),
-    "clz": _clz, "erfinv": lambda x: np.asarray(_erfinv(x)),
+    "clz": _clz, "erfinv": lambda x: _special("erfinv", x),
+    "erfc": lambda x: _special("erfc", x), "lgamma": lambda x: _special("gammaln", x),
 }
 
 
-def _erfinv(x):
+def _special(name: str, x):
+    """A function NumPy lacks, from ``jax.scipy.special`` (XLA's implementation)."""
     import jax.scipy.special
 
-    return jax.scipy.special.erfinv(x)
+    return np.asarray(getattr(jax.scipy.special, name)(x))
 
 
 class _InterpretedLibdevice:

@@ -156,6 +156,7 @@ _UNARY_MATH = {
     "cosh": "libdevice.cosh({0})", "asinh": "libdevice.asinh({0})",
     "acosh": "libdevice.acosh({0})", "atanh": "libdevice.atanh({0})",
     "cbrt": "libdevice.cbrt({0})", "erf_inv": "libdevice.erfinv({0})",
+    "erfc": "libdevice.erfc({0})", "lgamma": "libdevice.lgamma({0})",
 }
 
 for _name, _tpl in _UNARY_MATH.items():
@@ -166,6 +167,34 @@ for _name, _tpl in _UNARY_MATH.items():
         return _emit(ctx, eqn, _f32_wrap(x.dtype, _tpl, x))
 
     RULES[_name] = _unary
+
+@rule("digamma")
+def _digamma(ctx, eqn, x):
+    """ψ(x) (libdevice has none): reflection below 1/2, six recurrence steps up, then the
+    asymptotic series; NaN at the poles (non-positive integers), as XLA."""
+    if not is_float(x.dtype):
+        raise unsupported(f"digamma on {dtype_name(x.dtype)}")
+    em, shape, f32 = ctx.em, x.shape, np.float32
+    v = em.assign(_cast(x, "tl.float32") if dtype_name(x.dtype) != "float32" else _op(x),
+                  shape, f32)
+    refl = em.assign(f"{v.expr} < 0.5", shape, np.bool_)
+    z = em.assign(f"tl.where({refl.expr}, 1.0 - {v.expr}, {v.expr})", shape, f32)
+    steps = " + ".join(f"1.0 / ({z.expr} + {k}.0)" for k in range(6))
+    w = em.assign(f"{z.expr} + 6.0", shape, f32)
+    r = em.assign(f"1.0 / ({w.expr} * {w.expr})", shape, f32)
+    series = (f"tl.log({w.expr}) - 0.5 / {w.expr} - {r.expr} * (1.0 / 12 - {r.expr} * "
+              f"(1.0 / 120 - {r.expr} * (1.0 / 252 - {r.expr} * (1.0 / 240 - {r.expr} / 132))))")
+    psi = em.assign(f"{series} - ({steps})", shape, f32)
+    pi = "3.141592653589793"
+    out = em.assign(
+        f"tl.where({refl.expr}, {psi.expr} - {pi} / libdevice.tan({pi} * {v.expr}), {psi.expr})",
+        shape, f32)
+    pole = f"({v.expr} <= 0.0) & ({v.expr} == tl.floor({v.expr}))"
+    expr = f"tl.where({pole}, float('nan'), {out.expr})"
+    if dtype_name(x.dtype) != "float32":
+        expr = f"({expr}).to({tl_dtype(x.dtype)})"
+    return _emit(ctx, eqn, expr)
+
 
 _BINARY_MATH = {"pow": "libdevice.pow({0}, {1})", "atan2": "libdevice.atan2({0}, {1})",
                 "nextafter": "libdevice.nextafter({0}, {1})"}
@@ -203,8 +232,11 @@ def _sign(ctx, eqn, x):
     zero = f"tl.full([], 0, {t})"
     if is_unsigned_int(x.dtype):
         return _emit(ctx, eqn, f"tl.where({_op(x)} > 0, {one}, {zero})")
+    # -1 as its own constant: negating a bf16 constant is wrong under Triton's interpreter.
+    minus_one = f"tl.full([], -1, {t})"
     w = _wide(x)
-    return _emit(ctx, eqn, f"tl.where({w} > 0, {one}, tl.where({w} < 0, -{one}, {_op(x)}))")
+    return _emit(ctx, eqn,
+                 f"tl.where({w} > 0, {one}, tl.where({w} < 0, {minus_one}, {_op(x)}))")
 
 
 @rule("not")
