@@ -237,6 +237,8 @@ def _unary_call(op, x):
     return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))
 
 
+# At the poles the reflection divides by tan(pi x) == 0 before the NaN is selected.
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 def test_digamma_matches_xla_including_its_poles():
     # libdevice has no digamma: the backend generates one; XLA gives NaN at the poles.
     x = jnp.array([[0.0, -1.0, -2.0, 0.5, 1.0, 3.25, 20.0, -0.5] * 16] * 8, jnp.float32)
