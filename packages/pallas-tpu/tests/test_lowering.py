@@ -558,3 +558,15 @@ def test_jvp_of_a_kernel_lowers_its_tangent_sums(lower_tpu, ops):
     _, modules = lower_tpu(f, x, x)
     tangent_ops = [ops(m) for m in modules if "arith.addf" in ops(m)]
     assert tangent_ops and tangent_ops[0].count("arith.mulf") >= 2
+
+
+def test_tile_lowers_as_concatenation_and_matches_jnp(lower_tpu, ops):
+    # jnp.tile (upstream's "repeat-style" op) repeats a block along the sublane and lane axes.
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.tile(x_ref[...], (2, 3))
+
+    x = jnp.arange(8 * 128, dtype=F32).reshape(8, 128)
+    f = _one_block(kernel, x, out=jax.ShapeDtypeStruct((16, 384), F32))
+    _, (m,) = lower_tpu(f, x)
+    assert collections.Counter(ops(m))["tpu.concatenate"] == 2
+    np.testing.assert_array_equal(np.asarray(f(x)), np.tile(np.asarray(x), (2, 3)))

@@ -42,6 +42,11 @@ get_p = _state_primitives.get_p
 swap_p = _state_primitives.swap_p
 addupdate_p = _state_primitives.addupdate_p
 
+# jnp.tile's primitive (not in jax.extend.core.primitives).
+from jax._src.lax import lax as _lax  # noqa: E402
+
+tile_p = _lax.tile_p
+
 
 def get_view(value, flat_transforms, tree):
     """The part of array ``value`` that a ref with these (flattened) transforms sees."""

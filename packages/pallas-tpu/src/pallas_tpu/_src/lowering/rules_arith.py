@@ -10,6 +10,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, math, vector
 from jaxlib.mosaic.python import tpu
 
+from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import (
     RULES,
@@ -459,6 +460,18 @@ def _concatenate(lctx, eqn, *xs):
     vals = [materialize(x, aval_in(eqn, i)) for i, x in enumerate(xs)]
     return tpu.concatenate(vals, eqn.params["dimension"], results=[T.aval_type(aval_out(eqn))])
 
+
+@rule(jc.tile_p)
+def _tile(lctx, eqn, x):
+    """``jnp.tile``: the value concatenated with itself ``reps[i]`` times along each axis."""
+    src = aval_in(eqn, 0)
+    cur, shape = materialize(x, src), list(src.shape)
+    for axis, reps in enumerate(eqn.params["reps"]):
+        if reps > 1:
+            shape[axis] *= reps
+            cur = tpu.concatenate([cur] * reps, axis,
+                                  results=[T.value_type(tuple(shape), src.dtype)])
+    return cur
 
 
 # ------------------------------------------------------------------------------------------
