@@ -21,7 +21,6 @@ import pallas as pl
 _CANDIDATES = [
     Path(__file__).resolve().parents[3] / "reference" / "upstream-api-jax-0.10.2.md",
     Path(__file__).resolve().parents[4] / "shared" / "reference" / "upstream-api-jax-0.10.2.md",
-    Path("/work/shared/reference/upstream-api-jax-0.10.2.md"),
 ]
 REFERENCE = next((p for p in _CANDIDATES if p.exists()), None)
 

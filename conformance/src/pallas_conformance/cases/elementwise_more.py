@@ -276,18 +276,15 @@ register(Case(
 
 
 # Special functions: erfc is everywhere; the gamma family is a capability of its own.
+def _between_negative_poles(rng, shape):
+    """Arguments in (-6, 0) at least 0.1 away from the poles (the non-positive integers)."""
+    return jnp.asarray(rng.integers(-6, 0, size=shape) + rng.uniform(0.1, 0.9, size=shape), F32)
+
+
 _unary("erfc", lax.erfc, (F32, BF16), domain=(-3.0, 3.0))
-_unary("lgamma", lax.lgamma, (F32,), domain=(0.05, 12.0), tags=("special_functions",),
-       tolerance={"float32": (1e-5, 2e-5)})
-_unary("lgamma_negative", lax.lgamma, (F32,),
-       domain=lambda rng, shape: jnp.asarray(
-           rng.integers(-6, 0, size=shape) + rng.uniform(0.1, 0.9, size=shape), F32),
-       tags=("special_functions",), tolerance={"float32": (1e-4, 1e-4)},
-       what="lgamma between the poles of negative arguments")
-_unary("digamma", lax.digamma, (F32,), domain=(0.05, 12.0), tags=("special_functions",),
-       tolerance={"float32": (1e-5, 2e-5)})
-_unary("digamma_negative", lax.digamma, (F32,),
-       domain=lambda rng, shape: jnp.asarray(
-           rng.integers(-6, 0, size=shape) + rng.uniform(0.1, 0.9, size=shape), F32),
-       tags=("special_functions",), tolerance={"float32": (1e-4, 1e-4)},
-       what="digamma between the poles of negative arguments")
+for _name, _gamma_fn in (("lgamma", lax.lgamma), ("digamma", lax.digamma)):
+    _unary(_name, _gamma_fn, (F32,), domain=(0.05, 12.0), tags=("special_functions",),
+           tolerance={"float32": (1e-5, 2e-5)})
+    _unary(f"{_name}_negative", _gamma_fn, (F32,), domain=_between_negative_poles,
+           tags=("special_functions",), tolerance={"float32": (1e-4, 1e-4)},
+           what=f"{_name} between the poles of negative arguments")

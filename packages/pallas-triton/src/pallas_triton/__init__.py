@@ -4,6 +4,16 @@
 ``pltriton.inspect(f, *args)`` shows the generated Triton kernel.
 """
 
+from pallas.atomics import (  # upstream's pltriton.atomic_* are pallas-core's atomics
+    atomic_add,
+    atomic_and,
+    atomic_cas,
+    atomic_max,
+    atomic_min,
+    atomic_or,
+    atomic_xchg,
+    atomic_xor,
+)
 from pallas_triton.__about__ import __version__
 from pallas_triton._src.api import (
     CompilerParams,
@@ -22,18 +32,7 @@ from pallas_triton._src.compile import CompiledKernel, compile_lowered
 from pallas_triton._src.compile import compute_capability as _target
 from pallas_triton._src.emulate import emulate_lowered
 from pallas_triton._src.lowering import LoweredKernel
-from pallas_triton._src.primitives import (
-    atomic_add,
-    atomic_and,
-    atomic_cas,
-    atomic_max,
-    atomic_min,
-    atomic_or,
-    atomic_xchg,
-    atomic_xor,
-    debug_barrier,
-    elementwise_inline_asm,
-)
+from pallas_triton._src.primitives import debug_barrier, elementwise_inline_asm
 
 
 def compile(f, *args, compute_capability: int | None = None,  # noqa: A001

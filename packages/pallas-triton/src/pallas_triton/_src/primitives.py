@@ -1,4 +1,6 @@
-"""The Triton backend's own primitives: ``debug_barrier``, inline assembly (+ atomics).
+"""The Triton backend's own primitives: ``debug_barrier`` and inline assembly.
+
+Atomics are pallas-core's (``pallas.atomics``); ``pltriton.atomic_*`` re-export them.
 
 Each primitive is defined here with its abstract evaluation and its interpreter rule
 (so kernels using it still run with ``interpret=True``); its Triton lowering is in
@@ -12,24 +14,6 @@ from collections.abc import Sequence
 import jax
 
 from pallas import plugins
-from pallas.atomics import (  # noqa: F401 - re-exported as pltriton.atomic_*
-    atomic_add,
-    atomic_and,
-    atomic_cas,
-    atomic_max,
-    atomic_min,
-    atomic_or,
-    atomic_xchg,
-    atomic_xor,
-)
-
-# -- atomics ----------------------------------------------------------------------------
-# The primitives are pallas-core's (``pallas.atomics``), with the same signatures as
-# upstream's ``pltriton.atomic_*``; the Triton lowering is in :mod:`.lowering`.
-
-atomic_rmw_p = plugins.atomic_rmw_p
-atomic_cas_p = plugins.atomic_cas_p
-
 
 # -- debug_barrier ------------------------------------------------------------------------
 
