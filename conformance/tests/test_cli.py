@@ -54,3 +54,36 @@ def test_console_script_runs():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "PASS:" in proc.stdout
+
+
+class _Terminal:
+    """A stand-in for a terminal's stderr: ``isatty()`` is true and writes are kept."""
+
+    def __init__(self):
+        self.text = []
+
+    def isatty(self):
+        return True
+
+    def write(self, s):
+        self.text.append(s)
+
+    def flush(self):
+        pass
+
+
+def test_cli_shows_a_progress_bar_on_a_terminal_only(monkeypatch, capsys):
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    assert main(["--backend", "interpret", "-k", "kernels/softmax", "-l", "interpret"]) == 0
+    drawn = "".join(term.text)
+    assert "2/2" in drawn and "result" in drawn  # the bar reached its total
+
+    term.text.clear()
+    assert main(["--backend", "interpret", "-k", "kernels/softmax", "-l", "interpret",
+                 "--quiet"]) == 0
+    assert "".join(term.text) == ""  # --quiet: no bar
+
+    monkeypatch.undo()
+    assert main(["--backend", "interpret", "-k", "kernels/softmax", "-l", "interpret"]) == 0
+    assert "result/s" not in capsys.readouterr().err  # not a terminal: no bar

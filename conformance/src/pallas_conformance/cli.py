@@ -11,13 +11,14 @@ The exit status is 1 when any claimed case fails at a reachable level, 2 on usag
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 import pallas.plugins
 from pallas_conformance.__about__ import __version__
 from pallas_conformance.catalogue import TAGS
-from pallas_conformance.levels import FAIL, LEVELS
-from pallas_conformance.suite import run_suite, select_cases
+from pallas_conformance.levels import FAIL, LEVELS, CaseRunner
+from pallas_conformance.suite import resolve_backend, run_suite, select_cases
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--list-backends", action="store_true",
                    help="list installed backends and exit")
     p.add_argument("--list-cases", action="store_true", help="list the cases and exit")
-    p.add_argument("--quiet", "-q", action="store_true", help="no per-failure lines")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no per-failure lines and no progress bar")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p
 
@@ -69,11 +71,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pallas-conformance: {e}", file=sys.stderr)
         return 2
 
-    def progress(r):
-        if r.status == FAIL and not args.quiet:
-            print(f"FAIL {r.case} [{r.level}]: {r.detail}", file=sys.stderr)
+    levels = args.levels or CaseRunner(resolve_backend(args.backend)).levels()
+    with _progress_bar(len(cases) * len(levels), args.quiet) as bar:
+        def progress(r):
+            if r.status == FAIL and not args.quiet:
+                (bar.write if bar else print)(f"FAIL {r.case} [{r.level}]: {r.detail}",
+                                              file=sys.stderr)
+            if bar:
+                bar.set_postfix_str(f"{r.case} [{r.level}]", refresh=False)
+                bar.update()
 
-    report = run_suite(args.backend, levels=args.levels, cases=cases, progress=progress)
+        report = run_suite(args.backend, levels=levels, cases=cases, progress=progress)
     print(f"Pallas conformance: backend {report.backend} {report.backend_version} "
           f"({len(cases)} cases, levels: {', '.join(report.levels)})")
     print()
@@ -84,6 +92,19 @@ def main(argv: list[str] | None = None) -> int:
         report.write(path)
         print(f"report written to {path}")
     return 0 if report.ok else 1
+
+
+@contextlib.contextmanager
+def _progress_bar(total: int, quiet: bool):
+    """A tqdm bar on stderr when it is a terminal (and not ``--quiet``); else ``None``."""
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit="result", file=sys.stderr, dynamic_ncols=True,
+              leave=False) as bar:
+        yield bar
 
 
 if __name__ == "__main__":  # pragma: no cover
