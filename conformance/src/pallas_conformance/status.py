@@ -1,0 +1,102 @@
+"""The "Backend status" page: one table per backend and level, from published reports.
+
+A backend release publishes its report with ``pallas-conformance --backend NAME --report
+NAME.json``; :func:`render_status` turns a folder of such JSON reports into Markdown (the
+docs site runs it at build time, see ``tools/docs_status_hook.py``). Where a folder holds
+several reports of one backend, the newest version (then the newest run) is shown.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Iterable
+
+SCHEMA = "pallas-conformance-report/1"
+_ORDER = ("pass", "fail", "unsupported", "skipped")
+
+
+def load_reports(paths: Iterable[str]) -> list[dict]:
+    """The newest report per backend among ``paths`` (JSON files or folders of them),
+    sorted by backend name. Files of another schema raise ``ValueError`` naming them."""
+    files: list[str] = []
+    for p in paths:
+        files += sorted(glob.glob(os.path.join(p, "*.json"))) if os.path.isdir(p) else [p]
+    newest: dict[str, dict] = {}
+    for f in files:
+        with open(f, encoding="utf-8") as fh:
+            data = json.load(fh)
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"{f}: not a pallas-conformance report (schema "
+                             f"{data.get('schema')!r}, expected {SCHEMA!r})")
+        key = (_version_key(data["backend_version"]), data.get("created", ""))
+        old = newest.get(data["backend"])
+        if old is None or key > (_version_key(old["backend_version"]), old.get("created", "")):
+            newest[data["backend"]] = data
+    return [newest[k] for k in sorted(newest)]
+
+
+def _version_key(v: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else p for p in v.replace("-", ".").split("."))
+
+
+def _cell(counts: dict) -> str:
+    if not counts:
+        return "-"
+    parts = []
+    for status in _ORDER:
+        n = counts.get(status, 0)
+        if n:
+            parts.append(f"**{n} FAIL**" if status == "fail" else f"{n} {status}")
+    return ", ".join(parts)
+
+
+def render_report(data: dict) -> str:
+    """One backend's section: what was run, then a tag x level table."""
+    levels = data["levels"]
+    summary = data["summary"]
+    tags = sorted({k.rsplit("/", 1)[0] for k in summary} - {"all"}) + ["all"]
+    n_cases: dict[str, int] = {"all": len(data["cases"])}
+    for case in data["cases"].values():
+        for t in case["tags"]:
+            n_cases[t] = n_cases.get(t, 0) + 1
+    totals = ", ".join(f"{data['totals'].get(s, 0)} {s}" for s in _ORDER)
+    lines = [
+        f"## `{data['backend']}` {data['backend_version']}",
+        "",
+        f"- platforms: {', '.join(data['platforms']) or '-'}; levels run: "
+        f"{', '.join(levels)}",
+        f"- claimed tags: {', '.join(data['claimed']) or '-'}",
+        f"- run {data.get('created', '?')} with pallas-core "
+        f"{data['versions'].get('pallas_core', '?')}, jax {data['versions'].get('jax', '?')}"
+        f" ({data.get('seconds', 0):.0f} s)",
+        f"- result: **{'PASS' if data['ok'] else 'FAIL'}**: {totals}",
+        "",
+        "| tag | cases | " + " | ".join(levels) + " |",
+        "|---|---:|" + "---|" * len(levels),
+    ]
+    for tag in tags:
+        cells = [_cell(summary.get(f"{tag}/{lv}", {})) for lv in levels]
+        name = "**all**" if tag == "all" else tag
+        lines.append(f"| {name} | {n_cases.get(tag, 0)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_status(paths: Iterable[str]) -> str:
+    """The whole status section for the reports found in ``paths``."""
+    reports = load_reports(paths)
+    if not reports:
+        return "_No reports have been published yet._\n"
+    index = ["| backend | version | result | run |", "|---|---|---|---|"]
+    for d in reports:
+        index.append(f"| [`{d['backend']}`](#{_anchor(d)}) | {d['backend_version']} | "
+                     f"{'PASS' if d['ok'] else '**FAIL**'} | {d.get('created', '?')} |")
+    return "\n".join(index) + "\n\n" + "\n".join(render_report(d) for d in reports)
+
+
+def _anchor(d: dict) -> str:
+    """The anchor MkDocs' toc extension gives the backend's heading."""
+    text = f"{d['backend']} {d['backend_version']}".lower()
+    return "".join(c if c.isalnum() or c in "-_" else "-" if c == " " else ""
+                   for c in text)
