@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -381,7 +382,7 @@ def compiled_backend(clean_registry):
     return b
 
 
-def test_compiled_backend_jvp_and_vmap_work_grad_raises(rng, compiled_backend):
+def test_compiled_backend_jvp_and_vmap_work(rng, compiled_backend):
     x, y = _normal(rng, 8, 8), _normal(rng, 8, 8)
     f = functools.partial(elementwise, interpret=False, backend="transforms_test")
     _assert_jvp_matches(f, elementwise_ref, (x, y), (y, x))
@@ -389,8 +390,44 @@ def test_compiled_backend_jvp_and_vmap_work_grad_raises(rng, compiled_backend):
                                jax.vmap(elementwise_ref)(jnp.stack([x, y]), jnp.stack([y, x])),
                                **TOL)
     assert (2, 2) in [c["grid"] for c in compiled_backend.calls]  # batch axis first
-    with pytest.raises(NotImplementedError, match="custom_vjp.*interpret=True"):
-        jax.grad(lambda x: f(x, y).sum())(x)
+
+
+def _named_elementwise(name):
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = jnp.sin(x_ref[...]) * y_ref[...] + x_ref[...]
+
+    def f(x, y):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              name=name, backend="transforms_test")(x, y)
+
+    return f
+
+
+def test_compiled_backend_grad_falls_back_to_xla_and_warns_once(rng, compiled_backend):
+    """A backward pass that cannot be emitted as kernels runs as XLA ops (the
+    interpreter's expansion, differentiated by JAX), with one warning per kernel."""
+    x, y = _normal(rng, 8, 8), _normal(rng, 8, 8)
+    f = _named_elementwise("fallback_warns")
+    want = jax.grad(lambda x: (jnp.sin(x) * y + x).sum())(x)
+    with pytest.warns(pl.GradFallbackWarning, match="'fallback_warns'.*XLA"):
+        np.testing.assert_allclose(jax.grad(lambda x: f(x, y).sum())(x), want, **TOL)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second time: no warning
+        np.testing.assert_allclose(jax.grad(lambda x: 2 * f(x, y).sum())(x), 2 * want,
+                                   **TOL)
+
+
+def test_grad_fallback_can_be_refused_or_silenced(rng, compiled_backend):
+    x, y = _normal(rng, 8, 8), _normal(rng, 8, 8)
+    with pl.grad_fallback("error"):
+        with pytest.raises(NotImplementedError,
+                           match="grad_fallback is 'error'.*custom_vjp.*interpret=True"):
+            jax.grad(lambda x: _named_elementwise("refused")(x, y).sum())(x)
+    with pl.grad_fallback("allow"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jax.grad(lambda x: _named_elementwise("silenced")(x, y).sum())(x)
+    with pytest.raises(ValueError, match="one of"):
+        pl.grad_fallback("sometimes")
 
 
 def test_grad_with_the_default_cpu_interpret_backend(rng, clean_registry):

@@ -25,6 +25,7 @@ from pallas._src.config import (
     enable_bounds_checks,
     enable_debug_checks,
     enable_poison_buffers,
+    grad_fallback,
 )
 from pallas._src.cost import CostEstimate, estimate_cost
 from pallas._src.grid_spec import GridSpec, PrefetchScalarGridSpec
@@ -45,6 +46,7 @@ from pallas._src.primitives.semaphores import (
     semaphore_signal,
     semaphore_wait,
 )
+from pallas._src.transforms.ad import GradFallbackWarning
 from pallas._src.utils import (
     align_to,
     broadcast_to,
@@ -76,7 +78,8 @@ __all__ = [
     "PrefetchScalarGridSpec", "RevisitMode", "Slice", "Squeezed", "align_to",
     "broadcast_to", "cdiv", "core_map", "debug_check", "debug_print", "delay", "ds", "dslice", "empty",
     "empty_like", "empty_ref_like", "enable_bounds_checks", "enable_debug_checks",
-    "enable_poison_buffers", "estimate_cost", "get_global", "kernel", "load", "loop", "lower_as_mlir",
+    "enable_poison_buffers", "estimate_cost", "grad_fallback", "GradFallbackWarning",
+    "get_global", "kernel", "load", "loop", "lower_as_mlir",
     "multiple_of", "next_power_of_2", "no_block_spec", "num_programs", "pallas_call",
     "pallas_call_p", "pallas_export_experimental", "program_id", "reciprocal", "run_scoped",
     "run_state", "select_ref", "semaphore", "semaphore_read", "semaphore_signal",

@@ -77,3 +77,53 @@ enable_bounds_checks = _Switch(
 
 def debug_checks_enabled() -> bool:
     return enable_debug_checks.value
+
+
+# ------------------------------------------------------------------------------------
+# What reverse-mode differentiation does when it cannot emit the backward as kernels.
+
+GRAD_FALLBACK_MODES = ("warn", "allow", "error")
+
+_grad_fallback = jc.config.enum_state(
+    name="pallas_grad_fallback",
+    enum_values=GRAD_FALLBACK_MODES,
+    default="warn",
+    help="What jax.grad/vjp of a compiled pallas_call does when its backward pass cannot "
+         "be emitted as kernels of the call's backend: 'warn' (default: run the XLA "
+         "expansion and warn once per kernel), 'allow' (the same, silently) or 'error'. "
+         "Also set by the environment variable PALLAS_GRAD_FALLBACK.",
+    include_in_jit_key=True,
+    include_in_trace_context=True,
+)
+
+
+class grad_fallback:  # noqa: N801 - used like a function, as the switches are
+    """``pl.grad_fallback("error")``: sets how reverse mode treats a kernel whose backward
+    pass cannot be emitted as kernels (``"warn"``, ``"allow"`` or ``"error"``); globally
+    at once, and for a ``with`` block only when used as a context manager."""
+
+    def __init__(self, mode: str):
+        import jax
+
+        if mode not in GRAD_FALLBACK_MODES:
+            raise ValueError(f"grad_fallback mode must be one of {GRAD_FALLBACK_MODES}; "
+                             f"got {mode!r}")
+        self._old = _grad_fallback.get_global()
+        jax.config.update("pallas_grad_fallback", mode)
+        self._ctx = _grad_fallback(mode)
+
+    def __enter__(self):
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        import jax
+
+        self._ctx.__exit__(*exc)
+        jax.config.update("pallas_grad_fallback", self._old)
+        return False
+
+
+def grad_fallback_mode() -> str:
+    """The current mode of :class:`grad_fallback`."""
+    return str(_grad_fallback.value)

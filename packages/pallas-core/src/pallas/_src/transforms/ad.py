@@ -18,8 +18,8 @@ JAX linearizes a primitive with the rule registered here:
 Its transpose rule differentiates the interpreter's expansion of the call (plain JAX)
 with ``jax.vjp`` with respect to the tangent operands, so ``grad`` works for any kernel
 whose interpreter expansion JAX can reverse-differentiate (no ``while_loop`` with a
-data-dependent trip count, for instance). This needs ``interpret=True``: for compiled
-backends linearization raises, pointing at ``jax.custom_vjp``.
+data-dependent trip count, for instance). On a compiled backend that expansion runs as
+XLA ops for the call's platform, announced once per kernel (``pl.grad_fallback``).
 """
 
 from __future__ import annotations
@@ -345,18 +345,43 @@ def _is_interpreted(params) -> bool:
     return b.name == "interpret"
 
 
-def _require_interpret(params, what: str):
-    if not _is_interpreted(params):
+class GradFallbackWarning(UserWarning):
+    """The backward pass of a compiled ``pallas_call`` runs as XLA ops, not as kernels."""
+
+
+# Kernels already warned about (by name), so the warning comes once per kernel.
+_warned: set[str] = set()
+
+
+def _xla_fallback(params, why: str) -> None:
+    """Allows, warns about or refuses (see ``pl.grad_fallback``) running the backward pass
+    of a compiled call as the XLA expansion of its interpreter semantics."""
+    from pallas._src.config import grad_fallback_mode
+
+    if _is_interpreted(params):
+        return  # the interpreter's expansion is the call itself: nothing falls back
+    mode = grad_fallback_mode()
+    where = (f"the backward pass of pallas_call {params['name']!r} cannot be emitted as "
+             f"kernels ({why})")
+    if mode == "error":
         raise NotImplementedError(
-            f"{what} of pallas_call {params['name']!r} with a compiled backend is not "
-            f"supported: pallas-core can transpose a kernel only through the "
-            f"interpreter. Use jax.custom_vjp with a backward kernel, or run the call "
-            f"with interpret=True. (Forward mode, jax.jvp, works on every backend.)"
+            f"Reverse-mode differentiation (jax.grad / jax.vjp): {where}, and "
+            f"pl.grad_fallback is 'error' (environment: PALLAS_GRAD_FALLBACK). Allow the "
+            f"XLA fallback with pl.grad_fallback('warn'), write the backward kernel with "
+            f"jax.custom_vjp, or run the call with interpret=True."
         )
+    if mode == "warn" and params["name"] not in _warned:
+        import warnings
+
+        _warned.add(params["name"])
+        warnings.warn(
+            f"{where}: it runs as XLA ops instead (the interpreter's expansion of the "
+            f"kernel, differentiated by JAX): correct, but slower than a kernel. "
+            f"pl.grad_fallback('allow') silences this, pl.grad_fallback('error') makes "
+            f"it an error.", GradFallbackWarning, stacklevel=2)
 
 
 def _linearize_rule(is_vjp, nzs, *primals, **params):
-    _require_interpret(params, "Reverse-mode differentiation (jax.grad / jax.vjp)")
     gm = params["grid_mapping"]
     nsp = gm.num_scalar_prefetch
     nz_in = list(nzs[nsp:])
@@ -414,7 +439,7 @@ def _operand_avals(gm):
 
 
 def _transpose_rule(cts, *args, **params):
-    _require_interpret(params, "Transposition")
+    _xla_fallback(params, "kernel backward passes are not generated yet")
     lin = tuple(jc.is_undefined_primal(a) for a in args)
     known = [a for a, m in zip(args, lin) if not m]
     n_out = len(params["out_avals"])
