@@ -392,9 +392,13 @@ def test_compiled_backend_jvp_and_vmap_work(rng, compiled_backend):
     assert (2, 2) in [c["grid"] for c in compiled_backend.calls]  # batch axis first
 
 
-def _named_elementwise(name):
+def _named_masked(name):
+    """A kernel whose masked load JAX cannot transpose inside a kernel (no backward
+    kernel: the backward pass falls back to XLA)."""
     def kernel(x_ref, y_ref, o_ref):
-        o_ref[...] = jnp.sin(x_ref[...]) * y_ref[...] + x_ref[...]
+        col = jax.lax.broadcasted_iota(jnp.int32, x_ref.shape, 1)
+        x = pl.load(x_ref, (slice(None), slice(None)), mask=col < 5, other=0.0)
+        o_ref[...] = jnp.sin(x) * y_ref[...] + x
 
     def f(x, y):
         return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -403,13 +407,35 @@ def _named_elementwise(name):
     return f
 
 
+def _masked_ref(x, y):
+    x = jnp.where(jnp.arange(x.shape[1]) < 5, x, 0.0)
+    return jnp.sin(x) * y + x
+
+
+def test_compiled_backend_grad_runs_backward_kernels(rng, compiled_backend):
+    """The backward pass of a compiled call is pallas_calls of the same backend: one per
+    input that needs a cotangent, each with its own cotangent as its only output."""
+    x, y = _normal(rng, 8, 8), _normal(rng, 8, 8)
+    f = functools.partial(elementwise, interpret=False, backend="transforms_test")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning
+        got = jax.grad(lambda x, y: (f(x, y) ** 2).sum(), argnums=(0, 1))(x, y)
+    want = jax.grad(lambda x, y: (elementwise_ref(x, y) ** 2).sum(), argnums=(0, 1))(x, y)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, **TOL)
+    backward = [c for c in compiled_backend.calls if "(backward," in c["name"]]
+    assert len(backward) == 2
+
+
 def test_compiled_backend_grad_falls_back_to_xla_and_warns_once(rng, compiled_backend):
     """A backward pass that cannot be emitted as kernels runs as XLA ops (the
-    interpreter's expansion, differentiated by JAX), with one warning per kernel."""
+    interpreter's expansion, differentiated by JAX), with one warning per kernel that
+    says why."""
     x, y = _normal(rng, 8, 8), _normal(rng, 8, 8)
-    f = _named_elementwise("fallback_warns")
-    want = jax.grad(lambda x: (jnp.sin(x) * y + x).sum())(x)
-    with pytest.warns(pl.GradFallbackWarning, match="'fallback_warns'.*XLA"):
+    f = _named_masked("fallback_warns")
+    want = jax.grad(lambda x: _masked_ref(x, y).sum())(x)
+    with pytest.warns(pl.GradFallbackWarning,
+                      match="'fallback_warns' cannot be emitted as kernels.*transpose.*XLA"):
         np.testing.assert_allclose(jax.grad(lambda x: f(x, y).sum())(x), want, **TOL)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second time: no warning
@@ -422,10 +448,10 @@ def test_grad_fallback_can_be_refused_or_silenced(rng, compiled_backend):
     with pl.grad_fallback("error"):
         with pytest.raises(NotImplementedError,
                            match="grad_fallback is 'error'.*custom_vjp.*interpret=True"):
-            jax.grad(lambda x: _named_elementwise("refused")(x, y).sum())(x)
+            jax.grad(lambda x: _named_masked("refused")(x, y).sum())(x)
     with pl.grad_fallback("allow"), warnings.catch_warnings():
         warnings.simplefilter("error")
-        jax.grad(lambda x: _named_elementwise("silenced")(x, y).sum())(x)
+        jax.grad(lambda x: _named_masked("silenced")(x, y).sum())(x)
     with pytest.raises(ValueError, match="one of"):
         pl.grad_fallback("sometimes")
 
@@ -467,3 +493,81 @@ def test_kernels_with_debug_prints_differentiate(rng, capsys):
     np.testing.assert_allclose(jax.jit(jax.grad(lambda x: f(x).sum()))(x), jnp.cos(x), **TOL)
     jax.effects_barrier()
     assert "x0=" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------
+# Backward kernels: which grid order they run in, and what they refuse.
+
+
+def _tiled_matmul(x, w, *, rescale=None, backend="transforms_test"):
+    """x @ w over a (i, j, k) grid, accumulating into the output block along k; with
+    ``rescale``, the accumulator is scaled at every step (``o = o * rescale + x @ w``)."""
+    def kernel(x_ref, w_ref, o_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        prod = jnp.dot(x_ref[...], w_ref[...], precision=jax.lax.Precision.HIGHEST)
+        if rescale is None:
+            o_ref[...] += prod
+        else:
+            o_ref[...] = o_ref[...] * rescale + prod
+
+    (m, k), n = x.shape, w.shape[1]
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype), grid=(m // 8, n // 8, k // 8),
+        in_specs=[pl.BlockSpec((8, 8), lambda i, j, kk: (i, kk)),
+                  pl.BlockSpec((8, 8), lambda i, j, kk: (kk, j))],
+        out_specs=pl.BlockSpec((8, 8), lambda i, j, kk: (i, j)),
+        backend=backend, name=f"tiled_matmul_{rescale}")(x, w)
+
+
+def test_backward_kernels_accumulate_with_their_reduction_axes_innermost(
+        rng, compiled_backend):
+    """d/dx of a k-accumulating matmul sums over j, d/dw over i: each backward call
+    runs the grid with the axes its cotangent's index map does not use last, so every
+    program adding into one cotangent block runs consecutively."""
+    x, w = _normal(rng, 16, 24), _normal(rng, 24, 32)  # grid (i, j, k) = (2, 4, 3)
+    loss = lambda f: lambda x, w: (f(x, w) ** 2).sum()  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = jax.grad(loss(_tiled_matmul), argnums=(0, 1))(x, w)
+    want = jax.grad(loss(lambda a, b: jnp.dot(a, b, precision="highest")), argnums=(0, 1))(
+        x, w)
+    for g, v in zip(got, want):
+        np.testing.assert_allclose(g, v, rtol=1e-4, atol=1e-4)
+    grids = {c["name"].split("backward, ")[1].rstrip(")"): c["grid"]
+             for c in compiled_backend.calls if "(backward," in c["name"]}
+    assert grids == {"tangent of args[0]": (2, 3, 4),  # (i, k) outer, j inner
+                     "tangent of args[1]": (4, 3, 2)}  # (j, k) outer, i inner
+
+
+def test_a_rescaled_accumulator_falls_back_and_stays_correct(rng, compiled_backend):
+    """The cotangent of a revisited output block that is scaled at every step differs
+    per step: no backward kernel is emitted for it; the XLA fallback is exact."""
+    x, w = _normal(rng, 16, 24), _normal(rng, 24, 16)
+
+    def ref(a, b):
+        o = jnp.zeros((16, 16))
+        for kk in range(3):
+            o = o * 0.5 + jnp.dot(a[:, 8 * kk:8 * kk + 8], b[8 * kk:8 * kk + 8],
+                                  precision="highest")
+        return o
+
+    with pytest.warns(pl.GradFallbackWarning, match="revisited"):
+        got = jax.grad(lambda a: (_tiled_matmul(a, w, rescale=0.5) ** 2).sum())(x)
+    np.testing.assert_allclose(got, jax.grad(lambda a: (ref(a, w) ** 2).sum())(x),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_dimension_semantics_follow_the_reordered_grid():
+    from pallas._src.transforms.backward import _permuted_params
+
+    @__import__("dataclasses").dataclass(frozen=True)
+    class Params:
+        dimension_semantics: tuple = ("parallel", "parallel", "arbitrary")
+
+    # cotangent of w: axes (k, j) outer, i inner (made "arbitrary": it accumulates)
+    assert _permuted_params(Params(), [2, 1, 0], [0]).dimension_semantics == (
+        "arbitrary", "parallel", "arbitrary")
+    assert _permuted_params(None, [1, 0], [0]) is None

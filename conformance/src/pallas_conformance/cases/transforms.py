@@ -659,3 +659,59 @@ def export_scratch(pallas_call, x):
     """Export of a grid kernel with persistent scratch, serialized and deserialized."""
     f = jax.jit(lambda a: _running_sum(pallas_call, a))
     return jax.export.deserialize(jax.export.export(f)(x).serialize()).call(x)
+
+
+# --- Backward passes with accumulation over grid axes ------------------------------------
+
+def _k_matmul(pallas_call, x, w, rescale=None):
+    """x @ w over an (i, j, k) grid of (8, 128) x (128, 128) blocks, accumulating into the
+    output block along k; with ``rescale``, ``o = o * rescale + x @ w`` at every step."""
+    def kernel(x_ref, w_ref, o_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        prod = jnp.dot(x_ref[...], w_ref[...], precision=HI)
+        if rescale is None:
+            o_ref[...] += prod
+        else:
+            o_ref[...] = o_ref[...] * rescale + prod
+
+    (m, k), n = x.shape, w.shape[1]
+    return pallas_call(kernel, out_shape=sds((m, n), x.dtype), grid=(m // 8, n // C, k // C),
+                       in_specs=[pl.BlockSpec((8, C), lambda i, j, kk: (i, kk)),
+                                 pl.BlockSpec((C, C), lambda i, j, kk: (kk, j))],
+                       out_specs=pl.BlockSpec((8, C), lambda i, j, kk: (i, j)))(x, w)
+
+
+def _rescaled_ref(x, w, rescale):
+    o = jnp.zeros((x.shape[0], w.shape[1]), x.dtype)
+    for kk in range(x.shape[1] // C):
+        o = o * rescale + jnp.dot(x[:, kk * C:(kk + 1) * C], w[kk * C:(kk + 1) * C],
+                                  precision=HI)
+    return o
+
+
+@case("grad/matmul_k_accumulation", tags={"grad", "dot", "sequential_grid"},
+      inputs=lambda rng: (randn(rng, (16, 2 * C), scale=0.3),
+                          randn(rng, (2 * C, 2 * C), scale=0.1)),
+      reference=lambda x, w: jax.grad(_matmul_loss, argnums=(0, 1))(x, w),
+      tolerance={"float32": (1e-4, 1e-4)})
+def grad_k_matmul(pallas_call, x, w):
+    """grad of a matmul that accumulates into its output along a k grid axis: each
+    operand's cotangent sums over the grid axis its index map does not use."""
+    return jax.grad(lambda a, b: jnp.sum(_k_matmul(pallas_call, a, b) ** 2),
+                    argnums=(0, 1))(x, w)
+
+
+@case("grad/rescaled_accumulator", tags={"grad", "dot", "sequential_grid"},
+      inputs=lambda rng: (randn(rng, (16, 2 * C), scale=0.3),
+                          randn(rng, (2 * C, 2 * C), scale=0.1)),
+      reference=lambda x, w: jax.grad(
+          lambda a, b: jnp.sum(_rescaled_ref(a, b, 0.5) ** 2), argnums=(0, 1))(x, w),
+      tolerance={"float32": (1e-4, 1e-4)})
+def grad_rescaled(pallas_call, x, w):
+    """grad through an accumulator scaled at every k step (o = o * 0.5 + x @ w): the
+    cotangent reaching an early step is scaled by the later ones."""
+    return jax.grad(lambda a, b: jnp.sum(_k_matmul(pallas_call, a, b, 0.5) ** 2),
+                    argnums=(0, 1))(x, w)

@@ -55,6 +55,7 @@ Literal = core.Literal
 Var = core.Var
 Primitive = core.Primitive
 cond_p = lax_conditionals.cond_p
+add_any_p = ad.add_jaxvals_p  # JAX's tangent addition ("add_any")
 jit_p = pjit.jit_p
 
 while_p = lax_loops.while_p

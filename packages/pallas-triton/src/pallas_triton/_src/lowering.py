@@ -337,7 +337,7 @@ def _final_step_epilogue(jaxpr, axis: int, grid, allowed: set):
         return None
 
     def is_pid(v):
-        e = producers.get(v)
+        e = None if type(v).__name__ == "Literal" else producers.get(v)
         return e is not None and e.primitive.name == "program_id" and e.params["axis"] == axis
 
     idx = eqn.invars[0]

@@ -18,8 +18,10 @@ JAX linearizes a primitive with the rule registered here:
 Its transpose rule differentiates the interpreter's expansion of the call (plain JAX)
 with ``jax.vjp`` with respect to the tangent operands, so ``grad`` works for any kernel
 whose interpreter expansion JAX can reverse-differentiate (no ``while_loop`` with a
-data-dependent trip count, for instance). On a compiled backend that expansion runs as
-XLA ops for the call's platform, announced once per kernel (``pl.grad_fallback``).
+data-dependent trip count, for instance). Without ``interpret=True`` the transpose is
+emitted as backward kernels of the call's backend where it can be
+(:mod:`pallas._src.transforms.backward`), and otherwise that expansion runs as XLA ops
+for the call's platform, announced once per kernel (``pl.grad_fallback``).
 """
 
 from __future__ import annotations
@@ -439,8 +441,12 @@ def _operand_avals(gm):
 
 
 def _transpose_rule(cts, *args, **params):
-    _xla_fallback(params, "kernel backward passes are not generated yet")
     lin = tuple(jc.is_undefined_primal(a) for a in args)
+    if not params["interpret"]:
+        ct_lin = _transpose_as_kernels(cts, args, params)
+        if ct_lin is not None:
+            ct_it = iter(ct_lin)
+            return [next(ct_it) if m else None for m in lin]
     known = [a for a, m in zip(args, lin) if not m]
     n_out = len(params["out_avals"])
     cts = [jc.instantiate_zeros(ct) for ct in cts[:n_out]]
@@ -456,6 +462,33 @@ def _transpose_rule(cts, *args, **params):
         ct_lin = _transpose_values(*known, *cts, lin=lin, **params)
     ct_it = iter(ct_lin)
     return [next(ct_it) if m else None for m in lin]
+
+
+def _transpose_as_kernels(cts, args, params):
+    """The cotangents of the linear operands computed by backward ``pallas_call``s of
+    the call's backend, or ``None`` after announcing the XLA fallback (see
+    :mod:`pallas._src.transforms.backward`)."""
+    from pallas._src.transforms import backward
+
+    gm = params["grid_mapping"]
+    origin = _jvp_origins.get(gm)
+    try:
+        if origin is None:
+            raise backward.NotKernelizable("it is not the JVP call of a kernel")
+        pgm = origin.params["grid_mapping"]
+        layout = backward.JvpLayout(
+            n_prefetch=gm.num_scalar_prefetch, n_primal_in=pgm.num_inputs,
+            n_tangent_in=gm.num_inputs - pgm.num_inputs, n_primal_out=origin.n_out,
+            n_tangent_out=gm.num_outputs - origin.n_out, n_scratch=pgm.num_scratch,
+            n_tangent_scratch=gm.num_scratch - pgm.num_scratch)
+        lin = [jc.is_undefined_primal(a) for a in args]
+        n_known = layout.n_prefetch + layout.n_primal_in
+        if lin != [False] * n_known + [True] * (len(args) - n_known):
+            raise backward.NotKernelizable("a primal operand is itself linear")
+        return backward.transpose_as_kernels(cts, args, params, layout)
+    except backward.NotKernelizable as e:
+        _xla_fallback(params, str(e))
+        return None
 
 
 def _varying(aval) -> frozenset:

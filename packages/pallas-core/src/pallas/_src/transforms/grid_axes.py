@@ -1,10 +1,12 @@
-"""Rewriting a kernel jaxpr so that its grid axes move (used by the batching rule).
+"""Rewriting a kernel jaxpr so that its grid axes move (batching, backward kernels).
 
 ``program_id(i)`` and ``num_programs(i)`` name grid axes by position. When ``vmap``
 prepends a grid axis, every such reference inside the kernel (including inside the
 sub-jaxprs of ``cond``/``while``/``scan``/``pjit``/``custom_jvp``/``run_scoped`` ...)
-must move by one. Backends whose own primitives name grid axes register a rule in
-:data:`grid_axis_param_rules`.
+must move by one; when a backward kernel reorders the grid, each moves to its axis's
+new position. Backends whose own primitives name grid axes register a rule in
+:data:`grid_axis_param_rules`: ``rule(params, remap) -> params``, where ``remap`` maps an
+old axis position to the new one.
 """
 
 from __future__ import annotations
@@ -16,16 +18,16 @@ from pallas._src import jax_compat as jc
 from pallas._src.jaxpr_util import contains
 from pallas._src.primitives.grid import num_programs_p, program_id_p
 
-# primitive -> fn(params, shift) -> new params, for primitives that name grid axes.
-grid_axis_param_rules: dict[Any, Callable[[dict, int], dict]] = {}
+# primitive -> fn(params, remap) -> new params, for primitives that name grid axes.
+grid_axis_param_rules: dict[Any, Callable[[dict, Callable[[int], int]], dict]] = {}
 
 
-def _shift_axis(params, shift):
-    return {**params, "axis": params["axis"] + shift}
+def _remap_axis(params, remap):
+    return {**params, "axis": remap(params["axis"])}
 
 
-grid_axis_param_rules[program_id_p] = _shift_axis
-grid_axis_param_rules[num_programs_p] = _shift_axis
+grid_axis_param_rules[program_id_p] = _remap_axis
+grid_axis_param_rules[num_programs_p] = _remap_axis
 
 
 def _map_param(v, fn):
@@ -46,20 +48,25 @@ def uses_grid_axes(jaxpr) -> bool:
     return contains(jaxpr, lambda eqn: eqn.primitive in grid_axis_param_rules)
 
 
-def shift_grid_axes(jaxpr, shift: int):
-    """``jaxpr`` (a Jaxpr) with every positional grid axis moved by ``shift``."""
+def remap_grid_axes(jaxpr, remap: Callable[[int], int]):
+    """``jaxpr`` (a Jaxpr) with every positional grid axis ``a`` moved to ``remap(a)``."""
     if not uses_grid_axes(jaxpr):
         return jaxpr
-    fn = lambda j: shift_grid_axes(j, shift)  # noqa: E731
+    fn = lambda j: remap_grid_axes(j, remap)  # noqa: E731
     eqns = []
     for eqn in jaxpr.eqns:
         rule = grid_axis_param_rules.get(eqn.primitive)
         if rule is not None:
-            params = rule(dict(eqn.params), shift)
+            params = rule(dict(eqn.params), remap)
         else:
             params = {k: _map_param(v, fn) for k, v in eqn.params.items()}
         eqns.append(eqn.replace(params=params))
     return jaxpr.replace(eqns=eqns)
+
+
+def shift_grid_axes(jaxpr, shift: int):
+    """``jaxpr`` (a Jaxpr) with every positional grid axis moved by ``shift``."""
+    return remap_grid_axes(jaxpr, lambda a: a + shift)
 
 
 def shift_grid_axes_closed(closed, shift: int):

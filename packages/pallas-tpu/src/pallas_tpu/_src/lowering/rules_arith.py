@@ -398,6 +398,8 @@ def _check_reshape(src_shape, dst_shape, what):
     a, b = strip(src_shape), strip(dst_shape)
     if a == b:
         return  # only leading unit dims change
+    if len(a) <= 1 and len(b) <= 2 and (a + [1] == b or b + [1] == a):
+        return  # (n,) <-> (n, 1): the shape_cast a keepdims reduction's broadcast emits
     if len(a) >= 2 and len(b) >= 2 and a[-2:] == b[-2:]:
         return  # only leading (untiled) dims change
     if a[-1:] == b[-1:] and len(a) >= 1 and len(b) >= 1 and a[-1] % 128 == 0 and (

@@ -1,0 +1,495 @@
+"""Reverse mode as kernels: the transpose of a JVP ``pallas_call`` as backward calls.
+
+The JVP call of a kernel (see :mod:`pallas._src.transforms.ad`) is linear in its tangent
+refs. Its transpose is built here as ordinary ``pallas_call``s, so that the backward
+pass lowers through the same backend as the forward pass. For each tangent input ``n``:
+
+- the kernel body is the JVP kernel transposed by JAX (``ad.backward_pass3``) with
+  respect to its tangent refs: reads of a tangent input become accumulations into the
+  cotangent of input ``n``, writes of a tangent output become reads of its cotangent;
+  the primal part of the body is evaluated as it is (the residuals are recomputed);
+- its only output is the cotangent of input ``n``, tiled like input ``n``;
+- the grid is reordered so that the axes input ``n``'s index map does not use come
+  last: every program that adds into one cotangent block runs consecutively, the block
+  is zeroed on the first of them and stays resident until the last (the accumulator
+  pattern every backend supports: Triton loops over such axes inside the program, TPU
+  keeps the block in VMEM). ``dimension_semantics`` in the compiler params, where the
+  backend has them, are reordered with the grid and those axes made ``"arbitrary"``.
+
+What is not emitted as kernels raises :class:`NotKernelizable` with the reason, and the
+caller falls back to the XLA expansion: differentiable scratch (state carried between
+grid steps), aliased operands, kernels that write their inputs, index maps that are not
+plain block indices (or read scalar prefetch), tangent outputs revisited along a grid
+axis other than by zero-init-then-accumulate, backward bodies that read a primal
+output, and anything JAX cannot transpose inside a kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallas._src import jax_compat as jc
+from pallas._src.memory import MemoryRef
+from pallas._src.pallas_call import pallas_call_p
+from pallas._src.primitives import control
+from pallas._src.primitives.grid import program_id
+from pallas._src.transforms.grid_axes import remap_grid_axes
+
+
+class NotKernelizable(Exception):
+    """The backward pass of this call cannot be emitted as kernels (the reason says why)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class JvpLayout:
+    """Where the primal and tangent operands of a JVP call are (counts per group)."""
+
+    n_prefetch: int
+    n_primal_in: int
+    n_tangent_in: int
+    n_primal_out: int
+    n_tangent_out: int
+    n_scratch: int
+    n_tangent_scratch: int
+
+
+class _KernelRefAccum(jc.ad.RefAccum):
+    """A cotangent accumulator that is a ref of the backward kernel itself."""
+
+    def __init__(self, ref):
+        super().__init__(jax.typeof(ref).inner_aval.to_ct_aval(), ref)
+
+    def accum(self, x):
+        if x is None or isinstance(x, jc.Zero):
+            return
+        self.ref[...] = self.ref[...] + x
+
+    def inst(self):
+        return self
+
+
+@contextlib.contextmanager
+def _constant_stores_transpose():
+    """Lets JAX transpose a store of a non-linear value (``to[...] = zeros``) into a
+    linear ref, which kernels do to initialise accumulators: the cotangent of the ref's
+    old contents is written back (zero when the old value is unused) and the stored
+    constant gets none. JAX's own rule expects the stored value to be linear too; it is
+    used unchanged for every other store, and restored on exit."""
+    table = jc.ad.fancy_transposes
+    orig = table[jc.swap_p]
+
+    def rule(g, ref_, x, *idx, **params):
+        if isinstance(x, jc.ad.GradAccum) or not isinstance(ref_, jc.ad.GradAccum):
+            return orig(g, ref_, x, *idx, **params)
+        if ref_.ref is not None:
+            jc.swap_p.bind(ref_.inst().ref, jc.instantiate_zeros(g), *idx, **params)
+        return None
+
+    table[jc.swap_p] = rule
+    try:
+        yield
+    finally:
+        table[jc.swap_p] = orig
+
+
+def transpose_as_kernels(cts, args, params, layout: JvpLayout) -> list:
+    """Cotangents of the tangent inputs of a JVP call, computed by backward calls.
+
+    ``args`` are the call's operands (the tangent inputs undefined), ``cts`` one
+    cotangent per output. Raises :class:`NotKernelizable` when it cannot.
+    """
+    gm, closed = params["grid_mapping"], params["jaxpr"]
+    L = layout
+    if L.n_tangent_scratch:
+        raise NotKernelizable("the kernel carries differentiable scratch state")
+    if gm.input_output_aliases:
+        raise NotKernelizable("the call aliases inputs to outputs")
+    if any(type(ct) is not jc.Zero for ct in cts[: L.n_primal_out]):
+        raise NotKernelizable("cotangents flow into the primal outputs of the JVP call")
+    written = _written_invars(closed.jaxpr)
+    first_tin = L.n_prefetch + L.n_primal_in
+    if any(first_tin <= k < first_tin + L.n_tangent_in for k in written):
+        raise NotKernelizable("the kernel writes into an input ref")
+    tout_bms = gm.out_block_mappings[L.n_primal_out:]
+    ng = len(gm.grid)
+    for k, bm in enumerate(tout_bms):
+        if not _plain_index_map(bm, ng) or not all(_axes_used(bm, ng)):
+            ref = closed.jaxpr.invars[first_tin + L.n_tangent_in + L.n_primal_out + k]
+            why = _accumulate_only(closed.jaxpr, ref)
+            if why:
+                raise NotKernelizable(f"tangent output {bm.origin} is revisited along "
+                                      f"a grid axis and {why}")
+    known = [a for a in args[: L.n_prefetch + L.n_primal_in]]
+    ct_touts = [jc.instantiate_zeros(ct) if type(ct) is not jc.Zero
+                else jnp.zeros(bm.array_aval.shape, bm.array_aval.dtype)
+                for ct, bm in zip(cts[L.n_primal_out:], tout_bms)]
+    return [_backward_call(n, known, ct_touts, params, layout)
+            for n in range(L.n_tangent_in)]
+
+
+def _backward_call(n, known, ct_touts, params, L: JvpLayout):
+    gm, closed = params["grid_mapping"], params["jaxpr"]
+    ng = len(gm.grid)
+    bm_n = gm.in_block_mappings[L.n_primal_in + n]
+    if not _plain_index_map(bm_n, ng):
+        raise NotKernelizable(f"the index map of {bm_n.origin} is not a plain block index")
+    used = _axes_used(bm_n, ng)
+    outer = [a for a in range(ng) if used[a]]
+    inner = [a for a in range(ng) if not used[a]]
+    perm = outer + inner  # new position p holds original axis perm[p]
+    pos = {a: p for p, a in enumerate(perm)}
+    grid = tuple(gm.grid[a] for a in perm)
+    names = None if gm.grid_names is None else tuple(gm.grid_names[a] for a in perm)
+
+    nsp, npi = L.n_prefetch, L.n_primal_in
+    pin_bms = [_permuted(bm, perm) for bm in gm.in_block_mappings[:npi]]
+    tout_bms = gm.out_block_mappings[L.n_primal_out:]
+    ctt_bms = [_permuted(bm, perm, origin=f"cotangent of {bm.origin}") for bm in tout_bms]
+    ctn_bm = _permuted(bm_n, perm, origin=f"cotangent of {bm_n.origin}")
+    pout_bms = gm.out_block_mappings[: L.n_primal_out]
+    scr0 = list(gm.scratch_types[: L.n_scratch])
+    local = ([MemoryRef(jc.ShapedArray(bm.ref_shape, bm.array_aval.dtype),
+                        bm.ref_aval.memory_space) for bm in pout_bms]
+             + [MemoryRef(jc.ShapedArray(bm.ref_shape, bm.array_aval.dtype),
+                          bm.ref_aval.memory_space) for bm in tout_bms]
+             + [MemoryRef(jc.ShapedArray(bm.ref_shape, bm.array_aval.dtype),
+                          bm.ref_aval.memory_space)
+                for j, bm in enumerate(gm.in_block_mappings[npi:]) if j != n])
+    pf_avals = [jc.AbstractRef(a, memory_space=None) for a in gm.prefetch_avals]
+    avals = [*pf_avals, *(bm.ref_aval for bm in pin_bms), *(bm.ref_aval for bm in ctt_bms),
+             ctn_bm.ref_aval, *(t.get_ref_aval() for t in scr0),
+             *(t.get_ref_aval() for t in local)]
+    jvp_jaxpr = remap_grid_axes(closed.jaxpr, pos.__getitem__)
+    n_tout, n_tin = L.n_tangent_out, L.n_tangent_in
+    bounds = _cumsum([nsp, npi, n_tout, 1, len(scr0), L.n_primal_out, n_tout])
+
+    def body(*refs):
+        pf, pins, ctt, (ctn,), scr, pout, tloc, sinks = _split(refs, bounds)
+        zero = functools.partial(_store_zeros, ctn)
+        if inner:
+            first = functools.reduce(jnp.logical_and,
+                                     [program_id(pos[a]) == 0 for a in inner])
+            control.when(first)(zero)
+        else:
+            zero()
+        for loc, src in zip(tloc, ctt):
+            loc[...] = src[...]
+        sink_it = iter(sinks)
+        tins = [ctn if j == n else next(sink_it) for j in range(n_tin)]
+        env = [*pf, *pins, *map(_KernelRefAccum, tins), *pout,
+               *map(_KernelRefAccum, tloc), *scr]
+        with _constant_stores_transpose():
+            jc.ad.backward_pass3(jvp_jaxpr, False, closed.consts, env, [])
+        return []
+
+    what = f"backward kernel of {params['name']} for {bm_n.origin}"
+    try:
+        if names is not None:
+            with jc.extend_axis_env_nd(list(zip(names, grid))):
+                jaxpr, _, consts = jc.trace_kernel_to_jaxpr(body, avals, what)
+        else:
+            jaxpr, _, consts = jc.trace_kernel_to_jaxpr(body, avals, what)
+    except NotKernelizable:
+        raise
+    except Exception as e:  # noqa: BLE001 - anything JAX cannot transpose in a kernel
+        raise NotKernelizable(f"JAX cannot transpose the kernel body: "
+                              f"{type(e).__name__}: {str(e).splitlines()[0]}") from e
+    n_fixed = nsp + npi + n_tout + 1 + len(scr0)
+    jaxpr, consts, keep = _drop_dead_locals(jaxpr, consts, avals, n_fixed,
+                                            L.n_primal_out, n_tout, what)
+    new_gm = dataclasses.replace(
+        gm, grid=grid, grid_names=names,
+        block_mappings=(*pin_bms, *ctt_bms, ctn_bm),
+        num_inputs=npi + n_tout, num_outputs=1,
+        scratch_types=(*scr0, *(t for t, k in zip(local, keep) if k)),
+        scratch_origins=(*gm.scratch_origins[: L.n_scratch],
+                         *(f"backward local {i}" for i, k in enumerate(keep) if k)),
+        input_output_aliases=(),
+    )
+    out_aval = ctn_bm.array_aval
+    (ct,) = pallas_call_p.bind(
+        *known, *ct_touts,
+        **dict(params, jaxpr=jc.ClosedJaxpr(jaxpr, consts), grid_mapping=new_gm,
+               out_avals=(out_aval,), checks=None, cost_estimate=None,
+               name=f"{params['name']} (backward, {bm_n.origin})",
+               compiler_params=_permuted_params(params["compiler_params"], perm, inner)))
+    return ct
+
+
+# ------------------------------------------------------------------------------------
+# Analyses.
+
+
+def _axes_used(bm, ng: int) -> list[bool]:
+    """Which grid axes ``bm``'s index map depends on."""
+    j = bm.index_map_jaxpr.jaxpr
+    deps = {v: {k} for k, v in enumerate(j.invars[:ng])}
+    for eqn in j.eqns:  # (conservative through sub-jaxprs: outputs depend on all inputs)
+        d = set().union(*(deps.get(v, set()) for v in eqn.invars if isinstance(v, jc.Var)))
+        for v in eqn.outvars:
+            deps[v] = d
+    used = set().union(*(deps.get(v, set()) for v in j.outvars if isinstance(v, jc.Var)))
+    return [k in used for k in range(ng)]
+
+
+def _plain_index_map(bm, ng: int) -> bool:
+    """Each block index is a grid index or a constant, each grid index used at most
+    once, and no scalar prefetch: distinct programs along the used axes see distinct
+    blocks."""
+    j = bm.index_map_jaxpr.jaxpr
+    if bm.index_map_uses_prefetch or j.eqns:
+        return False
+    grid_vars = j.invars[:ng]
+    seen = [v for v in j.outvars if not isinstance(v, jc.Literal)]
+    return all(v in grid_vars for v in seen) and len(set(seen)) == len(seen)
+
+
+def _written_invars(jaxpr) -> set[int]:
+    pos = {v: k for k, v in enumerate(jaxpr.invars)}
+    out = set()
+    for e in jaxpr.effects:
+        if isinstance(e, (jc.WriteEffect, jc.AccumEffect)):
+            k = e.input if isinstance(e.input, int) else pos.get(e.input)
+            if k is not None:
+                out.add(k)
+    return out
+
+
+def _accumulate_only(jaxpr, ref) -> str:
+    """Why the accesses to ``ref`` are not only "store zeros" and "add into" (``""``
+    when they are). Only the top level of the kernel body is inspected; a ref reaching
+    a sub-jaxpr other than a ``cond`` branch (``pl.when``) is refused."""
+    uses: dict = {}
+    for eqn in jaxpr.eqns:
+        for v in eqn.invars:
+            if isinstance(v, jc.Var):
+                uses.setdefault(v, []).append(eqn)
+    for eqn in uses.get(ref, []):
+        prim = eqn.primitive
+        if prim is jc.cond_p:
+            k = eqn.invars.index(ref) - 1
+            for branch in eqn.params["branches"]:
+                why = _accumulate_only(branch.jaxpr, branch.jaxpr.invars[k])
+                if why:
+                    return why
+        elif prim is jc.addupdate_p:
+            continue
+        elif prim is jc.swap_p:
+            if eqn.invars[0] is not ref:
+                return "its ref is stored somewhere"
+            if _is_zeros(jaxpr, eqn.invars[1]) or _is_accumulation(jaxpr, uses, eqn, ref):
+                continue
+            return "a store into it is neither zeros nor an accumulation"
+        elif prim is jc.get_p:
+            if not _feeds_accumulation(jaxpr, uses, eqn, ref):
+                return "a read of it is used other than to accumulate into it"
+        else:
+            return f"it is passed to {prim}"
+    return ""
+
+
+def _producer(jaxpr, var):
+    for eqn in jaxpr.eqns:
+        if var in eqn.outvars:
+            return eqn
+    return None
+
+
+def _is_zeros(jaxpr, var) -> bool:
+    if isinstance(var, jc.Literal):
+        return not np.any(np.asarray(var.val) != 0)
+    eqn = _producer(jaxpr, var)
+    if eqn is None:
+        return False
+    if eqn.primitive in (lax.broadcast_in_dim_p, lax.convert_element_type_p) or \
+            eqn.primitive.name in ("copy", "copy_p"):
+        return _is_zeros(jaxpr, eqn.invars[0])
+    return False
+
+
+def _is_accumulation(jaxpr, uses, swap_eqn, ref) -> bool:
+    """``ref[idx] = ref[idx] + c``: the stored value is an add of a read of ``ref``."""
+    add = _producer(jaxpr, swap_eqn.invars[1])
+    if add is None or add.primitive not in (lax.add_p, jc.add_any_p):
+        return False
+    reads = [_producer(jaxpr, v) for v in add.invars if isinstance(v, jc.Var)]
+    return any(r is not None and r.primitive is jc.get_p and r.invars[0] is ref
+               and r.invars[1:] == swap_eqn.invars[2:] for r in reads)
+
+
+def _feeds_accumulation(jaxpr, uses, get_eqn, ref) -> bool:
+    (val,) = get_eqn.outvars
+    consumers = uses.get(val, [])
+    if len(consumers) != 1 or consumers[0].primitive not in (lax.add_p, jc.add_any_p):
+        return False
+    (total,) = consumers[0].outvars
+    stores = uses.get(total, [])
+    return len(stores) == 1 and stores[0].primitive is jc.swap_p and \
+        stores[0].invars[0] is ref and stores[0].invars[2:] == get_eqn.invars[1:]
+
+
+def _drop_dead_locals(jaxpr, consts, avals, n_fixed: int, n_pout: int, n_tout: int,
+                      what: str):
+    """Removes the backward kernel's accesses to local buffers nobody needs: the
+    primal-output buffers (the primal results are not wanted) and the sinks of the
+    other inputs' cotangents, with everything only they used, also inside ``pl.when``
+    bodies. Returns (jaxpr, consts, which locals are kept). Raises
+    :class:`NotKernelizable` when a kept computation reads a primal output."""
+    locals_ = jaxpr.invars[n_fixed:]  # [primal outputs, tangent-output copies, sinks]
+    dead = set(locals_[:n_pout]) | set(locals_[n_pout + n_tout:])
+    live_avals = [a for v, a in zip(jaxpr.invars, avals) if v not in dead]
+
+    def pruned(*refs):
+        it = iter(refs)
+        _eval_without(jaxpr, consts, [None if v in dead else next(it) for v in jaxpr.invars],
+                      dead)
+        return []
+
+    j1, _, c1 = jc.trace_kernel_to_jaxpr(pruned, live_avals, what)
+    j2, used = jc.dce_jaxpr(jc.convert_constvars_jaxpr(j1), [], instantiate=False)
+    n_c = len(c1)
+    used_c, used_in = used[:n_c], used[n_c:]
+    live = [v not in dead for v in jaxpr.invars]
+    # the locals kept: live ones the DCE'd body still uses
+    live_it = iter(used_in)
+    final = [bool(next(live_it)) or k < n_fixed if lv else False
+             for k, lv in enumerate(live)]
+
+    def body(*refs):
+        it = iter(refs)
+        full = [next(it) if f else None for f in final]
+        live_refs = [r for r, lv in zip(full, live) if lv]
+        jc.core.eval_jaxpr(j2, (), *(c for c, u in zip(c1, used_c) if u),
+                           *(r for r, u in zip(live_refs, used_in) if u))
+        return []
+
+    new_jaxpr, _, new_consts = jc.trace_kernel_to_jaxpr(
+        body, [a for a, f in zip(avals, final) if f], what)
+    return new_jaxpr, new_consts, final[n_fixed:]
+
+
+def _eval_without(jaxpr, consts, args, dead: set) -> list:
+    """Evaluates ``jaxpr`` (binding its equations in the current trace) without the
+    refs in ``dead``: equations that access them, and pure equations of values read
+    from them, are skipped; ``pl.when``/``cond`` bodies are pruned the same way. Returns
+    the outputs (``None`` where dead)."""
+    env: dict = {}
+    dead = set(dead)
+    for v, x in zip(jaxpr.constvars, consts):
+        env[v] = x
+    for v, x in zip(jaxpr.invars, args):
+        if x is None:
+            dead.add(v)
+        else:
+            env[v] = x
+
+    def read(v):
+        return v.val if isinstance(v, jc.Literal) else env[v]
+
+    for eqn in jaxpr.eqns:
+        ins = [v for v in eqn.invars if isinstance(v, jc.Var)]
+        if any(v in dead for v in ins):
+            if eqn.primitive is jc.cond_p and eqn.invars[0] not in dead:
+                outs = _cond_without(eqn, read, dead)
+            elif not eqn.effects or eqn.invars[0] in dead:
+                dead.update(eqn.outvars)  # an access to a dead buffer, or pure use of one
+                continue
+            else:
+                raise NotKernelizable("the backward pass reads a primal output of the kernel")
+        else:
+            params = eqn.primitive.get_bind_params(eqn.params)
+            outs = eqn.primitive.bind(*map(read, eqn.invars), **params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        for v, x in zip(eqn.outvars, outs):
+            env[v] = x
+    return [None if (isinstance(v, jc.Var) and v in dead) else read(v)
+            for v in jaxpr.outvars]
+
+
+def _cond_without(eqn, read, dead):
+    ops = eqn.invars[1:]
+    live = [v for v in ops if v not in dead]
+    avals = [v.aval for v in live]
+    branches = []
+    for br in eqn.params["branches"]:
+        def fn(*xs, br=br):
+            it = iter(xs)
+            args = [None if v in dead else next(it) for v in ops]
+            outs = _eval_without(br.jaxpr, br.consts, args, set())
+            if any(o is None for o in outs):
+                raise NotKernelizable("the backward pass reads a primal output of the kernel")
+            return outs
+
+        j, _, c = jc.trace_kernel_to_jaxpr(fn, avals, "cond branch")
+        branches.append(jc.ClosedJaxpr(j, c))
+    params = {k: v for k, v in eqn.params.items() if k != "branches"}
+    return jc.cond_p.bind(read(eqn.invars[0]), *map(read, live), branches=tuple(branches),
+                          **params)
+
+
+# ------------------------------------------------------------------------------------
+# Building blocks.
+
+
+def _store_zeros(ref):
+    ref[...] = jnp.zeros(ref.shape, ref.dtype)
+
+
+def _permuted(bm, perm, origin=None):
+    """``bm`` with its index map taking the grid indices in the order ``perm``."""
+    old = bm.index_map_jaxpr
+    n = len(perm)
+    avals = [v.aval for v in old.jaxpr.invars]
+    new_avals = [avals[a] for a in perm] + avals[n:]
+
+    def index_map(*args):
+        ids, rest = args[:n], args[n:]
+        orig = [None] * n
+        for p, a in enumerate(perm):
+            orig[a] = ids[p]
+        return jc.core.eval_jaxpr(old.jaxpr, old.consts, *orig, *rest)
+
+    jaxpr, _, consts = jc.trace_kernel_to_jaxpr(index_map, new_avals,
+                                                f"index_map of {bm.origin}")
+    return dataclasses.replace(bm, index_map_jaxpr=jc.ClosedJaxpr(jaxpr, consts),
+                               origin=origin or bm.origin)
+
+
+def _permuted_params(cp, perm, inner):
+    """Compiler params for the reordered grid: ``dimension_semantics`` (where the
+    backend's params have it) follow the axes, and the accumulation axes are
+    ``"arbitrary"``."""
+    sem = getattr(cp, "dimension_semantics", None)
+    if sem is None or not dataclasses.is_dataclass(cp):
+        return cp
+    new = []
+    for a in perm:
+        s = sem[a]
+        if a in inner:
+            s = "arbitrary" if isinstance(s, str) else type(s)("arbitrary")
+        new.append(s)
+    return dataclasses.replace(cp, dimension_semantics=tuple(new))
+
+
+def _cumsum(xs):
+    out, t = [], 0
+    for x in xs:
+        t += x
+        out.append(t)
+    return out
+
+
+def _split(xs, bounds):
+    xs, out, lo = list(xs), [], 0
+    for b in bounds:
+        out.append(xs[lo:b])
+        lo = b
+    out.append(xs[lo:])
+    return out
