@@ -135,17 +135,20 @@ def main() -> int:
           f"median of {args.repeats}\n")
     rows = []
     for name, kernel, ref, inputs in cases(args.small):
-        n = len(inputs)
-        grad = lambda f: jax.jit(jax.value_and_grad(  # noqa: E731
-            lambda *a: jnp.sum(f(*a) ** 2), argnums=tuple(range(n))))
+        def grad(f, n=len(inputs)):
+            return jax.jit(jax.value_and_grad(lambda *a: jnp.sum(f(*a) ** 2),
+                                              argnums=tuple(range(n))))
+
         plain = grad(ref)
         kern = grad(functools.partial(kernel, interpret=False))
         expn = grad(functools.partial(kernel, interpret=True))
         tp, want = timed(plain, inputs, args.repeats)
         tk, got_k = timed(kern, inputs, args.repeats)
         te, got_e = timed(expn, inputs, args.repeats)
-        ok = lambda got: all(np.allclose(a, b, rtol=2e-3, atol=2e-3) for a, b in  # noqa: E731
-                             zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+        def ok(got, want=want):
+            return all(np.allclose(a, b, rtol=2e-3, atol=2e-3)
+                       for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+
         rows.append((name, backward_calls(kern, inputs), tp, tk, ok(got_k), te, ok(got_e)))
     print("| kernel (value_and_grad) | backward calls | plain JAX ms | kernels ms | "
           "expansion ms | kernels/plain | expansion/plain |")
