@@ -155,10 +155,26 @@ def test_out_specs_count_must_match_out_shape():
                        in_specs=[spec], out_specs=(spec,), interpret=True)(x)
 
 
-def test_grid_must_be_made_of_ints():
-    with pytest.raises(TypeError, match="grid dimension 0"):
-        pl.pallas_call(_copy_kernel, SDS((4,), jnp.float32), grid=("a",),
+@pytest.mark.parametrize("bad", ["a", "2", 1.5, 2.0, None])
+def test_grid_must_be_made_of_ints(bad):
+    """Strings and floats are refused, not rounded (``grid=(1.5,)`` used to run one
+    program and leave the rest of the output unwritten)."""
+    with pytest.raises(TypeError, match=r"grid\[1\] must be an int .*got .*"
+                                        + type(bad).__name__):
+        pl.pallas_call(_copy_kernel, SDS((4,), jnp.float32), grid=(1, bad),
                        interpret=True)(jnp.zeros((4,), jnp.float32))
+
+
+def test_grid_accepts_numpy_and_jax_integers():
+    x = jnp.arange(8.0)
+    spec = pl.BlockSpec((4,), lambda i: (i,))
+    for n in (np.int64(2), jnp.int32(2)):
+        out = pl.pallas_call(_copy_kernel, SDS((8,), jnp.float32), grid=(n,),
+                             in_specs=[spec], out_specs=spec, interpret=True)(x)
+        np.testing.assert_array_equal(out, x)
+
+
+def test_grid_must_not_be_negative():
     with pytest.raises(ValueError, match="grid dimension"):
         pl.pallas_call(_copy_kernel, SDS((4,), jnp.float32), grid=(-1,),
                        interpret=True)(jnp.zeros((4,), jnp.float32))

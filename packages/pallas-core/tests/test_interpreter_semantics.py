@@ -522,3 +522,36 @@ def test_scratch_read_in_a_branch_before_being_written_is_carried():
                          interpret=True)(x)
     first = np.asarray(x)[:, 0:2]
     np.testing.assert_array_equal(out, np.tile(first, (1, 3)))
+
+
+def test_masked_window_past_the_end_is_not_clamped():
+    """The Triton tutorial's add: the last ``ds(i * blk, blk)`` window runs past the
+    array. Masked-off lanes are not accessed, so the window is not clamped into the
+    array (which would shift the lanes that are read and written)."""
+    n, blk = 1000, 128
+
+    def kernel(x_ref, y_ref, o_ref):
+        i = pl.program_id(0)
+        mask = i * blk + jnp.arange(blk) < n
+        window = pl.ds(i * blk, blk)
+        a = pl.load(x_ref.at[window], mask=mask, other=0.0)
+        pl.store(o_ref.at[window], a + pl.load(y_ref.at[window], mask=mask), mask=mask)
+
+    x = jnp.arange(n, dtype=jnp.float32)
+    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((n,), jnp.float32),
+                         grid=(pl.cdiv(n, blk),), interpret=True)(x, 2 * x)
+    np.testing.assert_array_equal(out, 3 * x)
+
+
+def test_masked_window_before_the_start_reads_other():
+    """A window starting before the array: lanes left of it are masked off and read
+    ``other``; the others keep their positions."""
+    def kernel(x_ref, o_ref):
+        offs = -4 + jnp.arange(16)
+        o_ref[...] = pl.load(x_ref.at[pl.ds(pl.program_id(0) - 4, 16)], mask=offs >= 0,
+                             other=-1.0)
+
+    x = jnp.arange(16, dtype=jnp.float32)
+    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16,), jnp.float32),
+                         grid=(1,), interpret=True)(x)
+    np.testing.assert_array_equal(out, jnp.concatenate([-jnp.ones(4), x[:12]]))

@@ -251,3 +251,28 @@ def three_d_dynamic(pallas_call, x):
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(4,),
                        in_specs=[pl.BlockSpec((4, 8, C), lambda i: (0, 0, 0))],
                        out_specs=pl.BlockSpec((None, 8, C), lambda i: (i, 0, 0)))(x)
+
+
+# --- Masked access through a window that runs past the array --------------------------
+
+_TAIL_N, _TAIL_BLK = 1000, 128
+
+
+@case("indexing/masked_window_past_the_end", tags={"indexing", "unaligned_blocks"},
+      inputs=lambda rng: (randn(rng, (_TAIL_N,)), randn(rng, (_TAIL_N,))),
+      reference=lambda x, y: x + y)
+def masked_window_tail(pallas_call, x, y):
+    """The canonical Triton tutorial add: ``x_ref.at[pl.ds(i * blk, blk)]`` with a mask
+    ``offs < n``; the last window runs past the array and must not be clamped into it
+    (the lanes that are not masked off keep their positions)."""
+    def kernel(x_ref, y_ref, o_ref):
+        i = pl.program_id(0)
+        offs = i * _TAIL_BLK + jnp.arange(_TAIL_BLK)
+        mask = offs < _TAIL_N
+        window = pl.ds(i * _TAIL_BLK, _TAIL_BLK)
+        a = pl.load(x_ref.at[window], mask=mask)
+        b = pl.load(y_ref.at[window], mask=mask)
+        pl.store(o_ref.at[window], a + b, mask=mask)
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype),
+                       grid=(pl.cdiv(_TAIL_N, _TAIL_BLK),))(x, y)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -180,9 +181,13 @@ def _check_grid(grid) -> tuple[int, ...]:
                 f"(Python ints). Got grid={grid!r}."
             )
         try:
-            g = int(g)
-        except (TypeError, ValueError):
-            raise TypeError(f"grid dimension {i} must be an int; got {g!r}") from None
+            g = operator.index(g)  # ints, NumPy/JAX integers; never floats or strings
+        except TypeError:
+            raise TypeError(
+                f"pallas_call grid[{i}] must be an int (the number of programs along that "
+                f"axis); got {g!r} of type {type(g).__name__} in grid={tuple(grid)!r}. "
+                f"Use an integer, e.g. grid=(pl.cdiv(n, block),)."
+            ) from None
         if g < 0:
             raise ValueError(f"grid dimension {i} must be >= 0; got grid={tuple(grid)!r}")
         out.append(g)

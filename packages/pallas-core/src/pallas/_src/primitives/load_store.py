@@ -102,8 +102,47 @@ load_p.def_effectful_abstract_eval(_load_abstract_eval)
 swap_p.def_effectful_abstract_eval(_swap_abstract_eval)
 
 
-def _get_eqn_like(ref_value, idx, tree):
-    return jc.state_discharge._get_discharge(ref_value, idx, tree)
+def _window_indices(idx, tree):
+    """Per-dimension index arrays of the window one plain ``NDIndexer`` selects (slices
+    and scalar indices), broadcastable against each other like ``np.ix_``; ``None`` for
+    any other kind of transform (which keeps JAX's indexing semantics)."""
+    transforms = jax.tree_util.tree_unflatten(tree, idx)
+    if len(transforms) != 1 or not isinstance(transforms[0], jc.state_indexing.NDIndexer):
+        return None
+    indices = transforms[0].indices
+    n_slices = sum(isinstance(i, jc.state_indexing.Slice) for i in indices)
+    out, k = [], 0
+    for i in indices:
+        if isinstance(i, jc.state_indexing.Slice):
+            shape = [1] * n_slices
+            shape[k] = i.size
+            pos = i.start + i.stride * jnp.arange(i.size, dtype=jnp.int32)
+            out.append(pos.reshape(shape))
+            k += 1
+        elif jnp.ndim(i) == 0:
+            out.append(jnp.asarray(i, jnp.int32))
+        else:
+            return None  # gathers with index arrays keep JAX's semantics
+    return tuple(out)
+
+
+def _masked_get(value, idx, tree):
+    """The window a masked access reads, without clamping it into the array: positions
+    past either edge read as zero (they are masked off; a clamped window would shift
+    the lanes that are not)."""
+    window = _window_indices(idx, tree)
+    if window is None:
+        return jc.state_discharge._get_discharge(value, idx, tree)
+    return value.at[window].get(mode="fill", fill_value=0)
+
+
+def _masked_set(value, new, idx, tree):
+    """``value`` with the window of a masked access set to ``new``; positions past the
+    edges are dropped, never clamped onto elements inside the array."""
+    window = _window_indices(idx, tree)
+    if window is None:
+        return jc.state_discharge._swap_discharge(value, new, idx, tree)[1]
+    return value.at[window].set(new, mode="drop")
 
 
 @register_interpret_rule(load_p)
@@ -111,12 +150,13 @@ def _load_rule(ctx, eqn, invals):
     cell, *rest = invals
     tree = eqn.params["tree"]
     idx, extra = _split(rest, tree, 2)
-    value = jc.state_discharge._get_discharge(cell.value, idx, tree)
     it = iter(extra)
     mask = next(it) if eqn.params["has_mask"] else None
     other = next(it) if eqn.params["has_other"] else None
+    get = jc.state_discharge._get_discharge if mask is None else _masked_get
+    value = get(cell.value, idx, tree)
     if cell.init is not None and ctx.check_uninitialized:
-        init = jc.state_discharge._get_discharge(cell.init, idx, tree)
+        init = get(cell.init, idx, tree)
         read = init if mask is None else jnp.logical_or(init, jnp.logical_not(mask))
         ctx.report_read(jnp.all(read), cell, f"read of uninitialised memory in {cell.origin}")
     if mask is not None:
@@ -130,15 +170,16 @@ def _swap_rule(ctx, eqn, invals):
     cell, val, *rest = invals
     tree = eqn.params["tree"]
     idx, extra = _split(rest, tree, 1)
-    old = jc.state_discharge._get_discharge(cell.value, idx, tree)
-    if eqn.params["has_mask"]:
-        (mask,) = extra
-        val = jnp.where(mask, val, old)
-    else:
-        mask = None
-    _, cell.value = jc.state_discharge._swap_discharge(cell.value, val, idx, tree)
+    if not eqn.params["has_mask"]:
+        old, cell.value = jc.state_discharge._swap_discharge(cell.value, val, idx, tree)
+        if cell.init is not None:
+            _, cell.init = jc.state_discharge._swap_discharge(
+                cell.init, jnp.ones(val.shape, cell.init.dtype), idx, tree)
+        return [old]
+    (mask,) = extra
+    old = _masked_get(cell.value, idx, tree)
+    cell.value = _masked_set(cell.value, jnp.where(mask, val, old), idx, tree)
     if cell.init is not None:
-        cur = jc.state_discharge._get_discharge(cell.init, idx, tree)
-        new = jnp.ones_like(cur) if mask is None else jnp.logical_or(cur, mask)
-        _, cell.init = jc.state_discharge._swap_discharge(cell.init, new, idx, tree)
+        cur = _masked_get(cell.init, idx, tree)
+        cell.init = _masked_set(cell.init, jnp.logical_or(cur, mask), idx, tree)
     return [old]
