@@ -229,6 +229,48 @@ def test_compiler_params_selection_at_trace_time_checks_the_backend_exists(toy_b
 
 
 # --------------------------------------------------------------------------------------
+# The dict form of compiler_params, and errors that say what to do
+
+
+def _params_received(compiler_params) -> object:
+    assert _lowered_by(compiler_params=compiler_params) == ["toy"]  # a dict selects none
+    return _toy().PARAMS[-1]
+
+
+def test_the_dict_form_gives_the_chosen_backend_its_own_entry(toy_backend):
+    got = _params_received({"toy": {"flavour": "spicy"}, "mosaic_tpu": {"a": 1}})
+    assert got == _toy().ToyCompilerParams(flavour="spicy")
+    assert _params_received({"triton": {"num_warps": 8}}) is None  # nothing for toy
+
+
+def test_the_dict_form_is_checked_at_trace_time(toy_backend):
+    with pytest.raises(ValueError, match=r"compiler_params\['tpu'\]: no Pallas backend "
+                                         r"is called 'tpu'.*mosaic_tpu"):
+        pl.pallas_call(_add_kernel, SDS((8,), jnp.float32),
+                       compiler_params={"tpu": {}})(jnp.zeros(8), jnp.zeros(8))
+    with pytest.raises(TypeError, match=r"compiler_params\['toy'\] must be a dict"):
+        pl.pallas_call(_add_kernel, SDS((8,), jnp.float32),
+                       compiler_params={"toy": 3})(jnp.zeros(8), jnp.zeros(8))
+    with pytest.raises(TypeError, match=r"compiler_params\['toy'\] does not fit .*"
+                                        r"ToyCompilerParams.*options are flavour"):
+        _lowered_by(compiler_params={"toy": {"colour": "red"}})
+
+
+def test_a_backend_for_another_platform_says_how_to_run_here(toy_backend):
+    with pytest.raises(ValueError, match=r"pass interpret=True.*lowering_platforms=\('cpu',\)"):
+        pallas.plugins.select_backend("tpu", backend="toy")
+
+
+def test_public_exceptions_print_their_public_path():
+    import traceback
+
+    for cls in (pallas.plugins.BackendNotFoundError, pallas.plugins.BackendLoadError,
+                pallas.plugins.PluginLoadWarning):
+        line = traceback.format_exception_only(cls, cls("x"))[-1]
+        assert line.startswith(f"pallas.plugins.{cls.__name__}: x")
+
+
+# --------------------------------------------------------------------------------------
 # Broken plugins
 
 

@@ -570,3 +570,24 @@ def test_tile_lowers_as_concatenation_and_matches_jnp(lower_tpu, ops):
     _, (m,) = lower_tpu(f, x)
     assert collections.Counter(ops(m))["tpu.concatenate"] == 2
     np.testing.assert_array_equal(np.asarray(f(x)), np.tile(np.asarray(x), (2, 3)))
+
+
+@pytest.mark.parametrize("key", ["mosaic_tpu", "mosaic"])
+def test_the_dict_form_of_compiler_params_reaches_the_mosaic_module(key):
+    """``compiler_params={"mosaic_tpu": {...}}`` (or older upstream's ``"mosaic"``) gives
+    this backend its options, as ``pltpu.CompilerParams`` would."""
+    from pallas_tpu import inspect as tpu_inspect
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1
+
+    x = jnp.ones((16, 128), jnp.float32)
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    f = pl.pallas_call(kernel, out_shape=x, grid=(2,), in_specs=[spec], out_specs=spec,
+                       compiler_params={key: {"dimension_semantics": ["parallel"]},
+                                        "triton": {"num_warps": 8}})
+    (module,) = tpu_inspect.mosaic_modules(
+        jax.jit(f).trace(x).lower(lowering_platforms=("tpu",)))
+    sems = [str(op.attributes["dimension_semantics"]) for op in module.body.operations
+            if "dimension_semantics" in op.attributes]
+    assert sems == ["[#tpu.dimension_semantics<parallel>]"]

@@ -66,6 +66,11 @@ from pallas._src.utils import (
 
 dslice = ds
 
+# Errors and warnings print the path users import them from.
+for _cls in (InterpreterError, GradFallbackWarning):
+    _cls.__module__ = "pallas"
+del _cls
+
 # Registers the transformation rules of pallas_call_p (vmap, jvp, grad, effects).
 from pallas._src.transforms import register_all as _register_transforms  # noqa: E402
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from pallas._src import block_spec as bs
 from pallas._src import jax_compat as jc
-from pallas._src.compiler_params import CompilerParams
+from pallas._src.compiler_params import CompilerParams, FrozenParams
 from pallas._src.cost import CostEstimate
 from pallas._src.grid_spec import GridMapping, GridSpec, keystr, resolve_grid_mapping
 from pallas._src.registry import registry
@@ -233,8 +233,13 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
             )
     out_avals, out_tree, out_paths = _out_avals(out_shape)
     kname = _kernel_name(kernel, name)
+    if isinstance(compiler_params, Mapping) and not isinstance(compiler_params, FrozenParams):
+        # The dict form {backend name: {option: value}}: checked now, read at lowering
+        # by whichever backend is chosen (a dict selects none).
+        registry.check_compiler_params_dict(compiler_params)
+        compiler_params = FrozenParams(compiler_params)
     if backend is not None or (compiler_params is not None and not isinstance(
-            compiler_params, dict)):
+            compiler_params, Mapping)):
         explicit = registry.requested_backend(backend, compiler_params)
         if explicit is not None and not interpret:
             registry.get_backend(explicit)  # fail at trace time if missing
@@ -288,7 +293,8 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
         gm, jaxpr = cached
         explicit = registry.requested_backend(backend, compiler_params)
         if explicit is not None and not interpret:
-            registry.get_backend(explicit).validate(jaxpr, gm, compiler_params)
+            b = registry.get_backend(explicit)
+            b.validate(jaxpr, gm, registry.resolve_compiler_params(b, compiler_params))
         checks = _checks_for(interpret) if interpret else None
         flat_args = jc.insert_pvary(*flat_args)  # (inside shard_map; else a no-op)
         outs = pallas_call_p.bind(
@@ -405,7 +411,9 @@ def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compi
 
         def rule(ctx, *in_nodes):
             return b.lower(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
-                           compiler_params=compiler_params, cost_estimate=cost_estimate,
+                           compiler_params=registry.resolve_compiler_params(
+                               b, compiler_params),
+                           cost_estimate=cost_estimate,
                            name=name, metadata=metadata, out_avals=out_avals)
 
         return rule

@@ -12,6 +12,7 @@ import importlib.metadata
 import os
 import threading
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import pluggy
@@ -40,6 +41,14 @@ class BackendLoadError(RuntimeError):
 
 class PluginLoadWarning(UserWarning):
     """Emitted once when a plugin in ``pallas.backends`` fails to load."""
+
+
+# Users catch these by their public path, so tracebacks print that path too.
+for _cls in (BackendNotFoundError, BackendLoadError, PluginLoadWarning):
+    _cls.__module__ = "pallas.plugins"
+
+# Older upstream spellings of the dict form of compiler_params, by backend.
+DICT_KEY_ALIASES = {"mosaic_tpu": ("mosaic_tpu", "mosaic")}
 
 
 @dataclasses.dataclass
@@ -195,7 +204,7 @@ def requested_backend(backend: str | None, compiler_params: Any) -> str | None:
     """The backend named explicitly, by ``backend=`` or by the compiler params' type."""
     if backend is not None:
         return backend
-    if compiler_params is None or isinstance(compiler_params, dict):
+    if compiler_params is None or isinstance(compiler_params, Mapping):
         return None
     name = getattr(compiler_params, "BACKEND", None)
     if name is not None:
@@ -211,11 +220,65 @@ def requested_backend(backend: str | None, compiler_params: Any) -> str | None:
 
 def _for_platform(b: Backend, platform: str, why: str) -> Backend:
     if platform not in b.platforms and "*" not in b.platforms:
+        target = b.platforms[0] if b.platforms else platform
         raise ValueError(
             f"Pallas backend {b.name!r}{why} lowers for {', '.join(b.platforms)}, not for "
-            f"platform {platform!r}"
+            f"platform {platform!r}. To run this kernel here, pass interpret=True to "
+            f"pallas_call (the reference interpreter; backend primitives included), or "
+            f"leave out backend=/compiler_params so the default backend for {platform!r} "
+            f"is chosen. To see what {b.name!r} generates without a {target} device, "
+            f"lower ahead of time: jax.jit(f).trace(*args).lower("
+            f"lowering_platforms=({target!r},))."
         )
     return b
+
+
+def check_compiler_params_dict(compiler_params: Mapping) -> None:
+    """Checks the dict form ``{backend name: {option: value}}`` at trace time: every key
+    names a backend (installed or first-party) and every value is a dict."""
+    _discover()
+    known = set(KNOWN_PACKAGES) | set(_state.backends)
+    known |= {a for aliases in DICT_KEY_ALIASES.values() for a in aliases}
+    for key, sub in compiler_params.items():
+        if key not in known:
+            raise ValueError(
+                f"compiler_params[{key!r}]: no Pallas backend is called {key!r}; the dict "
+                f"form maps a backend name to its options, one of: {', '.join(sorted(known))}"
+                f" (or pass the backend's CompilerParams, e.g. pltpu.CompilerParams(...))"
+            )
+        if not isinstance(sub, Mapping):
+            raise TypeError(
+                f"compiler_params[{key!r}] must be a dict of {key}'s options; got "
+                f"{type(sub).__name__}"
+            )
+
+
+def resolve_compiler_params(backend: Backend, compiler_params: Any) -> Any:
+    """The compiler params ``backend`` receives: its own entry of the dict form (built
+    into its ``compiler_params_type``), ``None`` when the dict has none, else unchanged.
+    """
+    if not isinstance(compiler_params, Mapping):
+        return compiler_params
+    sub = None
+    for key in DICT_KEY_ALIASES.get(backend.name, (backend.name,)):
+        if key in compiler_params:
+            sub, used = compiler_params[key], key
+            break
+    if sub is None:
+        return None
+    options = sub.thaw() if hasattr(sub, "thaw") else dict(sub)
+    typ = backend.compiler_params_type
+    if typ is None:
+        return options
+    try:
+        return typ(**options)
+    except TypeError as e:
+        fields = [f.name for f in dataclasses.fields(typ)] if dataclasses.is_dataclass(
+            typ) else []
+        raise TypeError(
+            f"compiler_params[{used!r}] does not fit {typ.__module__}.{typ.__qualname__}: "
+            f"{e}" + (f"; its options are {', '.join(fields)}" if fields else "")
+        ) from None
 
 
 def select_backend(platform: str, backend: str | None = None,
