@@ -1,28 +1,36 @@
 """Pallas quickstart: a few kernels, run on CPU and lowered for every installed backend.
 
-    hatch run demo          # or: python examples/quickstart.py
+    hatch run demo          # or: python examples/quickstart.py [--no-excerpts]
 
 Each kernel below is written as for upstream Pallas (``jax.experimental.pallas``): only
 the import differs, and the ``backend=`` argument of ``pl.pallas_call``, which upstream
 does not have. For every kernel the script
 
-1. runs it with the reference interpreter (``interpret=True``) and compares the result
-   with plain JAX, printing the largest error and a check mark;
+1. runs it on the CPU twice, with the reference interpreter (``interpret=True``) and as
+   a plain ``pallas_call`` (no ``interpret=True``: on CPU the built-in ``interpret``
+   backend runs it, where upstream would raise), and compares both with plain JAX,
+   printing the largest error and a check mark;
 2. for every installed backend other than ``interpret`` (see
    ``pallas.plugins.list_backends()``), lowers it ahead of time for the backend's first
    platform with ``jax.jit(f).trace(*args).lower(lowering_platforms=(platform,))``, and,
    if the backend has a ``compile`` level (Triton: PTX and cubin), compiles each of its
    ``pallas_call``s with ``backend.compile``. No accelerator is needed for either.
 
-The script ends with a table, kernel x (interpret, each backend), where a backend's
+The script prints a table, kernel x (interpret, CPU, each backend), where a backend's
 cell is ``ok`` (``+ compiled`` when compiled too), ``unsupported`` (the backend raised
-``NotImplementedError``) or ``error``. It exits non-zero if an interpreter result does not match plain JAX.
+``NotImplementedError``) or ``error``; then, per backend, a short excerpt of what
+lowering produced for the first kernel (the generated Triton source and the compiled
+kernel's registers; the Mosaic module's operations; the custom call of any other
+backend). It exits non-zero if a CPU result does not match plain JAX.
 """
 
 from __future__ import annotations
 
+import argparse
+import collections
 import functools
 import os
+import re
 import sys
 import time
 
@@ -175,13 +183,18 @@ def examples():
 # Running and lowering.
 
 
-def run_interpreter(fn, reference, args, tol) -> tuple[str, bool]:
-    """Runs ``fn`` under the interpreter; compares with ``reference``."""
-    out = jax.jit(functools.partial(fn, interpret=True))(*args)
+def run_on_cpu(fn, reference, args, tol, **kw) -> tuple[str, bool]:
+    """Runs ``fn`` on the CPU (``kw``: ``interpret=True``, or nothing); compares it with
+    ``reference`` and times a second, compiled, run."""
+    f = jax.jit(functools.partial(fn, **kw))
+    out = jax.block_until_ready(f(*args))
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    ms = (time.perf_counter() - t0) * 1e3
     expected = reference(*args)
     err = float(np.max(np.abs(np.asarray(out) - np.asarray(expected))))
     ok = bool(np.isfinite(err)) and err <= tol
-    return f"{'✓' if ok else '✗'} max err {err:.1e}", ok
+    return f"{'✓' if ok else '✗'} err {err:.0e}, {ms:.1f} ms", ok
 
 
 def first_line(e: Exception) -> str:
@@ -225,6 +238,39 @@ def try_lower(fn, args, backend) -> tuple[str, str | None]:
     return f"{done} ({platform})", None
 
 
+def excerpt(fn, args, backend) -> list[str]:
+    """A few lines that show what ``backend`` generated for ``fn(*args)``."""
+    f = functools.partial(fn, backend=backend.name)
+    platform = backend.platforms[0]
+    if backend.name == "triton":
+        import pallas_triton as pltriton
+
+        src = pltriton.inspect(f, *args).splitlines()
+        body = [ln for ln in src if ln.strip() and not ln.startswith(("import", "from"))]
+        lines = ["generated triton.language source (first lines):"]
+        lines += ["    " + ln for ln in body[:8]] + [f"    ... ({len(src)} lines)"]
+        for k in pltriton.compile(f, *args):
+            u = k.resource_usage()
+            lines.append(f"compiled for sm_{k.compute_capability}: {u['registers']} registers, "
+                         f"{k.shared_mem_bytes} B shared memory, {u['local']} B spilled, "
+                         f"tensor cores {'yes' if k.uses_tensor_cores() else 'no'}")
+        return lines
+    lowered = jax.jit(f).trace(*args).lower(lowering_platforms=(platform,))
+    if backend.name == "mosaic_tpu":
+        from pallas_tpu import inspect as tpu_inspect
+
+        lines = []
+        for m in tpu_inspect.mosaic_modules(lowered):
+            ops = collections.Counter(tpu_inspect.op_names(m))
+            top = ", ".join(f"{n} x{c}" for n, c in ops.most_common(6))
+            lines.append(f"Mosaic module: {sum(ops.values())} operations ({top})")
+        return lines
+    text = lowered.as_text()
+    calls = sorted(set(re.findall(r"custom_call @([\w$.\-]+)", text)))
+    return [f"StableHLO for {platform}: {len(text.splitlines())} lines, custom calls: "
+            f"{', '.join(calls) or 'none'}"]
+
+
 def print_table(header, rows):
     """Prints a Markdown table."""
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
@@ -238,7 +284,13 @@ def print_table(header, rows):
         print(line(r))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Runs a few Pallas kernels on CPU and lowers them for every installed "
+                    "backend.")
+    parser.add_argument("--no-excerpts", action="store_true",
+                        help="skip the excerpts of what each backend generated")
+    opts = parser.parse_args(argv)  # unknown arguments are an error
     start = time.perf_counter()
     backends = [b for b in pallas.plugins.list_backends() if b.name != "interpret"]
     print(f"pallas {pl.__version__} on jax {jax.__version__}, "
@@ -251,9 +303,10 @@ def main() -> int:
 
     rows, notes, all_ok = [], {}, True  # notes: (backend, reason) -> kernel names
     for name, fn, reference, args, tol in examples():
-        cell, ok = run_interpreter(fn, reference, args, tol)
-        all_ok &= ok
-        row = [name, cell]
+        cell, ok = run_on_cpu(fn, reference, args, tol, interpret=True)
+        cpu_cell, cpu_ok = run_on_cpu(fn, reference, args, tol)
+        all_ok &= ok and cpu_ok
+        row = [name, cell, cpu_cell]
         for b in backends:
             cell, note = try_lower(fn, args, b)
             row.append(cell)
@@ -261,14 +314,26 @@ def main() -> int:
                 notes.setdefault((b.name, note), []).append(name)
         rows.append(row)
 
-    print_table(["kernel", "interpret", *(b.name for b in backends)], rows)
+    print_table(["kernel", "interpret=True", "on CPU, no interpret=True",
+                 *(b.name for b in backends)], rows)
     if not backends:
         print("\n(no backend plugin is installed besides the interpreter; install e.g. "
               "pallas-triton or pallas-tpu to see kernels lowered for it here)")
     for (backend, reason), kernels in notes.items():
         which = "every kernel" if len(kernels) == len(rows) else "; ".join(kernels)
         print(f"\n{backend} ({which}):\n  {reason}")
-    verdict = "interpreter results match plain JAX" if all_ok else "MISMATCH against plain JAX"
+    if backends and not opts.no_excerpts:
+        name, fn, _, args, _ = examples()[0]
+        print(f"\nWhat lowering produced for {name!r}:")
+        for b in backends:
+            try:
+                lines = excerpt(fn, args, b)
+            except Exception as e:  # noqa: BLE001 - reported, never fatal
+                lines = [f"(no excerpt: {type(e).__name__}: {first_line(e)})"]
+            print(f"\n[{b.name}]")
+            for ln in lines:
+                print(f"  {ln}")
+    verdict = "CPU results match plain JAX" if all_ok else "MISMATCH against plain JAX"
     print(f"\n{verdict} ({time.perf_counter() - start:.1f}s)")
     return 0 if all_ok else 1
 

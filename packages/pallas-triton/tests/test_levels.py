@@ -41,3 +41,11 @@ def test_compiles_to_ptx(case_name, make_case, cc):
     assert k.compute_capability == cc
     assert f".target sm_{cc}" in k.ptx
     assert k.cubin
+
+
+def test_resource_usage_is_read_from_the_cubin(make_case):
+    f, args = make_case("matmul", False)
+    (k,) = pltriton.compile(f, *args, compute_capability=80)
+    usage = k.resource_usage()
+    assert set(usage) == {"registers", "stack", "shared", "local"}
+    assert 0 < usage["registers"] <= 255  # per-thread register file of sm_80

@@ -46,6 +46,11 @@ class CompiledKernel:
         """Whether the PTX has ``mma``/``wgmma`` instructions."""
         return "mma" in self.ptx
 
+    def resource_usage(self) -> dict[str, int]:
+        """Registers, stack, shared and local memory (bytes) of the compiled kernel, as
+        ``cuobjdump -res-usage`` (bundled with Triton) reads them from the cubin."""
+        return resource_usage(self.cubin, self.name)
+
 
 def compute_capability(compiler_params=None) -> int:
     """The target: ``CompilerParams.compute_capability``, the environment, or 80."""
@@ -110,3 +115,25 @@ def compile_lowered(lowered: LoweredKernel, compute_capability: int = 80) -> Com
     if hit is None:
         hit = _CACHE[key] = _compile(lowered, int(compute_capability))
     return hit
+
+
+def resource_usage(cubin: bytes, name: str) -> dict[str, int]:
+    """``{"registers", "stack", "shared", "local"}`` of kernel ``name`` in ``cubin``."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    block = out.split(f"Function {name}:", 1)[-1]
+    fields = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", block))
+    return {"registers": int(fields.get("REG", 0)), "stack": int(fields.get("STACK", 0)),
+            "shared": int(fields.get("SHARED", 0)), "local": int(fields.get("LOCAL", 0))}
