@@ -375,3 +375,53 @@ def tiled_matmul_kloop(pallas_call, a, b):
 def tiled_matmul_kloop_bf16(pallas_call, a, b):
     """bf16 operands, f32 accumulation in the loop carry, bf16 output."""
     return _matmul_kloop(pallas_call, a, b)
+
+
+def _flash_fwd_static(pallas_call, q, k, v):
+    """Causal flash attention forward whose key loop has a static trip count (every key
+    block, the causal mask applied per element), so reverse mode can go through it."""
+    scale = 1.0 / math.sqrt(D)
+
+    def kernel(q_ref, k_ref, v_ref, o_ref):
+        qi = pl.program_id(1)
+        q_blk = q_ref[...] * scale
+
+        def body(j, carry):
+            m, l, acc = carry
+            kb = k_ref[pl.ds(j * BK, BK), :]
+            vb = v_ref[pl.ds(j * BK, BK), :]
+            s = jnp.dot(q_blk, kb.T, precision=HI)
+            rows = qi * BQ + lax.broadcasted_iota(jnp.int32, (BQ, BK), 0)
+            cols = j * BK + lax.broadcasted_iota(jnp.int32, (BQ, BK), 1)
+            s = jnp.where(cols <= rows, s, -1e30)
+            m_new = jnp.maximum(m, jnp.max(s, axis=1))
+            p = jnp.exp(s - m_new[:, None])
+            alpha = jnp.exp(m - m_new)
+            return m_new, alpha * l + jnp.sum(p, axis=1), \
+                acc * alpha[:, None] + jnp.dot(p, vb, precision=HI)
+
+        init = (jnp.full((BQ,), -1e30, F32), jnp.zeros((BQ,), F32), jnp.zeros((BQ, D), F32))
+        m, l, acc = lax.fori_loop(0, S // BK, body, init)
+        o_ref[...] = acc / l[:, None]
+
+    q_spec = pl.BlockSpec((None, BQ, D), lambda h, i: (h, i, 0))
+    kv_spec = pl.BlockSpec((None, S, D), lambda h, i: (h, 0, 0))
+    return pallas_call(kernel, out_shape=sds(q.shape, q.dtype), grid=(BH, S // BQ),
+                       in_specs=[q_spec, kv_spec, kv_spec], out_specs=q_spec)(q, k, v)
+
+
+def _attention_loss(attn):
+    return lambda q, k, v: jnp.sum(attn(q, k, v) ** 2)
+
+
+@case("kernels/flash_attention_grad_of_forward",
+      tags={"kernels", "grad", "dot", "control_flow", "indexing", "reductions"},
+      inputs=_qkv,
+      reference=lambda q, k, v: jax.grad(_attention_loss(_attention_reference),
+                                         argnums=(0, 1, 2))(q, k, v),
+      tolerance={"float32": (2e-4, 2e-4)})
+def flash_grad_of_fwd(pallas_call, q, k, v):
+    """jax.grad through a flash-attention forward kernel (online softmax in a
+    fori_loop over key blocks), with no hand-written backward kernel."""
+    return jax.grad(_attention_loss(lambda *a: _flash_fwd_static(pallas_call, *a)),
+                    argnums=(0, 1, 2))(q, k, v)

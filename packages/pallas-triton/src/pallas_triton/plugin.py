@@ -37,6 +37,11 @@ class TritonBackend(plugins.Backend):
                 raise TypeError(
                     f"the Triton backend takes pallas_triton.CompilerParams; got "
                     f"{type(compiler_params).__name__}")
+        # Generating the Triton source is cheap and finds every construct the backend
+        # cannot lower, so the error comes at trace time, naming the primitive.
+        from pallas_triton._src.lowering import lower_kernel
+
+        lower_kernel(jaxpr, grid_mapping, compiler_params)
 
     def compile(self, jaxpr, grid_mapping, compiler_params, **kw: Any):
         """Lowers and compiles with ``triton.compile``; ``compute_capability=`` (80)."""

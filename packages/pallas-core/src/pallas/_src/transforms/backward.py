@@ -86,7 +86,11 @@ def _constant_stores_transpose():
     orig = table[jc.swap_p]
 
     def rule(g, ref_, x, *idx, **params):
-        if isinstance(x, jc.ad.GradAccum) or not isinstance(ref_, jc.ad.GradAccum):
+        if not isinstance(ref_, jc.ad.GradAccum):
+            if isinstance(x, jc.ad.GradAccum):
+                return None  # a primal result (of a loop's JVP) into a primal buffer
+            return orig(g, ref_, x, *idx, **params)
+        if isinstance(x, jc.ad.GradAccum):
             return orig(g, ref_, x, *idx, **params)
         if ref_.ref is not None:
             jc.swap_p.bind(ref_.inst().ref, jc.instantiate_zeros(g), *idx, **params)
@@ -168,6 +172,7 @@ def _backward_call(n, known, ct_touts, params, L: JvpLayout):
              *(t.get_ref_aval() for t in local)]
     jvp_jaxpr = remap_grid_axes(closed.jaxpr, pos.__getitem__)
     n_tout, n_tin = L.n_tangent_out, L.n_tangent_in
+    primal_part, linear_part, n_res = _split_primal_and_linear(jvp_jaxpr, closed.consts, L)
     bounds = _cumsum([nsp, npi, n_tout, 1, len(scr0), L.n_primal_out, n_tout])
 
     def body(*refs):
@@ -183,10 +188,12 @@ def _backward_call(n, known, ct_touts, params, L: JvpLayout):
             loc[...] = src[...]
         sink_it = iter(sinks)
         tins = [ctn if j == n else next(sink_it) for j in range(n_tin)]
-        env = [*pf, *pins, *map(_KernelRefAccum, tins), *pout,
+        known = [*closed.consts, *pf, *pins, *pout, *scr]
+        residuals = jc.core.eval_jaxpr(primal_part, (), *known)[:n_res]
+        env = [*residuals, *closed.consts, *pf, *pins, *map(_KernelRefAccum, tins), *pout,
                *map(_KernelRefAccum, tloc), *scr]
         with _constant_stores_transpose():
-            jc.ad.backward_pass3(jvp_jaxpr, False, closed.consts, env, [])
+            jc.ad.backward_pass3(linear_part, False, (), env, [])
         return []
 
     what = f"backward kernel of {params['name']} for {bm_n.origin}"
@@ -214,13 +221,52 @@ def _backward_call(n, known, ct_touts, params, L: JvpLayout):
         input_output_aliases=(),
     )
     out_aval = ctn_bm.array_aval
+    new_jaxpr = jc.ClosedJaxpr(jaxpr, consts)
+    new_params = _permuted_params(params["compiler_params"], perm, inner)
+    _check_backend_accepts(params, new_jaxpr, new_gm, new_params)
     (ct,) = pallas_call_p.bind(
         *known, *ct_touts,
-        **dict(params, jaxpr=jc.ClosedJaxpr(jaxpr, consts), grid_mapping=new_gm,
+        **dict(params, jaxpr=new_jaxpr, grid_mapping=new_gm,
                out_avals=(out_aval,), checks=None, cost_estimate=None,
                name=f"{params['name']} (backward, {bm_n.origin})",
-               compiler_params=_permuted_params(params["compiler_params"], perm, inner)))
+               compiler_params=new_params))
     return ct
+
+
+def _check_backend_accepts(params, jaxpr, gm, compiler_params) -> None:
+    """Asks the backend the call will run on (the one named by ``backend=`` or the
+    compiler params, else the default platform's) to validate the backward kernel, so
+    one it cannot lower falls back to XLA instead of failing at lowering."""
+    from pallas._src.registry import registry
+
+    try:
+        name = registry.requested_backend(params["backend"], params["compiler_params"])
+        b = (registry.get_backend(name) if name is not None else
+             registry.select_backend(jax.default_backend(), None, params["compiler_params"]))
+    except Exception:  # noqa: BLE001 - no backend to ask (e.g. none for this platform)
+        return
+    try:
+        b.validate(jaxpr, gm, registry.resolve_compiler_params(b, compiler_params))
+    except Exception as e:  # noqa: BLE001 - any refusal means: not as kernels
+        raise NotKernelizable(f"backend {b.name!r} cannot lower the backward kernel: "
+                              f"{type(e).__name__}: {str(e).splitlines()[0]}") from e
+
+
+def _split_primal_and_linear(jvp_jaxpr, consts, L: JvpLayout):
+    """Partial evaluation of the JVP kernel with its tangent refs unknown: the primal
+    part (everything computable from primal refs, returning the residuals) and the
+    linear part (residuals, then every ref), which JAX can transpose even where one
+    equation (a loop's JVP) computed primal and tangent values together."""
+    j = jc.convert_constvars_jaxpr(jvp_jaxpr)
+    nsp, npi, nti = L.n_prefetch, L.n_primal_in, L.n_tangent_in
+    npo, nto = L.n_primal_out, L.n_tangent_out
+    unknown = ([False] * len(consts) + [False] * (nsp + npi) + [True] * nti
+               + [False] * npo + [True] * nto + [False] * L.n_scratch)
+    known, staged, _, _, n_res, n_res_ref = jc.pe.partial_eval_jaxpr_stateful(
+        j, unknown, True, False, False, jc.pe.everything_saveable)
+    if n_res_ref:
+        raise NotKernelizable("the tangent computation keeps refs of the primal one")
+    return known, staged, n_res
 
 
 # ------------------------------------------------------------------------------------
