@@ -4,10 +4,11 @@ The JVP call of a kernel (see :mod:`pallas._src.transforms.ad`) is linear in its
 refs. Its transpose is built here as ordinary ``pallas_call``s, so that the backward
 pass lowers through the same backend as the forward pass. For each tangent input ``n``:
 
-- the kernel body is the JVP kernel transposed by JAX (``ad.backward_pass3``) with
-  respect to its tangent refs: reads of a tangent input become accumulations into the
-  cotangent of input ``n``, writes of a tangent output become reads of its cotangent;
-  the primal part of the body is evaluated as it is (the residuals are recomputed);
+- the kernel body is the JVP kernel, partially evaluated into its primal part (run
+  first, saving the residuals) and its linear part, which JAX transposes
+  (``ad.backward_pass3``) with respect to the tangent refs: reads of a tangent input
+  become accumulations into the cotangent of input ``n``, writes of a tangent output
+  become reads of its cotangent;
 - its only output is the cotangent of input ``n``, tiled like input ``n``;
 - the grid is reordered so that the axes input ``n``'s index map does not use come
   last: every program that adds into one cotangent block runs consecutively, the block
@@ -21,7 +22,8 @@ caller falls back to the XLA expansion: differentiable scratch (state carried be
 grid steps), aliased operands, kernels that write their inputs, index maps that are not
 plain block indices (or read scalar prefetch), tangent outputs revisited along a grid
 axis other than by zero-init-then-accumulate, backward bodies that read a primal
-output, and anything JAX cannot transpose inside a kernel.
+output, anything JAX cannot transpose inside a kernel, and backward kernels the call's
+backend refuses in its ``validate``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from pallas._src.memory import MemoryRef
 from pallas._src.pallas_call import pallas_call_p
 from pallas._src.primitives import control
 from pallas._src.primitives.grid import program_id
+from pallas._src.transforms.ad import _write_refs
 from pallas._src.transforms.grid_axes import remap_grid_axes
 
 
@@ -117,7 +120,7 @@ def transpose_as_kernels(cts, args, params, layout: JvpLayout) -> list:
         raise NotKernelizable("the call aliases inputs to outputs")
     if any(type(ct) is not jc.Zero for ct in cts[: L.n_primal_out]):
         raise NotKernelizable("cotangents flow into the primal outputs of the JVP call")
-    written = _written_invars(closed.jaxpr)
+    written = _write_refs(closed.jaxpr)
     first_tin = L.n_prefetch + L.n_primal_in
     if any(first_tin <= k < first_tin + L.n_tangent_in for k in written):
         raise NotKernelizable("the kernel writes into an input ref")
@@ -295,17 +298,6 @@ def _plain_index_map(bm, ng: int) -> bool:
     grid_vars = j.invars[:ng]
     seen = [v for v in j.outvars if not isinstance(v, jc.Literal)]
     return all(v in grid_vars for v in seen) and len(set(seen)) == len(seen)
-
-
-def _written_invars(jaxpr) -> set[int]:
-    pos = {v: k for k, v in enumerate(jaxpr.invars)}
-    out = set()
-    for e in jaxpr.effects:
-        if isinstance(e, (jc.WriteEffect, jc.AccumEffect)):
-            k = e.input if isinstance(e.input, int) else pos.get(e.input)
-            if k is not None:
-                out.add(k)
-    return out
 
 
 def _accumulate_only(jaxpr, ref) -> str:
