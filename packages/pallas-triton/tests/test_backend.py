@@ -252,3 +252,21 @@ def test_sign_of_bf16_is_minus_one_for_negative_values():
     x = jnp.array([[-3.0, -0.5, 0.0, 2.0] * 32] * 8, jnp.bfloat16)
     got = np.asarray(pltriton.emulate(_unary_call(jnp.sign, x), x), np.float32)
     np.testing.assert_array_equal(got, np.asarray(jnp.sign(x), np.float32))
+
+
+def test_a_ref_indexed_by_a_vector_of_indices_gathers_and_scatters():
+    """``x_ref[idx]`` with a 1-D index vector (upstream's GPU layer norm loads columns
+    this way) becomes pointer offsets from the vector, masked like any other access."""
+    n = 300  # the last block of columns hangs over the row
+
+    def kernel(x_ref, o_ref):
+        cols = pl.program_id(0) * 128 + jnp.arange(128)
+        valid = cols < n
+        row = pl.load(x_ref.at[cols], mask=valid, other=0.0)
+        pl.store(o_ref.at[cols], row * 2.0, mask=valid)
+
+    x = jnp.arange(n, dtype=jnp.float32)
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((n,), jnp.float32), grid=(3,))
+    assert "tl.load" in pltriton.inspect(f, x)
+    np.testing.assert_array_equal(pltriton.emulate(f, x), 2 * x)
+    pltriton.compile(f, x, compute_capability=80)

@@ -41,6 +41,17 @@ class _Point:
     index: str
 
 
+@dataclasses.dataclass
+class _Gather:
+    """A dimension indexed by a 1-D vector of indices (``x_ref[idx]``): the offsets are
+    the vector's elements, so it reads (or writes) ``len(idx)`` arbitrary positions."""
+
+    start: str
+    stride: int
+    index: str  # the vector's expression
+    size: int
+
+
 def _as_expr(x) -> str:
     if isinstance(x, Value):
         if x.shape:
@@ -86,6 +97,9 @@ def _view(shape, transforms) -> list:
                 start = _as_expr(idx.start)
                 new[pos] = _Range(_add(cur.start, _mul(start, cur.stride)),
                                   cur.stride * int(idx.stride), int(idx.size))
+            elif isinstance(idx, Value) and len(idx.shape) == 1 and cur.stride == 1 and \
+                    sum(isinstance(i, Value) and bool(i.shape) for i in t.indices) == 1:
+                new[pos] = _Gather(cur.start, 1, idx.expr, idx.shape[0])
             else:
                 new[pos] = _Point(_add(cur.start, _mul(_as_expr(idx), cur.stride)))
         view = new
@@ -93,7 +107,7 @@ def _view(shape, transforms) -> list:
 
 
 def _result_shape(view) -> tuple[int, ...]:
-    return tuple(v.size for v in view if isinstance(v, _Range))
+    return tuple(v.size for v in view if isinstance(v, _Range | _Gather))
 
 
 def _address(em: Emitter, ref: GlobalRef, transforms):
@@ -112,6 +126,9 @@ def _address(em: Emitter, ref: GlobalRef, transforms):
             v = next(it)
             if isinstance(v, _Point):
                 inner = v.index
+            elif isinstance(v, _Gather):
+                inner = expand(_add(v.start, v.index), axis, rank)
+                axis += 1
             else:
                 ar = f"tl.arange(0, {v.size})"
                 if v.stride != 1:
