@@ -1,0 +1,308 @@
+"""Upstream's kernel library (``jax.experimental.pallas.ops``) run unchanged on our packages.
+
+For every kernel and shape below, two subprocesses run the same upstream source:
+
+* **ours**: upstream's name mapping (``../shared/tools/upstream_shim``) is installed
+  first, so ``jax.experimental.pallas`` is this project's ``pallas`` (and ``pallas_tpu``,
+  ``pallas_triton``), with upstream's implementation blocked;
+* **upstream**: plain JAX 0.10.2, upstream Pallas itself.
+
+Each reports the **numbers** level (interpret mode, the kernel's own ``interpret`` flag
+or ``pltpu.force_tpu_interpret_mode()``, against the reference shipped beside the
+kernel, forward and where shipped backward; median time of 3 runs after a warm-up) and
+the **lower** level (GPU kernels: ``lowering_platforms=("cuda",)``, which on our side
+lowers with ``triton``; TPU kernels: ``("tpu",)``, a ``tpu_custom_call``). The table
+says ``ok``, ``FAIL`` (wrong numbers) or the first line of the error.
+
+    python benchmarks/upstream_ops.py                 # everything (several minutes)
+    python benchmarks/upstream_ops.py -k softmax      # kernels whose name contains this
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHIM = os.path.join(ROOT, "..", "shared", "tools", "upstream_shim", "conftest.py")
+
+
+# ------------------------------------------------------------------------------------
+# The kernels: name -> (shapes, run(shape, interpret) -> (fn, args, reference, platform)).
+
+
+def _keys(n):
+    import jax
+
+    return jax.random.split(jax.random.key(0), n)
+
+
+def gpu_softmax(shape):
+    import jax
+    from jax.experimental.pallas.ops.gpu import softmax
+
+    x = jax.random.normal(_keys(1)[0], shape)
+    return (lambda x, interpret: softmax.softmax(x, axis=-1, interpret=interpret),
+            (x,), lambda x: jax.nn.softmax(x, axis=-1), "cuda")
+
+
+def gpu_layer_norm(shape, grad=False):
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.gpu import layer_norm
+
+    k1, k2, k3 = _keys(3)
+    x = jax.random.normal(k1, shape)
+    w, b = jax.random.normal(k2, shape[-1:]), jax.random.normal(k3, shape[-1:])
+
+    def f(x, w, b, interpret):
+        return layer_norm.layer_norm(x, w, b, interpret=interpret)
+
+    ref = layer_norm.layer_norm_reference
+    if grad:
+        loss = lambda g: lambda x, w, b: jnp.sum(g(x, w, b) ** 2)  # noqa: E731
+        return (lambda x, w, b, interpret: jax.grad(
+                    loss(lambda *a: f(*a, interpret)), argnums=(0, 1, 2))(x, w, b),
+                (x, w, b), jax.grad(loss(ref), argnums=(0, 1, 2)), "cuda")
+    return f, (x, w, b), ref, "cuda"
+
+
+def gpu_rms_norm(shape, grad=False):
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.gpu import rms_norm
+
+    k1, k2, k3 = _keys(3)
+    x = jax.random.normal(k1, shape)
+    w, b = jax.random.normal(k2, shape[-1:]), jax.random.normal(k3, shape[-1:])
+
+    def f(x, w, b, interpret):
+        return rms_norm.rms_norm(x, w, b, interpret=interpret)
+
+    ref = rms_norm.rms_norm_reference
+    if grad:
+        loss = lambda g: lambda x, w, b: jnp.sum(g(x, w, b) ** 2)  # noqa: E731
+        return (lambda x, w, b, interpret: jax.grad(
+                    loss(lambda *a: f(*a, interpret)), argnums=(0, 1, 2))(x, w, b),
+                (x, w, b), jax.grad(loss(ref), argnums=(0, 1, 2)), "cuda")
+    return f, (x, w, b), ref, "cuda"
+
+
+def gpu_attention(shape, grad=False):
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.gpu import attention
+
+    b, s, h, d = shape
+    q, k, v = (jax.random.normal(key, shape) * 0.5 for key in _keys(3))
+    bs = attention.BlockSizes(block_q=64, block_k=64, block_q_dkv=32, block_kv_dkv=32,
+                              block_q_dq=32, block_kv_dq=32)
+
+    def f(q, k, v, interpret):
+        return attention.mha(q, k, v, None, causal=True, block_sizes=bs,
+                             interpret=interpret)
+
+    def ref(q, k, v):
+        return attention.mha_reference(q, k, v, None, causal=True)
+
+    if grad:
+        loss = lambda g: lambda q, k, v: jnp.sum(g(q, k, v) ** 2)  # noqa: E731
+        return (lambda q, k, v, interpret: jax.grad(
+                    loss(lambda *a: f(*a, interpret)), argnums=(0, 1, 2))(q, k, v),
+                (q, k, v), jax.grad(loss(ref), argnums=(0, 1, 2)), "cuda")
+    return f, (q, k, v), ref, "cuda"
+
+
+def gpu_decode_attention(shape, kind="mqa"):
+    import jax
+    from jax.experimental.pallas.ops.gpu import decode_attention as da
+
+    b, h, hk, s, d = shape
+    k1, k2, k3 = _keys(3)
+    if kind == "mqa":
+        q = jax.random.normal(k1, (b, h, d))
+        k = jax.random.normal(k2, (b, s, d))
+        v = jax.random.normal(k3, (b, s, d))
+        return (lambda q, k, v, interpret: da.mqa(q, k, v, block_k=64, interpret=interpret),
+                (q, k, v), da.mqa_reference, "cuda")
+    q = jax.random.normal(k1, (b, h, d))
+    k = jax.random.normal(k2, (b, s, hk, d))
+    v = jax.random.normal(k3, (b, s, hk, d))
+    return (lambda q, k, v, interpret: da.gqa(q, k, v, block_k=64, interpret=interpret),
+            (q, k, v), da.gqa_reference, "cuda")
+
+
+def tpu_flash_attention(shape, grad=False):
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu import flash_attention as fa
+
+    q, k, v = (jax.random.normal(key, shape) * 0.5 for key in _keys(3))
+    bs = fa.BlockSizes(block_q=128, block_k_major=128, block_k=128, block_b=1,
+                       block_q_major_dkv=128, block_k_major_dkv=128, block_k_dkv=128,
+                       block_q_dkv=128, block_k_major_dq=128, block_k_dq=128,
+                       block_q_dq=128)
+
+    def f(q, k, v, interpret):
+        del interpret  # forced by the worker
+        return fa.flash_attention(q, k, v, causal=True, block_sizes=bs)
+
+    def ref(q, k, v):
+        return fa.mha_reference(q, k, v, None, causal=True)
+
+    if grad:
+        loss = lambda g: lambda q, k, v: jnp.sum(g(q, k, v) ** 2)  # noqa: E731
+        return (lambda q, k, v, interpret: jax.grad(
+                    loss(lambda *a: f(*a, interpret)), argnums=(0, 1, 2))(q, k, v),
+                (q, k, v), jax.grad(loss(ref), argnums=(0, 1, 2)), "tpu")
+    return f, (q, k, v), ref, "tpu"
+
+
+def tpu_matmul(shape):
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu import matmul
+
+    m, k, n = shape
+    k1, k2 = _keys(2)
+    x, y = jax.random.normal(k1, (m, k)), jax.random.normal(k2, (k, n))
+    return (lambda x, y, interpret: matmul.matmul(x, y, block_shape=(128, 128)),
+            (x, y), lambda x, y: jnp.dot(x, y, precision="highest"), "tpu")
+
+
+KERNELS = {
+    "gpu/softmax": (gpu_softmax, [(64, 256), (100, 300)]),
+    "gpu/layer_norm": (gpu_layer_norm, [(4, 16, 256), (3, 10, 300)]),
+    "gpu/layer_norm grad": (lambda s: gpu_layer_norm(s, grad=True), [(4, 16, 256)]),
+    "gpu/rms_norm": (gpu_rms_norm, [(4, 16, 256), (3, 10, 300)]),
+    "gpu/rms_norm grad": (lambda s: gpu_rms_norm(s, grad=True), [(4, 16, 256)]),
+    "gpu/attention": (gpu_attention, [(1, 128, 2, 64), (1, 192, 2, 64)]),
+    "gpu/attention grad": (lambda s: gpu_attention(s, grad=True), [(1, 128, 2, 64)]),
+    "gpu/decode_attention mqa": (gpu_decode_attention, [(2, 4, 1, 256, 64)]),
+    "gpu/decode_attention gqa": (lambda s: gpu_decode_attention(s, "gqa"),
+                                 [(2, 8, 2, 256, 64)]),
+    "tpu/flash_attention": (tpu_flash_attention, [(1, 2, 256, 128), (2, 1, 384, 128)]),
+    "tpu/flash_attention grad": (lambda s: tpu_flash_attention(s, grad=True),
+                                 [(1, 2, 256, 128)]),
+    "tpu/matmul": (tpu_matmul, [(256, 256, 256), (384, 256, 128)]),
+}
+
+
+# ------------------------------------------------------------------------------------
+# One worker: one implementation, one kernel, one shape.
+
+
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:150]}"
+
+
+def worker(impl: str, name: str, shape: tuple) -> dict:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if impl == "ours":
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("upstream_shim", SHIM)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    import jax
+    import numpy as np
+
+    build, _ = KERNELS[name]
+    out = {"numbers": None, "ms": None, "lower": None}
+    try:
+        fn, args, ref, platform = build(shape)
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        return {"numbers": _first_line(e), "ms": None, "lower": _first_line(e)}
+    forced = None
+    if platform == "tpu":
+        from jax.experimental.pallas import tpu as pltpu
+
+        forced = pltpu.force_tpu_interpret_mode
+    try:
+        run = jax.jit(lambda *a: fn(*a, interpret=True))
+        ctx = forced() if forced else _nullcontext()
+        with ctx:
+            got = jax.block_until_ready(run(*args))
+            times = []
+            for _ in range(3):
+                t = time.perf_counter()
+                jax.block_until_ready(run(*args))
+                times.append(time.perf_counter() - t)
+        want = ref(*args)
+        ok = all(np.allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                             rtol=2e-2, atol=2e-2)
+                 for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+        out["numbers"] = "ok" if ok else "FAIL"
+        out["ms"] = statistics.median(times) * 1e3
+    except Exception as e:  # noqa: BLE001
+        out["numbers"] = _first_line(e)
+    try:
+        low = jax.jit(lambda *a: fn(*a, interpret=False)).trace(*args).lower(
+            lowering_platforms=(platform,))
+        text = low.as_text()
+        want_call = "tpu_custom_call" if platform == "tpu" else "custom_call"
+        out["lower"] = "ok" if want_call in text else "no kernel in the lowered module"
+    except Exception as e:  # noqa: BLE001
+        out["lower"] = _first_line(e)
+    return out
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def _spawn(impl: str, name: str, shape: tuple) -> dict:
+    cmd = [sys.executable, __file__, "--worker", impl, "--kernel", name,
+           "--shape", json.dumps(shape)]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    err = (proc.stderr.strip().splitlines() or ["no output"])[-1][:150]
+    return {"numbers": f"crashed: {err}", "ms": None, "lower": f"crashed: {err}"}
+
+
+def _cell(v) -> str:
+    return "-" if v is None else str(v).replace("|", "\\|")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-k", dest="keyword", help="only kernels whose name contains this")
+    ap.add_argument("--worker", choices=["ours", "upstream"], help=argparse.SUPPRESS)
+    ap.add_argument("--kernel", help=argparse.SUPPRESS)
+    ap.add_argument("--shape", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.kernel, tuple(json.loads(args.shape)))))
+        return 0
+    print("| kernel | shape | numbers (ours) | numbers (upstream) | ms ours | ms upstream | "
+          "lower (ours) | lower (upstream) |")
+    print("|---|---|---|---|---:|---:|---|---|")
+    all_ok = True
+    for name, (_, shapes) in KERNELS.items():
+        if args.keyword and args.keyword not in name:
+            continue
+        for shape in shapes:
+            o, u = _spawn("ours", name, shape), _spawn("upstream", name, shape)
+            ms = lambda r: "-" if r["ms"] is None else f"{r['ms']:.1f}"  # noqa: E731
+            print(f"| {name} | {tuple(shape)} | {_cell(o['numbers'])} | "
+                  f"{_cell(u['numbers'])} | {ms(o)} | {ms(u)} | {_cell(o['lower'])} | "
+                  f"{_cell(u['lower'])} |", flush=True)
+            for level in ("numbers", "lower"):
+                if u[level] == "ok" and o[level] != "ok":
+                    all_ok = False
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
