@@ -619,3 +619,22 @@ def test_run_state_runs_a_function_on_refs():
     a, b = pl.run_state(f)((jnp.arange(3, dtype=jnp.float32), jnp.zeros(3, jnp.float32)))
     np.testing.assert_array_equal(a, [1, 2, 3])
     np.testing.assert_array_equal(b, [0, 2, 4])
+
+
+def test_estimate_cost_binds_keyword_arguments():
+    """Keyword arguments are bound, not traced (upstream's TPU flash attention passes a
+    flag and a value of the enclosing jit this way)."""
+    def attention_like(q, k, *, causal, scale):
+        s = (q @ k.T) * scale
+        return jnp.where(jnp.tril(jnp.ones(s.shape, bool)), s, 0.0) if causal else s
+
+    q = jax.ShapeDtypeStruct((128, 64), jnp.float32)
+
+    @jax.jit
+    def inside(scale):
+        cost = pl.estimate_cost(attention_like, q, q, causal=True, scale=scale)
+        assert cost.flops >= 2 * 128 * 128 * 64
+        return scale
+
+    inside(jnp.float32(0.5))
+    assert pl.estimate_cost(attention_like, q, q, causal=False, scale=1.0).flops > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,9 @@ def estimate_cost(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> CostEst
 
     ``args`` may be arrays or ``jax.ShapeDtypeStruct``s.
     """
-    lowered = jax.jit(fun).trace(*args, **kwargs).lower()
+    # Keyword arguments are bound, not traced (as upstream): they may be flags, or values
+    # of an enclosing trace that only the estimate's shapes depend on.
+    lowered = jax.jit(functools.partial(fun, **kwargs)).trace(*args).lower()
     analysis = lowered.cost_analysis() or {}
     if isinstance(analysis, (list, tuple)):
         analysis = analysis[0] if analysis else {}
