@@ -270,3 +270,19 @@ def test_a_ref_indexed_by_a_vector_of_indices_gathers_and_scatters():
     assert "tl.load" in pltriton.inspect(f, x)
     np.testing.assert_array_equal(pltriton.emulate(f, x), 2 * x)
     pltriton.compile(f, x, compute_capability=80)
+
+
+def test_a_ref_indexed_by_broadcast_row_and_column_vectors():
+    """``x_ref.at[rows[:, None], cols[None]]`` (upstream's layer-norm backward reads its
+    tiles this way): the broadcast index tensors are the offsets of each dimension."""
+    def kernel(x_ref, o_ref):
+        r, c = jnp.arange(8), jnp.arange(128)
+        mask = (r[:, None] < 5) & (c[None] < 100)
+        o_ref[...] = pl.load(x_ref.at[r[:, None], c[None]], mask=mask, other=-1.0)
+
+    x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))
+    want = jnp.where((jnp.arange(8)[:, None] < 5) & (jnp.arange(128)[None] < 100), x, -1.0)
+    np.testing.assert_array_equal(f(x), want)  # the interpreter
+    np.testing.assert_array_equal(pltriton.emulate(f, x), want)
+    pltriton.compile(f, x, compute_capability=90)

@@ -24,9 +24,10 @@ SCRATCH = {"scratch_shapes": [pl.ANY((16, 128), jnp.float32)]}
 
 
 def _gather(x_ref, o_ref):
-    # Two index vectors at once (a 1-D gather of rows is supported, see test_backend).
-    picked = x_ref[jnp.arange(16) % 3, jnp.arange(16) % 5]
-    o_ref[...] = jnp.broadcast_to(picked[:, None], (16, 128))
+    # A 2-D index array next to a slice (1-D index vectors, and index tensors of one
+    # shape on every dimension, are supported: see test_backend).
+    picked = x_ref[(jnp.arange(16) % 3).reshape(4, 4), :]
+    o_ref[...] = picked.reshape(16, 128)
 
 
 def _pad(x_ref, o_ref):

@@ -349,6 +349,19 @@ def splat(ctx, x: Value, shape, dtype) -> str:
     return f"tl.full({list(shape)}, {_op(x)}, {tl_dtype(dtype)})"
 
 
+@rule("broadcast_to")
+def _broadcast_to(ctx, eqn, x):
+    """``broadcast_to`` (index arrays broadcast against each other, e.g. in
+    ``x_ref.at[rows[:, None], cols[None]]``): Triton's ``tl.broadcast_to``."""
+    shape, dtype = _out(eqn)
+    check_pow2(shape, "broadcast_to")
+    if x.shape == ():
+        return _emit(ctx, eqn, splat(ctx, x, shape, dtype))
+    if len(x.shape) != len(shape):
+        raise unsupported("broadcast_to that adds dimensions", "use jnp.expand_dims first")
+    return _emit(ctx, eqn, f"tl.broadcast_to({x.expr}, {list(shape)})")
+
+
 @rule("broadcast_in_dim")
 def _broadcast_in_dim(ctx, eqn, x, *dyn):
     if dyn:

@@ -50,6 +50,7 @@ class _Gather:
     stride: int
     index: str  # the vector's expression
     size: int
+    shape: tuple[int, ...] | None = None  # a full index tensor (every dim indexed alike)
 
 
 def _as_expr(x) -> str:
@@ -89,6 +90,16 @@ def _view(shape, transforms) -> list:
         if len(t.indices) != len(ranged):
             raise TritonLoweringError(f"indexer {t} does not match the ref view")
         new = list(view)
+        arrays = [i for i in t.indices if isinstance(i, Value) and i.shape]
+        if arrays and len(arrays) == len(t.indices) and len(
+                {tuple(a.shape) for a in arrays}) == 1 and all(
+                view[p].stride == 1 for p in ranged):
+            # Pure advanced indexing with index tensors of one shape (rows[:, None] and
+            # cols[None] after broadcasting): each is the offset tensor of its dim.
+            for pos, idx in zip(ranged, t.indices):
+                new[pos] = _Gather(view[pos].start, 1, idx.expr, 0, tuple(idx.shape))
+            view = new
+            continue
         for pos, idx in zip(ranged, t.indices):
             cur = view[pos]
             if isinstance(idx, jc.Slice):
@@ -107,6 +118,9 @@ def _view(shape, transforms) -> list:
 
 
 def _result_shape(view) -> tuple[int, ...]:
+    full = [v.shape for v in view if isinstance(v, _Gather) and v.shape is not None]
+    if full:
+        return full[0]
     return tuple(v.size for v in view if isinstance(v, _Range | _Gather))
 
 
@@ -126,6 +140,8 @@ def _address(em: Emitter, ref: GlobalRef, transforms):
             v = next(it)
             if isinstance(v, _Point):
                 inner = v.index
+            elif isinstance(v, _Gather) and v.shape is not None:
+                inner = _add(v.start, v.index)  # already a full index tensor
             elif isinstance(v, _Gather):
                 inner = expand(_add(v.start, v.index), axis, rank)
                 axis += 1
