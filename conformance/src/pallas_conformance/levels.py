@@ -12,9 +12,13 @@ Levels, in order:
     Every ``pallas_call`` equation of the traced case is handed to
     ``backend.compile(jaxpr, grid_mapping, compiler_params, name=, out_avals=,
     cost_estimate=)`` and must not raise.
+``backend_interpret``
+    Like ``emulate`` but through ``backend.interpret(...)``: the kernel jaxpr under the
+    backend's own interpret rules (e.g. TPU interpret mode). It checks the backend's
+    semantics of the primitives, not the code the backend generates.
 ``emulate``
-    The traced case is evaluated with every ``pallas_call`` equation replaced by
-    ``backend.emulate(jaxpr, grid_mapping, compiler_params, *args, name=, out_avals=,
+    The **generated code** is executed: the traced case is evaluated with every
+    ``pallas_call`` equation replaced by ``backend.emulate(jaxpr, grid_mapping, compiler_params, *args, name=, out_avals=,
     cost_estimate=)``; the results are compared with the interpreter's.
 ``execute``
     ``jax.jit(f)(*args)`` on a device of the backend's platform, compared with the
@@ -44,7 +48,7 @@ import pallas.plugins
 from pallas_conformance._jax_compat import is_known_platform
 from pallas_conformance.catalogue import TAG_ALIASES, TAGS, Case
 
-LEVELS = ("interpret", "lower", "compile", "emulate", "execute")
+LEVELS = ("interpret", "lower", "compile", "backend_interpret", "emulate", "execute")
 BACKEND_LEVELS = LEVELS[1:]
 
 _CUSTOM_CALL = re.compile(r"custom_call @([\w$.\-]+)")
@@ -403,15 +407,16 @@ class CaseRunner:
                 p = eqn.params
                 b.compile(p["jaxpr"], p["grid_mapping"], p["compiler_params"], **_call_kw(eqn))
             return PASS, ""
-        if level == "emulate":
+        if level in ("emulate", "backend_interpret"):
             closed = jax.make_jaxpr(f)(*args)
             if not pallas_call_eqns(closed):
                 return _no_pallas_call(closed, level)
+            run_kernel = b.emulate if level == "emulate" else b.interpret
 
             def emulate(eqn, invals):
                 p = eqn.params
-                outs = b.emulate(p["jaxpr"], p["grid_mapping"], p["compiler_params"],
-                                 *invals, **_call_kw(eqn))
+                outs = run_kernel(p["jaxpr"], p["grid_mapping"], p["compiler_params"],
+                                  *invals, **_call_kw(eqn))
                 outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
                 if len(outs) != len(eqn.outvars):
                     raise Mismatch(f"emulate returned {len(outs)} outputs for a pallas_call "

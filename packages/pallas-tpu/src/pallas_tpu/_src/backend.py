@@ -54,8 +54,27 @@ class MosaicTpuBackend(Backend):
                                  name=name, metadata=metadata, out_avals=out_avals)
 
 
-    def emulate(self, jaxpr, grid_mapping, compiler_params, *args, **kw):
-        """TPU interpret mode: the interpreter with the TPU primitives' rules."""
+    def emulate(self, jaxpr, grid_mapping, compiler_params, *args, name=None,
+                out_avals=(), cost_estimate=None, **kw):
+        """Runs the generated Mosaic module: lowers the kernel as for a TPU, takes the
+        ``tpu_custom_call``'s backend config and executes it with :mod:`pallas_tpu.executor`.
+        """
+        import jax.numpy as jnp
+
+        from pallas_tpu._src.executor import run_custom_call
+        from pallas_tpu._src.lowering.custom_call import backend_config
+
+        params = _params(compiler_params)
+        self.validate(jaxpr, grid_mapping, params)
+        config = backend_config(jaxpr, grid_mapping, params, cost_estimate,
+                                name or "kernel")
+        outs = run_custom_call(config, args, [(a.shape, a.dtype) for a in out_avals],
+                               tuple(grid_mapping.input_output_aliases))
+        return [jnp.asarray(o) for o in outs]
+
+    def interpret(self, jaxpr, grid_mapping, compiler_params, *args, **kw):
+        """TPU interpret mode: the kernel jaxpr in the core interpreter with the TPU
+        primitives' rules (checks the TPU semantics, not the generated module)."""
         from pallas_tpu._src import core_compat
         from pallas_tpu.plugin import register_interpret_rules
 
@@ -82,7 +101,7 @@ MOSAIC_TPU = MosaicTpuBackend(
     platforms=("tpu", "cpu"),
     compiler_params_type=CompilerParams,
     capabilities=CAPABILITIES,
-    levels=("lower", "emulate"),
+    levels=("lower", "backend_interpret", "emulate"),
     priority=-1,  # below the interpreter on cpu; the only TPU backend for "tpu"
     package="pallas-tpu",
 )

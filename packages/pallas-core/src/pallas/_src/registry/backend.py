@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-LEVELS = ("lower", "compile", "emulate", "execute")
+LEVELS = ("lower", "compile", "backend_interpret", "emulate", "execute")
 
 
 @dataclasses.dataclass
@@ -24,7 +24,9 @@ class Backend:
         ``pallas_call`` selects this backend.
       capabilities: conformance-catalogue tags the backend claims.
       levels: conformance levels it provides, among ``lower``, ``compile``,
-        ``emulate``, ``execute``.
+        ``backend_interpret`` (the kernel jaxpr under the backend's own interpret rules:
+        its semantics, not its generated code), ``emulate`` (the generated code
+        executed), ``execute``.
       priority: used to choose between backends for the same platform (higher wins);
         an int, or a mapping from platform to int (platforms not listed get 0).
       package: the distribution that provides it (named in "not installed" errors).
@@ -66,6 +68,12 @@ class Backend:
                 *args: Any, **kw: Any) -> Any:
         """Runs the generated code under an emulator (conformance level ``emulate``)."""
         raise NotImplementedError(f"backend {self.name!r} has no emulate level")
+
+    def interpret(self, jaxpr: Any, grid_mapping: Any, compiler_params: Any,
+                  *args: Any, **kw: Any) -> Any:
+        """Runs the kernel jaxpr under the backend's interpret rules (conformance level
+        ``backend_interpret``); checks the backend's semantics, not its generated code."""
+        raise NotImplementedError(f"backend {self.name!r} has no backend_interpret level")
 
     def describe(self) -> str:
         return f"{self.name} {self.version} ({', '.join(self.platforms)})"

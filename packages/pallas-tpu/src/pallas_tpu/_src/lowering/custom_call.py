@@ -31,6 +31,39 @@ def mesh_axes_of(ctx) -> tuple:
     return tuple((n, int(mesh.shape[n])) for n in mesh.axis_names)
 
 
+def _config_kwargs(kernel, p: CompilerParams, cost_estimate) -> dict:
+    """The options of the backend config, shared by the custom call and the emulator."""
+    return dict(
+        cost_estimate=cost_dict(cost_estimate),
+        vmem_limit_bytes=p.vmem_limit_bytes,
+        flags=p.flags_dict,
+        allow_input_fusion=p.allow_input_fusion,
+        internal_scratch_in_bytes=p.internal_scratch_in_bytes,
+        collective_id=p.collective_id,
+        serialization_format=p.serialization_format,
+        output_memory_spaces=kernel.output_memory_spaces if any(
+            kernel.output_memory_spaces) else None,
+        input_memory_spaces=kernel.input_memory_spaces if any(
+            kernel.input_memory_spaces) else None,
+        disable_bounds_checks=p.disable_bounds_checks,
+        disable_semaphore_checks=p.disable_semaphore_checks,
+        skip_device_barrier=p.skip_device_barrier,
+        allow_collective_id_without_custom_barrier=p.allow_collective_id_without_custom_barrier,
+        shape_invariant_numerics=p.shape_invariant_numerics,
+        needs_layout_passes=p.needs_layout_passes,
+    )
+
+
+def backend_config(jaxpr, grid_mapping, compiler_params: CompilerParams, cost_estimate,
+                   name: str) -> bytes:
+    """The ``tpu_custom_call`` backend config (JSON carrying the serialised module) that
+    :func:`lower_pallas_call` attaches, built by the same lowering and serialisation."""
+    kernel = build_module(jaxpr, grid_mapping, compiler_params, name)
+    cfg = jc.backend_config_of(kernel.module,
+                               **_config_kwargs(kernel, compiler_params, cost_estimate))
+    return cfg.to_json()
+
+
 def lower_pallas_call(ctx, *in_nodes, jaxpr, grid_mapping, compiler_params: CompilerParams,
                       cost_estimate, name, metadata, out_avals):
     gm = grid_mapping
@@ -41,24 +74,8 @@ def lower_pallas_call(ctx, *in_nodes, jaxpr, grid_mapping, compiler_params: Comp
         module=kernel.module,
         out_type=tuple(out_avals),
         kernel_name=name.split(" ")[0],
-        cost_estimate=cost_dict(cost_estimate),
-        vmem_limit_bytes=p.vmem_limit_bytes,
-        flags=p.flags_dict,
-        allow_input_fusion=p.allow_input_fusion,
         input_output_aliases=tuple(gm.input_output_aliases),
-        internal_scratch_in_bytes=p.internal_scratch_in_bytes,
-        collective_id=p.collective_id,
         has_side_effects=side_effect_type(p.has_side_effects),
-        serialization_format=p.serialization_format,
-        output_memory_spaces=kernel.output_memory_spaces if any(
-            kernel.output_memory_spaces) else None,
-        input_memory_spaces=kernel.input_memory_spaces if any(
-            kernel.input_memory_spaces) else None,
-        disable_bounds_checks=p.disable_bounds_checks,
-        disable_semaphore_checks=p.disable_semaphore_checks,
         metadata=dict(metadata) if metadata else None,
-        skip_device_barrier=p.skip_device_barrier,
-        allow_collective_id_without_custom_barrier=p.allow_collective_id_without_custom_barrier,
-        shape_invariant_numerics=p.shape_invariant_numerics,
-        needs_layout_passes=p.needs_layout_passes,
+        **_config_kwargs(kernel, p, cost_estimate),
     )

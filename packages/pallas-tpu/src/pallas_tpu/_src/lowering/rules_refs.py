@@ -66,20 +66,31 @@ def apply_transforms(ref: RefVal, flat, tree) -> Window:
         if len(t.indices) != len(visible):
             raise ValueError(f"indexer of rank {len(t.indices)} on a ref of rank {len(visible)}")
         for dim, idx in zip(visible, t.indices):
+            # An index into a strided view steps by the view's stride.
+            scale = w.strides[dim]
             if isinstance(idx, jc.Slice):
-                if idx.stride != 1 and w.strides[dim] != 1:
-                    raise NotImplementedError("strided slices of strided ref views")
-                w.starts[dim] = _add(w.starts[dim], idx.start)
+                w.starts[dim] = _add(w.starts[dim], _scaled(idx.start, scale))
                 w.sizes[dim] = int(idx.size)
-                w.strides[dim] = int(idx.stride)
+                w.strides[dim] = scale * int(idx.stride)
             else:
                 if isinstance(idx, ir.Value) and isinstance(idx.type, ir.VectorType) or (
                         isinstance(idx, Lit) and np.ndim(idx.val)):
                     raise NotImplementedError("gather-style (array) ref indexing")
-                w.starts[dim] = _add(w.starts[dim], idx)
+                w.starts[dim] = _add(w.starts[dim], _scaled(idx, scale))
                 w.sizes[dim] = 1
                 w.dropped[dim] = True
     return w
+
+
+def _scaled(i, k: int):
+    """``i * k`` for a static or dynamic index ``i``."""
+    if k == 1:
+        return i
+    if isinstance(i, Lit):
+        i = int(np.asarray(i.val))
+    if isinstance(i, int | np.integer):
+        return int(i) * k
+    return arith.muli(to_index(i), to_index(k))
 
 
 def _add(a, b):

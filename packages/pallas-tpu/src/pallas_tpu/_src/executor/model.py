@@ -1,0 +1,198 @@
+"""The TPU execution model around a kernel: the grid, the block windows each operand sees
+(from ``window_params`` and the ``transform_<k>`` functions), memory spaces, scalar
+prefetch, scratch, semaphores, DMAs and input/output aliasing.
+
+The grid runs in row-major order (the last dimension fastest) on one core, as Mosaic
+runs it; ``parallel`` and ``arbitrary`` dimensions are both sequential there. A windowed
+operand's block is copied into a fresh buffer (the VMEM/SMEM window) when its block index
+changes, and a written output block is copied back when its index changes and at the end,
+as Mosaic's pipeline does; parts of a block past the array's edge are padding that is
+never written back. ``ANY``/``HBM`` operands are the arrays themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+
+import numpy as np
+from jaxlib.mlir import ir
+
+from pallas_tpu._src.executor import engine
+from pallas_tpu._src.executor.ops_vector import i64s
+from pallas_tpu._src.executor.types import ExecutorError, elem_and_shape
+
+MemRefType = ir.MemRefType
+
+
+class Machine:
+    """Per-run state the ops reach through ``env[0]``: DMAs in flight."""
+
+    def __init__(self):
+        self.dmas: list = []
+
+    def start_dma(self, data, dst, dst_sem, src_sem) -> None:
+        if data.shape != dst.shape:
+            raise ExecutorError(f"DMA of shape {data.shape} into a buffer of {dst.shape}")
+        if src_sem is not None:
+            src_sem[...] = src_sem + 1
+        self.dmas.append((data, dst, dst_sem))
+
+    def wait_dma(self, sem, dst) -> None:
+        for k, (data, d, s) in enumerate(self.dmas):
+            if _same(s, sem) and (dst is None or _same(d, dst)):
+                d[...] = data
+                del self.dmas[k]
+                return
+        raise ExecutorError("a DMA wait on a semaphore no DMA in flight signals: it would "
+                            "block forever")
+
+
+def _same(a, b) -> bool:
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.shape == b.shape)
+
+
+@dataclasses.dataclass
+class Kernel:
+    """A compiled module: ``@main``, its grid and the windows of its operands."""
+
+    main: engine.Plan
+    nslots: int
+    grid: tuple
+    num_prefetch: int
+    num_scratch: int
+    arg_types: list  # (dtype, shape, memory space) of each @main argument
+    windows: list  # per windowed operand: (transform plan, bounds, element window) or None
+    core_type: str
+
+
+@functools.lru_cache(maxsize=256)
+def compile_module(payload: bytes) -> Kernel:
+    """Compiles the deserialised module of ``payload`` (cached)."""
+    from pallas_tpu._src.executor import ops_arith, ops_math, ops_scf, ops_tpu  # noqa: F401
+    from pallas_tpu._src.executor.module import deserialize
+
+    ctx, module = deserialize(payload)
+    with ctx:
+        cc = engine.Compiler(module)
+        if "main" not in cc.funcs:
+            raise ExecutorError("the Mosaic module has no @main function")
+        main = cc.funcs["main"]
+        attrs = main.attributes
+        grid = tuple(i64s(attrs["iteration_bounds"])) if "iteration_bounds" in attrs else ()
+        npf = ir.IntegerAttr(attrs["scalar_prefetch"]).value if "scalar_prefetch" in attrs \
+            else 0
+        nscr = ir.IntegerAttr(attrs["scratch_operands"]).value if "scratch_operands" in attrs \
+            else 0
+        core = str(attrs["tpu.core_type"]) if "tpu.core_type" in attrs else "tc"
+        arg_types = []
+        for a in main.regions[0].blocks[0].arguments:
+            dt, shape = elem_and_shape(a.type)
+            space = str(MemRefType(a.type).memory_space) if isinstance(a.type, MemRefType) \
+                else ""
+            arg_types.append((dt, shape, space))
+        windows = []
+        wps = list(ir.ArrayAttr(attrs["window_params"])) if "window_params" in attrs else []
+        for wp in wps:
+            wp = ir.DictAttr(wp)
+            if "transform_indices" not in wp:
+                windows.append(None)
+                continue
+            fname = ir.FlatSymbolRefAttr(wp["transform_indices"]).value
+            plan = cc.region(cc.funcs[fname].regions[0])
+            bounds = tuple(i64s(wp["window_bounds"]))
+            elem = "window_kind" in wp and "element_window" in str(wp["window_kind"])
+            windows.append((plan, bounds, elem))
+        body = cc.region(main.regions[0])
+    return Kernel(body, cc.nslots, grid, npf, nscr, arg_types, windows, core)
+
+
+class _Window:
+    """One windowed operand: its HBM array, its block buffer and current block offsets."""
+
+    def __init__(self, hbm, bounds, shape, dtype, writes):
+        self.hbm, self.bounds, self.shape = hbm, bounds, shape
+        self.buf = np.zeros(shape, dtype)
+        self.at = None
+        self.writes = writes
+
+    def _slices(self, at):
+        src, dst = [], []
+        for o, n, full in zip(at, self.bounds, self.hbm.shape):
+            lo, hi = max(o, 0), min(o + n, full)
+            src.append(slice(lo, max(hi, lo)))
+            dst.append(slice(lo - o, lo - o + max(hi - lo, 0)))
+        return tuple(src), tuple(dst)
+
+    def move_to(self, at) -> None:
+        if at == self.at:
+            return
+        self.flush()
+        src, dst = self._slices(at)
+        full = np.zeros(self.bounds, self.buf.dtype)
+        full[dst] = self.hbm[src]
+        self.buf = full.reshape(self.shape)
+        self.at = at
+
+    def flush(self) -> None:
+        if self.writes and self.at is not None:
+            src, dst = self._slices(self.at)
+            self.hbm[src] = self.buf.reshape(self.bounds)[dst]
+
+
+def execute(kernel: Kernel, operands, out_shapes, aliases=()) -> list[np.ndarray]:
+    """Runs ``kernel`` on numpy ``operands`` (scalar-prefetch operands first, then the
+    inputs); returns the outputs. ``aliases``: (input index, output index) pairs, indices
+    counting the scalar-prefetch operands as inputs, as the custom call does."""
+    npf = kernel.num_prefetch
+    hbm_in = [np.array(x) for x in operands]
+    outs = []
+    alias = dict((o, i) for i, o in aliases)
+    for k, (shape, dt) in enumerate(out_shapes):
+        outs.append(hbm_in[alias[k]] if k in alias else np.zeros(shape, dt))
+    ng = len(kernel.grid)
+    block_types = kernel.arg_types[ng + npf:]
+    hbm = hbm_in[npf:] + outs
+    nblocks = len(hbm)
+    if len(kernel.windows) != nblocks or len(block_types) != nblocks + kernel.num_scratch:
+        raise ExecutorError(
+            f"the module's @main takes {len(block_types) - kernel.num_scratch} block "
+            f"operands and has {len(kernel.windows)} window params; the call passes "
+            f"{len(hbm_in) - npf} inputs and {len(outs)} outputs")
+    n_in = len(hbm_in) - npf
+    wins = []
+    for k, (w, (dt, shape, _space)) in enumerate(zip(kernel.windows, block_types)):
+        if w is None:
+            wins.append(None)
+            continue
+        wins.append(_Window(hbm[k], w[1], shape, dt, writes=k >= n_in))
+    scratch = [np.zeros(shape, dt) for dt, shape, _ in block_types[nblocks:]]
+    prefetch = [np.array(x) for x in hbm_in[:npf]]
+    for p in prefetch:
+        p.setflags(write=False)
+    machine = Machine()
+    env = [None] * kernel.nslots
+    env[0] = machine
+    with np.errstate(all="ignore"):
+        for ids in itertools.product(*[range(n) for n in kernel.grid]):
+            pid = [np.int32(i) for i in ids]
+            refs = []
+            for k, w in enumerate(wins):
+                if w is None:
+                    refs.append(hbm[k])
+                    continue
+                plan, bounds, elem = kernel.windows[k]
+                idx = [int(v) for v in engine.run(plan, env, pid + prefetch)]
+                at = tuple(idx) if elem else tuple(i * b for i, b in zip(idx, bounds))
+                w.move_to(at)
+                refs.append(w.buf)
+            engine.run(kernel.main, env, pid + prefetch + refs + scratch)
+        for w in wins:
+            if w is not None:
+                w.flush()
+    if machine.dmas:
+        raise ExecutorError(f"{len(machine.dmas)} DMA(s) started by the kernel were never "
+                            f"waited for")
+    return outs

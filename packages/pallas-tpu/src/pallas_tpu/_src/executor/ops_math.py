@@ -1,0 +1,73 @@
+"""``math`` ops. Narrow floats (bf16, f16) are computed in f32 and rounded to nearest even,
+as Mosaic lowers them on chips without narrow transcendental units."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import special
+
+from pallas_tpu._src.executor.engine import elementwise
+from pallas_tpu._src.executor.types import bits
+
+
+def _f32(f):
+    def g(*xs):
+        xs = [np.asarray(x) for x in xs]
+        if xs[0].dtype.itemsize < 4 and xs[0].dtype.kind not in "iub":
+            return f(*[x.astype(np.float32) for x in xs])
+        return f(*xs)
+
+    return g
+
+
+for _name, _f in {
+    "math.absf": np.abs, "math.acos": np.arccos, "math.acosh": np.arccosh,
+    "math.asin": np.arcsin, "math.asinh": np.arcsinh, "math.atan": np.arctan,
+    "math.atan2": np.arctan2, "math.atanh": np.arctanh, "math.cbrt": np.cbrt,
+    "math.ceil": np.ceil, "math.cos": np.cos, "math.cosh": np.cosh, "math.erf": special.erf,
+    "math.erfc": special.erfc, "math.exp": np.exp, "math.exp2": np.exp2,
+    "math.expm1": np.expm1, "math.floor": np.floor, "math.log": np.log,
+    "math.log1p": np.log1p, "math.log2": np.log2, "math.log10": np.log10,
+    "math.powf": np.power, "math.roundeven": np.rint, "math.sin": np.sin,
+    "math.sinh": np.sinh, "math.sqrt": np.sqrt, "math.tan": np.tan, "math.tanh": np.tanh,
+    "math.trunc": np.trunc, "math.copysign": np.copysign,
+    "math.rsqrt": lambda x: 1 / np.sqrt(x),
+    "math.round": lambda x: np.where(np.abs(x - np.trunc(x)) == 0.5,
+                                     np.trunc(x) + np.sign(x), np.rint(x)),
+}.items():
+    elementwise(_name)(_f32(_f))
+
+elementwise("math.absi")(np.abs)
+
+
+@elementwise("math.isfinite")
+def _isfinite(x):
+    return np.isfinite(np.asarray(x).astype(np.float32))
+
+
+@elementwise("math.fpowi")
+def _fpowi(x, n):
+    x = np.asarray(x)
+    return np.power(x.astype(np.float64), np.asarray(n).astype(np.float64)).astype(x.dtype)
+
+
+@elementwise("math.ctpop")
+def _ctpop(x):
+    x = np.asarray(x)
+    u = x.view(np.dtype(f"u{x.dtype.itemsize}")).astype(np.uint64)
+    n = np.zeros(u.shape, np.int64)
+    for _ in range(bits(x.dtype)):
+        n += (u & 1).astype(np.int64)
+        u = u >> np.uint64(1)
+    return n
+
+
+@elementwise("math.ctlz")
+def _ctlz(x):
+    x = np.asarray(x)
+    w = bits(x.dtype)
+    u = x.view(np.dtype(f"u{x.dtype.itemsize}")).astype(np.uint64)
+    n = np.full(u.shape, w, np.int64)
+    for i in range(w):
+        n = np.where((u >> np.uint64(i)) & np.uint64(1), w - 1 - i, n)
+    return n
