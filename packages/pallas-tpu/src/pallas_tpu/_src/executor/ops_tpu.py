@@ -214,3 +214,8 @@ def _wait_dma(o, cc):
         env[0].wait_dma(sem, refs[1] if name == "tpu.wait_dma2" else None)
 
     return run
+
+
+@op("tpu.sem_alloc")
+def _sem_alloc(o, cc):
+    return lambda env: (np.zeros((), np.int32),)

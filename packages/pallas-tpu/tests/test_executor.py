@@ -1,0 +1,263 @@
+"""The Mosaic executor runs the module the ``tpu_custom_call`` carries: DMAs land when
+waited for, unknown ops are errors, and faults planted in the real lowering are caught by
+the ``mosaic_tpu`` emulate level (while ``backend_interpret``, which never sees the
+module, cannot catch them)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jaxlib.mlir import ir
+
+import pallas as pl
+import pallas_tpu as pltpu
+from pallas_conformance import FAIL, PASS, CaseRunner, get_case, pallas_call_eqns
+from pallas_tpu import executor
+from pallas_tpu._src import jax_compat as jc
+from pallas_tpu._src.backend import MOSAIC_TPU, MosaicTpuBackend
+from pallas_tpu._src.lowering import kernel as kernel_mod
+from pallas_tpu._src.lowering import rules_arith, rules_tpu
+from pallas_tpu._src.lowering.common import RULES
+
+F32 = jnp.float32
+ANY = pltpu.MemorySpace.ANY
+
+
+def emulate(backend, f, *args):
+    """``backend.emulate`` on the single ``pallas_call`` of ``f``."""
+    (eqn,) = pallas_call_eqns(jax.make_jaxpr(f)(*args))
+    p = eqn.params
+    return backend.emulate(p["jaxpr"], p["grid_mapping"], p["compiler_params"], *args,
+                           name=p["name"], out_avals=p["out_avals"], cost_estimate=None)
+
+
+# ------------------------------------------------------------------------------------
+# Kernels the catalogue does not have: DMAs between HBM and VMEM.
+
+
+def _double_buffered(x):
+    def kernel(x_hbm, o_ref, buf, sem):
+        i, n = pl.program_id(0), pl.num_programs(0)
+        slot = i % 2
+
+        def copy(j, s):
+            return pltpu.make_async_copy(x_hbm.at[pl.ds(j * 8, 8)], buf.at[s], sem.at[s])
+
+        @pl.when(i == 0)
+        def _():
+            copy(0, 0).start()
+
+        @pl.when(i + 1 < n)
+        def _():
+            copy(i + 1, 1 - slot).start()
+
+        copy(i, slot).wait()
+        o_ref[...] = buf[slot] * 2.0
+
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(x.shape[0] // 8,),
+        in_specs=[pl.BlockSpec(memory_space=ANY)],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        scratch_shapes=[pltpu.VMEM((2, 8, 128), F32), pltpu.SemaphoreType.DMA((2,))],
+    )(x)
+
+
+def _hbm_round_trip(x):
+    def kernel(x_hbm, o_hbm):
+        def body(buf, dma_sem, sem):
+            pltpu.async_copy(x_hbm, buf, dma_sem).wait()
+            pl.semaphore_signal(sem, 2)
+            pl.semaphore_wait(sem, 2)
+            buf[...] = buf[...] + 1.0
+            pltpu.sync_copy(buf, o_hbm)
+
+        pl.run_scoped(body, pltpu.VMEM((8, 128), F32), pltpu.SemaphoreType.DMA,
+                      pltpu.SemaphoreType.REGULAR)
+
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          in_specs=[pl.BlockSpec(memory_space=ANY)],
+                          out_specs=pl.BlockSpec(memory_space=ANY))(x)
+
+
+def _column_sums(x):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.broadcast_to(jnp.sum(x_ref[...], axis=0)[None, :], (8, 128))
+
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), F32))(x)
+
+
+def _x(shape):
+    return jnp.asarray(np.random.default_rng(0).standard_normal(shape), F32)
+
+
+def test_double_buffered_dma_runs_the_copies():
+    x = _x((64, 128))
+    (out,) = emulate(MOSAIC_TPU, _double_buffered, x)
+    np.testing.assert_array_equal(out, x * 2)
+
+
+def test_dma_semaphores_and_run_scoped():
+    x = _x((8, 128))
+    (out,) = emulate(MOSAIC_TPU, _hbm_round_trip, x)
+    np.testing.assert_array_equal(out, x + 1)
+
+
+def test_reduction_axis():
+    x = _x((128, 128))
+    (out,) = emulate(MOSAIC_TPU, _column_sums, x)
+    np.testing.assert_allclose(out, np.broadcast_to(x.sum(0), (8, 128)), rtol=1e-5, atol=1e-4)
+
+
+def test_an_unknown_op_is_an_error_naming_it():
+    ctx = kernel_mod.new_context()
+    with ctx, ir.Location.unknown():
+        m = ir.Module.parse(
+            "func.func @main(%o: memref<8x128xi32, #tpu.memory_space<vmem>>) attributes "
+            "{dimension_semantics = [], iteration_bounds = array<i64>, scalar_prefetch = 0 "
+            ": i64, scratch_operands = 0 : i64, window_params = [{}]} {\n"
+            "  %r = \"tpu.prng_random_bits\"() : () -> vector<8x128xi32>\n  return\n}")
+        cfg = jc.backend_config_of(
+            m, vmem_limit_bytes=None, cost_estimate=None, flags=None, allow_input_fusion=None,
+            internal_scratch_in_bytes=None, collective_id=None, serialization_format=None)
+    with pytest.raises(executor.ExecutorError, match="tpu.prng_random_bits"):
+        executor.run_custom_call(cfg.to_json(), [], [((8, 128), np.int32)])
+
+
+# ------------------------------------------------------------------------------------
+# Planted faults: throwaway backends whose lowering is the real one with one fault.
+
+
+@contextlib.contextmanager
+def _sub_as_add():
+    saved = rules_arith._BINARY[lax.sub_p]
+    rules_arith._BINARY[lax.sub_p] = (rules_arith.arith.addf,) + saved[1:]
+    try:
+        yield
+    finally:
+        rules_arith._BINARY[lax.sub_p] = saved
+
+
+class _SwappedReturn:
+    """``func`` with ``ReturnOp`` swapping the first two values (index maps' block
+    indices; ``@main`` returns nothing)."""
+
+    def __getattr__(self, name):
+        return getattr(kernel_mod.func, name)
+
+    @staticmethod
+    def ReturnOp(vals):  # noqa: N802 - mirrors the binding's name
+        vals = list(vals)
+        if len(vals) >= 2:
+            vals[0], vals[1] = vals[1], vals[0]
+        return _FUNC.ReturnOp(vals)
+
+
+_FUNC = kernel_mod.func
+
+
+@contextlib.contextmanager
+def _swapped_block_indices():
+    kernel_mod.func = _SwappedReturn()
+    try:
+        yield
+    finally:
+        kernel_mod.func = _FUNC
+
+
+@contextlib.contextmanager
+def _reduce_other_axis():
+    saved = RULES[lax.reduce_sum_p]
+
+    def wrong(lctx, eqn, x):
+        nd = len(eqn.invars[0].aval.shape)
+        axes = tuple(nd - 1 - a for a in eqn.params["axes"])
+        return saved(lctx, eqn.replace(params={**eqn.params, "axes": axes}), x)
+
+    RULES[lax.reduce_sum_p] = wrong
+    try:
+        yield
+    finally:
+        RULES[lax.reduce_sum_p] = saved
+
+
+@contextlib.contextmanager
+def _no_dma_wait():
+    from pallas_tpu._src.primitives import dma
+
+    saved = RULES[dma.dma_wait_p]
+    RULES[dma.dma_wait_p] = lambda lctx, eqn, *invals: []
+    try:
+        yield
+    finally:
+        RULES[dma.dma_wait_p] = saved
+
+
+@dataclasses.dataclass
+class FaultyBackend(MosaicTpuBackend):
+    """``mosaic_tpu`` with a fault planted in its lowering while it emulates."""
+
+    fault: object = None
+
+    def emulate(self, *args, **kw):
+        with self.fault():
+            return super().emulate(*args, **kw)
+
+    def interpret(self, *args, **kw):
+        with self.fault():
+            return super().interpret(*args, **kw)
+
+
+def faulty(fault) -> FaultyBackend:
+    fields = {f.name: getattr(MOSAIC_TPU, f.name) for f in dataclasses.fields(MOSAIC_TPU)}
+    return FaultyBackend(**fields, fault=fault)
+
+
+def _status(backend, case, level="emulate"):
+    r = CaseRunner(backend).run(get_case(case), level)
+    return r.status, r.detail
+
+
+@pytest.mark.parametrize("case", ["elementwise/sub_f32", "kernels/layer_norm_f32"])
+def test_float_subtract_lowered_as_add_is_caught(case):
+    assert _status(MOSAIC_TPU, case)[0] == PASS
+    status, detail = _status(faulty(_sub_as_add), case)
+    assert status == FAIL and "differ" in detail
+    # The backend-semantics level re-runs the jaxpr: it cannot see the fault.
+    assert _status(faulty(_sub_as_add), case, "backend_interpret")[0] == PASS
+
+
+@pytest.mark.parametrize("case", ["dot/accumulate_over_grid_i8_to_i32", "kernels/tiled_matmul_f32"])
+def test_swapped_block_indices_are_caught(case):
+    assert _status(MOSAIC_TPU, case)[0] == PASS
+    assert _status(faulty(_swapped_block_indices), case)[0] == FAIL
+
+
+def test_reduction_over_the_wrong_axis_is_caught():
+    x = _x((128, 128))
+    (good,) = emulate(MOSAIC_TPU, _column_sums, x)
+    (bad,) = emulate(faulty(_reduce_other_axis), _column_sums, x)
+    assert not np.allclose(good, bad, rtol=1e-3)
+    np.testing.assert_allclose(good, np.broadcast_to(x.sum(0), (8, 128)), rtol=1e-5,
+                               atol=1e-4)
+
+
+def test_reduction_over_the_wrong_axis_fails_a_catalogue_case():
+    assert _status(faulty(_reduce_other_axis), "reductions/sum_axis1_2d_f32")[0] == FAIL
+
+
+@pytest.mark.parametrize("kernel", [_double_buffered, _hbm_round_trip])
+def test_a_missing_dma_wait_is_caught(kernel):
+    x = _x((64, 128) if kernel is _double_buffered else (8, 128))
+    with pytest.raises(executor.ExecutorError, match="never waited|DMA"):
+        emulate(faulty(_no_dma_wait), kernel, x)
+
+
+def test_rule_tables_are_restored():
+    assert rules_arith._BINARY[lax.sub_p][0] is rules_arith.arith.subf
+    assert kernel_mod.func is _FUNC and rules_tpu is not None
