@@ -1,0 +1,61 @@
+"""The plugin: discovered through its entry point, selected by its CompilerParams."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import pallas as pl
+import pallas.plugins
+import pallas_mosaic_gpu as plgpu
+
+
+def test_plugin_is_discovered_through_its_entry_point():
+    b = pallas.plugins.get_backend("mosaic_gpu")
+    assert b.name == "mosaic_gpu" and b.package == "pallas-mosaic-gpu"
+    assert b.version == plgpu.__version__
+    assert b.platforms == ("cuda",)
+    assert b.compiler_params_type is plgpu.CompilerParams
+    assert "mosaic_gpu" in [x.name for x in pallas.plugins.list_backends()]
+
+
+def test_claims_nothing_it_cannot_lower():
+    assert pallas.plugins.get_backend("mosaic_gpu").capabilities == frozenset()
+
+
+def test_compiler_params_select_the_backend():
+    params = plgpu.CompilerParams(dimension_semantics=["parallel", "sequential"],
+                                  max_concurrent_steps=2)
+    assert params.BACKEND == "mosaic_gpu" and isinstance(params, pl.CompilerParams)
+    assert params.dimension_semantics == ("parallel", "sequential")
+    assert params.reduction_scratch_bytes == 2048
+    assert params.profile_trace_scope is plgpu.TraceScope.WARPGROUP
+    assert params.lowering_semantics is plgpu.LoweringSemantics.Lane
+    assert params.replace(approx_math=True).approx_math
+    hash(params)
+    assert pallas.plugins.select_backend("cuda", compiler_params=params).name == "mosaic_gpu"
+
+
+def test_compiler_params_reject_bad_values():
+    with pytest.raises(ValueError, match="dimension_semantics.*'arbitrary'"):
+        plgpu.CompilerParams(dimension_semantics=("arbitrary",))
+    with pytest.raises(ValueError, match="profile_space and profile_dir"):
+        plgpu.CompilerParams(profile_space=16)
+    with pytest.raises(ValueError, match="max_concurrent_steps"):
+        plgpu.CompilerParams(max_concurrent_steps=0)
+    with pytest.raises(TypeError):
+        plgpu.CompilerParams(True)  # keyword-only, as upstream
+
+
+def test_lowering_for_cuda_says_it_is_not_implemented():
+    pytest.importorskip("jax_plugins.xla_cuda13", reason="needs jax-cuda13-plugin")
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1.0
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                       compiler_params=plgpu.CompilerParams())
+    x = jnp.zeros((8, 128), jnp.float32)
+    with pytest.raises(NotImplementedError, match="mosaic_gpu"):
+        jax.jit(f).trace(x).lower(lowering_platforms=("cuda",))
