@@ -10,11 +10,29 @@ from pallas_mosaic_gpu._src.compiler_params import (
     LoweringSemantics,
     TraceScope,
 )
+from pallas_mosaic_gpu._src.memory import (
+    GMEM,
+    REGS,
+    SMEM,
+    TMEM,
+    Barrier,
+    ClusterBarrier,
+    GPUMemoryRef,
+    MemorySpace,
+)
 
 __all__ = [
+    "GMEM",
+    "REGS",
+    "SMEM",
+    "TMEM",
+    "Barrier",
+    "ClusterBarrier",
     "CompilerParams",
     "DimensionSemantics",
+    "GPUMemoryRef",
     "LoweringSemantics",
+    "MemorySpace",
     "TraceScope",
     "__version__",
 ]
