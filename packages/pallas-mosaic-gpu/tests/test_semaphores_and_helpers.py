@@ -1,0 +1,53 @@
+"""Semaphores count as in pallas-core (memory_scope is checked); find_swizzle's choice."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas as pl
+import pallas_mosaic_gpu as plgpu
+from pallas.plugins import is_semaphore_space
+
+
+@pytest.mark.parametrize("minor_bits,swizzle", [
+    (64 * 16, 128), (32 * 16, 64), (16 * 16, 32), (8 * 16, 16), (3 * 128 * 8, 128),
+    (96 * 8, 32),  # 96 bytes: 32 divides it, 64 does not
+])
+def test_find_swizzle_picks_the_largest_that_divides(minor_bits, swizzle):
+    assert plgpu.find_swizzle(minor_bits) == swizzle
+
+
+def test_find_swizzle_rejects_dims_under_16_bytes():
+    with pytest.raises(ValueError, match="for lhs: minor dimension has 72 bits"):
+        plgpu.find_swizzle(72, "lhs")
+
+
+def test_semaphore_type_makes_semaphore_scratch():
+    s = plgpu.SemaphoreType.REGULAR((2,))
+    assert s.shape == (2,) and s.dtype == jnp.int32
+    assert is_semaphore_space(s.memory_space)
+    assert plgpu.SemaphoreType.BARRIER(()).memory_space != s.memory_space
+
+
+def test_semaphore_signal_and_wait_count_in_a_kernel():
+    def kernel(o_ref, sem):
+        plgpu.semaphore_signal(sem, 3, memory_scope="gpu")
+        plgpu.semaphore_wait(sem, 2)
+        o_ref[0] = pl.semaphore_read(sem)
+
+    out = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
+        scratch_shapes=[plgpu.SemaphoreType.REGULAR(())], interpret=True)()
+    np.testing.assert_array_equal(out, [1])
+
+
+def test_memory_scope_is_checked():
+    def kernel(o_ref, sem):
+        plgpu.semaphore_signal(sem, memory_scope="cta")
+
+    with pytest.raises(ValueError, match="memory_scope='cta'.*'sys', 'gpu'"):
+        pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
+                       scratch_shapes=[plgpu.SemaphoreType.REGULAR(())], interpret=True)()
