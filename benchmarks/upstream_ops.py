@@ -51,40 +51,22 @@ def gpu_softmax(shape):
             (x,), lambda x: jax.nn.softmax(x, axis=-1), "cuda")
 
 
-def gpu_layer_norm(shape, grad=False):
+def gpu_norm(shape, module="layer_norm", grad=False):
+    """Upstream's GPU layer norm or RMS norm (same signature and reference shape)."""
+    import importlib
+
     import jax
     import jax.numpy as jnp
-    from jax.experimental.pallas.ops.gpu import layer_norm
 
+    mod = importlib.import_module(f"jax.experimental.pallas.ops.gpu.{module}")
     k1, k2, k3 = _keys(3)
     x = jax.random.normal(k1, shape)
     w, b = jax.random.normal(k2, shape[-1:]), jax.random.normal(k3, shape[-1:])
 
     def f(x, w, b, interpret):
-        return layer_norm.layer_norm(x, w, b, interpret=interpret)
+        return getattr(mod, module)(x, w, b, interpret=interpret)
 
-    ref = layer_norm.layer_norm_reference
-    if grad:
-        loss = lambda g: lambda x, w, b: jnp.sum(g(x, w, b) ** 2)  # noqa: E731
-        return (lambda x, w, b, interpret: jax.grad(
-                    loss(lambda *a: f(*a, interpret)), argnums=(0, 1, 2))(x, w, b),
-                (x, w, b), jax.grad(loss(ref), argnums=(0, 1, 2)), "cuda")
-    return f, (x, w, b), ref, "cuda"
-
-
-def gpu_rms_norm(shape, grad=False):
-    import jax
-    import jax.numpy as jnp
-    from jax.experimental.pallas.ops.gpu import rms_norm
-
-    k1, k2, k3 = _keys(3)
-    x = jax.random.normal(k1, shape)
-    w, b = jax.random.normal(k2, shape[-1:]), jax.random.normal(k3, shape[-1:])
-
-    def f(x, w, b, interpret):
-        return rms_norm.rms_norm(x, w, b, interpret=interpret)
-
-    ref = rms_norm.rms_norm_reference
+    ref = getattr(mod, f"{module}_reference")
     if grad:
         loss = lambda g: lambda x, w, b: jnp.sum(g(x, w, b) ** 2)  # noqa: E731
         return (lambda x, w, b, interpret: jax.grad(
@@ -177,10 +159,10 @@ def tpu_matmul(shape):
 
 KERNELS = {
     "gpu/softmax": (gpu_softmax, [(64, 256), (100, 300)]),
-    "gpu/layer_norm": (gpu_layer_norm, [(4, 16, 256), (3, 10, 300)]),
-    "gpu/layer_norm grad": (lambda s: gpu_layer_norm(s, grad=True), [(4, 16, 256)]),
-    "gpu/rms_norm": (gpu_rms_norm, [(4, 16, 256), (3, 10, 300)]),
-    "gpu/rms_norm grad": (lambda s: gpu_rms_norm(s, grad=True), [(4, 16, 256)]),
+    "gpu/layer_norm": (gpu_norm, [(4, 16, 256), (3, 10, 300)]),
+    "gpu/layer_norm grad": (lambda s: gpu_norm(s, grad=True), [(4, 16, 256)]),
+    "gpu/rms_norm": (lambda s: gpu_norm(s, "rms_norm"), [(4, 16, 256), (3, 10, 300)]),
+    "gpu/rms_norm grad": (lambda s: gpu_norm(s, "rms_norm", grad=True), [(4, 16, 256)]),
     "gpu/attention": (gpu_attention, [(1, 128, 2, 64), (1, 192, 2, 64)]),
     "gpu/attention grad": (lambda s: gpu_attention(s, grad=True), [(1, 128, 2, 64)]),
     "gpu/decode_attention mqa": (gpu_decode_attention, [(2, 4, 1, 256, 64)]),

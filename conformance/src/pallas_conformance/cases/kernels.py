@@ -147,30 +147,34 @@ def _qkv(rng):
     return tuple(randn(rng, (BH, S, D)) for _ in range(3))
 
 
+def _online_softmax_step(q_blk, k_ref, v_ref, qi, masked):
+    """The loop body of a causal flash-attention forward over key blocks (online
+    softmax; masked scores are ``masked``) and its initial carry."""
+    def body(j, carry):
+        m, l, acc = carry
+        kb = k_ref[pl.ds(j * BK, BK), :]
+        vb = v_ref[pl.ds(j * BK, BK), :]
+        s = jnp.dot(q_blk, kb.T, precision=HI)
+        rows = qi * BQ + lax.broadcasted_iota(jnp.int32, (BQ, BK), 0)
+        cols = j * BK + lax.broadcasted_iota(jnp.int32, (BQ, BK), 1)
+        s = jnp.where(cols <= rows, s, masked)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        p = jnp.exp(s - m_new[:, None])
+        alpha = jnp.exp(m - m_new)
+        l_new = alpha * l + jnp.sum(p, axis=1)
+        return m_new, l_new, acc * alpha[:, None] + jnp.dot(p, vb, precision=HI)
+
+    init = (jnp.full((BQ,), masked, F32), jnp.zeros((BQ,), F32), jnp.zeros((BQ, D), F32))
+    return body, init
+
+
 def _flash_fwd(pallas_call, q, k, v):
     """Returns (o, lse)."""
     scale = 1.0 / math.sqrt(D)
 
     def kernel(q_ref, k_ref, v_ref, o_ref, lse_ref):
         qi = pl.program_id(1)
-        q_blk = q_ref[...] * scale
-
-        def body(j, carry):
-            m, l, acc = carry
-            kb = k_ref[pl.ds(j * BK, BK), :]
-            vb = v_ref[pl.ds(j * BK, BK), :]
-            s = jnp.dot(q_blk, kb.T, precision=HI)
-            rows = qi * BQ + lax.broadcasted_iota(jnp.int32, (BQ, BK), 0)
-            cols = j * BK + lax.broadcasted_iota(jnp.int32, (BQ, BK), 1)
-            s = jnp.where(cols <= rows, s, -jnp.inf)
-            m_new = jnp.maximum(m, jnp.max(s, axis=1))
-            p = jnp.exp(s - m_new[:, None])
-            alpha = jnp.exp(m - m_new)
-            l_new = alpha * l + jnp.sum(p, axis=1)
-            acc = acc * alpha[:, None] + jnp.dot(p, vb, precision=HI)
-            return m_new, l_new, acc
-
-        init = (jnp.full((BQ,), -jnp.inf, F32), jnp.zeros((BQ,), F32), jnp.zeros((BQ, D), F32))
+        body, init = _online_softmax_step(q_ref[...] * scale, k_ref, v_ref, qi, -jnp.inf)
         m, l, acc = lax.fori_loop(0, qi + 1, body, init)  # causal: only blocks <= qi
         o_ref[...] = acc / l[:, None]
         lse_ref[...] = (m + jnp.log(l))[None, :]
@@ -383,24 +387,9 @@ def _flash_fwd_static(pallas_call, q, k, v):
     scale = 1.0 / math.sqrt(D)
 
     def kernel(q_ref, k_ref, v_ref, o_ref):
-        qi = pl.program_id(1)
-        q_blk = q_ref[...] * scale
-
-        def body(j, carry):
-            m, l, acc = carry
-            kb = k_ref[pl.ds(j * BK, BK), :]
-            vb = v_ref[pl.ds(j * BK, BK), :]
-            s = jnp.dot(q_blk, kb.T, precision=HI)
-            rows = qi * BQ + lax.broadcasted_iota(jnp.int32, (BQ, BK), 0)
-            cols = j * BK + lax.broadcasted_iota(jnp.int32, (BQ, BK), 1)
-            s = jnp.where(cols <= rows, s, -1e30)
-            m_new = jnp.maximum(m, jnp.max(s, axis=1))
-            p = jnp.exp(s - m_new[:, None])
-            alpha = jnp.exp(m - m_new)
-            return m_new, alpha * l + jnp.sum(p, axis=1), \
-                acc * alpha[:, None] + jnp.dot(p, vb, precision=HI)
-
-        init = (jnp.full((BQ,), -1e30, F32), jnp.zeros((BQ,), F32), jnp.zeros((BQ, D), F32))
+        # A finite mask value: a fully masked block must not make exp(-inf - -inf).
+        body, init = _online_softmax_step(q_ref[...] * scale, k_ref, v_ref,
+                                          pl.program_id(1), -1e30)
         m, l, acc = lax.fori_loop(0, S // BK, body, init)
         o_ref[...] = acc / l[:, None]
 
