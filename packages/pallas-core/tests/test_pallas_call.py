@@ -638,3 +638,21 @@ def test_estimate_cost_binds_keyword_arguments():
 
     inside(jnp.float32(0.5))
     assert pl.estimate_cost(attention_like, q, q, causal=False, scale=1.0).flops > 0
+
+
+def test_a_named_grid_binds_its_axis_names():
+    """``grid=(("i", 2), ("j", 4))`` names the axes, as upstream: ``lax.axis_index`` and
+    ``lax.psum`` over a name work inside the kernel."""
+    def kernel(o_ref):
+        o_ref[...] = jnp.full(o_ref.shape, jax.lax.axis_index("i") * 10
+                              + jax.lax.psum(1, "j"), jnp.int32)
+
+    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((2, 4, 8, 128), jnp.int32),
+                         grid=(("i", 2), ("j", 4)),
+                         out_specs=pl.BlockSpec((None, None, 8, 128),
+                                                lambda i, j: (i, j, 0, 0)),
+                         interpret=True)()
+    np.testing.assert_array_equal(out[:, 0, 0, 0], [4, 14])
+    with pytest.raises(TypeError, match=r"named grid gives every axis as a \(name, size\)"):
+        pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.int32),
+                       grid=(("i", 2), 4), interpret=True)

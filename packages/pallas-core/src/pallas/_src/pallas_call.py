@@ -221,6 +221,12 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
                           grid_names=None):
     """``pallas_call`` whose grid axes may be named (``lax.axis_index(name)`` works)."""
     input_output_aliases = input_output_aliases or {}
+    grid, named = _split_named_grid(grid)
+    if named is not None:
+        if grid_names is not None:
+            raise ValueError("pallas_call: name the grid axes either in grid=(('i', n), ...) "
+                             "or with grid_names, not both")
+        grid_names = named
     if grid_spec is None:
         grid_spec = GridSpec(grid, in_specs, out_specs, scratch_shapes)
     else:
@@ -319,6 +325,19 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
     return wrapped
+
+
+def _split_named_grid(grid):
+    """``grid=(("i", 4), ("j", 2))`` (upstream's named grid) -> ``((4, 2), ("i", "j"))``;
+    other grids are returned as they are, with no names. Naming some axes but not all
+    is an error naming the grid."""
+    if not isinstance(grid, tuple | list) or not any(isinstance(g, tuple) for g in grid):
+        return grid, None
+    if not all(isinstance(g, tuple) and len(g) == 2 and isinstance(g[0], str) for g in grid):
+        raise TypeError(
+            f"pallas_call grid={tuple(grid)!r}: a named grid gives every axis as a "
+            f"(name, size) pair, e.g. grid=(('i', 4), ('j', 2))")
+    return tuple(g[1] for g in grid), tuple(g[0] for g in grid)
 
 
 def _freeze(metadata):
