@@ -10,6 +10,17 @@ from pallas._src.grid_spec import BlockMapping, GridMapping
 from pallas._src.interpreter.analysis import scratch_live_in
 from pallas._src.interpreter.evaluator import Cell, KernelContext, eval_jaxpr
 from pallas._src.interpreter.grid_runner import Checks, interpret_pallas_call
+from pallas._src.interpreter.races import (
+    Access,
+    AccessLog,
+    Race,
+    RaceDetector,
+    RaceReport,
+    VectorClocks,
+    happens_before,
+    region,
+    regions_overlap,
+)
 from pallas._src.interpreter.rules import interpret_rules, register_interpret_rule
 from pallas._src.jax_compat import axis_index_p
 from pallas._src.memory import MemoryRef, MemorySpace, SemaphoreSpace, is_semaphore_space
@@ -68,4 +79,7 @@ __all__ = [
     "KernelContext", "LEVELS", "Mesh", "PluginLoadWarning", "env_var", "get_backend", "hookimpl",
     "hookspec", "list_backends", "load_failures", "register_backend",
     "register_interpret_rule", "reset", "scratch_live_in", "select_backend",
+    # Race detection for interpret modes that simulate concurrency (vector clocks).
+    "Access", "AccessLog", "Race", "RaceDetector", "RaceReport", "VectorClocks",
+    "happens_before", "region", "regions_overlap",
 ]

@@ -1,0 +1,303 @@
+"""Happens-before race detection for interpreters that simulate concurrency.
+
+Backend-neutral: a backend's interpret mode decides what its threads are (TPU cores,
+DMA engines, GPU threads, TMA units) and when they synchronise (semaphores, barriers);
+this module provides the vector clocks, a log of accesses per buffer, the
+happens-before check and the race report.
+
+Two accesses to one buffer *race* when their regions overlap, at least one writes, and
+neither happens before the other: their vector clocks are unordered. Vector clocks
+follow the classic rules: a thread ticks its own entry before each event it records;
+a signal/release hands a copy of the signaller's clock to the synchronisation object;
+a wait/acquire joins (elementwise max) that clock into the waiter's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+import numpy as np
+
+AccessKind = Literal["read", "write"]
+
+
+# ------------------------------------------------------------------------------------
+# Vector clocks.
+
+
+def happens_before(a: np.ndarray, b: np.ndarray) -> bool:
+    """True if the event with clock ``a`` happens before the event with clock ``b``."""
+    return bool(np.all(a <= b) and np.any(a < b))
+
+
+def concurrent(a: np.ndarray, b: np.ndarray) -> bool:
+    """True if neither event happens before the other (nor are they the same event)."""
+    return not happens_before(a, b) and not happens_before(b, a) and not np.array_equal(a, b)
+
+
+class VectorClocks:
+    """The clocks of ``size`` threads (thread ``t`` owns entry ``t``), thread-safe.
+
+    ``tick`` before recording an event; ``release`` hands out the clock to attach to a
+    signal; ``acquire`` joins a received clock in; ``barrier`` synchronises a group.
+    """
+
+    def __init__(self, size: int):
+        if size < 1:
+            raise ValueError(f"a vector clock needs at least one entry, got size={size}")
+        self.size = int(size)
+        self._clocks = np.zeros((self.size, self.size), np.int64)
+        self._lock = threading.Lock()
+
+    def _check(self, thread: int) -> int:
+        thread = int(thread)
+        if not 0 <= thread < self.size:
+            raise ValueError(
+                f"thread {thread} is out of range for vector clocks of size {self.size}"
+            )
+        return thread
+
+    def get(self, thread: int) -> np.ndarray:
+        """A copy of ``thread``'s clock."""
+        with self._lock:
+            return self._clocks[self._check(thread)].copy()
+
+    def tick(self, thread: int) -> np.ndarray:
+        """Advances ``thread``'s own entry; returns a copy of its new clock."""
+        t = self._check(thread)
+        with self._lock:
+            self._clocks[t, t] += 1
+            return self._clocks[t].copy()
+
+    def release(self, thread: int) -> np.ndarray:
+        """The clock a signal by ``thread`` carries (ticks first, so later events differ)."""
+        return self.tick(thread)
+
+    def acquire(self, thread: int, clock: np.ndarray | None) -> None:
+        """``thread`` has received ``clock`` (from a signal it waited on): joins it in."""
+        if clock is None:
+            return
+        t = self._check(thread)
+        with self._lock:
+            np.maximum(self._clocks[t], clock, out=self._clocks[t])
+
+    def fork(self, parent: int, child: int) -> None:
+        """``child`` starts now, after everything ``parent`` has done (e.g. a DMA issued)."""
+        p, c = self._check(parent), self._check(child)
+        with self._lock:
+            self._clocks[p, p] += 1
+            np.maximum(self._clocks[c], self._clocks[p], out=self._clocks[c])
+            self._clocks[c, c] += 1
+
+    def barrier(self, threads: Iterable[int]) -> None:
+        """Every thread in ``threads`` has waited for every other one."""
+        ts = [self._check(t) for t in threads]
+        if not ts:
+            return
+        with self._lock:
+            joined = self._clocks[ts].max(axis=0)
+            for t in ts:
+                self._clocks[t] = joined
+                self._clocks[t, t] += 1
+
+
+# ------------------------------------------------------------------------------------
+# Regions: a box of index ranges, one (start, stop, step) per dimension.
+
+Region = tuple[tuple[int, int, int], ...]
+
+
+def region(*dims) -> Region:
+    """A region from per-dimension ``slice``s, ``(start, stop[, step])`` tuples or ints."""
+    out = []
+    for d in dims:
+        if isinstance(d, slice):
+            out.append((int(d.start or 0), int(d.stop), int(d.step or 1)))
+        elif isinstance(d, (tuple, list)):
+            start, stop, *step = d
+            out.append((int(start), int(stop), int(step[0]) if step else 1))
+        else:
+            out.append((int(d), int(d) + 1, 1))
+    return tuple(out)
+
+
+def _dims_overlap(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
+    (s1, e1, p1), (s2, e2, p2) = a, b
+    lo, hi = max(s1, s2), min(e1, e2)
+    if lo >= hi:
+        return False
+    if p1 == 1 and p2 == 1:
+        return True
+    # Strided: is there a point of both progressions in [lo, hi)? Walk the sparser one.
+    if p1 < p2:
+        (s1, p1), (s2, p2) = (s2, p2), (s1, p1)
+    first = s1 + max(0, -(-(lo - s1) // p1)) * p1
+    for x in range(first, hi, p1):
+        if (x - s2) % p2 == 0:
+            return True
+        if x - first > 4096 * p1:  # give up exactness on huge ranges: assume overlap
+            return True
+    return False
+
+
+def regions_overlap(a: Region, b: Region) -> bool:
+    """True if the regions share an element (missing trailing dimensions cover all)."""
+    return all(_dims_overlap(x, y) for x, y in zip(a, b))
+
+
+def _covers(a: Region, b: Region) -> bool:
+    """True if every element of ``b`` is in ``a`` (conservative: unit strides only)."""
+    if len(a) != len(b):
+        return False
+    return all(pa == 1 and sa <= sb and eb <= ea for (sa, ea, pa), (sb, eb, _) in zip(a, b))
+
+
+# ------------------------------------------------------------------------------------
+# Accesses, races, logs.
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Access:
+    """One read or write of ``region`` of a buffer by ``thread`` at vector time ``clock``.
+
+    ``who`` describes the thread for people ("core 1 of device 0", "DMA from core 0");
+    ``site`` is where in the kernel source the access comes from.
+    """
+
+    thread: int
+    clock: np.ndarray
+    kind: AccessKind
+    region: Region
+    site: str = "<unknown>"
+    who: str = ""
+
+    def describe(self) -> str:
+        who = self.who or f"thread {self.thread}"
+        rng = ", ".join(f"{s}:{e}" + (f":{p}" if p != 1 else "") for s, e, p in self.region)
+        return f"{self.kind} of [{rng}] by {who} at {self.site}"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Race:
+    """Two conflicting accesses to ``buffer``, neither of which happens before the other."""
+
+    buffer: str
+    first: Access
+    second: Access
+
+    def __str__(self) -> str:
+        return (f"data race on {self.buffer}:\n  {self.first.describe()}\n"
+                f"  {self.second.describe()}")
+
+
+class AccessLog:
+    """The accesses of one buffer that may still race with future ones.
+
+    :meth:`record` checks a new access against the log, returns the races it forms, and
+    appends it; accesses that the new one makes redundant (they happen before it and
+    its region covers theirs, and every future conflict with them would also conflict
+    with it) are dropped, which keeps the log short for kernels that synchronise.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self._entries: list[Access] = []
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def record(self, access: Access) -> list[Race]:
+        races = []
+        with self._lock:
+            keep = []
+            for prev in self._entries:
+                conflict = "write" in (prev.kind, access.kind)
+                overlap = regions_overlap(prev.region, access.region)
+                if conflict and overlap and prev.thread != access.thread and not (
+                        happens_before(prev.clock, access.clock)):
+                    races.append(Race(self.name, prev, access))
+                redundant = (
+                    happens_before(prev.clock, access.clock)
+                    and (access.kind == "write" or prev.kind == "read")
+                    and _covers(access.region, prev.region)
+                )
+                if not redundant:
+                    keep.append(prev)
+            keep.append(access)
+            self._entries = keep
+        return races
+
+
+class RaceReport:
+    """The races found so far (thread-safe); ``races_found`` as upstream's report."""
+
+    def __init__(self):
+        self._races: list[Race] = []
+        self._lock = threading.Lock()
+
+    @property
+    def races(self) -> list[Race]:
+        with self._lock:
+            return list(self._races)
+
+    @property
+    def races_found(self) -> bool:
+        with self._lock:
+            return bool(self._races)
+
+    def add(self, races: Sequence[Race]) -> None:
+        if races:
+            with self._lock:
+                self._races.extend(races)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._races.clear()
+
+    def __len__(self) -> int:
+        return len(self.races)
+
+    def __str__(self) -> str:
+        races = self.races
+        if not races:
+            return "no data races found"
+        return f"{len(races)} data race(s) found:\n" + "\n".join(str(r) for r in races)
+
+
+class RaceDetector:
+    """Access logs for many buffers, feeding one :class:`RaceReport`.
+
+    ``buffer`` keys are any hashables (e.g. ``(device, "VMEM", id)``); ``name`` gives the
+    buffer's human-readable name the first time it is seen. ``on_race`` (e.g. ``print``)
+    is called with each race as it is found.
+    """
+
+    def __init__(self, report: RaceReport | None = None, on_race=None):
+        self.report = report if report is not None else RaceReport()
+        self.on_race = on_race
+        self._logs: dict = {}
+        self._lock = threading.Lock()
+
+    def log(self, buffer, name: str | None = None) -> AccessLog:
+        with self._lock:
+            log = self._logs.get(buffer)
+            if log is None:
+                log = self._logs[buffer] = AccessLog(name or str(buffer))
+            return log
+
+    def record(self, buffer, access: Access, name: str | None = None) -> list[Race]:
+        races = self.log(buffer, name).record(access)
+        self.report.add(races)
+        if self.on_race is not None:
+            for r in races:
+                self.on_race(r)
+        return races
+
+    def forget(self, buffer) -> None:
+        """Drops ``buffer``'s log (it was deallocated; a new buffer may reuse the key)."""
+        with self._lock:
+            self._logs.pop(buffer, None)
