@@ -266,3 +266,30 @@ def test_private_jax_imports_sit_in_one_module():
             assert private, "jax_compat.py should hold the jax._src imports"
         else:
             assert not private, f"{f.relative_to(_PACKAGE)} imports {private}"
+
+
+_REPO = _PACKAGE.parents[1]
+
+
+def test_nothing_outside_pallas_core_imports_its_internals():
+    """Every other package, the conformance suite, examples and benchmarks of this
+    repository go through ``pallas``/``pallas.plugins`` (each package also checks itself)."""
+    from pallas.plugins import private_core_imports
+
+    if not (_REPO / "packages").is_dir():
+        pytest.skip("not run from the repository")
+    roots = [p for p in sorted((_REPO / "packages").iterdir()) if p.name != "pallas-core"]
+    roots += [_REPO / d for d in ("conformance", "examples", "benchmarks")]
+    assert len(roots) >= 5
+    assert private_core_imports(*roots) == []
+
+
+def test_the_boundary_check_finds_a_private_import(tmp_path):
+    from pallas.plugins import private_core_imports
+
+    (tmp_path / "ok.py").write_text("import pallas\nfrom pallas import plugins\n")
+    (tmp_path / "bad.py").write_text("import jax\nfrom pallas._src import block_spec\n")
+    (tmp_path / "worse.py").write_text("from pallas import _src\n")
+    found = private_core_imports(tmp_path)
+    assert found == [f"{tmp_path / 'bad.py'}:2: pallas._src",
+                     f"{tmp_path / 'worse.py'}:1: pallas._src"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 import pallas as pl
-from pallas._src.memory import SemaphoreSpace
+from pallas.plugins import SemaphoreSpace
 from pallas_conformance.catalogue import case, randn, sds
 
 C = 128

@@ -43,6 +43,7 @@ from pallas._src.primitives.semaphores import (
     semaphore_wait_p,
 )
 from pallas._src.registry.backend import LEVELS, Backend
+from pallas._src.registry.boundary import private_core_imports
 from pallas._src.registry.hookspecs import hookimpl, hookspec
 from pallas._src.registry.registry import (
     ENTRY_POINT_GROUP,
@@ -82,4 +83,6 @@ __all__ = [
     # Race detection for interpret modes that simulate concurrency (vector clocks).
     "Access", "AccessLog", "Race", "RaceDetector", "RaceReport", "VectorClocks",
     "happens_before", "region", "regions_overlap",
+    # The one-way import rule, for each package's tests.
+    "private_core_imports",
 ]

@@ -14,8 +14,7 @@ import dataclasses
 import jax.numpy as jnp
 from jax.interpreters import mlir
 
-from pallas._src.interpreter.grid_runner import interpret_pallas_call
-from pallas.plugins import hookimpl
+from pallas.plugins import hookimpl, interpret_pallas_call
 from toy_pallas_backend.plugin import TOY, ToyBackend, primitives_of
 
 

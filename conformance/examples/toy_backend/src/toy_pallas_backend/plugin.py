@@ -15,9 +15,7 @@ import jax
 import jax.extend.core as jex
 
 import pallas as pl
-from pallas._src.interpreter.grid_runner import interpret_pallas_call
-from pallas._src.pallas_call import lower_with_interpreter
-from pallas.plugins import Backend, hookimpl
+from pallas.plugins import Backend, hookimpl, interpret_pallas_call, lower_with_interpreter
 from toy_pallas_backend import __version__
 
 # Every conformance tag except the JAX transformations (which need rules in the core).

@@ -1,7 +1,7 @@
 """Every import of pallas-core used by pallas-tpu's backend machinery, in one place.
 
 Everything here now comes from the public plugin API, ``pallas.plugins``; no pallas-core
-internals (``pallas._src``) are imported. If pallas-tpu ever needs an internal again, it
+internals (its private package) are imported. If pallas-tpu ever needs an internal again, it
 is imported here and only here, so that a change in pallas-core is a change to this file.
 """
 

@@ -18,7 +18,6 @@ import re
 import numpy as np
 
 from pallas import plugins
-from pallas._src import block_spec as bs
 from pallas_triton._src import refs
 from pallas_triton._src.codegen import (
     ArrayDim,
@@ -149,20 +148,20 @@ def _block_ref(ctx: LoweringContext, bm, ptr: str, prefetch_refs) -> GlobalRef:
     for d, n in zip(bm.block_dims, shape):
         idx = next(it)
         n = int(n)
-        if isinstance(d, bs.Squeezed):
+        if isinstance(d, plugins.Squeezed):
             dims.append(ArrayDim(_scalar_expr(idx), 1, n, squeezed=True))
-        elif isinstance(d, bs.Blocked):
+        elif isinstance(d, plugins.Blocked):
             start = _scalar_expr(idx)
             start = "0" if start == "0" else f"({start} * {d.block_size})"
             dims.append(ArrayDim(start, d.block_size, n, mask_hi=n % d.block_size != 0))
-        elif isinstance(d, bs.Element):
+        elif isinstance(d, plugins.Element):
             lo, hi = d.padding
             start = _scalar_expr(idx)
             if lo:
                 start = f"({start} - {lo})"
             dims.append(ArrayDim(start, d.block_size, n, mask_lo=lo > 0,
                                  mask_hi=hi > 0 or n % d.block_size != 0))
-        elif isinstance(d, bs.BoundedSlice):
+        elif isinstance(d, plugins.BoundedSlice):
             size = next(it)
             dims.append(ArrayDim(_scalar_expr(idx), d.block_size, n, mask_hi=True,
                                  bound=_scalar_expr(size)))
