@@ -53,6 +53,12 @@ def get_view(value, flat_transforms, tree):
     return state_discharge._get_discharge(value, flat_transforms, tree)
 
 
+def add_view(value, new, flat_transforms, tree):
+    """``value`` with ``new`` added to the part seen through the transforms; repeated
+    array indices each add their contribution."""
+    return state_discharge._addupdate_discharge(value, new, flat_transforms, tree)
+
+
 def set_view(value, new, flat_transforms, tree):
     """``value`` with the part seen through the transforms replaced by ``new``."""
     _, out = state_discharge._swap_discharge(value, new, flat_transforms, tree)

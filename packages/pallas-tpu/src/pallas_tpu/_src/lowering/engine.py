@@ -55,6 +55,11 @@ class LoweringContext:
     # ((axis name, size), ...) of the enclosing shard_map mesh, major to minor
     mesh_axes: tuple = ()
     grid_names: tuple = ()  # names of the grid axes (pl.kernel over a mesh)
+    # The rule table (primitive -> rule); None means pallas-tpu's own. Another backend
+    # building on this engine (pallas-tpu-sparsecore) passes its table, which nested
+    # lowerings (loops, conds, run_scoped) inherit because they reuse this context.
+    rules: dict | None = None
+    backend: str = "mosaic_tpu"  # named in "cannot lower" errors
 
     def is_used(self, var) -> bool:
         """Whether a jaxpr variable is read later (e.g. the old value of a swap)."""
@@ -65,6 +70,7 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
     """Emits ``jaxpr`` at the current insertion point; returns its outputs."""
     from pallas_tpu._src.lowering.rules import RULES
 
+    table = RULES if lctx.rules is None else lctx.rules
     env: dict[Any, Any] = {}
 
     def read(v):
@@ -80,10 +86,10 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
         lctx.used_vars.update(v for v in eqn.invars if isinstance(v, jc.Var))
     lctx.used_vars.update(v for v in jaxpr.outvars if isinstance(v, jc.Var))
     for eqn in jaxpr.eqns:
-        rule = RULES.get(eqn.primitive)
+        rule = table.get(eqn.primitive)
         if rule is None:
             raise LoweringException(
-                f"pallas-tpu (backend 'mosaic_tpu') cannot lower the primitive "
+                f"backend '{lctx.backend}' cannot lower the primitive "
                 f"'{eqn.primitive.name}' to Mosaic TPU yet (kernel {lctx.name}, at "
                 f"{jc.source_info_summary(eqn)}). It runs under interpret=True."
             )

@@ -14,6 +14,7 @@ numbers under any schedule.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -179,6 +180,38 @@ def _set(cell, flat, tree, new):
         cell.init = jc.set_view(cell.init, jnp.ones(jnp.shape(new), jnp.bool_), flat, tree)
 
 
+def _array_indices(cell, flat, tree):
+    """(dim size, index array) of every array (gather-style) index of a ref view, as
+    in ``x_hbm.at[idx]`` with ``idx`` an int vector: an indexed DMA."""
+    shape, out = tuple(jnp.shape(cell.value)), []
+    for t in jax.tree_util.tree_unflatten(tree, flat):
+        if not isinstance(t, jc.NDIndexer):
+            break
+        for size, idx in zip(shape, t.indices):
+            if not isinstance(idx, jc.Slice) and jnp.ndim(idx) > 0:
+                out.append((size, idx))
+        shape = tuple(t.get_indexer_shape())
+    return out
+
+
+def _check_indexed(ctx, cell, flat, tree, what):
+    """An indexed DMA's indices must lie in the ref: never clamped. Reported through the
+    interpreter's checks when on, else raised from a host callback."""
+    for size, idx in _array_indices(cell, flat, tree):
+        ok = jnp.all((idx >= 0) & (idx < size))
+        msg = (f"indexed DMA: an index of the {what} {cell.origin} lies outside "
+               f"[0, {size}); indexed DMAs do not clamp")
+        if getattr(ctx, "error_cell", None) is not None:
+            ctx.report(ok, msg)
+        else:
+            jax.debug.callback(functools.partial(_raise_if_not, msg=msg), ok)
+
+
+def _raise_if_not(ok, *, msg):
+    if not bool(ok):
+        raise IndexError(msg)
+
+
 def dma_start_rule(ctx, eqn, invals):
     p = eqn.params
     if p["device_id_tree"] is not None:
@@ -187,10 +220,13 @@ def dma_start_rule(ctx, eqn, invals):
         return remote_dma_start(ctx, eqn, invals)
     (src, s_flat, s_tree), (dst, d_flat, d_tree), (sem, m_flat, m_tree), src_sem = (
         R.unflatten(p["refs"], invals))
+    _check_indexed(ctx, src, s_flat, s_tree, "source")
+    _check_indexed(ctx, dst, d_flat, d_tree, "destination")
     data = _view(src, s_flat, s_tree)
-    if p["add"]:
-        data = _view(dst, d_flat, d_tree) + data
-    _set(dst, d_flat, d_tree, data)
+    if p["add"]:  # every contribution lands, also for repeated destination indices
+        dst.value = jc.add_view(dst.value, data, d_flat, d_tree)
+    else:
+        _set(dst, d_flat, d_tree, data)
     size = R.nbytes(jax.typeof(data))
     _set(sem, m_flat, m_tree, _view(sem, m_flat, m_tree) + jnp.int32(size))
     if src_sem is not None:

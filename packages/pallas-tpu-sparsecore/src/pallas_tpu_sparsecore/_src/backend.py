@@ -1,0 +1,116 @@
+"""The ``mosaic_sparsecore`` backend object: what it claims, how it validates and lowers."""
+
+from __future__ import annotations
+
+import contextlib
+
+from pallas.plugins import Backend
+from pallas_tpu import MemorySpace
+from pallas_tpu import extend as tpx
+from pallas_tpu_sparsecore.__about__ import __version__
+from pallas_tpu_sparsecore._src.compiler_params import CompilerParams, as_params
+
+# Conformance tags on which every catalogue case passes at levels lower and
+# backend_interpret (see the README for the measured run).
+CAPABILITIES = frozenset({"sparsecore"})
+
+_NOT_A_MESH = (
+    "the mosaic_sparsecore backend runs a kernel over SparseCores: pl.kernel over a "
+    "plsc.VectorSubcoreMesh or plsc.ScalarSubcoreMesh, or a pallas_call whose grid is "
+    "(cores, subcores) or (cores,); got grid {grid}"
+)
+
+
+def target_info(params):
+    """The SparseCore figures the kernel is checked and lowered for."""
+    from pallas_tpu_sparsecore._src.info import get_sparse_core_info, get_sparse_core_info_for_chip
+
+    chip = getattr(params, "chip", None)
+    return get_sparse_core_info_for_chip(chip) if chip is not None else get_sparse_core_info()
+
+
+def _chip_of(params):
+    from pallas_tpu_sparsecore._src.info import target_chip
+
+    chip = getattr(params, "chip", None)
+    return target_chip(chip) if chip is not None else contextlib.nullcontext()
+
+
+class MosaicSparseCoreBackend(Backend):
+    """Lowers SparseCore mesh kernels to a Mosaic module with a SparseCore core type,
+    inside a ``tpu_custom_call`` of device type SparseCore."""
+
+    def validate(self, jaxpr, grid_mapping, compiler_params) -> None:
+        from pallas_tpu_sparsecore._src.info import current_chip
+
+        params = as_params(compiler_params)
+        gm = grid_mapping
+        if len(gm.grid) not in (1, 2):
+            raise ValueError(_NOT_A_MESH.format(grid=tuple(gm.grid)))
+        names = tuple(gm.grid_names or ()) or ("cores", "subcores")[:len(gm.grid)]
+        for bm in gm.block_mappings:
+            whole = tuple(bm.block_shape) == tuple(bm.array_aval.shape)
+            space = bm.memory_space
+            in_hbm = space is None or tpx.is_any_space(space) or space is MemorySpace.HBM
+            if not whole or not in_hbm:
+                raise ValueError(
+                    f"SparseCore kernels take their operands whole in HBM; {bm.origin} has "
+                    f"block shape {tuple(bm.block_shape)} in {space} (array "
+                    f"{tuple(bm.array_aval.shape)}): use pl.BlockSpec(memory_space=pl.ANY) "
+                    f"or pltpu.HBM and copy blocks with pltpu DMAs or pltpu.emit_pipeline")
+        if params.dimension_semantics is not None:
+            raise ValueError("SparseCore meshes do not take dimension_semantics= (the mesh "
+                             "axes are core_parallel and subcore_parallel)")
+        info = target_info(params)
+        chip = getattr(params, "chip", None) or current_chip()
+        limits = [("num_cores", info.num_cores, "SparseCores"),
+                  ("num_subcores", info.num_subcores, "vector subcores per SparseCore")]
+        for size, name, (what, limit, unit) in zip(gm.grid, names, limits):
+            if size > limit:
+                raise ValueError(
+                    f"the mesh axis {name!r} has {what}={size}, but TPU {chip} has only "
+                    f"{limit} {unit}; valid: 1..{limit}")
+
+    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost_estimate,
+              name, metadata, out_avals):
+        platforms = ctx.module_context.platforms
+        if "tpu" not in platforms:
+            raise ValueError(
+                f"Only interpret mode is supported on CPU: the SparseCore kernel {name} "
+                f"(backend 'mosaic_sparsecore') lowers for platform 'tpu', not "
+                f"{', '.join(platforms)}. Pass interpret=True to run it here, or lower it "
+                f"for a TPU: jax.jit(f).trace(*args).lower(lowering_platforms=('tpu',)).")
+        from pallas_tpu_sparsecore._src.lowering.module import lower_to_custom_call
+
+        params = as_params(compiler_params)
+        self.validate(jaxpr, grid_mapping, params)
+        with _chip_of(params):  # lane checks and figures follow plsc.CompilerParams(chip=)
+            return lower_to_custom_call(ctx, *in_nodes, jaxpr=jaxpr,
+                                        grid_mapping=grid_mapping, params=params,
+                                        info=target_info(params),
+                                        cost_estimate=cost_estimate, name=name,
+                                        metadata=metadata, out_avals=out_avals)
+
+    def interpret(self, jaxpr, grid_mapping, compiler_params, *args, **kw):
+        """The kernel jaxpr in the core interpreter with the SparseCore rules (mesh
+        points in order, gathers/scatters bounds-checked)."""
+        from pallas.plugins import interpret_pallas_call
+        from pallas_tpu_sparsecore.plugin import register_interpret_rules
+
+        self.validate(jaxpr, grid_mapping, compiler_params)
+        register_interpret_rules()
+        return interpret_pallas_call(*args, jaxpr=jaxpr, grid_mapping=grid_mapping)
+
+
+MOSAIC_SPARSECORE = MosaicSparseCoreBackend(
+    name="mosaic_sparsecore",
+    version=__version__,
+    platforms=("tpu", "cpu"),
+    compiler_params_type=CompilerParams,
+    capabilities=CAPABILITIES,
+    levels=("lower", "backend_interpret"),
+    # Never the default: SparseCore kernels select it through their mesh or
+    # plsc.CompilerParams; plain TPU kernels keep mosaic_tpu.
+    priority=-10,
+    package="pallas-tpu-sparsecore",
+)
