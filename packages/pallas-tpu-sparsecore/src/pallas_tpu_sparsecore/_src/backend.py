@@ -14,6 +14,8 @@ from pallas_tpu_sparsecore._src.compiler_params import CompilerParams, as_params
 # backend_interpret (see the README for the measured run).
 CAPABILITIES = frozenset({"sparsecore"})
 
+# Kernels this backend does not take raise NotImplementedError (it does not claim
+# them), so that e.g. the quickstart reports them "unsupported" for it.
 _NOT_A_MESH = (
     "the mosaic_sparsecore backend runs a kernel over SparseCores: pl.kernel over a "
     "plsc.VectorSubcoreMesh or plsc.ScalarSubcoreMesh, or a pallas_call whose grid is "
@@ -46,16 +48,17 @@ class MosaicSparseCoreBackend(Backend):
         params = as_params(compiler_params)
         gm = grid_mapping
         if len(gm.grid) not in (1, 2):
-            raise ValueError(_NOT_A_MESH.format(grid=tuple(gm.grid)))
+            raise NotImplementedError(_NOT_A_MESH.format(grid=tuple(gm.grid)))
         names = tuple(gm.grid_names or ()) or ("cores", "subcores")[:len(gm.grid)]
         for bm in gm.block_mappings:
             whole = tuple(bm.block_shape) == tuple(bm.array_aval.shape)
             space = bm.memory_space
             in_hbm = space is None or tpx.is_any_space(space) or space is MemorySpace.HBM
             if not whole or not in_hbm:
-                raise ValueError(
-                    f"SparseCore kernels take their operands whole in HBM; {bm.origin} has "
-                    f"block shape {tuple(bm.block_shape)} in {space} (array "
+                raise NotImplementedError(
+                    f"the mosaic_sparsecore backend takes kernel operands whole in HBM; "
+                    f"{bm.origin} has block shape {tuple(bm.block_shape)} in "
+                    f"{'the default space' if space is None else space} (array "
                     f"{tuple(bm.array_aval.shape)}): use pl.BlockSpec(memory_space=pl.ANY) "
                     f"or pltpu.HBM and copy blocks with pltpu DMAs or pltpu.emit_pipeline")
         if params.dimension_semantics is not None:
