@@ -102,6 +102,33 @@ def dispatch_apply_primitive(prim, *args, **params):
     return dispatch.apply_primitive(prim, *args, **params)
 
 
+# pallas.fuser (pallas/_src/fuser/): tracing, DCE, state discharge, the PRNG and hijax
+# primitives that block specs are pulled through.
+from jax._src import hijax as _hijax  # noqa: E402
+from jax._src.random import prng as _prng  # noqa: E402
+
+shaped_abstractify = core.shaped_abstractify
+typeof = core.typeof
+flatten_fun = api_util.flatten_fun
+flatten_fun_nokwargs = api_util.flatten_fun_nokwargs
+resolve_kwargs = api_util.resolve_kwargs
+trace_to_jaxpr_dynamic = pe.trace_to_jaxpr_dynamic
+dce_jaxpr_consts = pe.dce_jaxpr_consts
+partial_eval_jaxpr_custom = pe.partial_eval_jaxpr_custom
+convert_invars_to_constvars = pe.convert_invars_to_constvars
+eval_jaxpr = core.eval_jaxpr
+new_jaxpr_eqn = core.new_jaxpr_eqn
+random_bits_p = _prng.random_bits_p
+random_wrap_p = _prng.random_wrap_p
+random_fold_in_p = _prng.random_fold_in_p
+random_bits = _prng.random_bits
+random_fold_in = _prng.random_fold_in
+call_hi_primitive_p = _hijax.call_hi_primitive_p
+ExtendedDType = dtypes.ExtendedDType
+extended_dtype = dtypes.extended
+issubdtype = dtypes.issubdtype
+
+
 # Transformation machinery (used by pallas/_src/transforms/).
 not_mapped = None  # how batching marks an unbatched operand
 primitive_batchers = batching.primitive_batchers

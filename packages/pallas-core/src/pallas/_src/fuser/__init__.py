@@ -1,0 +1,1 @@
+"""The internals of :mod:`pallas.fuser`: block-spec propagation, fusion and its rules."""
