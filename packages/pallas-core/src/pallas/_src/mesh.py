@@ -48,6 +48,16 @@ class Mesh:
     def sizes(self) -> tuple[int, ...]:
         return tuple(int(v) for v in self.shape.values())
 
+    def kernel_compiler_params(self, compiler_params: Any) -> Any:
+        """The compiler params of the ``pallas_call`` that ``pl.kernel`` runs on this mesh
+        (a backend's mesh may fill in e.g. its dimension semantics)."""
+        return compiler_params
+
+    def discharge_core_map(self, interpret: Any):
+        """A backend's simulation of ``core_map`` on this mesh: a function
+        ``(in_avals, args, eqn_params) -> new ref values``, or None for the interpreter."""
+        return None
+
 
 @dataclasses.dataclass(frozen=True)
 class CoreMesh(Mesh):
@@ -94,6 +104,12 @@ def kernel(body: Callable | Any = NOT_SPECIFIED, out_type: object = (), *, mesh:
                                 cost_estimate=cost_estimate, debug=debug, name=name,
                                 metadata=metadata)
     from pallas._src.pallas_call import pallas_call_with_axes
+
+    # A mesh may say how the pallas_call running it is compiled (e.g. a TPU core mesh
+    # marks its axis core-parallel, so that interpret modes run one core per point).
+    adjust = getattr(mesh, "kernel_compiler_params", None)
+    if adjust is not None:
+        compiler_params = adjust(compiler_params)
 
     def run(*args):
         spec = bs.BlockSpec(memory_space=mesh.default_memory_space)
@@ -198,7 +214,12 @@ def _core_map_rule(ctx, eqn, invals):
 
 @jc.register_discharge_rule(core_map_p)
 def _core_map_discharge(in_avals, out_avals, *args, **params):
-    """Outside a kernel (e.g. under ``pl.run_state``) core_map runs in the interpreter."""
+    """Outside a kernel (e.g. under ``pl.run_state``) core_map runs in the interpreter, or
+    in the simulation the mesh's backend provides (e.g. TPU interpret mode)."""
+    hook = getattr(params["mesh"], "discharge_core_map", None)
+    simulate = hook(params["interpret"]) if hook is not None else None
+    if simulate is not None:
+        return simulate(in_avals, list(args), params), []
     cells = [Cell(a, f"core_map operand {i}") if isinstance(av, jc.AbstractRef) else a
              for i, (a, av) in enumerate(zip(args, in_avals))]
     _run_on_mesh(None, params, cells)

@@ -381,6 +381,8 @@ pallas_call_p.def_impl(_impl)
 def _checks_for(interpret):
     from pallas._src.interpreter.grid_runner import Checks
 
+    if _interpret_hook(interpret) is not None:
+        return None  # a backend's interpret mode does its own checking
     base = Checks.from_config()
     if isinstance(interpret, InterpretParams):
         return Checks(
@@ -418,8 +420,20 @@ def _plain_aval(a):
     return a
 
 
+def _interpret_hook(interpret):
+    """A backend's interpret mode (e.g. ``pltpu.InterpretParams``) lowers the call itself
+    when its params object has a ``lower_pallas_call`` method."""
+    if interpret is None or isinstance(interpret, (bool, InterpretParams)):
+        return None
+    return getattr(interpret, "lower_pallas_call", None)
+
+
 def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compiler_params,
               cost_estimate, metadata, backend, out_avals, checks):
+    hook = _interpret_hook(interpret)
+    if hook is not None:
+        return hook(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
+                    compiler_params=compiler_params, name=name)
     if interpret:
         return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
                                       checks=checks)

@@ -34,10 +34,15 @@ class MosaicTpuBackend(Backend):
     def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost_estimate,
               name, metadata, out_avals):
         from pallas_tpu._src import core_compat
-        from pallas_tpu._src.interpret_mode import forced_params
+        from pallas_tpu._src.interpret.params import forced_params
 
         platforms = ctx.module_context.platforms
-        if forced_params() is not None or "tpu" not in platforms:
+        if forced_params() is not None:
+            # pltpu.force_tpu_interpret_mode(params): the TPU simulation.
+            return forced_params().lower_pallas_call(
+                ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
+                compiler_params=compiler_params, name=name)
+        if "tpu" not in platforms:
             # TPU interpret mode: on CPU (or when forced) the kernel runs in the interpreter
             # with the TPU primitives' rules.
             from pallas_tpu.plugin import register_interpret_rules

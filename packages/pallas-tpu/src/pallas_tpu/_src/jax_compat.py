@@ -106,6 +106,25 @@ def source_info_summary(eqn) -> str:
     return source_info_util.summarize(eqn.source_info)
 
 
+def user_source_location(eqn) -> str:
+    """``file:line (function)`` of the innermost frame of ``eqn``'s traceback outside JAX
+    and the Pallas packages: the kernel source line an equation comes from."""
+    import os
+
+    import jax
+
+    import pallas
+
+    skip = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, pallas))
+    skip += (os.path.dirname(os.path.dirname(__file__)) + os.sep,)
+    tb = eqn.source_info.traceback
+    frames = getattr(tb, "frames", None) if tb is not None else None
+    for f in frames or ():
+        if not f.file_name.startswith(skip):
+            return f"{f.file_name}:{f.line_num} ({f.function_name})"
+    return source_info_summary(eqn)
+
+
 # -- block-invariant sampling (JAX's non-Pallas helper for tile-by-tile PRNG keys) -------
 def blocked_fold_in(global_key, total_size, block_size, tile_size, block_index):
     from jax._src import blocked_sampler
@@ -124,3 +143,33 @@ def mark_ref_allocating(prim) -> None:
     """Marks ``prim`` as creating a ref inside a jaxpr (as JAX's own ``ref_p``): effects
     of later primitives on its result then need no corresponding jaxpr input."""
     prim.ref_allocating = True
+
+
+# -- TPU interpret mode: control-flow primitives the simulation evaluates itself ----------
+def control_flow_primitives() -> dict:
+    """JAX's control-flow and call primitives, by role (the simulation runs their bodies
+    eagerly, so that a semaphore wait inside a loop can block its core's thread)."""
+    from jax._src import ad_checkpoint, custom_derivatives, pjit
+    from jax._src.lax.control_flow import conditionals, loops
+
+    return {
+        "cond": conditionals.cond_p, "while": loops.while_p, "scan": loops.scan_p,
+        "jit": pjit.jit_p, "closed_call": core.closed_call_p,
+        "remat": ad_checkpoint.remat_p,
+        "custom_jvp_call": custom_derivatives.custom_jvp_call_p,
+        "custom_vjp_call": custom_derivatives.custom_vjp_call_p,
+    }
+
+
+def concrete_or_error(value, what: str):
+    """``value`` as a Python constant, or JAX's ConcretizationTypeError naming ``what``."""
+    return core.concrete_or_error(None, value, what)
+
+
+def device_kind_of_abstract_mesh() -> str | None:
+    """The device kind of the abstract mesh in context (``jax.sharding.use_abstract_mesh``)."""
+    import jax
+
+    am = jax.sharding.get_abstract_mesh()
+    dev = getattr(am, "abstract_device", None)
+    return getattr(dev, "device_kind", None) if dev is not None else None

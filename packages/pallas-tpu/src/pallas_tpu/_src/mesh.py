@@ -36,6 +36,28 @@ class TensorCoreMesh(Mesh):
     def shape(self) -> dict[str, int]:
         return {self.axis_name: self.num_cores}
 
+    def kernel_compiler_params(self, compiler_params):
+        """``pl.kernel`` on this mesh: its axis is core-parallel (one core per point)."""
+        from pallas_tpu._src.compiler_params import CORE_PARALLEL, CompilerParams
+
+        if compiler_params is None:
+            return CompilerParams(dimension_semantics=(CORE_PARALLEL,))
+        if isinstance(compiler_params, CompilerParams) and (
+                compiler_params.dimension_semantics is None):
+            return dataclasses.replace(compiler_params, dimension_semantics=(CORE_PARALLEL,))
+        return compiler_params
+
+    def discharge_core_map(self, interpret):
+        """``core_map`` on this mesh outside a TPU: TPU interpret mode with ``interpret``
+        (a ``pltpu.InterpretParams``), the forced params, or the defaults."""
+        from pallas_tpu._src.interpret.entry import discharge_core_map
+        from pallas_tpu._src.interpret.params import InterpretParams, forced_params
+
+        params = interpret if isinstance(interpret, InterpretParams) else (
+            forced_params() or InterpretParams())
+        return lambda in_avals, args, eqn_params: discharge_core_map(
+            params, self, in_avals, args, eqn_params)
+
 
 def create_tensorcore_mesh(axis_name: str, devices: Sequence[Any] | None = None,
                            num_cores: int | None = None) -> TensorCoreMesh:

@@ -196,6 +196,10 @@ class Race:
 class AccessLog:
     """The accesses of one buffer that may still race with future ones.
 
+    Only the clocks decide: two accesses race unless one happens before the other (or
+    they carry the same clock, i.e. are one event, e.g. a DMA's read and write). So a
+    backend may map several logical threads (e.g. DMA engines) onto one clock entry.
+
     :meth:`record` checks a new access against the log, returns the races it forms, and
     appends it; accesses that the new one makes redundant (they happen before it and
     its region covers theirs, and every future conflict with them would also conflict
@@ -217,8 +221,8 @@ class AccessLog:
             for prev in self._entries:
                 conflict = "write" in (prev.kind, access.kind)
                 overlap = regions_overlap(prev.region, access.region)
-                if conflict and overlap and prev.thread != access.thread and not (
-                        happens_before(prev.clock, access.clock)):
+                if conflict and overlap and not happens_before(prev.clock, access.clock) and (
+                        not np.array_equal(prev.clock, access.clock)):
                     races.append(Race(self.name, prev, access))
                 redundant = (
                     happens_before(prev.clock, access.clock)

@@ -1,0 +1,203 @@
+"""Index arithmetic of TPU interpret mode: ref transforms as boxes, bounds, padding.
+
+A *box* is what a (transformed) ref sees of its buffer: per buffer dimension a
+``(start, count, step)`` range, or a single index (the dimension is squeezed out of the
+view). Ref transforms (``ref.at[...]``, ``pl.ds``) compose into one box; reads and
+writes then index the buffer's numpy storage directly, and the box is the region the
+race detector records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from pallas_tpu._src import jax_compat as jc
+
+
+@dataclasses.dataclass(frozen=True)
+class Dim:
+    start: int
+    count: int
+    step: int = 1
+    squeezed: bool = False
+
+    @property
+    def last(self) -> int:
+        return self.start + (self.count - 1) * self.step
+
+
+Box = tuple[Dim, ...]
+
+
+def full_box(shape) -> Box:
+    return tuple(Dim(0, int(n)) for n in shape)
+
+
+def box_shape(box: Box) -> tuple[int, ...]:
+    return tuple(d.count for d in box if not d.squeezed)
+
+
+def region(box: Box):
+    """The box as a race-detector region ``((start, stop, step), ...)``."""
+    return tuple((d.start, d.last + 1 if d.count > 0 else d.start, d.step) for d in box)
+
+
+def describe(box: Box) -> str:
+    parts = []
+    for d in box:
+        if d.squeezed:
+            parts.append(str(d.start))
+        else:
+            parts.append(f"{d.start}:{d.start + d.count * d.step}"
+                         + (f":{d.step}" if d.step != 1 else ""))
+    return "[" + ", ".join(parts) + "]"
+
+
+class NotABox(Exception):
+    """The transforms are not a rectangular view (e.g. a gather, a bitcast)."""
+
+
+def _as_int(x) -> int:
+    a = np.asarray(x)
+    if a.ndim != 0:
+        raise NotABox()
+    return int(a)
+
+
+def apply_indexer(box: Box, indexer) -> Box:
+    """Composes one ``NDIndexer`` (over the current view) into ``box``."""
+    view_dims = [i for i, d in enumerate(box) if not d.squeezed]
+    if len(indexer.indices) > len(view_dims):
+        raise NotABox()
+    out = list(box)
+    for k, idx in enumerate(indexer.indices):
+        b = view_dims[k]
+        d = box[b]
+        if isinstance(idx, jc.Slice):
+            start, size, stride = _as_int(idx.start), int(idx.size), int(idx.stride or 1)
+            out[b] = Dim(d.start + start * d.step, size, d.step * stride)
+        else:
+            i = _as_int(idx)
+            out[b] = Dim(d.start + i * d.step, 1, d.step, squeezed=True)
+    return tuple(out)
+
+
+def box_of(shape, transforms) -> Box:
+    """The box a ref of buffer ``shape`` sees through ``transforms`` (raises NotABox)."""
+    box = full_box(shape)
+    for t in transforms:
+        if not isinstance(t, jc.NDIndexer):
+            raise NotABox()
+        box = apply_indexer(box, t)
+    return box
+
+
+def unflatten_transforms(flat, tree):
+    return tuple(jax.tree_util.tree_unflatten(tree, list(flat))) if tree is not None else ()
+
+
+def out_of_bounds(box: Box, bounds) -> bool:
+    for d, n in zip(box, bounds):
+        if d.count <= 0:
+            continue
+        if d.start < 0 or d.last >= n:
+            return True
+    return False
+
+
+def numpy_index(box: Box):
+    """A basic-indexing tuple for an in-bounds box (squeezed dims as ints)."""
+    out = []
+    for d in box:
+        if d.squeezed:
+            out.append(d.start)
+        else:
+            out.append(slice(d.start, d.start + d.count * d.step, d.step))
+    return tuple(out)
+
+
+def clipped_read(storage: np.ndarray, box: Box, bounds, fill) -> np.ndarray:
+    """Reads ``box``; elements outside ``bounds`` read as ``fill``."""
+    idx, valid = [], None
+    shape = []
+    for d, n in zip(box, bounds):
+        pos = d.start + np.arange(d.count) * d.step
+        ok = (pos >= 0) & (pos < n)
+        idx.append(np.clip(pos, 0, max(n - 1, 0)))
+        if not d.squeezed:
+            shape.append(d.count)
+        valid = ok if valid is None else valid[..., None] & ok
+    grid = np.ix_(*idx) if idx else ()
+    data = storage[grid] if idx else storage[()]
+    out = np.where(valid, data, np.asarray(fill, storage.dtype)) if idx else data
+    return np.asarray(out, storage.dtype).reshape(shape)
+
+
+def is_range_out_of_bounds_for_shape(rnge, shape) -> bool:
+    """Whether ``rnge`` (ints and slices, one per dimension) reaches outside ``shape``."""
+    for n, r in zip(shape, rnge, strict=True):
+        if isinstance(r, (int, np.integer)):
+            if r >= n:
+                return True
+        elif isinstance(r, slice):
+            start = 0 if r.start is None else r.start
+            step = 1 if r.step is None else r.step
+            count = max(0, (r.stop - start + step - 1) // step)
+            if count > 0 and start + (count - 1) * step >= n:
+                return True
+        else:
+            raise ValueError(f"Unsupported range type: {type(r)}.")
+    return False
+
+
+# -- uninitialised values and padding -------------------------------------------------
+
+
+def uninitialized_value(dtype, mode: str):
+    """What new memory holds: NaN (floats), the largest value (integers), True (bools);
+    or zero with ``mode="zero"``."""
+    dtype = np.dtype(dtype)
+    if mode == "zero":
+        return np.zeros((), dtype)[()]
+    if np.issubdtype(dtype, np.floating) or dtype.name in ("bfloat16",) or (
+            "float" in dtype.name):
+        return np.asarray(np.nan, dtype)[()]
+    if np.issubdtype(dtype, np.integer):
+        return np.iinfo(dtype).max
+    if dtype == np.bool_:
+        return True
+    return np.zeros((), dtype)[()]
+
+
+def uninitialized_array(shape, dtype, mode: str) -> np.ndarray:
+    return np.full(tuple(shape), uninitialized_value(dtype, mode), np.dtype(dtype))
+
+
+def _generation(device_kind: str | None) -> int:
+    if not device_kind:
+        return 6
+    digits = "".join(ch for ch in device_kind.split("v")[-1] if ch.isdigit())
+    return int(digits) if digits else 6
+
+
+def padded_shape(shape, dtype) -> tuple[int, ...]:
+    """``shape`` rounded up to the tiling of the simulated chip (the abstract mesh's device
+    kind, e.g. ``jax.sharding.use_abstract_mesh`` with a 'TPU v6e' device)."""
+    shape = tuple(int(n) for n in shape)
+    if not shape:
+        return shape
+    itemsize = np.dtype(dtype).itemsize
+    packing = max(1, 4 // itemsize)
+    gen = _generation(jc.device_kind_of_abstract_mesh())
+    base = (1 + int(gen < 4)) * packing
+    if len(shape) == 1:
+        tile = (base * 128,)
+    else:
+        sub = base
+        while sub < min(shape[-2], 8 * packing):
+            sub *= 2
+        tile = (1,) * (len(shape) - 2) + (sub, 128)
+    return tuple(-(-n // t) * t for n, t in zip(shape, tile))

@@ -1,0 +1,472 @@
+"""One simulated TensorCore: evaluates a kernel jaxpr eagerly, on its own thread.
+
+Refs are :class:`~pallas_tpu._src.interpret.state.Buffer` objects. Loads and stores
+index their numpy storage in place (checking bounds, recording accesses for the race
+detector); control flow whose body touches refs or synchronises runs in Python, so a
+semaphore wait in a loop blocks only its core. Everything else (arithmetic, and loops
+over plain values) is bound to JAX as is, so it runs compiled.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from pallas.plugins import (
+    KernelContext,
+    axis_index_p,
+    interpret_rules,
+    load_p,
+    num_programs_p,
+    program_id_p,
+    run_scoped_p,
+    swap_p,
+)
+from pallas_tpu._src import jax_compat as jc
+from pallas_tpu._src.interpret import boxes as B
+from pallas_tpu._src.interpret.state import Buffer, Simulation
+from pallas_tpu._src.memory import MemorySpace
+
+CF = jc.control_flow_primitives()
+RULES: dict = {}  # primitive -> rule(core, eqn, invals) -> list of outputs
+
+
+def rule(*prims):
+    def register(fn):
+        for p in prims:
+            RULES[p] = fn
+        return fn
+
+    return register
+
+
+class Core:
+    """The state of one core of one device while it runs (part of) a kernel."""
+
+    def __init__(self, sim: Simulation, device: int, core: int, axis_env: dict):
+        self.sim = sim
+        self.device = int(device)
+        self.core = int(core)
+        self.gid = sim.global_core(device, core)
+        self.axis_env = dict(axis_env)  # mesh/core axis name -> index
+        self.ctx = KernelContext((), (), axis_names=(), backend_state={})
+        self.who = f"core {core} of device {device}"
+        self.scope_entries: dict = {}
+        self.params = sim.params
+
+    # -- grid position ------------------------------------------------------------------
+    def set_grid_point(self, point, grid, names) -> None:
+        self.ctx.grid_indices = tuple(np.int32(i) for i in point)
+        self.ctx.grid = tuple(grid)
+        self.ctx.axis_names = tuple(names) if names else None
+
+    # -- race detection ---------------------------------------------------------------
+    def access(self, kind: str, buf: Buffer, box, site: str) -> None:
+        if self.sim.detect:
+            clock = self.sim.clocks.tick(self.gid)
+            self.sim.record(self.gid, clock, kind, buf, box, site, self.who)
+
+    # -- memory ---------------------------------------------------------------------------
+    def bounds(self, buf: Buffer):
+        return buf.storage.shape
+
+    def read(self, buf: Buffer, box, site: str, what: str = "read",
+             record: bool = True) -> np.ndarray:
+        if record:
+            self.access("read", buf, box, site)
+        if B.out_of_bounds(box, self.bounds(buf)):
+            if self.params.out_of_bounds_reads == "raise":
+                raise IndexError(
+                    f"Out-of-bounds {what} of {buf.origin} ({_space_name(buf)}) "
+                    f"on device "
+                    f"{self.device} (core {self.core}) at {site}: reading "
+                    f"{B.describe(box)} but buffer has shape {buf.shape}."
+                )
+            fill = B.uninitialized_value(buf.dtype, self.params.uninitialized_memory)
+            return B.clipped_read(buf.storage, box, self.bounds(buf), fill)
+        return np.array(buf.storage[B.numpy_index(box)])
+
+    def write(self, buf: Buffer, box, value, site: str, what: str = "write",
+              mask=None, record: bool = True) -> None:
+        if record:
+            self.access("write", buf, box, site)
+        value = np.asarray(value, buf.dtype)
+        shape = B.box_shape(box)
+        if value.shape != shape:
+            value = np.broadcast_to(value, shape)
+        if B.out_of_bounds(box, self.bounds(buf)):
+            if mask is None or _masked_oob(box, self.bounds(buf), mask):
+                raise ValueError(
+                    f"Out-of-bounds {what} of {buf.origin} ({_space_name(buf)}) "
+                    f"on device "
+                    f"{self.device} (core {self.core}) at {site}: writing "
+                    f"{B.describe(box)} but buffer has shape {buf.shape} ."
+                )
+        with self.sim.cond:
+            write_clipped(buf, box, value, mask)
+
+    # -- evaluation -----------------------------------------------------------------------
+    def eval(self, jaxpr, consts, args) -> list:
+        env: dict = {}
+
+        def read(v):
+            return v.val if isinstance(v, jc.Literal) else env[v]
+
+        for v, x in zip(jaxpr.constvars, consts):
+            env[v] = x
+        for v, x in zip(jaxpr.invars, args):
+            env[v] = x
+        for eqn in jaxpr.eqns:
+            invals = [read(v) for v in eqn.invars]
+            outs = self.eval_eqn(eqn, invals)
+            for v, x in zip(eqn.outvars, outs):
+                env[v] = x
+        return [read(v) for v in jaxpr.outvars]
+
+    def eval_closed(self, closed, args) -> list:
+        return self.eval(closed.jaxpr, closed.consts, args)
+
+    def eval_eqn(self, eqn, invals) -> list:
+        prim = eqn.primitive
+        fn = RULES.get(prim)
+        if fn is not None:
+            if prim not in _CONTROL or _needs_engine(eqn, invals):
+                return fn(self, eqn, invals)
+            return self.bind(eqn, invals)
+        core_rule = interpret_rules.get(prim)
+        if core_rule is not None:  # Pallas and TPU primitives (values, PRNG, MXU, ...)
+            return list(core_rule(self.ctx, eqn, invals))
+        if any(isinstance(x, Buffer) for x in invals):
+            raise NotImplementedError(
+                f"TPU interpret mode (pallas-tpu) has no rule for the primitive "
+                f"'{prim.name}' applied to refs"
+            )
+        return self.bind(eqn, invals)
+
+    def bind(self, eqn, invals) -> list:
+        prim = eqn.primitive
+        if self.params.skip_floating_point_ops:
+            skipped = _skip_float(eqn, invals)
+            if skipped is not None:
+                return skipped
+        params = prim.get_bind_params(eqn.params)
+        subfuns = params.pop("subfuns", ())
+        outs = prim.bind(*subfuns, *invals, **params)
+        return list(outs) if prim.multiple_results else [outs]
+
+
+def write_clipped(buf: Buffer, box, value: np.ndarray, mask=None) -> None:
+    """Writes ``value`` into ``box`` of ``buf``: only the part inside the buffer's logical
+    shape (padding is never written), and only where ``mask`` is true."""
+    logical = buf.shape
+    if not B.out_of_bounds(box, logical):
+        idx = B.numpy_index(box)
+        if mask is None:
+            buf.storage[idx] = value
+        else:
+            cur = buf.storage[idx]
+            buf.storage[idx] = np.where(np.asarray(mask), value, cur)
+        return
+    # Partly outside: write element by element through index arrays.
+    idx, keep = [], None
+    for d, n in zip(box, logical):
+        pos = d.start + np.arange(d.count) * d.step
+        ok = (pos >= 0) & (pos < n)
+        idx.append(np.clip(pos, 0, max(n - 1, 0)))
+        keep = ok if keep is None else keep[..., None] & ok
+    full_shape = tuple(d.count for d in box)
+    value = np.broadcast_to(value.reshape(
+        [d.count if not d.squeezed else 1 for d in box]), full_shape)
+    if mask is not None:
+        keep = keep & np.asarray(mask).reshape(value.shape if value.ndim else ())
+    grid = np.ix_(*idx)
+    cur = buf.storage[grid]
+    buf.storage[grid] = np.where(keep, value, cur)
+
+
+def _masked_oob(box, bounds, mask) -> bool:
+    mask = np.asarray(mask)
+    full = tuple(d.count for d in box)
+    mask = np.broadcast_to(mask.reshape([d.count if not d.squeezed else 1 for d in box]),
+                           full)
+    oob = None
+    for d, n in zip(box, bounds):
+        pos = d.start + np.arange(d.count) * d.step
+        bad = (pos < 0) | (pos >= n)
+        oob = bad if oob is None else oob[..., None] | bad
+    return bool(np.any(oob & mask))
+
+
+def _skip_float(eqn, invals):
+    outs = [v.aval for v in eqn.outvars]
+    if outs and all(jax.numpy.issubdtype(a.dtype, jax.numpy.floating) for a in outs):
+        return [np.full(a.shape, np.inf, a.dtype) for a in outs]
+    return None
+
+
+# -- which equations need the engine (else they are bound to JAX as they are) ----------
+
+_CONTROL = set(CF.values()) | {run_scoped_p}
+_engine_cache: dict = {}
+
+
+def _sub_jaxprs(eqn):
+    for v in eqn.params.values():
+        vals = v if isinstance(v, (tuple, list)) else (v,)
+        for x in vals:
+            if isinstance(x, jc.ClosedJaxpr):
+                yield x.jaxpr
+            elif hasattr(x, "eqns") and hasattr(x, "invars"):
+                yield x
+
+
+def jaxpr_needs_engine(jaxpr) -> bool:
+    key = id(jaxpr)
+    hit = _engine_cache.get(key)
+    if hit is not None:
+        return hit[0]
+    need = False
+    for eqn in jaxpr.eqns:
+        p = eqn.primitive
+        if p in RULES and p not in _CONTROL or p is run_scoped_p:
+            need = True
+        elif p not in _CONTROL and p in interpret_rules:
+            need = True  # a Pallas/TPU primitive with an interpreter rule
+        elif any(jaxpr_needs_engine(j) for j in _sub_jaxprs(eqn)):
+            need = True
+        if need:
+            break
+    _engine_cache[key] = (need, jaxpr)  # keep the jaxpr alive while its id is cached
+    return need
+
+
+def _needs_engine(eqn, invals) -> bool:
+    if eqn.primitive is run_scoped_p:
+        return True
+    if any(isinstance(x, Buffer) for x in invals):
+        return True
+    return any(jaxpr_needs_engine(j) for j in _sub_jaxprs(eqn))
+
+
+# -- grid and mesh positions ------------------------------------------------------------
+
+
+@rule(program_id_p, num_programs_p)
+def _grid_rule(core: Core, eqn, invals):
+    return list(interpret_rules[eqn.primitive](core.ctx, eqn, invals))
+
+
+@rule(axis_index_p)
+def _axis_index_rule(core: Core, eqn, invals):
+    name = eqn.params["axis_name"]
+    names = core.ctx.axis_names or ()
+    if name in names:
+        return [np.int32(core.ctx.grid_indices[names.index(name)])]
+    if name in core.axis_env:
+        return [np.int32(core.axis_env[name])]
+    raise NameError(f"TPU interpret mode: unbound axis name {name!r} in the kernel "
+                    f"(grid axes {names}, mesh axes {tuple(core.axis_env)})")
+
+
+# -- refs -----------------------------------------------------------------------------------
+
+
+def site_of(eqn) -> str:
+    try:
+        return jc.user_source_location(eqn)
+    except Exception:  # noqa: BLE001 - a location is best effort
+        return "<unknown>"
+
+
+def view(buf: Buffer, flat, tree):
+    """(box, None) for a rectangular view of ``buf``, else (None, transforms)."""
+    transforms = B.unflatten_transforms(flat, tree)
+    try:
+        return B.box_of(buf.shape, transforms), None
+    except B.NotABox:
+        return None, transforms
+
+
+def check_direct_access(buf: Buffer, what: str) -> None:
+    if buf.memory_space in (MemorySpace.ANY, MemorySpace.HBM):
+        raise ValueError(
+            f"{what}: Buffers with a memory space of HBM or ANY cannot be referenced "
+            f"directly. Instead, use `pltpu.sync_copy` or `pltpu.async_copy`."
+        )
+
+
+def _discharged_get(core, buf, flat, tree, site):
+    core.access("read", buf, B.full_box(buf.shape), site)
+    return np.asarray(jc.get_view(buf.value, list(flat), tree))
+
+
+def _discharged_set(core, buf, flat, tree, new, site):
+    core.access("write", buf, B.full_box(buf.shape), site)
+    buf.value = jc.set_view(buf.value, new, list(flat), tree)
+
+
+@rule(jc.get_p)
+def _get_rule(core: Core, eqn, invals):
+    buf, *flat = invals
+    check_direct_access(buf, "get_p")
+    site = site_of(eqn)
+    box, _ = view(buf, flat, eqn.params["tree"])
+    if box is None:
+        return [_discharged_get(core, buf, flat, eqn.params["tree"], site)]
+    return [core.read(buf, box, site)]
+
+
+@rule(jc.swap_p)
+def _swap_rule(core: Core, eqn, invals):
+    buf, val, *flat = invals
+    check_direct_access(buf, "swap_p")
+    site = site_of(eqn)
+    tree = eqn.params["tree"]
+    box, _ = view(buf, flat, tree)
+    if box is None:
+        old = _discharged_get(core, buf, flat, tree, site)
+        _discharged_set(core, buf, flat, tree, val, site)
+        return [old]
+    old = core.read(buf, box, site) if _used(eqn) else None
+    core.write(buf, box, val, site)
+    if old is None:
+        old = np.zeros(B.box_shape(box), buf.dtype)
+    return [old]
+
+
+@rule(jc.addupdate_p)
+def _addupdate_rule(core: Core, eqn, invals):
+    buf, val, *flat = invals
+    check_direct_access(buf, "addupdate_p")
+    site = site_of(eqn)
+    box, _ = view(buf, flat, eqn.params["tree"])
+    if box is None:
+        old = _discharged_get(core, buf, flat, eqn.params["tree"], site)
+        _discharged_set(core, buf, flat, eqn.params["tree"], old + np.asarray(val), site)
+        return []
+    old = core.read(buf, box, site)
+    core.write(buf, box, old + np.asarray(val, buf.dtype), site)
+    return []
+
+
+def _used(eqn) -> bool:
+    return not all(type(v).__name__ == "DropVar" for v in eqn.outvars)
+
+
+def _split_masked(rest, tree, n_extra):
+    n = tree.num_leaves
+    return rest[:n], rest[n:]
+
+
+@rule(load_p)
+def _masked_load_rule(core: Core, eqn, invals):
+    buf, *rest = invals
+    check_direct_access(buf, "load_p")
+    tree = eqn.params["tree"]
+    flat, extra = _split_masked(rest, tree, 2)
+    it = iter(extra)
+    mask = next(it) if eqn.params["has_mask"] else None
+    other = next(it) if eqn.params["has_other"] else None
+    site = site_of(eqn)
+    box, _ = view(buf, flat, tree)
+    if box is None:
+        value = _discharged_get(core, buf, flat, tree, site)
+    elif mask is not None and B.out_of_bounds(box, core.bounds(buf)):
+        core.access("read", buf, box, site)
+        fill = B.uninitialized_value(buf.dtype, core.params.uninitialized_memory)
+        value = B.clipped_read(buf.storage, box, core.bounds(buf), fill)
+    else:
+        value = core.read(buf, box, site)
+    if mask is not None:
+        fill = other if other is not None else np.zeros_like(value)
+        value = np.where(np.asarray(mask), value, fill)
+    return [value]
+
+
+@rule(swap_p)
+def _masked_swap_rule(core: Core, eqn, invals):
+    buf, val, *rest = invals
+    check_direct_access(buf, "swap_p")
+    tree = eqn.params["tree"]
+    flat, extra = _split_masked(rest, tree, 1)
+    mask = extra[0] if eqn.params["has_mask"] else None
+    site = site_of(eqn)
+    box, _ = view(buf, flat, tree)
+    if box is None:
+        old = _discharged_get(core, buf, flat, tree, site)
+        new = val if mask is None else np.where(np.asarray(mask), val, old)
+        _discharged_set(core, buf, flat, tree, new, site)
+        return [old]
+    if mask is not None and B.out_of_bounds(box, core.bounds(buf)):
+        core.access("read", buf, box, site)
+        fill = B.uninitialized_value(buf.dtype, core.params.uninitialized_memory)
+        old = B.clipped_read(buf.storage, box, core.bounds(buf), fill)
+    else:
+        old = core.read(buf, box, site)
+    core.write(buf, box, val, site, what="masked swap" if mask is not None else "swap",
+               mask=mask)
+    return [old]
+
+
+# -- control flow ------------------------------------------------------------------------
+
+
+@rule(CF["cond"])
+def _cond_rule(core: Core, eqn, invals):
+    index, *ops = invals
+    branches = eqn.params["branches"]
+    i = int(np.clip(int(np.asarray(index)), 0, len(branches) - 1))
+    return core.eval_closed(branches[i], ops)
+
+
+@rule(CF["while"])
+def _while_rule(core: Core, eqn, invals):
+    p = eqn.params
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    cconsts, bconsts, carry = invals[:nc], invals[nc:nc + nb], list(invals[nc + nb:])
+    while bool(np.asarray(core.eval_closed(p["cond_jaxpr"], [*cconsts, *carry])[0])):
+        carry = core.eval_closed(p["body_jaxpr"], [*bconsts, *carry])
+    return carry
+
+
+@rule(CF["scan"])
+def _scan_rule(core: Core, eqn, invals):
+    p = eqn.params
+    nconsts, ncarry, length = p["num_consts"], p["num_carry"], p["length"]
+    consts = invals[:nconsts]
+    carry = list(invals[nconsts:nconsts + ncarry])
+    xs = invals[nconsts + ncarry:]
+    ys = []
+    order = range(length - 1, -1, -1) if p["reverse"] else range(length)
+    for i in order:
+        outs = core.eval_closed(p["jaxpr"], [*consts, *carry, *[x[i] for x in xs]])
+        carry, y = outs[:ncarry], outs[ncarry:]
+        ys.append(y)
+    if p["reverse"]:
+        ys.reverse()
+    n_ys = len(eqn.outvars) - ncarry
+    stacked = []
+    for k in range(n_ys):
+        aval = eqn.outvars[ncarry + k].aval
+        stacked.append(np.stack([np.asarray(y[k]) for y in ys]) if ys
+                       else np.zeros(aval.shape, aval.dtype))
+    return [*carry, *stacked]
+
+
+@rule(CF["jit"])
+def _jit_rule(core: Core, eqn, invals):
+    return core.eval_closed(eqn.params["jaxpr"], invals)
+
+
+@rule(CF["closed_call"], CF["custom_jvp_call"], CF["custom_vjp_call"])
+def _call_rule(core: Core, eqn, invals):
+    return core.eval_closed(eqn.params["call_jaxpr"], invals)
+
+
+@rule(CF["remat"])
+def _remat_rule(core: Core, eqn, invals):
+    return core.eval(eqn.params["jaxpr"], (), invals)
+
+
+def _space_name(buf: Buffer) -> str:
+    return getattr(buf.memory_space, "name", str(buf.memory_space))

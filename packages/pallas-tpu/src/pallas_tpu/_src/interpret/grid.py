@@ -1,0 +1,439 @@
+"""Running one device's part of a ``pallas_call`` (or ``core_map``) in the simulation.
+
+Per device: the operands become HBM buffers (inputs padded to whole blocks, outputs
+uninitialised or aliased to their input), then every core runs its share of the grid.
+``parallel`` grid axes (a prefix of the grid) are visited in a seeded random order and
+split across the cores; per grid point a core copies the input blocks that changed from
+HBM into its VMEM block buffers, runs the kernel body, and copies each output block back
+to HBM when the next point moves to another block (or at its last point).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import warnings
+from typing import Any
+
+import numpy as np
+
+from pallas.plugins import Blocked, BoundedSlice, Element, Squeezed, run_scoped_p
+from pallas_tpu._src.interpret import boxes as B
+from pallas_tpu._src.interpret import state as S
+from pallas_tpu._src.interpret.evaluator import Core, rule
+from pallas_tpu._src.interpret.state import Buffer, Simulation
+from pallas_tpu._src.interpret.sync import SemaphoreRef
+from pallas_tpu._src.memory import MemorySpace, SemaphoreType, canonical_space
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Config:
+    """What a device's callback needs besides its operands (static per kernel)."""
+
+    kind: str  # "pallas_call" or "core_map"
+    name: str
+    jaxpr: Any  # ClosedJaxpr of the kernel body
+    params: Any  # InterpretParams
+    num_devices: int
+    mesh_axes: tuple  # ((name, size), ...) of the devices' mesh
+    num_cores: int
+    grid_mapping: Any = None
+    parallel: tuple = ()  # per grid dim: is it parallel
+    permutations: tuple = ()  # per grid dim: the visiting order (parallel dims) or None
+    core_axis: str | None = None  # core_map: the mesh axis naming the core
+    operand_spaces: tuple = ()  # core_map: memory space per operand
+    operand_names: tuple = ()
+
+
+def is_hbm(space) -> bool:
+    return canonical_space(space) in (MemorySpace.ANY, MemorySpace.HBM, None) and not (
+        space is None)
+
+
+def _space(space):
+    c = canonical_space(space)
+    return MemorySpace.VMEM if c is None else c
+
+
+def _is_sem(space) -> bool:
+    return isinstance(canonical_space(space), SemaphoreType) or (
+        canonical_space(space) is MemorySpace.SEMAPHORE)
+
+
+def new_buffer(sim: Simulation, key, shape, dtype, space, name: str, fill=None) -> Buffer:
+    """A buffer for ``shape``; VMEM is padded to the chip's tiling with
+    ``buffer_bounds="padded"``; ``fill`` (an array) initialises the logical part."""
+    p = sim.params
+    pad = p.buffer_bounds == "padded" and canonical_space(space) in (None, MemorySpace.VMEM)
+    storage_shape = B.padded_shape(shape, dtype) if pad else tuple(shape)
+    storage = B.uninitialized_array(storage_shape, dtype, p.uninitialized_memory)
+    buf = Buffer(storage, shape, name, _space(space), key, p.uninitialized_memory)
+    if fill is not None:
+        buf.value = fill
+    return buf
+
+
+def semaphore_ref(sim: Simulation, key, shape, space, name: str, device: int):
+    sem = sim.semaphore(key, shape, name)
+    return SemaphoreRef(sem, key, device, canonical_space(space), name)
+
+
+# -- the device entry point ---------------------------------------------------------------
+
+
+def run_device(cfg: Config, device: int, axis_coords, *args) -> list[np.ndarray]:
+    """One device's callback: joins the call's simulation, runs its cores, returns its
+    outputs (``pallas_call``) or the final contents of its operands (``core_map``)."""
+    device = int(device)
+    sim = S.join(id(cfg), device, lambda: _make_sim(cfg))
+    axis_env = {n: int(c) for (n, _), c in zip(cfg.mesh_axes, np.asarray(axis_coords))}
+    me = f"device {device}"
+    try:
+        if cfg.kind == "pallas_call":
+            setup = _setup_pallas_call(sim, cfg, device, args)
+        else:
+            setup = _setup_core_map(sim, cfg, device, args)
+        sim.barrier(me, "start", sim.num_devices, _sync_all_clocks(sim))
+        _run_cores(sim, cfg, device, axis_env, setup)
+        sim.barrier(me, "end", sim.num_devices, _sync_all_clocks(sim))
+        _warn_pending(sim, device)
+        return [np.array(b.value) for b in setup["results"]]
+    except BaseException as e:
+        sim.fail(e, me)
+        raise
+    finally:
+        S.leave(sim)
+
+
+def _make_sim(cfg: Config) -> Simulation:
+    sim = Simulation(cfg.params, cfg.num_devices, cfg.num_cores, cfg.name)
+    sim.mesh_axes = cfg.mesh_axes
+    return sim
+
+
+def _sync_all_clocks(sim: Simulation):
+    if not sim.detect:
+        return None
+    return lambda: sim.clocks.barrier(range(sim.total_cores))
+
+
+def _warn_pending(sim: Simulation, device: int) -> None:
+    with sim.cond:
+        for key, sem in sim.semaphores.items():
+            if key[-1] != device:
+                continue
+            if np.any(sem.counts != 0) or any(sem.tasks.values()):
+                left = sum(len(q) for q in sem.tasks.values())
+                warnings.warn(
+                    f"TPU interpret mode: at the end of {sim.name}, semaphore {sem.name} on "
+                    f"device {device} has a non-zero count ({sem.counts.tolist()})"
+                    + (f" and {left} DMA(s) started but never waited for" if left else ""),
+                    RuntimeWarning, stacklevel=2)
+
+
+def _run_cores(sim: Simulation, cfg: Config, device: int, axis_env, setup) -> None:
+    def run(c):
+        core = Core(sim, device, c, axis_env)
+        if cfg.core_axis is not None:
+            core.axis_env[cfg.core_axis] = c
+        try:
+            if cfg.kind == "pallas_call":
+                _run_grid(core, cfg, setup)
+            else:
+                core.eval_closed(cfg.jaxpr, [*setup["operands"], *_core_map_scratch(
+                    core, cfg)])
+        finally:
+            sim.thread_done()
+
+    if sim.num_cores == 1:
+        run(0)
+        return
+    errors: list = [None] * sim.num_cores
+
+    def target(c):
+        try:
+            run(c)
+        except BaseException as e:  # noqa: BLE001 - re-raised on the device's thread
+            errors[c] = e
+            sim.fail(e, f"core {c} of device {device}")
+
+    threads = [threading.Thread(target=target, args=(c,), daemon=True)
+               for c in range(sim.num_cores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    real = [e for e in errors if e is not None and not isinstance(e, S.SimulationAborted)]
+    if real:
+        raise real[0]
+    if any(e is not None for e in errors):
+        raise next(e for e in errors if e is not None)
+
+
+# -- pallas_call ------------------------------------------------------------------------------
+
+
+def _pads(bm):
+    pads = []
+    for d, n in zip(bm.block_dims, bm.array_aval.shape):
+        if isinstance(d, Blocked):
+            pads.append((0, -(-n // d.block_size) * d.block_size - n))
+        elif isinstance(d, Element):
+            pads.append(tuple(d.padding))
+        elif isinstance(d, BoundedSlice):
+            pads.append((0, 0))
+        else:
+            pads.append((0, 0))
+    return pads
+
+
+def _hbm_buffer(sim, key, value, pads, name, uninit):
+    value = np.asarray(value)
+    shape = tuple(lo + n + hi for (lo, hi), n in zip(pads, value.shape))
+    storage = B.uninitialized_array(shape, value.dtype, uninit)
+    storage[tuple(slice(lo, lo + n) for (lo, _), n in zip(pads, value.shape))] = value
+    buf = Buffer(storage, shape, name, MemorySpace.HBM, key, uninit)
+    buf.logical = tuple(slice(lo, lo + n) for (lo, _), n in zip(pads, value.shape))
+    return buf
+
+
+class _Result:
+    """An output as the callback returns it: the logical part of a padded HBM buffer."""
+
+    def __init__(self, buf):
+        self.buf = buf
+
+    @property
+    def value(self):
+        return self.buf.storage[self.buf.logical]
+
+
+def _setup_pallas_call(sim: Simulation, cfg: Config, device: int, args) -> dict:
+    gm = cfg.grid_mapping
+    p = cfg.params
+    nsp = gm.num_scalar_prefetch
+    prefetch, inputs = args[:nsp], args[nsp:]
+    pre = [sim.buffer(("prefetch", i, device, None), lambda a=a, i=i: new_buffer(
+        sim, ("prefetch", i, device, None), np.shape(a), np.asarray(a).dtype,
+        MemorySpace.SMEM, f"scalar prefetch {i}", fill=np.asarray(a)))
+        for i, a in enumerate(prefetch)]
+    in_bufs = []
+    for i, (x, bm) in enumerate(zip(inputs, gm.in_block_mappings)):
+        key = ("input", i, device, None)
+        in_bufs.append(sim.buffer(key, lambda x=x, bm=bm, key=key: _hbm_buffer(
+            sim, key, x, _pads(bm), bm.origin, p.uninitialized_memory)))
+    aliases = {o: i - nsp for i, o in gm.input_output_aliases}
+    out_bufs = []
+    for o, bm in enumerate(gm.out_block_mappings):
+        if o in aliases:
+            out_bufs.append(in_bufs[aliases[o]])
+            continue
+        key = ("output", o, device, None)
+        init = B.uninitialized_array(bm.array_aval.shape, bm.array_aval.dtype,
+                                     p.uninitialized_memory)
+        out_bufs.append(sim.buffer(key, lambda init=init, bm=bm, key=key: _hbm_buffer(
+            sim, key, init, _pads(bm), bm.origin, p.uninitialized_memory)))
+    return {"prefetch": pre, "inputs": in_bufs, "outputs": out_bufs,
+            "results": [_Result(b) for b in out_bufs], "aliases": aliases}
+
+
+def _scratch(core: Core, cfg: Config) -> list:
+    gm = cfg.grid_mapping
+    out = []
+    for i, (t, origin) in enumerate(zip(gm.scratch_types, gm.scratch_origins)):
+        out.append(_allocate(core, ("scratch", i), t, origin))
+    return out
+
+
+def _allocate(core: Core, ident, t, origin: str):
+    """A buffer for a scratch/run_scoped type: semaphores and HBM shared by the device's
+    cores, VMEM/SMEM private to the core."""
+    sim, device = core.sim, core.device
+    if _is_sem(t.memory_space):
+        return semaphore_ref(sim, (*ident, device), t.shape, t.memory_space, origin, device)
+    if is_hbm(t.memory_space):
+        key = (*ident[:2], device, None, *ident[2:])
+        return sim.buffer(key, lambda: new_buffer(sim, key, t.shape, t.dtype,
+                                                  t.memory_space, origin))
+    key = (*ident[:2], device, core.core, *ident[2:])
+    return sim.buffer(key, lambda: new_buffer(sim, key, t.shape, t.dtype, t.memory_space,
+                                              origin))
+
+
+def _block_box(bm, pads, indices):
+    """The HBM box of the block at ``indices`` (index-map outputs), and the sizes of
+    BoundedSlice dims."""
+    box, it = [], iter(indices)
+    for d, (lo, _) in zip(bm.block_dims, pads):
+        i = int(next(it))
+        if isinstance(d, Blocked):
+            box.append(B.Dim(i * d.block_size + lo, d.block_size))
+        elif isinstance(d, Element):
+            box.append(B.Dim(i, d.block_size))
+        elif isinstance(d, BoundedSlice):
+            size = int(next(it))
+            box.append(B.Dim(i + lo, size))
+        elif isinstance(d, Squeezed):
+            box.append(B.Dim(i + lo, 1, squeezed=True))
+        else:
+            raise NotImplementedError(f"TPU interpret mode: block dimension {d}")
+    return tuple(box)
+
+
+def _grid_order(cfg: Config, core: int):
+    """This core's grid points, in order (upstream's split of parallel axes)."""
+    gm = cfg.grid_mapping
+    grid = tuple(gm.grid)
+    n = math.prod(grid)
+    par = cfg.parallel
+    sub = math.prod(g for g, q in zip(grid, par) if q) if grid else 1
+    per_core = -(-sub // cfg.num_cores) * (n // sub if sub else 0)
+    start, stop = core * per_core, min((core + 1) * per_core, n)
+    for t in range(start, stop):
+        loop = np.unravel_index(t, grid) if grid else ()
+        point = tuple(int(cfg.permutations[d][i]) if par[d] else int(i)
+                      for d, i in enumerate(loop))
+        yield tuple(int(i) for i in loop), point
+
+
+def _run_grid(core: Core, cfg: Config, setup) -> None:
+    gm = cfg.grid_mapping
+    p = cfg.params
+    sim = core.sim
+    names = gm.grid_names or ()
+    scratch = _scratch(core, cfg)
+    n_in = gm.num_inputs
+    kernel_in, kernel_out = [], []
+    for k, bm in enumerate(gm.block_mappings):
+        hbm = setup["inputs"][k] if k < n_in else setup["outputs"][k - n_in]
+        if is_hbm(bm.memory_space):
+            kernel_in.append(hbm) if k < n_in else kernel_out.append(hbm)
+            continue
+        key = ("block", k, core.device, core.core)
+        buf = sim.buffer(key, lambda bm=bm, key=key: new_buffer(
+            sim, key, bm.ref_shape, bm.array_aval.dtype, bm.memory_space, bm.origin))
+        (kernel_in if k < n_in else kernel_out).append(buf)
+    args = [*setup["prefetch"], *kernel_in, *kernel_out, *scratch]
+    points = list(_grid_order(cfg, core.core))
+    if not points:
+        return
+    boxes_of = [_boxes_at(core, cfg, setup, pt) for _, pt in points[:1]]
+    history: dict = {}
+    for t, (loop, point) in enumerate(points):
+        core.set_grid_point(point, gm.grid, names)
+        if p.grid_point_recorder is not None:
+            p.grid_point_recorder(np.int32(0), tuple(np.int32(i) for i in point),
+                                  np.int32(core.core))
+        boxes = boxes_of[0] if t == 0 else nxt
+        nxt = _boxes_at(core, cfg, setup, points[t + 1][1]) if t + 1 < len(points) else None
+        for k, bm in enumerate(gm.in_block_mappings):
+            if is_hbm(bm.memory_space):
+                continue
+            if t == 0 or boxes[k] != prev[k]:
+                _copy_in(core, setup["inputs"][k], boxes[k], kernel_in[k], bm, loop, point)
+        core.eval_closed(cfg.jaxpr, args)
+        for o, bm in enumerate(gm.out_block_mappings):
+            k = n_in + o
+            if is_hbm(bm.memory_space):
+                continue
+            if nxt is None or nxt[k] != boxes[k]:
+                _copy_out(core, kernel_out[o], setup["outputs"][o], boxes[k], bm, loop, point)
+            if o not in setup["aliases"]:
+                _check_revisit(history, o, boxes[k], loop)
+        prev = boxes
+
+
+def _boxes_at(core: Core, cfg: Config, setup, point):
+    gm = cfg.grid_mapping
+    out = []
+    for bm in gm.block_mappings:
+        if is_hbm(bm.memory_space):
+            out.append(None)
+            continue
+        jaxpr = bm.index_map_jaxpr
+        idx = core.eval(jaxpr.jaxpr, jaxpr.consts,
+                        [np.int32(i) for i in point] + list(setup["prefetch"]))
+        out.append(_block_box(bm, _pads(bm), idx))
+    return out
+
+
+def _copy_in(core, hbm: Buffer, box, buf: Buffer, bm, loop, point) -> None:
+    site = f"the pallas_call's copy of {bm.origin} into VMEM"
+    if B.out_of_bounds(box, hbm.storage.shape) and core.params.out_of_bounds_reads == "raise":
+        raise IndexError(
+            f"Out-of-bounds block index {_block_index(bm, box)} for input \"{bm.origin}\" in "
+            f"iteration {loop} on device {core.device} (core {core.core}): reading "
+            f"{B.describe(box)} but input has shape {hbm.storage.shape}."
+        )
+    data = core.read(hbm, box, site)
+    core.write(buf, B.full_box(buf.shape), data.reshape(buf.shape), site)
+
+
+def _copy_out(core, buf: Buffer, hbm: Buffer, box, bm, loop, point) -> None:
+    site = f"the pallas_call's copy of {bm.origin} out of VMEM"
+    if B.out_of_bounds(box, hbm.storage.shape):
+        raise IndexError(
+            f"Out-of-bounds block index {_block_index(bm, box)} for output \"{bm.origin}\" "
+            f"in iteration {loop} on device {core.device} (core {core.core}): writing "
+            f"{B.describe(box)} but output has shape {hbm.storage.shape}."
+        )
+    data = core.read(buf, B.full_box(buf.shape), site)
+    core.write(hbm, box, data.reshape(B.box_shape(box)) if data.size == math.prod(
+        B.box_shape(box)) else data[tuple(slice(0, d.count) for d in box
+                                          if not d.squeezed)], site)
+
+
+def _block_index(bm, box):
+    out = []
+    for d, b in zip(bm.block_dims, box):
+        out.append(b.start // d.block_size if isinstance(d, Blocked) else b.start)
+    return tuple(out)
+
+
+def _check_revisit(history: dict, o: int, box, loop) -> None:
+    seen = history.setdefault(o, [])
+    if seen and seen[-1][1] == box:
+        seen[-1][2].append(loop)
+        return
+    for first_loop, b, loops in seen:
+        if b == box:
+            raise RuntimeError(
+                f"Revisited block {B.describe(box)} of output {o} in iteration {loop}. The "
+                f"block was previously visited in iterations {loops[0]} through {loops[-1]} ."
+            )
+    seen.append((loop, box, [loop]))
+
+
+# -- core_map -----------------------------------------------------------------------------------
+
+
+def _setup_core_map(sim: Simulation, cfg: Config, device: int, args) -> dict:
+    bufs = []
+    for i, (x, space, name) in enumerate(zip(args, cfg.operand_spaces, cfg.operand_names)):
+        key = ("operand", i, device, None)
+        bufs.append(sim.buffer(key, lambda x=x, key=key, name=name: Buffer(
+            np.array(x), np.shape(x), name, MemorySpace.HBM, key,
+            cfg.params.uninitialized_memory)))
+    return {"operands": bufs, "results": bufs}
+
+
+def _core_map_scratch(core: Core, cfg: Config) -> list:
+    types = cfg.grid_mapping or ()
+    return [_allocate(core, ("core_map scratch", i), t, f"core_map scratch {i}")
+            for i, t in enumerate(types)]
+
+
+# -- run_scoped -------------------------------------------------------------------------------
+
+
+@rule(run_scoped_p)
+def _run_scoped_rule(core: Core, eqn, invals):
+    """Allocates the scope's buffers: the n-th entry of a core into this scope gets the
+    same semaphores and HBM buffers as the n-th entry of the device's other cores (and
+    of other devices, for remote DMAs); VMEM/SMEM are the core's own."""
+    n = core.scope_entries.get(id(eqn), 0)
+    core.scope_entries[id(eqn)] = n + 1
+    new = [_allocate(core, ("scoped", id(eqn), i, n), t, f"run_scoped buffer {i}")
+           for i, t in enumerate(eqn.params["types"])]
+    return core.eval(eqn.params["jaxpr"], (), [*invals, *new])

@@ -1,0 +1,251 @@
+"""The simulated TPU of one interpreted kernel call: buffers, semaphores, clocks, threads.
+
+One :class:`Simulation` is shared by every device (under ``shard_map``, each device's
+part of the call arrives through its own host callback) and every core of the call.
+Cores are Python threads; they block on semaphores and barriers with one condition
+variable, which also detects deadlocks (every live core waiting, none able to proceed)
+and aborts all cores when one fails, so that an error never leaves others hanging.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from pallas.plugins import Cell, RaceDetector, RaceReport, VectorClocks
+from pallas_tpu._src.interpret import boxes as B
+
+
+class SimulationAborted(RuntimeError):
+    """Raised in a core whose simulation was aborted by another core's or device's error."""
+
+
+class DeadlockError(RuntimeError):
+    """Every core of the simulation waits and none can proceed."""
+
+
+class Buffer(Cell):
+    """A simulated buffer: numpy ``storage`` (possibly padded) of a ``shape`` array.
+
+    A :class:`~pallas.plugins.Cell`, so interpreter rules of value-level TPU primitives
+    can read ``value``; the simulation itself indexes ``storage`` in place.
+    """
+
+    def __init__(self, storage: np.ndarray, shape, name: str, memory_space, key,
+                 uninit: str = "nan"):
+        self.storage = storage
+        self.shape = tuple(int(n) for n in shape)
+        self.origin = name
+        self.memory_space = memory_space
+        self.key = key
+        self.init = None
+        self.block = None
+        self.uninit = uninit
+
+    @property
+    def dtype(self):
+        return self.storage.dtype
+
+    @property
+    def value(self):
+        if self.storage.shape == self.shape:
+            return self.storage
+        return self.storage[tuple(slice(0, n) for n in self.shape)]
+
+    @value.setter
+    def value(self, new):
+        self.storage[tuple(slice(0, n) for n in self.shape)] = np.asarray(new)
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.origin}: {self.dtype}{list(self.shape)})"
+
+
+class Semaphore:
+    """A semaphore array, with a count per core of its device (signals may target any
+    core) and, for race detection, the vector clock each count was last signalled with.
+    Pending ``on_wait`` DMAs queue on the (core, element) they will signal."""
+
+    def __init__(self, name: str, shape, num_cores: int):
+        self.name = name
+        self.shape = tuple(shape)
+        self.counts = np.zeros((num_cores, *self.shape), np.int64)
+        self.clocks: dict = {}
+        self.tasks: dict = collections.defaultdict(collections.deque)
+
+    def flat(self, index) -> int:
+        return int(np.ravel_multi_index(index, self.shape)) if self.shape else 0
+
+
+class Simulation:
+    """Shared state of one kernel call on ``num_devices`` devices of ``num_cores`` cores."""
+
+    def __init__(self, params, num_devices: int, num_cores: int, name: str):
+        self.params = params
+        self.name = name
+        self.num_devices = int(num_devices)
+        self.num_cores = int(num_cores)
+        self.total_cores = self.num_devices * self.num_cores
+        self.cond = threading.Condition(threading.RLock())
+        self.failed: BaseException | None = None
+        self.failed_where = ""
+        self.buffers: dict = {}
+        self.semaphores: dict = {}
+        self.rng = random.Random(params.random_seed if params.random_seed is not None else 0)
+        self.report = RaceReport()
+        self.detect = bool(params.detect_races)
+        if self.detect:
+            self.clocks = VectorClocks(params.get_vector_clock_size(self.num_devices))
+            self.detector = RaceDetector(self.report, on_race=_print_race)
+        else:
+            self.clocks = None
+            self.detector = None
+        self.dma_count = 0
+        self.active = self.total_cores
+        self.waiting: dict = {}  # thread key -> predicate "can proceed"
+        self.barriers: dict = {}
+        self.arrived_devices = 0
+        self.left_devices = 0
+        self.pending_random: dict = {}  # issuer's global core -> DMAs in flight
+        self.mesh_axes: tuple = ()  # ((name, size), ...) of the devices' mesh
+
+    # -- identities ---------------------------------------------------------------------
+    def global_core(self, device: int, core: int) -> int:
+        return int(device) * self.num_cores + int(core)
+
+    def dma_thread(self) -> int:
+        size = self.clocks.size
+        if size <= self.total_cores:
+            return self.rng.randrange(size)
+        return self.rng.randrange(self.total_cores, size)
+
+    # -- memory ---------------------------------------------------------------------------
+    def buffer(self, key, make: Callable[[], Buffer]) -> Buffer:
+        with self.cond:
+            buf = self.buffers.get(key)
+            if buf is None:
+                buf = self.buffers[key] = make()
+            return buf
+
+    def semaphore(self, key, shape, name: str) -> Semaphore:
+        with self.cond:
+            sem = self.semaphores.get(key)
+            if sem is None:
+                sem = self.semaphores[key] = Semaphore(name, shape, self.num_cores)
+            return sem
+
+    # -- race detection ---------------------------------------------------------------
+    def record(self, thread: int, clock, kind: str, buf: Buffer, box, site: str,
+               who: str) -> None:
+        from pallas.plugins import Access
+
+        access = Access(thread, clock, kind, B.region(box), site, who)
+        self.detector.record(buf.key, access, name=_buffer_name(buf))
+
+    # -- blocking ---------------------------------------------------------------------------
+    def check_failed(self) -> None:
+        if self.failed is not None:
+            raise SimulationAborted(
+                f"TPU interpret mode: the kernel {self.name} was aborted because "
+                f"{self.failed_where} failed: {type(self.failed).__name__}: {self.failed}"
+            )
+
+    def fail(self, exc: BaseException, where: str) -> None:
+        with self.cond:
+            if self.failed is None and not isinstance(exc, SimulationAborted):
+                self.failed, self.failed_where = exc, where
+            self.cond.notify_all()
+
+    def block_until(self, me, can_proceed: Callable[[], bool], what: str) -> None:
+        """Waits (holding ``self.cond``) until ``can_proceed()``; detects deadlocks."""
+        while True:
+            self.check_failed()
+            if can_proceed():
+                return
+            self.waiting[me] = can_proceed
+            try:
+                if len(self.waiting) >= self.active and not any(
+                        p() for p in self.waiting.values()):
+                    err = DeadlockError(
+                        f"TPU interpret mode: deadlock in {self.name}: every core waits "
+                        f"and none can proceed ({me} waits for {what})"
+                    )
+                    self.fail(err, str(me))
+                    raise err
+                self.cond.wait(timeout=1.0)
+            finally:
+                self.waiting.pop(me, None)
+
+    def thread_done(self) -> None:
+        with self.cond:
+            self.active -= 1
+            self.cond.notify_all()
+
+    def barrier(self, me, key, parties: int, on_release: Callable[[], None] | None = None):
+        """A reusable barrier of ``parties`` threads named ``key``."""
+        with self.cond:
+            state = self.barriers.setdefault(key, [0, 0])  # [arrived, generation]
+            gen = state[1]
+            state[0] += 1
+            if state[0] == parties:
+                state[0] = 0
+                state[1] += 1
+                if on_release is not None:
+                    on_release()
+                self.cond.notify_all()
+                return
+            self.block_until(me, lambda: state[1] != gen, f"barrier {key}")
+
+
+def _buffer_name(buf: Buffer) -> str:
+    space = getattr(buf.memory_space, "name", buf.memory_space)
+    return f"{buf.origin} ({space})"
+
+
+def _print_race(race) -> None:
+    print(f"RACE DETECTED: {race}", flush=True)
+
+
+# -- the registry of running simulations (shared by the devices of one call) -----------
+
+_lock = threading.Lock()
+_running: dict = {}
+_invocations: collections.Counter = collections.Counter()
+_latest_report = [RaceReport()]
+
+
+def latest_report() -> RaceReport:
+    return _latest_report[0]
+
+
+def join(config_key, device: int, make: Callable[[], Simulation]) -> Simulation:
+    """The simulation of this device's next call of kernel ``config_key``."""
+    with _lock:
+        _invocations[(config_key, device)] += 1
+        key = (config_key, _invocations[(config_key, device)])
+        sim = _running.get(key)
+        if sim is None:
+            sim = _running[key] = make()
+            sim.registry_key = key
+            _latest_report[0] = sim.report
+        return sim
+
+
+def leave(sim: Simulation) -> None:
+    with _lock:
+        sim.left_devices += 1
+        if sim.left_devices >= sim.num_devices:
+            _running.pop(getattr(sim, "registry_key", None), None)
+
+
+def reset_all() -> None:
+    """Forgets every simulation (after an error left one behind) and the race report."""
+    with _lock:
+        for sim in _running.values():
+            sim.fail(SimulationAborted("reset_tpu_interpret_mode_state()"), "a reset")
+        _running.clear()
+        _invocations.clear()
+        _latest_report[0] = RaceReport()

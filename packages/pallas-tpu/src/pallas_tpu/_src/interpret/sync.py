@@ -1,0 +1,338 @@
+"""DMAs, semaphores and barriers of the simulated TPU (rules of the simulation).
+
+A DMA is a small state machine: it *reads* its source and signals the send semaphore
+(remote copies), then *writes* its destination and signals the receive semaphore. When
+that happens is ``InterpretParams.dma_execution_mode``: at ``start()`` ("eager"); when a
+core waits on the semaphore the DMA will signal ("on_wait"); or at a random later
+scheduling point of the issuing core, and at the latest at that wait ("random").
+
+For race detection a DMA is its own thread: its clock is its issuer's at ``start()``
+plus a stamp on one of the "virtual" entries of the vector clocks (chosen at random,
+as upstream does); a semaphore carries the clocks of its signals to its waiters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pallas import DeviceIdType
+from pallas.plugins import semaphore_read_p, semaphore_signal_p, semaphore_wait_p
+from pallas_tpu._src.interpret import boxes as B
+from pallas_tpu._src.interpret.evaluator import Core, rule, site_of, view
+from pallas_tpu._src.interpret.state import Buffer, Semaphore
+from pallas_tpu._src.primitives import dma as dma_prims
+from pallas_tpu._src.primitives import misc
+from pallas_tpu._src.primitives import refs as R
+
+
+class SemaphoreRef(Buffer):
+    """A semaphore operand of a kernel: the device's :class:`Semaphore` named ``key``."""
+
+    def __init__(self, sem: Semaphore, key, device: int, memory_space, name: str):
+        super().__init__(np.zeros(sem.shape, np.int32), sem.shape, name, memory_space, key)
+        self.sem = sem
+        self.device = device
+
+
+def sem_index(ref: SemaphoreRef, flat, tree) -> int:
+    box, _ = view(ref, flat, tree)
+    if box is None or any(not d.squeezed for d in box):
+        raise ValueError(f"a semaphore operation needs a single semaphore of {ref.origin}; "
+                         f"got a view of shape {B.box_shape(box) if box else '?'}")
+    return ref.sem.flat(tuple(d.start for d in box))
+
+
+def remote_sem(core: Core, ref: SemaphoreRef, device: int) -> Semaphore:
+    if device == ref.device:
+        return ref.sem
+    key = (*ref.key[:-1], device)
+    return core.sim.semaphore(key, ref.sem.shape, ref.origin)
+
+
+# -- device ids -----------------------------------------------------------------------------
+
+
+def target_device(core: Core, leaves, tree, id_type) -> int:
+    import jax
+
+    if tree is None or tree.num_leaves == 0:
+        return core.device
+    device_id = jax.tree_util.tree_unflatten(tree, [int(np.asarray(x)) for x in leaves])
+    axes = core.sim.mesh_axes
+    if id_type == DeviceIdType.LOGICAL:
+        d = device_id[0] if isinstance(device_id, (tuple, list)) else device_id
+        out = int(d)
+    else:
+        names = [n for n, _ in axes]
+        if isinstance(device_id, dict):
+            coords = [device_id.get(n, core.axis_env.get(n, 0)) for n in names]
+        elif isinstance(device_id, (tuple, list)):
+            coords = list(device_id)
+        else:
+            coords = [device_id]
+        if len(coords) != len(axes):
+            raise ValueError(f"device_id {device_id!r} has {len(coords)} coordinates but "
+                             f"the mesh has axes {tuple(names)}")
+        out = 0
+        for c, (_, n) in zip(coords, axes):
+            out = out * n + int(c)
+    if not 0 <= out < core.sim.num_devices:
+        raise ValueError(f"device_id {device_id!r} names device {out}, outside the "
+                         f"{core.sim.num_devices} devices of the kernel's mesh")
+    return out
+
+
+# -- semaphores -------------------------------------------------------------------------------
+
+
+def signal(core: Core, sem: Semaphore, target_core: int, flat: int, inc: int,
+           clock=None) -> None:
+    """Adds ``inc`` to ``sem``'s count for ``target_core``; ``clock`` is what it carries."""
+    sim = core.sim
+    with sim.cond:
+        sem.counts.reshape(sem.counts.shape[0], -1)[target_core, flat] += inc
+        if sim.detect:
+            if clock is None:
+                clock = sim.clocks.release(core.gid)
+            key = (target_core, flat)
+            prev = sem.clocks.get(key)
+            sem.clocks[key] = clock.copy() if prev is None else np.maximum(prev, clock)
+        sim.cond.notify_all()
+
+
+def wait(core: Core, sem: Semaphore, flat: int, value: int, decrement: bool = True,
+         what: str = "") -> None:
+    """Blocks ``core`` until its count of ``sem`` reaches ``value`` (running the DMAs
+    queued on it meanwhile), then takes ``value`` and the signals' clocks."""
+    sim = core.sim
+    counts = sem.counts.reshape(sem.counts.shape[0], -1)
+    tasks = sem.tasks[(core.core, flat)]
+    with sim.cond:
+        while counts[core.core, flat] < value:
+            if tasks:
+                dma = _pick(sim, tasks)
+                dma.run()
+                continue
+            sim.block_until(core.who, lambda: counts[core.core, flat] >= value or bool(tasks),
+                            f"{what or sem.name} to reach {value}")
+        if decrement:
+            counts[core.core, flat] -= value
+        if sim.detect:
+            sim.clocks.acquire(core.gid, sem.clocks.get((core.core, flat)))
+
+
+def _pick(sim, tasks):
+    if sim.params.dma_execution_mode == "random" and len(tasks) > 1:
+        k = sim.rng.randrange(len(tasks))
+        tasks.rotate(-k)
+    return tasks.popleft()
+
+
+@rule(semaphore_signal_p)
+def _signal_rule(core: Core, eqn, invals):
+    p = eqn.params
+    ref, *rest = invals
+    n = p["tree"].num_leaves
+    flat, inc = rest[:n], int(np.asarray(rest[n]))
+    ndev = p["device_id_tree"].num_leaves
+    devs = rest[n + 1:n + 1 + ndev]
+    target_core = int(np.asarray(rest[n + 1 + ndev])) if p["has_core"] else core.core
+    device = target_device(core, devs, p["device_id_tree"], p["device_id_type"])
+    if not 0 <= target_core < core.sim.num_cores:
+        raise ValueError(f"semaphore_signal(core_index={target_core}): the kernel runs on "
+                         f"{core.sim.num_cores} core(s) per device")
+    sem = remote_sem(core, ref, device)
+    run_random_dmas(core)
+    signal(core, sem, target_core, sem_index(ref, flat, p["tree"]), inc)
+    return []
+
+
+@rule(semaphore_wait_p)
+def _wait_rule(core: Core, eqn, invals):
+    p = eqn.params
+    ref, *rest = invals
+    n = p["tree"].num_leaves
+    flat, value = rest[:n], int(np.asarray(rest[n]))
+    run_random_dmas(core)
+    wait(core, ref.sem, sem_index(ref, flat, p["tree"]), value, p["decrement"],
+         f"{ref.origin} (at {site_of(eqn)})")
+    return []
+
+
+@rule(semaphore_read_p)
+def _read_rule(core: Core, eqn, invals):
+    ref, *flat = invals
+    idx = sem_index(ref, flat, eqn.params["tree"])
+    with core.sim.cond:
+        return [np.int32(ref.sem.counts.reshape(ref.sem.counts.shape[0], -1)[core.core, idx])]
+
+
+@rule(misc.get_barrier_semaphore_p)
+def _barrier_semaphore_rule(core: Core, eqn, invals):
+    from pallas_tpu._src.memory import SemaphoreType
+
+    key = ("barrier", 0, core.device)
+    sem = core.sim.semaphore(key, (), "the barrier semaphore")
+    return [SemaphoreRef(sem, key, core.device, SemaphoreType.BARRIER,
+                         "the barrier semaphore")]
+
+
+@rule(misc.core_barrier_p)
+def _core_barrier_rule(core: Core, eqn, invals):
+    ref, *flat = invals
+    n = eqn.params["num_cores"]
+    idx = sem_index(ref, flat, eqn.params["tree"])
+    for c in range(n):
+        if c != core.core:
+            signal(core, ref.sem, c, idx, 1)
+    wait(core, ref.sem, idx, n - 1, True, f"core_barrier on {ref.origin}")
+    return []
+
+
+# -- DMAs ---------------------------------------------------------------------------------------
+
+
+class Dma:
+    """One DMA in flight (see the module docstring)."""
+
+    def __init__(self, core: Core, src: Buffer, src_box, dst: Buffer, dst_box,
+                 dst_sem: Semaphore, dst_core: int, dst_flat: int,
+                 src_sem: Semaphore | None, src_flat: int, add: bool, site: str):
+        sim = core.sim
+        self.sim, self.issuer, self.site, self.add = sim, core, site, add
+        self.src, self.src_box, self.dst, self.dst_box = src, src_box, dst, dst_box
+        self.dst_sem, self.dst_core, self.dst_flat = dst_sem, dst_core, dst_flat
+        self.src_sem, self.src_flat = src_sem, src_flat
+        shape = B.box_shape(src_box)
+        self.nbytes = int(np.prod(shape, dtype=np.int64)) * src.dtype.itemsize
+        self.data = None
+        self.state = "started"
+        sim.dma_count += 1
+        self.id = sim.dma_count
+        self.who = f"DMA #{self.id} issued by {core.who}"
+        if sim.detect:
+            self.thread = sim.dma_thread()
+            self.clock = sim.clocks.tick(core.gid)
+            self.clock[self.thread] = sim.clocks.tick(self.thread)[self.thread]
+
+    def _record(self, kind, buf, box):
+        if self.sim.detect:
+            self.sim.record(self.thread, self.clock, kind, buf, box, self.site, self.who)
+
+    def read(self) -> None:
+        if self.state != "started":
+            return
+        self._record("read", self.src, self.src_box)
+        self.data = self.issuer.read(self.src, self.src_box, self.site, "read",
+                                     record=False)
+        self.state = "read"
+        if self.src_sem is not None:
+            signal(self.issuer, self.src_sem, self.issuer.core, self.src_flat, self.nbytes,
+                   self.clock if self.sim.detect else None)
+
+    def run(self) -> None:
+        """Reads (if not yet) and writes; signals the semaphores."""
+        if self.state == "done":
+            return
+        self.read()
+        self._record("write", self.dst, self.dst_box)
+        data = self.data
+        if self.add:
+            data = self.issuer.read(self.dst, self.dst_box, self.site, record=False) + data
+        self.issuer.write(self.dst, self.dst_box, data, self.site, record=False)
+        self.data = None
+        self.state = "done"
+        self.sim.pending_random.get(self.issuer.gid, set()).discard(self)
+        signal(self.issuer, self.dst_sem, self.dst_core, self.dst_flat, self.nbytes,
+               self.clock if self.sim.detect else None)
+
+
+def run_random_dmas(core: Core) -> None:
+    """In "random" mode: each DMA this core has in flight completes now with p = 1/2."""
+    sim = core.sim
+    if sim.params.dma_execution_mode != "random":
+        return
+    pending = sim.pending_random.get(core.gid)
+    if not pending:
+        return
+    with sim.cond:
+        for dma in sorted(pending, key=lambda d: d.id):
+            if sim.rng.random() < 0.5:
+                _dequeue(dma)
+                dma.run()
+
+
+def _dequeue(dma: Dma) -> None:
+    for sem, c, f in ((dma.dst_sem, dma.dst_core, dma.dst_flat),
+                      (dma.src_sem, dma.issuer.core, dma.src_flat)):
+        if sem is not None:
+            q = sem.tasks[(c, f)]
+            if dma in q:
+                q.remove(dma)
+
+
+def _box(buf, flat, tree, what):
+    box, _ = view(buf, flat, tree)
+    if box is None:
+        raise NotImplementedError(
+            f"TPU interpret mode: a DMA {what} must be a rectangular view of a buffer "
+            f"(ref.at[...] with slices and indices); got {buf.origin} with other transforms"
+        )
+    return box
+
+
+def remote_buffer(core: Core, buf: Buffer, device: int) -> Buffer:
+    if device == core.device:
+        return buf
+    key = (*buf.key[:2], device, *buf.key[3:])
+    remote = core.sim.buffers.get(key)
+    if remote is None:
+        raise ValueError(f"TPU interpret mode: remote DMA to {buf.origin} on device "
+                         f"{device}, which has no such buffer (key {key})")
+    return remote
+
+
+@rule(dma_prims.dma_start_p)
+def _dma_start_rule(core: Core, eqn, invals):
+    p = eqn.params
+    end = R.spec_end(p["refs"])
+    (src, sf, st), (dst, df, dt), (sem, mf, mt), src_sem = R.unflatten(p["refs"],
+                                                                       invals[:end])
+    device = target_device(core, invals[end:], p["device_id_tree"], p["device_id_type"])
+    site = site_of(eqn)
+    src_box, dst_box = _box(src, sf, st, "source"), _box(dst, df, dt, "destination")
+    dst_buf = remote_buffer(core, dst, device)
+    dsem = remote_sem(core, sem, device)
+    ssem, sflat = None, 0
+    if src_sem is not None:
+        ssem, sflat = src_sem[0].sem, sem_index(*src_sem)
+    run_random_dmas(core)
+    sim = core.sim
+    with sim.cond:
+        dma = Dma(core, src, src_box, dst_buf, dst_box, dsem, core.core,
+                  sem_index(sem, mf, mt), ssem, sflat, p["add"], site)
+        mode = sim.params.dma_execution_mode
+        if mode == "eager":
+            dma.run()
+            return []
+        if ssem is not None:
+            ssem.tasks[(core.core, sflat)].append(dma)
+        dsem.tasks[(core.core, dma.dst_flat)].append(dma)
+        if mode == "random":
+            sim.pending_random.setdefault(core.gid, set()).add(dma)
+        sim.cond.notify_all()
+    return []
+
+
+@rule(dma_prims.dma_wait_p)
+def _dma_wait_rule(core: Core, eqn, invals):
+    p = eqn.params
+    end = R.spec_end(p["refs"])
+    (sem, mf, mt), src, dst = R.unflatten(p["refs"], invals[:end])
+    ref_for_size = dst if p["kind"] == "recv" else src
+    box = _box(ref_for_size[0], ref_for_size[1], ref_for_size[2], "view")
+    nbytes = int(np.prod(B.box_shape(box), dtype=np.int64)) * ref_for_size[0].dtype.itemsize
+    run_random_dmas(core)
+    wait(core, sem.sem, sem_index(sem, mf, mt), nbytes, True,
+         f"DMA semaphore {sem.origin} (wait at {site_of(eqn)})")
+    return []
