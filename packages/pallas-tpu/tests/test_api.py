@@ -146,8 +146,8 @@ def test_force_tpu_interpret_mode_runs_on_cpu():
 def test_interpret_params():
     p = pltpu.InterpretParams(uninitialized_memory="zero")
     hash(p)
-    with pytest.raises(NotImplementedError, match="detect_races"):
-        pltpu.InterpretParams(detect_races=True)
+    with pytest.raises(ValueError, match="dma_execution_mode"):
+        pltpu.InterpretParams(dma_execution_mode="sometimes")
 
     def k(x_ref, o_ref):
         o_ref[...] = x_ref[...] * 3

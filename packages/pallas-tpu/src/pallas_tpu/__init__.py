@@ -23,7 +23,6 @@ from pallas_tpu._src.compiler_params import (
 from pallas_tpu._src.enums import BufferType, CoreType, LoweringException, Tiling
 from pallas_tpu._src.interpret.params import (
     InterpretParams,
-    LoggingMode,
     force_tpu_interpret_mode,
     reset_tpu_interpret_mode_state,
     set_tpu_interpret_mode,
@@ -93,7 +92,7 @@ _register_interpret_rules()
 UPSTREAM_NAMES = (
     "ARBITRARY", "BufferType", "BufferedRef", "BufferedRefBase", "CMEM", "CORE_PARALLEL",
     "ChipVersion", "CompilerParams", "CoreType", "GridDimensionSemantics", "HBM",
-    "InterpretParams", "LoggingMode", "LoweringException", "MemorySpace", "PARALLEL",
+    "InterpretParams", "LoweringException", "MemorySpace", "PARALLEL",
     "PrefetchScalarGridSpec", "SEMAPHORE", "SMEM", "SUBCORE_PARALLEL", "SemaphoreType",
     "SideEffectType", "Tiling", "TpuInfo", "VMEM", "VMEM_SHARED", "async_copy",
     "async_remote_copy", "bitcast", "core", "core_barrier", "create_tensorcore_mesh",

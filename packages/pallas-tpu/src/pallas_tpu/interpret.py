@@ -25,9 +25,10 @@ from pallas_tpu._src.interpret.params import (
 )
 from pallas_tpu._src.interpret.thread_map import thread_map
 
+# (``races`` is a module attribute too, rebound at every kernel call: see __getattr__.)
 __all__ = [
     "InterpretParams", "LoggingMode", "RaceReport", "force_tpu_interpret_mode",
-    "is_range_out_of_bounds_for_shape", "race_report", "races", "reset_races",
+    "is_range_out_of_bounds_for_shape", "race_report", "reset_races",
     "reset_tpu_interpret_mode_state", "set_tpu_interpret_mode", "thread_map",
 ]
 

@@ -149,3 +149,14 @@ pcast = lax_parallel.pcast
 # Inside shard_map: casts operands to vary over the union of their manual axes (as JAX's
 # own primitives do), so transposition knows where cotangents must be summed.
 insert_pvary = core.auto_insert_reshard
+
+
+def register_typecheck(prim, rule) -> None:
+    """``rule(ctx_factory, *in_atoms, **params) -> (out_avals, effects)`` checks ``prim``
+    when JAX type-checks a jaxpr (``jax_enable_checks``), instead of the default."""
+    core.custom_typechecks[prim] = rule
+
+
+def check_jaxpr(jaxpr) -> None:
+    """JAX's type check of ``jaxpr`` (raises on an ill-typed jaxpr)."""
+    core.check_jaxpr(jaxpr)

@@ -159,7 +159,8 @@ def core_map(mesh: Mesh, *, compiler_params: Any = None, interpret: bool = False
 
         with jc.extend_axis_env_nd(list(zip(mesh.axis_names, mesh.sizes))):
             jaxpr, _, consts = jc.trace_kernel_to_jaxpr(flat, avals, name or "core_map body")
-        jaxpr = jc.convert_constvars_jaxpr(jaxpr)
+            # (in the axis env: with jax_enable_checks JAX re-checks the body here)
+            jaxpr = jc.convert_constvars_jaxpr(jaxpr)
         if debug:
             print(jaxpr)
         core_map_p.bind(*consts, jaxpr=jaxpr, mesh=mesh, num_consts=len(consts),
@@ -172,6 +173,17 @@ def core_map(mesh: Mesh, *, compiler_params: Any = None, interpret: bool = False
 core_map_p.def_effectful_abstract_eval(
     lambda *args, jaxpr, num_consts, **_: ([], operand_effects(jaxpr, num_consts))
 )
+
+
+def _core_map_typecheck(_, *in_atoms, jaxpr, num_consts, mesh, **__):
+    """Under ``jax_enable_checks``: the body is checked with the mesh's axes bound (it
+    reads ``lax.axis_index`` of them)."""
+    with jc.extend_axis_env_nd(list(zip(mesh.axis_names, mesh.sizes))):
+        jc.check_jaxpr(jaxpr)
+    return [], operand_effects(jaxpr, num_consts)
+
+
+jc.register_typecheck(core_map_p, _core_map_typecheck)
 
 
 def _run_on_mesh(ctx: KernelContext | None, eqn_params, invals):

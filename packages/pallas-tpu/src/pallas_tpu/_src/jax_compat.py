@@ -173,3 +173,11 @@ def device_kind_of_abstract_mesh() -> str | None:
     am = jax.sharding.get_abstract_mesh()
     dev = getattr(am, "abstract_device", None)
     return getattr(dev, "device_kind", None) if dev is not None else None
+
+
+def interpret_mode_config():
+    """JAX's ``pallas_tpu_interpret_mode_context_manager`` config state: forced TPU
+    interpret params, part of the jit cache key (so forcing the mode retraces)."""
+    from jax._src import config
+
+    return config.pallas_tpu_interpret_mode_context_manager

@@ -39,19 +39,25 @@ def _sub_jaxprs(eqn):
                 yield x
 
 
+def _is_var(v) -> bool:
+    return not isinstance(v, jc.Literal)
+
+
 def check_kernel(jaxpr, hbm_invars: set, params: InterpretParams) -> None:
     """Raises upstream's trace-time errors: loads/stores of HBM refs, HBM allocations in
     ``run_scoped`` (unless allowed)."""
     for eqn in jaxpr.eqns:
         prim = eqn.primitive
-        if prim in _DIRECT and eqn.invars and eqn.invars[0] in hbm_invars:
+        if prim in _DIRECT and eqn.invars and _is_var(eqn.invars[0]) and (
+                eqn.invars[0] in hbm_invars):
             raise ValueError(
                 f"{_DIRECT[prim]}: Buffers with a memory space of HBM or ANY cannot be "
                 f"referenced directly. Instead, use `pltpu.sync_copy` or `pltpu.async_copy`."
             )
         if prim is run_scoped_p:
             body = eqn.params["jaxpr"]
-            inner = {body.invars[i] for i, v in enumerate(eqn.invars) if v in hbm_invars}
+            inner = {body.invars[i] for i, v in enumerate(eqn.invars)
+                     if _is_var(v) and v in hbm_invars}
             for k, t in enumerate(eqn.params["types"]):
                 if is_hbm(t.memory_space):
                     if not params.allow_hbm_allocation_in_run_scoped:
@@ -66,7 +72,7 @@ def check_kernel(jaxpr, hbm_invars: set, params: InterpretParams) -> None:
             # Operands line up with the trailing invars of a body (consts first).
             n = len(sub.invars)
             inner = {sub.invars[n - len(eqn.invars) + i] for i, v in enumerate(eqn.invars)
-                     if v in hbm_invars and n - len(eqn.invars) + i >= 0}
+                     if _is_var(v) and v in hbm_invars and n - len(eqn.invars) + i >= 0}
             check_kernel(sub, inner, params)
 
 

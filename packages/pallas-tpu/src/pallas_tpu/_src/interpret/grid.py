@@ -47,8 +47,7 @@ class Config:
 
 
 def is_hbm(space) -> bool:
-    return canonical_space(space) in (MemorySpace.ANY, MemorySpace.HBM, None) and not (
-        space is None)
+    return space is not None and canonical_space(space) in (MemorySpace.ANY, MemorySpace.HBM)
 
 
 def _space(space):
@@ -316,21 +315,19 @@ def _run_grid(core: Core, cfg: Config, setup) -> None:
         (kernel_in if k < n_in else kernel_out).append(buf)
     args = [*setup["prefetch"], *kernel_in, *kernel_out, *scratch]
     points = list(_grid_order(cfg, core.core))
-    if not points:
-        return
-    boxes_of = [_boxes_at(core, cfg, setup, pt) for _, pt in points[:1]]
     history: dict = {}
+    prev = None
+    boxes = _boxes_at(core, cfg, setup, points[0][1]) if points else None
     for t, (loop, point) in enumerate(points):
         core.set_grid_point(point, gm.grid, names)
         if p.grid_point_recorder is not None:
             p.grid_point_recorder(np.int32(0), tuple(np.int32(i) for i in point),
                                   np.int32(core.core))
-        boxes = boxes_of[0] if t == 0 else nxt
         nxt = _boxes_at(core, cfg, setup, points[t + 1][1]) if t + 1 < len(points) else None
         for k, bm in enumerate(gm.in_block_mappings):
             if is_hbm(bm.memory_space):
                 continue
-            if t == 0 or boxes[k] != prev[k]:
+            if prev is None or boxes[k] != prev[k]:
                 _copy_in(core, setup["inputs"][k], boxes[k], kernel_in[k], bm, loop, point)
         core.eval_closed(cfg.jaxpr, args)
         for o, bm in enumerate(gm.out_block_mappings):
@@ -341,7 +338,7 @@ def _run_grid(core: Core, cfg: Config, setup) -> None:
                 _copy_out(core, kernel_out[o], setup["outputs"][o], boxes[k], bm, loop, point)
             if o not in setup["aliases"]:
                 _check_revisit(history, o, boxes[k], loop)
-        prev = boxes
+        prev, boxes = boxes, nxt
 
 
 def _boxes_at(core: Core, cfg: Config, setup, point):
@@ -396,7 +393,7 @@ def _check_revisit(history: dict, o: int, box, loop) -> None:
     if seen and seen[-1][1] == box:
         seen[-1][2].append(loop)
         return
-    for first_loop, b, loops in seen:
+    for _, b, loops in seen:
         if b == box:
             raise RuntimeError(
                 f"Revisited block {B.describe(box)} of output {o} in iteration {loop}. The "
@@ -410,7 +407,7 @@ def _check_revisit(history: dict, o: int, box, loop) -> None:
 
 def _setup_core_map(sim: Simulation, cfg: Config, device: int, args) -> dict:
     bufs = []
-    for i, (x, space, name) in enumerate(zip(args, cfg.operand_spaces, cfg.operand_names)):
+    for i, (x, name) in enumerate(zip(args, cfg.operand_names)):
         key = ("operand", i, device, None)
         bufs.append(sim.buffer(key, lambda x=x, key=key, name=name: Buffer(
             np.array(x), np.shape(x), name, MemorySpace.HBM, key,

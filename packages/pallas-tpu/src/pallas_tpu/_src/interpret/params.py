@@ -123,34 +123,40 @@ class InterpretParams:
         return int(self.vector_clock_size)
 
 
-_forced: list[InterpretParams] = []
+def _state():
+    from pallas_tpu._src import jax_compat
+
+    return jax_compat.interpret_mode_config()
 
 
 def forced_params() -> InterpretParams | None:
-    """The params of ``force_tpu_interpret_mode``/``set_tpu_interpret_mode``, if active."""
-    return _forced[-1] if _forced else None
+    """The params of ``force_tpu_interpret_mode``/``set_tpu_interpret_mode``, if active.
+
+    Kept in JAX's config state of the same purpose, which is part of the jit cache key:
+    a jitted function traced before forcing the mode is traced again under it."""
+    value = _state().value
+    return value if isinstance(value, InterpretParams) else None
 
 
 @contextlib.contextmanager
 def force_tpu_interpret_mode(params: InterpretParams = InterpretParams()):
     """Within the ``with`` block, TPU kernels run in interpret mode, even on a TPU."""
-    _forced.append(params)
+    prev = _state().swap_local(params)
     try:
         yield
     finally:
-        _forced.pop()
+        _state().set_local(prev)
 
 
 def set_tpu_interpret_mode(params: InterpretParams = InterpretParams()) -> None:
     """From now on TPU kernels run in interpret mode (undo with ``reset_...``)."""
-    _forced.clear()
-    _forced.append(params)
+    _state().set_global(params)
 
 
 def reset_tpu_interpret_mode_state() -> None:
     """Turns forced interpret mode off and forgets the simulation state (e.g. after an
     error), as upstream's function of the same name."""
-    _forced.clear()
+    _state().set_global(None)
     from pallas_tpu._src.interpret import state
 
     state.reset_all()

@@ -9,12 +9,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# The token a thread's computation receives: the threads run as separate computations,
+# so nothing orders them after the caller's effects (a distinct value makes that plain).
+_THREAD_TOKEN = 1
 
-def _run_threads(f, num_threads, token, *args):
-    args = jax.tree_util.tree_map(np.asarray, args)
+
+def _run_threads(closed, num_threads, token, *args):
+    consts = [np.asarray(c) for c in closed.consts]
+    args = [np.asarray(a) for a in args]
+    def run(i, *xs):
+        jax.core.eval_jaxpr(closed.jaxpr, xs[:len(consts)], i, *xs[len(consts):])
+
+    compiled = jax.jit(run).trace(np.int32(0), *consts, *args).lower().compile()
 
     def one(i):
-        return jax.jit(f)(jnp.int32(i), jnp.int32(token), *args)
+        compiled(np.int32(i), *consts, *args)
 
     with futures.ThreadPoolExecutor(max_workers=num_threads) as pool:
         results = [pool.submit(one, i) for i in range(num_threads)]
@@ -32,11 +41,18 @@ def _run_threads(f, num_threads, token, *args):
 def thread_map(f, num_threads: int, token, *args):
     """Runs ``f(i, token, *args)`` for ``i`` in ``range(num_threads)``, each on its own
     thread and all at the same time (so they may wait for each other), and returns the
-    token once all have finished. Inside a traced computation the threads run from a
-    host callback; with one thread, ``f`` is simply called."""
+    token once all have finished. ``f`` is traced once; its threads run from a host
+    callback. With one thread, ``f`` is simply called."""
     num_threads = int(num_threads)
     if num_threads == 1:
         return f(jnp.int32(0), token, *args)
+    flat, tree = jax.tree_util.tree_flatten(args)
+
+    def body(i, *leaves):
+        f(i, jnp.int32(_THREAD_TOKEN), *jax.tree_util.tree_unflatten(tree, leaves))
+        return []
+
+    closed = jax.make_jaxpr(body)(jnp.int32(0), *flat)
     return jax.experimental.io_callback(
-        functools.partial(_run_threads, f, num_threads),
-        jax.ShapeDtypeStruct((), jnp.int32), token, *args, ordered=False)
+        functools.partial(_run_threads, closed, num_threads),
+        jax.ShapeDtypeStruct((), jnp.int32), token, *flat, ordered=False)
