@@ -252,7 +252,7 @@ def test_kernel_capturing_an_array_constant():
     def kernel(x_ref, o_ref):
         o_ref[...] = x_ref[...] + table
 
-    with pytest.raises(ValueError, match=r"captures constants \[float32\[4\]\].*inputs"):
+    with pytest.raises(ValueError, match=r"The kernel function .* captures constants \[float32\[4\]\].*inputs"):
         pl.pallas_call(kernel, SDS((4,), jnp.float32), interpret=True)(
             jnp.zeros((4,), jnp.float32))
 

@@ -77,22 +77,46 @@ def test_prefetch_scalar_grid_spec_is_cores():
     assert pltpu.PrefetchScalarGridSpec is pl.PrefetchScalarGridSpec
 
 
-@pytest.mark.parametrize("chip,cores,vmem,hbm_gib", [
-    (pltpu.ChipVersion.TPU_V4, 2, 16 << 20, 32),
-    (pltpu.ChipVersion.TPU_V5E, 1, 128 << 20, 16),
-    (pltpu.ChipVersion.TPU_V5P, 2, 95 << 20, 95),
-    (pltpu.ChipVersion.TPU_V6E, 1, 128 << 20, 32),
-    (pltpu.ChipVersion.TPU_7X, 2, 64 << 20, 192),
+@pytest.mark.parametrize("chip,cores,vmem,hbm_per_core", [
+    (pltpu.ChipVersion.TPU_V2, 1, 16 << 20, 8_000_000_000),
+    (pltpu.ChipVersion.TPU_V4, 2, 16 << 20, 17_200_000_000),
+    (pltpu.ChipVersion.TPU_V5E, 1, 128 << 20, 17_200_000_000),
+    (pltpu.ChipVersion.TPU_V5P, 2, 64 << 20, 51_500_000_000),
+    (pltpu.ChipVersion.TPU_V6E, 1, 128 << 20, 34_400_000_000),
+    (pltpu.ChipVersion.TPU_7X, 1, 64 << 20, 103_000_000_000),
 ])
-def test_tpu_info(chip, cores, vmem, hbm_gib):
+def test_tpu_info_figures_are_per_tensorcore(chip, cores, vmem, hbm_per_core):
     info = pltpu.get_tpu_info_for_chip(chip, cores)
     assert isinstance(info, pltpu.TpuInfo)
     assert info.num_cores == cores and info.num_lanes == 128 and info.num_sublanes == 8
     assert info.vmem_capacity_bytes == vmem
-    assert info.hbm_capacity_bytes == hbm_gib << 30
-    assert info.bf16_ops_per_second > 10**14
-    with pytest.raises(ValueError):
+    assert info.hbm_capacity_bytes == hbm_per_core
+    assert info.bf16_ops_per_second > 10**13
+    with pytest.raises(ValueError, match="num_tensor_cores_per_logical_device"):
         pltpu.get_tpu_info_for_chip(chip, cores + 1)
+
+
+def test_every_chip_upstream_knows_has_figures_and_a_core_layout():
+    for chip in pltpu.ChipVersion:
+        info = pltpu.get_tpu_info_for_chip(chip, 1)
+        assert info.is_lite == chip.is_lite
+        assert info.is_split_chip == (chip.num_physical_tensor_cores_per_chip == 2)
+        assert info.is_matmul_supported("float32", "float32")
+        if chip.supports_megacore:
+            mega = pltpu.get_tpu_info_for_chip(chip, 2)
+            assert mega.is_megacore and not mega.is_split_chip
+        else:
+            with pytest.raises(ValueError, match="Lite chips and dual-core chips"):
+                pltpu.get_tpu_info_for_chip(chip, 2)
+
+
+def test_old_chips_answer_no_for_matmuls_they_lack():
+    v3 = pltpu.get_tpu_info_for_chip(pltpu.ChipVersion.TPU_V3, 1)
+    assert not v3.is_matmul_supported(jnp.bfloat16, jnp.bfloat16)
+    assert v3.int8_ops_per_second == 0 and v3.sparse_core is None
+    v5e = pltpu.get_tpu_info_for_chip(pltpu.ChipVersion.TPU_V5E, 1)
+    assert v5e.is_matmul_supported(jnp.int8, jnp.uint8)
+    assert not v5e.is_matmul_supported(jnp.int8, jnp.bfloat16)
 
 
 def test_v6e_has_256_wide_mxu():
@@ -102,7 +126,7 @@ def test_v6e_has_256_wide_mxu():
 
 def test_is_tpu_device_on_cpu():
     assert pltpu.is_tpu_device() is False
-    with pytest.raises(RuntimeError, match="get_tpu_info_for_chip"):
+    with pytest.raises(ValueError, match="get_tpu_info_for_chip"):
         pltpu.get_tpu_info()
 
 

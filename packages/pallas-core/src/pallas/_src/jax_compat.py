@@ -70,6 +70,7 @@ extend_axis_env_nd = core.extend_axis_env_nd
 register_discharge_rule = state_discharge.register_discharge_rule
 discharge_rules = state_discharge._discharge_rules
 discharge_state = state_discharge.discharge_state
+run_state_p = state_discharge.run_state_p
 
 
 def trace_kernel_to_jaxpr(fun, in_avals, debug_name: str, arg_names=None):

@@ -159,8 +159,8 @@ def trace_kernel(kernel: Callable, gm: GridMapping, in_tree_args, out_tree, scra
         if non_scalar:
             shapes = ", ".join(jax.typeof(c).str_short() for c in non_scalar)
             raise ValueError(
-                f"The kernel of pallas_call {name} captures constants [{shapes}]. "
-                f"Pass them as inputs (with a BlockSpec) instead."
+                f"The kernel function in the pallas_call {name} captures constants "
+                f"[{shapes}]. You should pass them as inputs (with a BlockSpec)."
             )
     return jc.ClosedJaxpr(jaxpr, consts)
 

@@ -1,8 +1,9 @@
-"""What a TPU chip has: cores, lanes, MXUs, memory sizes and peak rates.
+"""What a TPU chip has: cores, lanes, MXUs, memory sizes, peak rates and native matmuls.
 
-Figures are the public ones (Google Cloud TPU documentation and the chips' published
-specifications). Per-TensorCore sizes (VMEM, SMEM) are per core; HBM and peak rates are
-per chip. Fields with no public figure are marked as such in ``TpuInfo.notes``.
+Every chip upstream knows is here, from TPU v2 to TPU 8i, with upstream's conventions so
+that kernels sizing their blocks from these figures behave the same: all figures are
+**per TensorCore** (a chip's HBM, bandwidth and peak rates divided by its physical
+TensorCores); a figure with no public value is 0 ("not available").
 """
 
 from __future__ import annotations
@@ -11,13 +12,18 @@ import dataclasses
 import enum
 
 import jax
+import numpy as np
 
 MiB = 1 << 20
-GiB = 1 << 30
+KiB = 1 << 10
 
 
-class ChipVersion(enum.Enum):
-    """TPU chip generations."""
+class ChipVersionBase:
+    """Base of chip-version enums (a third-party chip table may define its own)."""
+
+
+class ChipVersion(ChipVersionBase, enum.Enum):
+    """TPU chip generations, with the core layout each chip has."""
 
     TPU_V2 = "v2"
     TPU_V3 = "v3"
@@ -26,45 +32,81 @@ class ChipVersion(enum.Enum):
     TPU_V5E = "v5e"
     TPU_V5P = "v5p"
     TPU_V6E = "v6e"
+    TPU_7 = "7"
     TPU_7X = "7x"
+    TPU_8I = "8i"
 
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def is_lite(self) -> bool:
+        """Lite (inference) chips have one TensorCore."""
+        return self in _LITE
 
-ChipVersionBase = ChipVersion
+    @property
+    def num_physical_tensor_cores_per_chip(self) -> int:
+        return 1 if self.is_lite else 2
+
+    @property
+    def supports_megacore(self) -> bool:
+        """Whether both TensorCores can act as one logical device (v4, v5p)."""
+        return self in (ChipVersion.TPU_V4, ChipVersion.TPU_V5P)
+
+
+_LITE = frozenset({ChipVersion.TPU_V4I, ChipVersion.TPU_V5E, ChipVersion.TPU_V6E})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SparseCoreInfo:
+    """The SparseCores of a chip (absent before v5p)."""
+
+    num_cores: int
+    num_subcores: int
+    num_lanes: int
+    vmem_capacity_bytes: int  # per vector subcore
+    dma_granule_size_bytes: int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TpuInfo:
-    """Hardware facts of one TPU chip, as a kernel author needs them."""
+    """Hardware facts of one TPU TensorCore, as a kernel author needs them.
 
-    chip_version: ChipVersion
+    Figures are per TensorCore: multiply by ``num_cores`` for a logical device.
+    """
+
+    chip_version: ChipVersionBase
     generation: int
     num_cores: int  # TensorCores per logical device
     num_lanes: int
     num_sublanes: int
     mxu_column_size: int
     num_mxus: int  # per TensorCore
-    num_accumulators: int
-    vmem_capacity_bytes: int  # per TensorCore
+    num_accumulators: int  # (sublanes, mxu_column_size) 32-bit buffers per MXU; 0 = unknown
+    vmem_capacity_bytes: int
     cmem_capacity_bytes: int
     smem_capacity_bytes: int
-    hbm_capacity_bytes: int  # per chip
+    hbm_capacity_bytes: int
     mem_bw_bytes_per_second: int
     bf16_ops_per_second: int
     int8_ops_per_second: int
     fp8_ops_per_second: int
     int4_ops_per_second: int
-    notes: str = ""
+    sparse_core: SparseCoreInfo | None = None
+
+    @property
+    def is_lite(self) -> bool:
+        return self.chip_version.is_lite
 
     @property
     def is_megacore(self) -> bool:
+        """Both physical TensorCores act as one logical device."""
         return self.num_cores > 1
 
-    def is_lite(self) -> bool:
-        return self.chip_version in (ChipVersion.TPU_V5E, ChipVersion.TPU_V6E,
-                                     ChipVersion.TPU_V4I)
+    @property
+    def is_split_chip(self) -> bool:
+        """A two-core chip used one core per logical device."""
+        return self.num_cores == 1 and self.chip_version.num_physical_tensor_cores_per_chip > 1
 
     @property
     def vreg_shape(self) -> tuple[int, int]:
@@ -73,123 +115,153 @@ class TpuInfo:
 
     def min_tile(self, dtype) -> tuple[int, int]:
         """The smallest natively tiled (sublanes, lanes) block for ``dtype``."""
-        import numpy as np
-
         packing = max(1, 4 // np.dtype(dtype).itemsize)
         return (self.num_sublanes * packing, self.num_lanes)
 
+    def is_matmul_supported(self, lhs_dtype, rhs_dtype) -> bool:
+        """Whether the MXU multiplies these operand dtypes natively (without casting)."""
+        lhs, rhs = np.dtype(lhs_dtype), np.dtype(rhs_dtype)
+        for lhs_set, rhs_set in _NATIVE_MATMULS.get(self.generation, ()):
+            if lhs in lhs_set and rhs in rhs_set:
+                return True
+        return False
 
-T = 10**12
-_TC_COMMON = dict(num_lanes=128, num_sublanes=8)
+    def get_sublane_tiling(self, dtype) -> int:
+        """The second-minor tile XLA uses for ``dtype`` by default (a heuristic: XLA flags
+        change it). 16- and 32-bit types use plain sublanes before generation 7."""
+        bits = 4 if np.dtype(dtype) in (_dt("int4"), _dt("uint4")) else 8 * np.dtype(dtype).itemsize
+        if self.generation < 7:
+            return self.num_sublanes if bits in (16, 32) else self.num_sublanes * (32 // bits)
+        if self.generation == 7:
+            return self.num_sublanes * (32 // bits)
+        raise NotImplementedError(
+            f"sublane tiling of TPU generation {self.generation} is not known")
 
-# chip -> (generation, TensorCores per chip, per-chip figures)
-_CHIPS: dict[ChipVersion, dict] = {
-    # TPU v4: 2 TensorCores (megacore), 4 MXUs of 128x128 each, 32 GiB HBM2 at
-    # 1200 GB/s, 275 TFLOP/s bf16 and int8 ops, 128 MiB CMEM; 16 MiB VMEM per core.
-    ChipVersion.TPU_V4: dict(
-        generation=4, cores_per_chip=2, mxu_column_size=128, num_mxus=4,
-        vmem_capacity_bytes=16 * MiB, cmem_capacity_bytes=128 * MiB,
-        smem_capacity_bytes=1 * MiB, hbm_capacity_bytes=32 * GiB,
-        mem_bw_bytes_per_second=1200 * 10**9, bf16_ops_per_second=275 * T,
-        int8_ops_per_second=275 * T, fp8_ops_per_second=0, int4_ops_per_second=0,
-    ),
-    # TPU v5e: 1 TensorCore, 4 MXUs of 128x128, 16 GiB HBM2e at 819 GB/s,
-    # 197 TFLOP/s bf16, 394 TOP/s int8; 128 MiB VMEM.
-    ChipVersion.TPU_V5E: dict(
-        generation=5, cores_per_chip=1, mxu_column_size=128, num_mxus=4,
-        vmem_capacity_bytes=128 * MiB, cmem_capacity_bytes=0,
-        smem_capacity_bytes=1 * MiB, hbm_capacity_bytes=16 * GiB,
-        mem_bw_bytes_per_second=819 * 10**9, bf16_ops_per_second=197 * T,
-        int8_ops_per_second=394 * T, fp8_ops_per_second=0, int4_ops_per_second=788 * T,
-    ),
-    # TPU v5p: 2 TensorCores (megacore), 4 MXUs of 128x128 each, 95 GiB HBM2e at
-    # 2765 GB/s, 459 TFLOP/s bf16, 918 TOP/s int8; 95 MiB VMEM per core.
-    ChipVersion.TPU_V5P: dict(
-        generation=5, cores_per_chip=2, mxu_column_size=128, num_mxus=4,
-        vmem_capacity_bytes=95 * MiB, cmem_capacity_bytes=0,
-        smem_capacity_bytes=1 * MiB, hbm_capacity_bytes=95 * GiB,
-        mem_bw_bytes_per_second=2765 * 10**9, bf16_ops_per_second=459 * T,
-        int8_ops_per_second=918 * T, fp8_ops_per_second=0, int4_ops_per_second=0,
-    ),
-    # TPU v6e (Trillium): 1 TensorCore, 2 MXUs of 256x256, 32 GiB HBM at 1640 GB/s,
-    # 918 TFLOP/s bf16, 1836 TOP/s int8; 128 MiB VMEM.
-    ChipVersion.TPU_V6E: dict(
-        generation=6, cores_per_chip=1, mxu_column_size=256, num_mxus=2,
-        vmem_capacity_bytes=128 * MiB, cmem_capacity_bytes=0,
-        smem_capacity_bytes=1 * MiB, hbm_capacity_bytes=32 * GiB,
-        mem_bw_bytes_per_second=1640 * 10**9, bf16_ops_per_second=918 * T,
-        int8_ops_per_second=1836 * T, fp8_ops_per_second=0, int4_ops_per_second=0,
-    ),
-    # TPU7x (Ironwood): 2 TensorCores per chip, MXUs of 256x256, 192 GiB HBM3e at
-    # 7.37 TB/s, 4614 TFLOP/s fp8 (2307 bf16); 64 MiB VMEM per core.
-    ChipVersion.TPU_7X: dict(
-        generation=7, cores_per_chip=2, mxu_column_size=256, num_mxus=2,
-        vmem_capacity_bytes=64 * MiB, cmem_capacity_bytes=0,
-        smem_capacity_bytes=1 * MiB, hbm_capacity_bytes=192 * GiB,
-        mem_bw_bytes_per_second=7370 * 10**9, bf16_ops_per_second=2307 * T,
-        int8_ops_per_second=0, fp8_ops_per_second=4614 * T, int4_ops_per_second=0,
-    ),
+
+def _dt(name: str) -> np.dtype:
+    return np.dtype(getattr(jax.numpy, name))
+
+
+def _native_matmuls() -> dict[int, tuple]:
+    f32, bf16, s8, u8 = _dt("float32"), _dt("bfloat16"), _dt("int8"), _dt("uint8")
+    s4, u4 = _dt("int4"), _dt("uint4")
+    e5m2, e4m3fn, e4m3b11 = _dt("float8_e5m2"), _dt("float8_e4m3fn"), _dt("float8_e4m3b11fnuz")
+    floats56 = {f32, bf16, e5m2, e4m3b11}
+    gen7 = (({f32, bf16}, {f32, bf16}), ({f32, bf16, e5m2, e4m3fn}, {e5m2, e4m3fn}))
+    return {
+        2: (({f32}, {f32}),),
+        3: (({f32}, {f32}),),
+        4: (({f32, bf16}, {f32, bf16, s8}),),
+        5: ((floats56, floats56), ({u8, s8}, {u8, s8}), ({u4, s4}, {u4, s4})),
+        6: ((floats56, floats56), ({u8, s8}, {u8, s8}), ({u4, s4}, {u4, s4})),
+        7: gen7,
+        8: gen7,
+    }
+
+
+_NATIVE_MATMULS = _native_matmuls()
+
+# Per chip: generation, MXU width and count, accumulators, per-core VMEM/SMEM, per-chip
+# CMEM, HBM, bandwidth, bf16/int8/fp8/int4 peak rates (0: not available), SparseCores.
+_SC_V5P = SparseCoreInfo(num_cores=4, num_subcores=16, num_lanes=8,
+                         vmem_capacity_bytes=512 * KiB, dma_granule_size_bytes=32)
+_SC_V6E = SparseCoreInfo(num_cores=2, num_subcores=16, num_lanes=8,
+                         vmem_capacity_bytes=256 * KiB, dma_granule_size_bytes=32)
+_SC_7 = SparseCoreInfo(num_cores=2, num_subcores=16, num_lanes=16,
+                       vmem_capacity_bytes=512 * KiB, dma_granule_size_bytes=32)
+_SC_8I = SparseCoreInfo(num_cores=1, num_subcores=4, num_lanes=16,
+                        vmem_capacity_bytes=512 * KiB, dma_granule_size_bytes=64)
+_CHIPS: dict[ChipVersion, tuple] = {
+    #                   gen mxu n acc vmem      smem       cmem         hbm      bw
+    #                   bf16     int8     fp8      int4     sparse core
+    ChipVersion.TPU_V2: (2, 128, 1, 0, 16 * MiB, 16 * KiB, 0, 16_000_000_000, 7.16e11,
+                         4.6e13, 0, 0, 0, None),
+    ChipVersion.TPU_V3: (3, 128, 2, 0, 16 * MiB, 16 * KiB, 0, 34_400_000_000, 8.25e11,
+                         1.40e14, 0, 0, 0, None),
+    ChipVersion.TPU_V4I: (4, 128, 4, 0, 16 * MiB, MiB, 134_000_000, 8_590_000_000, 6.14e11,
+                          1.37e14, 0, 0, 0, None),
+    ChipVersion.TPU_V4: (4, 128, 4, 0, 16 * MiB, MiB, 134_000_000, 34_400_000_000, 1.23e12,
+                         2.75e14, 0, 0, 0, None),
+    ChipVersion.TPU_V5E: (5, 128, 4, 0, 128 * MiB, MiB, 0, 17_200_000_000, 8.20e11,
+                          1.97e14, 3.94e14, 0, 7.88e14, None),
+    ChipVersion.TPU_V5P: (5, 128, 4, 0, 64 * MiB, MiB, 0, 103_000_000_000, 2.46e12,
+                          4.59e14, 9.18e14, 0, 1.84e15, _SC_V5P),
+    ChipVersion.TPU_V6E: (6, 256, 2, 0, 128 * MiB, MiB, 0, 34_400_000_000, 1.64e12,
+                          9.20e14, 1.84e15, 9.20e14, 3.68e15, _SC_V6E),
+    ChipVersion.TPU_7: (7, 256, 2, 128, 64 * MiB, MiB, 0, 206_000_000_000, 7.40e12,
+                        2.31e15, 0, 4.60e15, 0, _SC_7),
+    ChipVersion.TPU_7X: (7, 256, 2, 128, 64 * MiB, MiB, 0, 206_000_000_000, 7.40e12,
+                         2.31e15, 0, 4.60e15, 0, _SC_7),
+    ChipVersion.TPU_8I: (8, 256, 2, 256, 192 * MiB, MiB, 0, 309_000_000_000, 8.60e12,
+                         1.101e15, 0, 8.808e15, 0, _SC_8I),
 }
-
-_NOTES = ("HBM sizes, HBM bandwidth and peak rates are Google's published per-chip "
-          "figures. VMEM is per TensorCore; v4 and v5e VMEM are published, the v5p, v6e "
-          "and 7x values are the commonly cited ones (not officially published). "
-          "smem_capacity_bytes and num_accumulators have no published figure; the values "
-          "given are conservative. A rate of 0 means not supported natively.")
 
 
 def get_tpu_info_for_chip(chip_version: ChipVersion,
                           num_tensor_cores_per_logical_device: int) -> TpuInfo:
-    """The :class:`TpuInfo` of ``chip_version`` when a logical device has that many cores."""
-    chip_version = ChipVersion(chip_version)
-    if chip_version not in _CHIPS:
-        known = ", ".join(str(c) for c in _CHIPS)
-        raise ValueError(f"no TPU figures for chip {chip_version}; known chips: {known}")
-    d = dict(_CHIPS[chip_version])
-    per_chip = d.pop("cores_per_chip")
-    n = int(num_tensor_cores_per_logical_device)
-    if not 1 <= n <= per_chip:
+    """The :class:`TpuInfo` of ``chip_version`` when a logical device has that many cores.
+
+    Megacore chips (v4, v5p) take 1 (split) or 2 (megacore); every other chip takes 1.
+    """
+    chip = ChipVersion(chip_version)
+    n = num_tensor_cores_per_logical_device
+    if not chip.supports_megacore and n != 1:
         raise ValueError(
-            f"TPU {chip_version} has {per_chip} TensorCore(s) per chip; "
-            f"num_tensor_cores_per_logical_device={n} is not possible"
+            "Lite chips and dual-core chips that do not support Megacore must have "
+            f"num_tensor_cores_per_logical_device=1, but got {n} (TPU {chip}; only "
+            "v4 and v5p take 2)."
         )
-    return TpuInfo(chip_version=chip_version, num_cores=n, num_accumulators=d["num_mxus"],
-                   notes=_NOTES, **_TC_COMMON, **d)
+    if n not in (1, 2):
+        raise ValueError(f"TPU {chip}: num_tensor_cores_per_logical_device must be 1 or 2, "
+                         f"got {n}")
+    (gen, mxu, num_mxus, acc, vmem, smem, cmem, hbm, bw, bf16, int8, fp8, int4,
+     sc) = _CHIPS[chip]
+    per_core = chip.num_physical_tensor_cores_per_chip
+    return TpuInfo(
+        chip_version=chip, generation=gen, num_cores=n, num_lanes=128, num_sublanes=8,
+        mxu_column_size=mxu, num_mxus=num_mxus, num_accumulators=acc,
+        vmem_capacity_bytes=vmem, smem_capacity_bytes=smem,
+        cmem_capacity_bytes=cmem // per_core, hbm_capacity_bytes=hbm // per_core,
+        mem_bw_bytes_per_second=int(bw // per_core),
+        bf16_ops_per_second=int(bf16 // per_core), int8_ops_per_second=int(int8 // per_core),
+        fp8_ops_per_second=int(fp8 // per_core), int4_ops_per_second=int(int4 // per_core),
+        sparse_core=sc,
+    )
 
 
-_KIND_TO_CHIP = (
-    ("7x", ChipVersion.TPU_7X), ("v7", ChipVersion.TPU_7X), ("ironwood", ChipVersion.TPU_7X),
-    ("v6", ChipVersion.TPU_V6E), ("v5 lite", ChipVersion.TPU_V5E),
-    ("v5e", ChipVersion.TPU_V5E), ("v5p", ChipVersion.TPU_V5P), ("v5", ChipVersion.TPU_V5P),
-    ("v4", ChipVersion.TPU_V4),
-)
+_KINDS = {
+    "TPU v2": ChipVersion.TPU_V2, "TPU v3": ChipVersion.TPU_V3,
+    "TPU v4": ChipVersion.TPU_V4, "TPU v4 lite": ChipVersion.TPU_V4I,
+    "TPU v5e": ChipVersion.TPU_V5E, "TPU v5 lite": ChipVersion.TPU_V5E,
+    "TPU v5": ChipVersion.TPU_V5P, "TPU v5p": ChipVersion.TPU_V5P,
+    "TPU v6e": ChipVersion.TPU_V6E, "TPU v6 lite": ChipVersion.TPU_V6E,
+    "TPU7": ChipVersion.TPU_7, "TPU7x": ChipVersion.TPU_7X, "TPU8i": ChipVersion.TPU_8I,
+}
 
 
-def chip_version_from_device_kind(kind: str) -> ChipVersion:
-    k = kind.lower()
-    for key, chip in _KIND_TO_CHIP:
-        if key in k:
-            return chip
-    raise ValueError(f"unknown TPU device kind {kind!r}")
+def chip_version_from_device_kind(kind: str) -> ChipVersion | None:
+    """The chip of a JAX ``device_kind`` (``"TPU v5 lite"``, ``"TPU7x"``), or None."""
+    return _KINDS.get(kind)
 
 
 def is_tpu_device() -> bool:
-    """True when JAX's default backend is a TPU."""
+    """True when JAX's default device is a TPU chip this table knows."""
     try:
-        return jax.devices()[0].platform == "tpu"
+        dev = jax.devices()[0]
     except RuntimeError:
         return False
+    return dev.platform == "tpu" and chip_version_from_device_kind(dev.device_kind) is not None
 
 
 def get_tpu_info() -> TpuInfo:
-    """The :class:`TpuInfo` of the TPU JAX is running on (raises on other platforms)."""
-    if not is_tpu_device():
-        raise RuntimeError(
-            "get_tpu_info() needs a TPU device (JAX's default backend is "
+    """The :class:`TpuInfo` of the TPU JAX is running on (a ValueError elsewhere)."""
+    dev = jax.devices()[0]
+    chip = chip_version_from_device_kind(dev.device_kind) if dev.platform == "tpu" else None
+    if chip is None:
+        raise ValueError(
+            f"Unsupported TPU device kind: {dev.device_kind} (JAX's default backend is "
             f"{jax.default_backend()!r}); use pltpu.get_tpu_info_for_chip(chip, cores) "
             "to look up a chip's figures elsewhere"
         )
-    dev = jax.devices()[0]
-    chip = chip_version_from_device_kind(dev.device_kind)
     cores = getattr(dev, "num_cores", None) or 1
-    return get_tpu_info_for_chip(chip, min(int(cores), _CHIPS[chip]["cores_per_chip"]))
+    return get_tpu_info_for_chip(chip, int(cores) if chip.supports_megacore else 1)

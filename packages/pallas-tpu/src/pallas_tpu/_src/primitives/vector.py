@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+import pallas.einshape
 from pallas_tpu._src.primitives._define import value_primitive
 
 
@@ -91,54 +90,14 @@ def bitcast(x, ty):
 
 
 # -- einshape --------------------------------------------------------------------------------
-_GROUP = re.compile(r"\(([a-zA-Z]+)\)|([a-zA-Z])")
-
-
-def _parse_side(side: str) -> list[list[str]]:
-    side = side.replace(" ", "")
-    groups, pos = [], 0
-    for m in _GROUP.finditer(side):
-        if m.start() != pos:
-            raise ValueError(f"einshape: cannot parse {side!r}")
-        groups.append(list(m.group(1) or m.group(2)))
-        pos = m.end()
-    if pos != len(side):
-        raise ValueError(f"einshape: cannot parse {side!r}")
-    return groups
-
-
 def einshape(equation: str, x, assert_is_tile_preserving: bool = False, **sizes: int):
     """Reshapes and transposes ``x`` as ``equation`` says, e.g. ``"m(nk)->nmk"``.
 
     Parenthesised letters on the left are split (give all but one size as keyword
-    arguments); on the right they are merged.
+    arguments); on the right they are merged. See :mod:`pallas.einshape`.
     """
-    x = jnp.asarray(x)
-    lhs, rhs = equation.split("->")
-    lg, rg = _parse_side(lhs), _parse_side(rhs)
-    if len(lg) != x.ndim:
-        raise ValueError(f"einshape {equation!r}: left side has {len(lg)} dims, x has {x.ndim}")
-    dim = dict(sizes)
-    for g, n in zip(lg, x.shape):
-        unknown = [a for a in g if a not in dim]
-        known = int(np.prod([dim[a] for a in g if a in dim], dtype=np.int64))
-        if len(unknown) > 1:
-            raise ValueError(f"einshape {equation!r}: give the sizes of {unknown[1:]}")
-        if unknown:
-            if n % known:
-                raise ValueError(f"einshape {equation!r}: {n} is not divisible by {known}")
-            dim[unknown[0]] = n // known
-        elif known != n:
-            raise ValueError(f"einshape {equation!r}: sizes {g} do not multiply to {n}")
-    la = [a for g in lg for a in g]
-    ra = [a for g in rg for a in g]
-    if sorted(la) != sorted(ra):
-        raise ValueError(f"einshape {equation!r}: both sides must name the same dims")
-    y = x.reshape([dim[a] for a in la])
-    perm = [la.index(a) for a in ra]
-    if perm != list(range(len(perm))):
-        y = jnp.transpose(y, perm)
-    return y.reshape([int(np.prod([dim[a] for a in g], dtype=np.int64)) for g in rg])
+    del assert_is_tile_preserving  # the Mosaic lowering checks tiles itself
+    return pallas.einshape.einshape(equation, x, **sizes)
 
 
 # -- pack / unpack -----------------------------------------------------------------------------
