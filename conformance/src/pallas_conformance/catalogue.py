@@ -71,6 +71,9 @@ TAGS: dict[str, str] = {
     "shard_map": "pallas_call inside jax.shard_map",
     "export": "jax.export of a function that calls pallas_call",
     "kernels": "whole kernels (matmul, softmax, layer norm, attention)",
+    "fusion": "kernels with jax.numpy prologues/epilogues fused in by pallas.fuser (block "
+              "specs pulled through elementwise ops, broadcasts, reshapes, transposes, "
+              "slices and concatenates); the fused kernel is one pallas_call",
 }
 
 # Other spellings of a tag that backends may claim.

@@ -101,7 +101,7 @@ def test_fusion_through_transpose_and_reshape(rng):
     np.testing.assert_allclose(out, x.reshape(128, 64) @ yt.T, rtol=1e-5, atol=1e-4)
 
 
-def test_a_fused_kernel_under_vmap_of_size_one_and_grad_free_code(rng):
+def test_a_fused_function_under_vmap_of_size_one(rng):
     x, y = _operands(rng)
     out = jax.vmap(fuser.fuse(lambda x, y: fusible_matmul(x, y) * 3.0))(x[None], y[None])
     np.testing.assert_allclose(out[0], (x @ y) * 3.0, rtol=1e-5, atol=1e-4)

@@ -11,6 +11,7 @@ from pallas_conformance.cases import (
     dot_more,
     elementwise,
     elementwise_more,
+    fusion,
     indexing,
     indexing_more,
     kernels,

@@ -13,6 +13,7 @@ CAPABILITIES = frozenset({
     "control_flow", "dot",
     "multiple_outputs", "scratch", "atomics", "aliasing", "pytrees", "scalar_prefetch",
     "bf16", "f16", "int8", "uint32", "bool", "kernels", "vmap", "grad", "sequential_grid",
+    "fusion",
     # Blocks of any shape: edge blocks and odd sizes become masks (only what a kernel
     # touches at once must have power-of-two dimensions).
     "unaligned_blocks",

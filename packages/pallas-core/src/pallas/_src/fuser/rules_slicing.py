@@ -178,10 +178,12 @@ def _concatenate_eval_rule(ctx, *blocks, dimension):
     counts = [n // size for n in lengths]
     ends = np.cumsum(counts)
     i = ctx.get_out_block_indices()[0][dimension]
-    which = sum(jnp.asarray(i >= e, jnp.int32) for e in ends[:-1]) if len(ends) > 1 else 0
-    dtype = blocks[0].dtype
-    # select_n on a block per child: only the child that holds block i is chosen.
-    return lax.select_n(jnp.asarray(which, jnp.int32), *[b.astype(dtype) for b in blocks])
+    # Each child's (clamped) block was read; keep the one that holds block i. An
+    # elementwise select (not a scalar-predicated one) lowers on every backend.
+    out = blocks[0]
+    for end, b in zip(ends[:-1], blocks[1:]):
+        out = jnp.where(jnp.full(out.shape, i >= end), b.astype(out.dtype), out)
+    return out
 
 
 @register_push_block_spec_rule(lax.concatenate_p)
