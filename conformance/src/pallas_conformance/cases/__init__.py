@@ -24,4 +24,5 @@ from pallas_conformance.cases import (
     scratch,
     semaphores,
     transforms,
+    transforms_more,
 )

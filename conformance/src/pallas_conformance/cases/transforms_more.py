@@ -1,0 +1,401 @@
+"""More JAX transformations of pallas_call: grad/vjp/jvp of whole kernels, shard_map
+with collectives, jax.export round trips, and backward passes that accumulate over grid
+axes (continues :mod:`.transforms`, whose helpers it reuses)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+import pallas as pl
+from pallas_conformance.cases.transforms import (
+    HI,
+    C,
+    _add_program_id,
+    _matmul_rows,
+    _ref_add_program_id,
+    _ref_running_sum,
+    _running_sum,
+    _tiled_sin,
+)
+from pallas_conformance.catalogue import case, randn, sds
+
+# --- More grad and jvp ----------------------------------------------------------------
+
+def _softmax_rows(pallas_call, x):
+    def kernel(x_ref, o_ref):
+        v = x_ref[...]
+        e = jnp.exp(v - jnp.max(v, axis=-1, keepdims=True))
+        o_ref[...] = e / jnp.sum(e, axis=-1, keepdims=True)
+
+    spec = pl.BlockSpec((8, C), lambda i: (i, 0))
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(x.shape[0] // 8,),
+                       in_specs=[spec], out_specs=spec)(x)
+
+
+def _matmul_loss(a, b):
+    return jnp.sum(jnp.dot(a, b, precision=HI) ** 2)
+
+
+@case("grad/matmul", tags={"grad", "dot"},
+      inputs=lambda rng: (randn(rng, (16, C), scale=0.3), randn(rng, (C, C), scale=0.1)),
+      reference=lambda x, w: jax.grad(_matmul_loss, argnums=(0, 1))(x, w),
+      tolerance={"float32": (1e-4, 1e-4)})
+def grad_matmul(pallas_call, x, w):
+    """grad of sum((x @ w)**2) through a row-tiled matmul kernel, for both operands."""
+    return jax.grad(lambda a, b: jnp.sum(_matmul_rows(pallas_call, a, b) ** 2),
+                    argnums=(0, 1))(x, w)
+
+
+@case("grad/softmax", tags={"grad", "reductions", "broadcasting"},
+      inputs=lambda rng: (randn(rng, (16, C), scale=2.0), randn(rng, (16, C))),
+      reference=lambda x, t: jax.grad(
+          lambda a: jnp.sum(jax.nn.softmax(a, axis=-1) * t))(x),
+      tolerance={"float32": (1e-5, 1e-4)})
+def grad_softmax(pallas_call, x, t):
+    """grad of a weighted sum of a row-softmax kernel (max, exp, sum, divide)."""
+    return jax.grad(lambda a: jnp.sum(_softmax_rows(pallas_call, a) * t))(x)
+
+
+@case("grad/jvp_matmul", tags={"grad", "dot"},
+      inputs=lambda rng: (randn(rng, (16, C), scale=0.3), randn(rng, (C, C), scale=0.1),
+                          randn(rng, (16, C), scale=0.3), randn(rng, (C, C), scale=0.1)),
+      reference=lambda x, w, tx, tw: jax.jvp(lambda a, b: jnp.dot(a, b, precision=HI),
+                                             (x, w), (tx, tw)),
+      tolerance={"float32": (1e-4, 1e-4)})
+def jvp_matmul(pallas_call, x, w, tx, tw):
+    """jax.jvp of a matmul kernel with tangents for both operands."""
+    return jax.jvp(lambda a, b: _matmul_rows(pallas_call, a, b), (x, w), (tx, tw))
+
+
+@case("grad/vjp_two_outputs", tags={"grad", "multiple_outputs"},
+      inputs=lambda rng: (randn(rng, (8, C)), randn(rng, (8, C)), randn(rng, (8, C)),
+                          randn(rng, (8, C))),
+      reference=lambda x, y, gu, gv: jax.vjp(lambda a, b: (a * b, jnp.sin(a) + b),
+                                             x, y)[1]((gu, gv)))
+def vjp_two_outputs(pallas_call, x, y, gu, gv):
+    """jax.vjp of a kernel with two outputs, pulled back with explicit cotangents."""
+    def f(a, b):
+        def kernel(a_ref, b_ref, u_ref, v_ref):
+            u_ref[...] = a_ref[...] * b_ref[...]
+            v_ref[...] = jnp.sin(a_ref[...]) + b_ref[...]
+
+        s = sds(a.shape, a.dtype)
+        return pallas_call(kernel, out_shape=(s, s))(a, b)
+
+    _, pull = jax.vjp(f, x, y)
+    return pull((gu, gv))
+
+
+@case("grad/accumulate_over_grid", tags={"grad", "reductions", "sequential_grid"},
+      inputs=lambda rng: (randn(rng, (8, 4 * C)),),
+      reference=lambda x: jax.grad(lambda a: jnp.sum(jnp.sum(jnp.tanh(a), axis=1) ** 2))(x),
+      tolerance={"float32": (1e-4, 1e-5)})
+def grad_accumulate(pallas_call, x):
+    """grad through a row-sum kernel that accumulates into its output along a grid axis."""
+    def f(a):
+        def kernel(x_ref, o_ref):
+            @pl.when(pl.program_id(0) == 0)
+            def _():
+                o_ref[...] = jnp.zeros_like(o_ref)
+
+            o_ref[...] += jnp.sum(jnp.tanh(x_ref[...]), axis=1, keepdims=True)
+
+        return pallas_call(kernel, out_shape=sds((8, 1), a.dtype), grid=(4,),
+                           in_specs=[pl.BlockSpec((8, C), lambda k: (0, k))],
+                           out_specs=pl.BlockSpec((8, 1), lambda k: (0, 0)))(a)
+
+    return jax.grad(lambda a: jnp.sum(f(a) ** 2))(x)
+
+
+@case("grad/fori_loop_kernel", tags={"grad", "control_flow"},
+      inputs=lambda rng: (randn(rng, (8, C), scale=0.5),),
+      reference=lambda x: jax.grad(lambda a: jnp.sum(
+          jax.lax.fori_loop(0, 3, lambda i, v: jnp.sin(v) * a, a)))(x),
+      tolerance={"float32": (1e-5, 1e-5)})
+def grad_fori(pallas_call, x):
+    """grad through a kernel whose body is a static-bound fori_loop."""
+    def f(a):
+        def kernel(x_ref, o_ref):
+            v = x_ref[...]
+            o_ref[...] = jax.lax.fori_loop(0, 3, lambda i, c: jnp.sin(c) * v, v)
+
+        return pallas_call(kernel, out_shape=sds(a.shape, a.dtype))(a)
+
+    return jax.grad(lambda a: jnp.sum(f(a)))(x)
+
+
+@case("grad/second_order", tags={"grad"},
+      inputs=lambda rng: (randn(rng, (16, C)),),
+      reference=lambda x: jax.grad(lambda a: jnp.sum(
+          jax.grad(lambda b: jnp.sum(jnp.sin(b) * b))(a)))(x),
+      tolerance={"float32": (1e-5, 1e-5)})
+def grad_second(pallas_call, x):
+    """grad of grad: the diagonal second derivative of a tiled elementwise kernel."""
+    g = jax.grad(lambda a: jnp.sum(_tiled_sin(pallas_call, a)))
+    return jax.grad(lambda a: jnp.sum(g(a)))(x)
+
+
+@case("grad/under_vmap", tags={"grad", "vmap"},
+      inputs=lambda rng: (randn(rng, (3, 16, C)),),
+      reference=jax.vmap(jax.grad(lambda a: jnp.sum(jnp.sin(a) * a))))
+def grad_vmap(pallas_call, x):
+    """vmap of grad of a tiled elementwise kernel (per-example gradients)."""
+    return jax.vmap(jax.grad(lambda a: jnp.sum(_tiled_sin(pallas_call, a))))(x)
+
+
+@case("grad/checkpoint", tags={"grad"},
+      inputs=lambda rng: (randn(rng, (16, C)),),
+      reference=lambda x: jax.grad(lambda a: jnp.sum((jnp.sin(a) * a) ** 2))(x),
+      tolerance={"float32": (1e-5, 1e-5)})
+def grad_checkpoint(pallas_call, x):
+    """grad through jax.checkpoint around the kernel (the kernel is recomputed)."""
+    f = jax.checkpoint(lambda a: _tiled_sin(pallas_call, a))
+    return jax.grad(lambda a: jnp.sum(f(a) ** 2))(x)
+
+
+@case("grad/jvp_scratch", tags={"grad", "scratch", "sequential_grid", "carry_across_blocks"},
+      inputs=lambda rng: (randn(rng, (32, C)), randn(rng, (32, C))),
+      reference=lambda x, t: jax.jvp(_ref_running_sum, (x,), (t,)),
+      tolerance={"float32": (1e-5, 1e-5)})
+def jvp_scratch(pallas_call, x, t):
+    """jax.jvp of a kernel with persistent scratch (the scratch gets a tangent buffer)."""
+    return jax.jvp(lambda a: _running_sum(pallas_call, a), (x,), (t,))
+
+
+def _masked_tanh(pallas_call, x):
+    """tanh of the first 100 lanes through a masked load (other=0) and a masked store
+    over a zero fill."""
+    def kernel(x_ref, o_ref):
+        m = jax.lax.broadcasted_iota(jnp.int32, (8, C), 1) < 100
+        o_ref[...] = jnp.zeros_like(o_ref)
+        v = pl.load(x_ref, (slice(None), slice(None)), mask=m, other=0.0)
+        pl.store(o_ref, jnp.tanh(v), (slice(None), slice(None)), mask=m)
+
+    spec = pl.BlockSpec((8, C), lambda i: (i, 0))
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(x.shape[0] // 8,),
+                       in_specs=[spec], out_specs=spec)(x)
+
+
+def _ref_masked_tanh(x):
+    return jnp.where(jnp.arange(C)[None] < 100, jnp.tanh(x), 0.0)
+
+
+@case("grad/masked_load_store", tags={"grad", "indexing"},
+      inputs=lambda rng: (randn(rng, (16, C)),),
+      reference=lambda x: jax.grad(lambda a: jnp.sum(_ref_masked_tanh(a) ** 2))(x),
+      tolerance={"float32": (1e-5, 1e-5)})
+def grad_masked(pallas_call, x):
+    """grad through masked pl.load/pl.store: masked-out lanes get a zero gradient."""
+    return jax.grad(lambda a: jnp.sum(_masked_tanh(pallas_call, a) ** 2))(x)
+
+
+@case("grad/jvp_while_loop", tags={"grad", "control_flow"},
+      inputs=lambda rng: (randn(rng, (8, C)) * 5.0, randn(rng, (8, C))),
+      reference=lambda x, t: jax.jvp(
+          lambda a: jax.lax.while_loop(lambda v: jnp.max(jnp.abs(v)) >= 1.0,
+                                       lambda v: v * 0.5, a), (x,), (t,)))
+def jvp_while(pallas_call, x, t):
+    """jax.jvp (forward mode) of a kernel whose while_loop trip count depends on data."""
+    def f(a):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = jax.lax.while_loop(lambda v: jnp.max(jnp.abs(v)) >= 1.0,
+                                            lambda v: v * 0.5, x_ref[...])
+
+        return pallas_call(kernel, out_shape=sds(a.shape, a.dtype))(a)
+
+    return jax.jvp(f, (x,), (t,))
+
+
+# --- More shard_map (over every local device; set XLA_FLAGS=
+# --xla_force_host_platform_device_count=N on a CPU to use N > 1) -----------------------
+
+def _mesh_all(rows: int):
+    """A 1-D mesh over as many local devices (a power of two, at most 4) as divide
+    ``rows // 8`` row blocks."""
+    n = 1
+    while n * 2 <= min(jax.device_count(), 4) and (rows // 8) % (n * 2) == 0:
+        n *= 2
+    return jax.make_mesh((n,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,),
+                         devices=jax.devices()[:n])
+
+
+@case("shard_map/psum_column_sums", tags={"shard_map", "reductions"},
+      inputs=lambda rng: (randn(rng, (32, C)), randn(rng, (32, C))),
+      reference=lambda x, y: jnp.sum(x * y, axis=0),
+      tolerance={"float32": (1e-4, 1e-5)})
+def shard_psum_cols(pallas_call, x, y):
+    """Each shard's kernel reduces its rows; lax.psum adds the partial sums of all shards."""
+    mesh = _mesh_all(x.shape[0])
+
+    def local(a, b):
+        def kernel(a_ref, b_ref, o_ref):
+            o_ref[...] = jnp.sum(a_ref[...] * b_ref[...], axis=0)
+
+        part = pallas_call(kernel, out_shape=sds((C,), a.dtype))(a, b)
+        return jax.lax.psum(part, "x")
+
+    f = jax.shard_map(local, mesh=mesh, in_specs=(P("x"), P("x")), out_specs=P())
+    sh = jax.NamedSharding(mesh, P("x"))
+    return jax.jit(f)(jax.device_put(x, sh), jax.device_put(y, sh))
+
+
+@case("shard_map/all_gather", tags={"shard_map"},
+      inputs=lambda rng: (randn(rng, (32, C)),), reference=lambda x: jnp.sin(x) * x)
+def shard_all_gather(pallas_call, x):
+    """A tiled kernel per shard, then lax.all_gather(tiled=True) back to the whole array
+    (check_vma=False: the gathered result is replicated)."""
+    mesh = _mesh_all(x.shape[0])
+    f = jax.shard_map(
+        lambda a: jax.lax.all_gather(_tiled_sin(pallas_call, a), "x", tiled=True),
+        mesh=mesh, in_specs=P("x"), out_specs=P(), check_vma=False)
+    return jax.jit(f)(jax.device_put(x, jax.NamedSharding(mesh, P("x"))))
+
+
+@case("shard_map/program_id_per_shard", tags={"shard_map", "control_flow"},
+      inputs=lambda rng: (randn(rng, (32, C)),),
+      reference=lambda x: jnp.concatenate(
+          [_ref_add_program_id(s) for s in jnp.split(x, _mesh_all(x.shape[0]).size)]))
+def shard_program_id(pallas_call, x):
+    """program_id counts the grid of each shard's call, not of the global array."""
+    mesh = _mesh_all(x.shape[0])
+    f = jax.shard_map(lambda a: _add_program_id(pallas_call, a), mesh=mesh, in_specs=P("x"),
+                      out_specs=P("x"))
+    return jax.jit(f)(jax.device_put(x, jax.NamedSharding(mesh, P("x"))))
+
+
+@case("shard_map/grad", tags={"shard_map", "grad"},
+      inputs=lambda rng: (randn(rng, (32, C)), randn(rng, (C, C), scale=0.1)),
+      reference=lambda x, w: jax.grad(_matmul_loss, argnums=(0, 1))(x, w),
+      tolerance={"float32": (1e-4, 1e-4)})
+def shard_grad(pallas_call, x, w):
+    """grad through shard_map of a matmul kernel with a replicated weight (its cotangent
+    is summed over the shards)."""
+    mesh = _mesh_all(x.shape[0])
+
+    def loss(a, b):
+        def local(a_, b_):
+            return jax.lax.psum(jnp.sum(_matmul_rows(pallas_call, a_, b_) ** 2), "x")
+
+        return jax.shard_map(local, mesh=mesh, in_specs=(P("x"), P()), out_specs=P())(a, b)
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1)))(
+        jax.device_put(x, jax.NamedSharding(mesh, P("x"))), w)
+
+
+# --- More export ----------------------------------------------------------------------
+
+@case("export/serialize_round_trip", tags={"export"},
+      inputs=lambda rng: (randn(rng, (16, C)),), reference=lambda x: jnp.sin(x) * x)
+def export_serialize(pallas_call, x):
+    """jax.export, serialize to bytes, deserialize and call the deserialized Exported."""
+    exp = jax.export.export(jax.jit(lambda a: _tiled_sin(pallas_call, a)))(x)
+    blob = exp.serialize()
+    assert isinstance(blob, (bytes, bytearray)) and len(blob) > 0
+    return jax.export.deserialize(blob).call(x)
+
+
+@case("export/pytree_args", tags={"export", "pytrees", "multiple_outputs"},
+      inputs=lambda rng: (randn(rng, (8, C)), randn(rng, (8, C))),
+      reference=lambda x, y: {"sum": x + y, "prod": (x * y, x - y)})
+def export_pytree(pallas_call, x, y):
+    """Export of a function with a dict argument and a nested dict/tuple result, after a
+    serialize/deserialize round trip."""
+    def f(d):
+        def kernel(a_ref, b_ref, s_ref, p_ref, m_ref):
+            a, b = a_ref[...], b_ref[...]
+            s_ref[...] = a + b
+            p_ref[...] = a * b
+            m_ref[...] = a - b
+
+        s = sds(d["a"].shape, d["a"].dtype)
+        total, prod, diff = pallas_call(kernel, out_shape=(s, s, s))(d["a"], d["b"])
+        return {"sum": total, "prod": (prod, diff)}
+
+    args = {"a": x, "b": y}
+    exp = jax.export.deserialize(jax.export.export(jax.jit(f))(args).serialize())
+    return exp.call(args)
+
+
+@case("export/of_vmap", tags={"export", "vmap"},
+      inputs=lambda rng: (randn(rng, (3, 16, C)),), reference=lambda x: jnp.sin(x) * x)
+def export_vmap(pallas_call, x):
+    """Export of a vmapped grid kernel, serialized and deserialized."""
+    f = jax.jit(jax.vmap(lambda a: _tiled_sin(pallas_call, a)))
+    return jax.export.deserialize(jax.export.export(f)(x).serialize()).call(x)
+
+
+@case("export/of_grad", tags={"export", "grad"},
+      inputs=lambda rng: (randn(rng, (16, C)),),
+      reference=lambda x: jax.grad(lambda a: jnp.sum(jnp.sin(a) * a))(x))
+def export_grad(pallas_call, x):
+    """Export of the gradient of a tiled elementwise kernel."""
+    f = jax.jit(jax.grad(lambda a: jnp.sum(_tiled_sin(pallas_call, a))))
+    return jax.export.export(f)(x).call(x)
+
+
+@case("export/scratch_and_grid",
+      tags={"export", "scratch", "sequential_grid", "carry_across_blocks"},
+      inputs=lambda rng: (randn(rng, (32, C)),), reference=_ref_running_sum,
+      tolerance={"float32": (1e-5, 1e-5)})
+def export_scratch(pallas_call, x):
+    """Export of a grid kernel with persistent scratch, serialized and deserialized."""
+    f = jax.jit(lambda a: _running_sum(pallas_call, a))
+    return jax.export.deserialize(jax.export.export(f)(x).serialize()).call(x)
+
+
+# --- Backward passes with accumulation over grid axes ------------------------------------
+
+def _k_matmul(pallas_call, x, w, rescale=None):
+    """x @ w over an (i, j, k) grid of (8, 128) x (128, 128) blocks, accumulating into the
+    output block along k; with ``rescale``, ``o = o * rescale + x @ w`` at every step."""
+    def kernel(x_ref, w_ref, o_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        prod = jnp.dot(x_ref[...], w_ref[...], precision=HI)
+        if rescale is None:
+            o_ref[...] += prod
+        else:
+            o_ref[...] = o_ref[...] * rescale + prod
+
+    (m, k), n = x.shape, w.shape[1]
+    return pallas_call(kernel, out_shape=sds((m, n), x.dtype), grid=(m // 8, n // C, k // C),
+                       in_specs=[pl.BlockSpec((8, C), lambda i, j, kk: (i, kk)),
+                                 pl.BlockSpec((C, C), lambda i, j, kk: (kk, j))],
+                       out_specs=pl.BlockSpec((8, C), lambda i, j, kk: (i, j)))(x, w)
+
+
+def _rescaled_ref(x, w, rescale):
+    o = jnp.zeros((x.shape[0], w.shape[1]), x.dtype)
+    for kk in range(x.shape[1] // C):
+        o = o * rescale + jnp.dot(x[:, kk * C:(kk + 1) * C], w[kk * C:(kk + 1) * C],
+                                  precision=HI)
+    return o
+
+
+@case("grad/matmul_k_accumulation", tags={"grad", "dot", "sequential_grid"},
+      inputs=lambda rng: (randn(rng, (16, 2 * C), scale=0.3),
+                          randn(rng, (2 * C, 2 * C), scale=0.1)),
+      reference=lambda x, w: jax.grad(_matmul_loss, argnums=(0, 1))(x, w),
+      tolerance={"float32": (1e-4, 1e-4)})
+def grad_k_matmul(pallas_call, x, w):
+    """grad of a matmul that accumulates into its output along a k grid axis: each
+    operand's cotangent sums over the grid axis its index map does not use."""
+    return jax.grad(lambda a, b: jnp.sum(_k_matmul(pallas_call, a, b) ** 2),
+                    argnums=(0, 1))(x, w)
+
+
+@case("grad/rescaled_accumulator", tags={"grad", "dot", "sequential_grid"},
+      inputs=lambda rng: (randn(rng, (16, 2 * C), scale=0.3),
+                          randn(rng, (2 * C, 2 * C), scale=0.1)),
+      reference=lambda x, w: jax.grad(
+          lambda a, b: jnp.sum(_rescaled_ref(a, b, 0.5) ** 2), argnums=(0, 1))(x, w),
+      tolerance={"float32": (1e-4, 1e-4)})
+def grad_rescaled(pallas_call, x, w):
+    """grad through an accumulator scaled at every k step (o = o * 0.5 + x @ w): the
+    cotangent reaching an early step is scaled by the later ones."""
+    return jax.grad(lambda a, b: jnp.sum(_k_matmul(pallas_call, a, b, 0.5) ** 2),
+                    argnums=(0, 1))(x, w)
