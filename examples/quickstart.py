@@ -45,6 +45,7 @@ import numpy as np  # noqa: E402
 
 import pallas as pl  # noqa: E402
 import pallas.plugins  # noqa: E402
+from pallas.plugins import KernelRequest  # noqa: E402
 
 # Every kernel wrapper below takes ``backend`` and ``interpret`` and passes them on to
 # ``pl.pallas_call``: ``interpret=True`` runs the interpreter; ``backend="triton"`` (an
@@ -216,9 +217,7 @@ def pallas_call_eqns(jaxpr) -> list:
 def compile_calls(f, args, backend) -> None:
     """Compiles every ``pallas_call`` of ``f(*args)`` with the backend's compiler."""
     for eqn in pallas_call_eqns(jax.make_jaxpr(f)(*args).jaxpr):
-        p = eqn.params
-        backend.compile(p["jaxpr"], p["grid_mapping"], p["compiler_params"], name=p["name"],
-                        out_avals=p["out_avals"], cost_estimate=p["cost_estimate"])
+        backend.compile(KernelRequest.from_params(eqn.params, eqn.params["compiler_params"]))
 
 
 def try_lower(fn, args, backend) -> tuple[str, str | None]:

@@ -10,16 +10,16 @@ Levels, in order:
     ``jax.export`` for that platform succeed, with ``pallas_call(..., backend=NAME)``.
 ``compile``
     Every ``pallas_call`` equation of the traced case is handed to
-    ``backend.compile(jaxpr, grid_mapping, compiler_params, name=, out_avals=,
-    cost_estimate=)`` and must not raise.
+    ``backend.compile(request)`` (a ``pallas.plugins.KernelRequest``) and must not
+    raise.
 ``backend_interpret``
     Like ``emulate`` but through ``backend.interpret(...)``: the kernel jaxpr under the
     backend's own interpret rules (e.g. TPU interpret mode). It checks the backend's
     semantics of the primitives, not the code the backend generates.
 ``emulate``
     The **generated code** is executed: the traced case is evaluated with every
-    ``pallas_call`` equation replaced by ``backend.emulate(jaxpr, grid_mapping, compiler_params, *args, name=, out_avals=,
-    cost_estimate=)``; the results are compared with the interpreter's.
+    ``pallas_call`` equation replaced by ``backend.emulate(request, *args)``; the
+    results are compared with the interpreter's.
 ``execute``
     ``jax.jit(f)(*args)`` on a device of the backend's platform, compared with the
     interpreter's results. Skipped when the machine has no such device.
@@ -45,6 +45,7 @@ import numpy as np
 
 import pallas as pl
 import pallas.plugins
+from pallas.plugins import KernelRequest
 from pallas_conformance._jax_compat import is_known_platform
 from pallas_conformance.catalogue import TAG_ALIASES, TAGS, Case
 
@@ -216,10 +217,9 @@ def pallas_call_eqns(jaxpr) -> list:
     return found
 
 
-def _call_kw(eqn) -> dict:
-    p = eqn.params
-    return {"name": p.get("name"), "out_avals": p.get("out_avals"),
-            "cost_estimate": p.get("cost_estimate")}
+def _request(eqn) -> KernelRequest:
+    """What the backend receives for one ``pallas_call`` equation."""
+    return KernelRequest.from_params(eqn.params, eqn.params["compiler_params"])
 
 
 def _eval_with_emulator(jaxpr, consts, args, emulate):
@@ -404,8 +404,7 @@ class CaseRunner:
             if not eqns:
                 return _no_pallas_call(closed, level)
             for eqn in eqns:
-                p = eqn.params
-                b.compile(p["jaxpr"], p["grid_mapping"], p["compiler_params"], **_call_kw(eqn))
+                b.compile(_request(eqn))
             return PASS, ""
         if level in ("emulate", "backend_interpret"):
             closed = jax.make_jaxpr(f)(*args)
@@ -414,9 +413,7 @@ class CaseRunner:
             run_kernel = b.emulate if level == "emulate" else b.interpret
 
             def emulate(eqn, invals):
-                p = eqn.params
-                outs = run_kernel(p["jaxpr"], p["grid_mapping"], p["compiler_params"],
-                                  *invals, **_call_kw(eqn))
+                outs = run_kernel(_request(eqn), *invals)
                 outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
                 if len(outs) != len(eqn.outvars):
                     raise Mismatch(f"emulate returned {len(outs)} outputs for a pallas_call "

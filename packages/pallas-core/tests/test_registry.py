@@ -88,8 +88,8 @@ def test_hookspecs_name_the_two_hooks():
 def test_backend_base_class_lower_is_required():
     b = pallas.plugins.Backend(name="x", version="1", platforms=("cpu",))
     with pytest.raises(NotImplementedError, match="'x'.*lower"):
-        b.lower(None, jaxpr=None, grid_mapping=None, compiler_params=None,
-                cost_estimate=None, name="k", metadata=None, out_avals=())
+        b.lower(pallas.plugins.LoweringRequest(ctx=None, jaxpr=None, grid_mapping=None,
+                                               name="k"))
     assert b.describe() == "x 1 (cpu)"
 
 

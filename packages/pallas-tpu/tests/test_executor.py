@@ -17,6 +17,7 @@ from jaxlib.mlir import ir
 
 import pallas as pl
 import pallas_tpu as pltpu
+from pallas.plugins import KernelRequest
 from pallas_conformance import FAIL, PASS, CaseRunner, get_case, pallas_call_eqns
 from pallas_tpu import executor
 from pallas_tpu._src import jax_compat as jc
@@ -33,8 +34,8 @@ def emulate(backend, f, *args):
     """``backend.emulate`` on the single ``pallas_call`` of ``f``."""
     (eqn,) = pallas_call_eqns(jax.make_jaxpr(f)(*args))
     p = eqn.params
-    return backend.emulate(p["jaxpr"], p["grid_mapping"], p["compiler_params"], *args,
-                           name=p["name"], out_avals=p["out_avals"], cost_estimate=None)
+    request = KernelRequest.from_params(p, p["compiler_params"])
+    return backend.emulate(request, *args)
 
 
 # ------------------------------------------------------------------------------------
@@ -170,32 +171,22 @@ def _swapped_block_indices():
         kernel_mod.func = _FUNC
 
 
-@contextlib.contextmanager
 def _reduce_other_axis():
-    saved = RULES[lax.reduce_sum_p]
+    def wrong(saved):
+        def rule(lctx, eqn, x):
+            nd = len(eqn.invars[0].aval.shape)
+            axes = tuple(nd - 1 - a for a in eqn.params["axes"])
+            return saved(lctx, eqn.replace(params={**eqn.params, "axes": axes}), x)
 
-    def wrong(lctx, eqn, x):
-        nd = len(eqn.invars[0].aval.shape)
-        axes = tuple(nd - 1 - a for a in eqn.params["axes"])
-        return saved(lctx, eqn.replace(params={**eqn.params, "axes": axes}), x)
+        return rule
 
-    RULES[lax.reduce_sum_p] = wrong
-    try:
-        yield
-    finally:
-        RULES[lax.reduce_sum_p] = saved
+    return RULES.overridden(lax.reduce_sum_p, wrong)
 
 
-@contextlib.contextmanager
 def _no_dma_wait():
     from pallas_tpu._src.primitives import dma
 
-    saved = RULES[dma.dma_wait_p]
-    RULES[dma.dma_wait_p] = lambda lctx, eqn, *invals: []
-    try:
-        yield
-    finally:
-        RULES[dma.dma_wait_p] = saved
+    return RULES.overridden(dma.dma_wait_p, lambda saved: lambda lctx, eqn, *invals: [])
 
 
 @dataclasses.dataclass

@@ -1,8 +1,11 @@
 """The backend plugin API: the contract, discovery and selection.
 
-Backend authors need only this module: subclass :class:`Backend`, return instances from
-a ``@hookimpl``-marked ``pallas_backends`` function, and register the module in the
-``pallas.backends`` entry-point group.
+Backend authors need only this module: subclass :class:`Backend` (its methods take a
+:class:`KernelRequest` or :class:`LoweringRequest`), return instances from a
+``@hookimpl``-marked ``pallas_backends`` function, and register the module in the
+``pallas.backends`` entry-point group. The hooks are documented in
+``pallas/_src/registry/hookspecs.py``; rules are kept in :class:`RuleTable` objects keyed
+by primitive (the interpreter's is :data:`interpret_rules`).
 """
 
 from pallas._src.block_spec import Blocked, BoundedSlice, Element, Squeezed
@@ -58,6 +61,8 @@ from pallas._src.registry.registry import (
     reset,
     select_backend,
 )
+from pallas._src.registry.requests import KernelRequest, LoweringRequest
+from pallas._src.registry.rule_table import RuleConflictError, RuleTable
 
 # The primitives of pallas-core that a backend lowers (besides JAX's own, e.g. the state
 # primitives get/swap/addupdate and lax's), and the interpreter pieces it may reuse.
@@ -83,6 +88,8 @@ __all__ = [
     # Race detection for interpret modes that simulate concurrency (vector clocks).
     "Access", "AccessLog", "Race", "RaceDetector", "RaceReport", "VectorClocks",
     "happens_before", "region", "regions_overlap",
+    # The typed contract and the rule tables.
+    "KernelRequest", "LoweringRequest", "RuleConflictError", "RuleTable",
     # The one-way import rule, for each package's tests.
     "private_core_imports",
 ]

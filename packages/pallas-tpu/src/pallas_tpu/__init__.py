@@ -9,6 +9,7 @@ from pallas import PrefetchScalarGridSpec
 from pallas import load as load
 from pallas import store as store
 from pallas_tpu import core
+from pallas_tpu import plugin as _plugin  # noqa: F401 - registers the interpreter rules
 from pallas_tpu.__about__ import __version__
 from pallas_tpu._src.compiler_params import (
     ARBITRARY,
@@ -84,9 +85,6 @@ from pallas_tpu._src.tpu_info import (
     get_tpu_info_for_chip,
     is_tpu_device,
 )
-from pallas_tpu.plugin import register_interpret_rules as _register_interpret_rules
-
-_register_interpret_rules()
 
 # The 66 names of upstream jax.experimental.pallas.tpu (JAX 0.10.2).
 UPSTREAM_NAMES = (

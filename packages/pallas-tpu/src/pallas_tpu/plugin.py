@@ -1,6 +1,9 @@
 """The pallas-tpu plugin: registered in the ``pallas.backends`` entry-point group.
 
-Provides the ``mosaic_tpu`` backend and the interpreter rules of the TPU primitives.
+Provides the ``mosaic_tpu`` backend, the interpreter rules of the TPU primitives, and
+two explicit overrides of pallas-core interpreter rules (remote ``semaphore_signal``,
+``lax.axis_index`` of a ``shard_map`` axis). All are registered when ``pallas_tpu`` is
+imported, so ``interpret=True`` works before plugin discovery.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from pallas_tpu._src import core_compat
 from pallas_tpu._src.backend import MOSAIC_TPU
 from pallas_tpu._src.primitives import _define, dma, misc, mxu, remote
 
+OWNER = "pallas_tpu"
+
 
 @hookimpl
 def pallas_backends():
@@ -17,30 +22,9 @@ def pallas_backends():
 
 
 def interpret_rules() -> dict:
-    """Interpreter rules of every TPU primitive (and remote ``semaphore_signal``)."""
+    """Interpreter rules of every TPU primitive."""
     return {**dma.INTERPRET_RULES, **misc.INTERPRET_RULES, **mxu.INTERPRET_RULES,
-            **_define.INTERPRET_RULES,
-            **_extend(core_compat.semaphore_signal_p, remote.remote_semaphore_signal),
-            **_extend(core_compat.axis_index_p, remote.mesh_axis_index)}
-
-
-def _extend(prim, handler) -> dict:
-    """Wraps pallas-core's interpreter rule of ``prim`` with ``handler(ctx, eqn, invals,
-    core_rule)``, which handles the multi-device case and defers to core's otherwise.
-
-    Used for ``semaphore_signal(device_id=...)`` and for ``lax.axis_index`` of a
-    ``shard_map`` axis (core knows only the grid's axis names).
-    """
-    table = core_compat.interpret_rules
-    core_rule = table.get(prim)
-    if core_rule is None or getattr(core_rule, "_pallas_tpu_extended", False):
-        return {prim: core_rule} if core_rule is not None else {}
-
-    def rule(ctx, eqn, invals):
-        return handler(ctx, eqn, invals, core_rule)
-
-    rule._pallas_tpu_extended = True
-    return {prim: rule}
+            **_define.INTERPRET_RULES}
 
 
 @hookimpl
@@ -49,10 +33,26 @@ def pallas_interpret_rules():
 
 
 def register_interpret_rules() -> None:
-    """Registers the rules directly, so ``interpret=True`` works before plugin discovery.
-
-    (pallas-core discovers plugins lazily when it selects a backend; with
-    ``interpret=True`` it may never do so. Importing pallas_tpu is enough.)
-    """
+    """Registers the TPU primitives' rules and pallas-tpu's overrides of core rules
+    (idempotent: registering again from pallas-tpu replaces its own entries)."""
     for prim, fn in interpret_rules().items():
-        register_interpret_rule(prim)(fn)
+        register_interpret_rule(prim, owner=OWNER)(fn)
+    table = core_compat.interpret_rules
+    # Multi-device cases handled here, the rest deferred to core's rule.
+    table.override(core_compat.semaphore_signal_p, owner=OWNER)(
+        lambda core_rule: _deferring(remote.remote_semaphore_signal, core_rule))
+    table.override(core_compat.axis_index_p, owner=OWNER)(
+        lambda core_rule: _deferring(remote.mesh_axis_index, core_rule))
+
+
+def _deferring(handler, core_rule):
+    """The rule ``handler(ctx, eqn, invals, core_rule)``: ``semaphore_signal(device_id=)``
+    and ``lax.axis_index`` of a ``shard_map`` axis, deferring to core's rule otherwise."""
+
+    def rule(ctx, eqn, invals):
+        return handler(ctx, eqn, invals, core_rule)
+
+    return rule
+
+
+register_interpret_rules()

@@ -23,16 +23,17 @@ CAPABILITIES = frozenset({
 class TritonBackend(plugins.Backend):
     """Lowers kernels to Triton for NVIDIA GPUs (compute capability 8.0+)."""
 
-    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost_estimate,
-              name, metadata, out_avals):
+    def lower(self, request: plugins.LoweringRequest):
         from pallas_triton._src import gpu_call
 
         return gpu_call.lower_pallas_call(
-            ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
-            compiler_params=compiler_params, cost_estimate=cost_estimate, name=name,
-            out_avals=out_avals)
+            request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
+            grid_mapping=request.grid_mapping, compiler_params=request.compiler_params,
+            cost_estimate=request.cost_estimate, name=request.name,
+            out_avals=request.out_avals)
 
-    def validate(self, jaxpr, grid_mapping, compiler_params) -> None:
+    def validate(self, request: plugins.KernelRequest) -> None:
+        compiler_params = request.compiler_params
         if compiler_params is not None and not isinstance(compiler_params, CompilerParams):
             if not isinstance(compiler_params, dict):
                 raise TypeError(
@@ -42,23 +43,27 @@ class TritonBackend(plugins.Backend):
         # cannot lower, so the error comes at trace time, naming the primitive.
         from pallas_triton._src.lowering import lower_kernel
 
-        lower_kernel(jaxpr, grid_mapping, compiler_params)
+        lower_kernel(request.jaxpr, request.grid_mapping, compiler_params)
 
-    def compile(self, jaxpr, grid_mapping, compiler_params, **kw: Any):
-        """Lowers and compiles with ``triton.compile``; ``compute_capability=`` (80)."""
+    def compile(self, request: plugins.KernelRequest):
+        """Lowers and compiles with ``triton.compile``; option ``compute_capability``
+        (default: the compiler params', else 80)."""
         from pallas_triton._src import compile as tc
         from pallas_triton._src.lowering import lower_kernel
 
-        lowered = lower_kernel(jaxpr, grid_mapping, compiler_params, kw.get("name"))
-        cc = kw.get("compute_capability") or tc.compute_capability(compiler_params)
+        lowered = lower_kernel(request.jaxpr, request.grid_mapping, request.compiler_params,
+                               request.name)
+        cc = (request.options.get("compute_capability")
+              or tc.compute_capability(request.compiler_params))
         return tc.compile_lowered(lowered, cc)
 
-    def emulate(self, jaxpr, grid_mapping, compiler_params, *args, **kw: Any):
+    def emulate(self, request: plugins.KernelRequest, *args: Any):
         """Runs the generated kernel under Triton's interpreter; returns the outputs."""
         from pallas_triton._src.emulate import emulate_lowered
         from pallas_triton._src.lowering import lower_kernel
 
-        lowered = lower_kernel(jaxpr, grid_mapping, compiler_params, kw.get("name"))
+        lowered = lower_kernel(request.jaxpr, request.grid_mapping, request.compiler_params,
+                               request.name)
         return emulate_lowered(lowered, *args)
 
 

@@ -14,7 +14,7 @@ import dataclasses
 import jax.numpy as jnp
 from jax.interpreters import mlir
 
-from pallas.plugins import hookimpl, interpret_pallas_call
+from pallas.plugins import KernelRequest, LoweringRequest, hookimpl, interpret_pallas_call
 from toy_pallas_backend.plugin import TOY, ToyBackend, primitives_of
 
 
@@ -23,20 +23,20 @@ def _bump_int32(outs):
 
 
 class OffByOne(ToyBackend):
-    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, **kw):
+    def lower(self, request: LoweringRequest):
         def run(*args):
-            return _bump_int32(interpret_pallas_call(*args, jaxpr=jaxpr,
-                                                     grid_mapping=grid_mapping))
+            return _bump_int32(interpret_pallas_call(*args, jaxpr=request.jaxpr,
+                                                     grid_mapping=request.grid_mapping))
 
-        return mlir.lower_fun(run, multiple_results=True)(ctx, *in_nodes)
+        return mlir.lower_fun(run, multiple_results=True)(request.ctx, *request.in_nodes)
 
-    def emulate(self, jaxpr, grid_mapping, compiler_params, *args, **kw):
-        return _bump_int32(super().emulate(jaxpr, grid_mapping, compiler_params, *args, **kw))
+    def emulate(self, request: KernelRequest, *args):
+        return _bump_int32(super().emulate(request, *args))
 
 
 class WrongDtype(ToyBackend):
-    def emulate(self, jaxpr, grid_mapping, compiler_params, *args, **kw):
-        outs = super().emulate(jaxpr, grid_mapping, compiler_params, *args, **kw)
+    def emulate(self, request: KernelRequest, *args):
+        outs = super().emulate(request, *args)
         return [o.astype(jnp.float32) if o.dtype == jnp.bfloat16 else o for o in outs]
 
 
@@ -45,13 +45,13 @@ class CantLower(ToyBackend):
         if "dot_general" in primitives_of(jaxpr):
             raise NotImplementedError("toy_cant_lower: dot_general is not implemented")
 
-    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, **kw):
-        self._check(jaxpr)
-        return super().lower(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping, **kw)
+    def lower(self, request: LoweringRequest):
+        self._check(request.jaxpr)
+        return super().lower(request)
 
-    def compile(self, jaxpr, grid_mapping, compiler_params, **kw):
-        self._check(jaxpr)
-        return super().compile(jaxpr, grid_mapping, compiler_params, **kw)
+    def compile(self, request: KernelRequest):
+        self._check(request.jaxpr)
+        return super().compile(request)
 
 
 def _variant(cls, name):

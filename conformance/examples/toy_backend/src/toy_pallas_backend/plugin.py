@@ -15,7 +15,14 @@ import jax
 import jax.extend.core as jex
 
 import pallas as pl
-from pallas.plugins import Backend, hookimpl, interpret_pallas_call, lower_with_interpreter
+from pallas.plugins import (
+    Backend,
+    KernelRequest,
+    LoweringRequest,
+    hookimpl,
+    interpret_pallas_call,
+    lower_with_interpreter,
+)
 from toy_pallas_backend import __version__
 
 # Every conformance tag except the JAX transformations (which need rules in the core).
@@ -56,17 +63,17 @@ def primitives_of(jaxpr) -> set[str]:
 class ToyBackend(Backend):
     """Lowers, compiles and emulates by delegating to the core interpreter."""
 
-    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost_estimate,
-              name, metadata, out_avals):
-        return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping)
+    def lower(self, request: LoweringRequest):
+        return lower_with_interpreter(request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
+                                      grid_mapping=request.grid_mapping)
 
-    def compile(self, jaxpr, grid_mapping, compiler_params, **kw):
-        return ToyArtifact(name=kw.get("name") or "kernel", grid=tuple(grid_mapping.grid),
-                           source=str(jaxpr))
+    def compile(self, request: KernelRequest) -> ToyArtifact:
+        return ToyArtifact(name=request.name, grid=tuple(request.grid_mapping.grid),
+                           source=str(request.jaxpr))
 
-    def emulate(self, jaxpr, grid_mapping, compiler_params, *args, **kw):
-        run = jax.jit(functools.partial(interpret_pallas_call, jaxpr=jaxpr,
-                                        grid_mapping=grid_mapping))
+    def emulate(self, request: KernelRequest, *args):
+        run = jax.jit(functools.partial(interpret_pallas_call, jaxpr=request.jaxpr,
+                                        grid_mapping=request.grid_mapping))
         return run(*args)
 
 

@@ -23,6 +23,7 @@ from pallas._src.compiler_params import CompilerParams, FrozenParams
 from pallas._src.cost import CostEstimate
 from pallas._src.grid_spec import GridMapping, GridSpec, keystr, resolve_grid_mapping
 from pallas._src.registry import registry
+from pallas._src.registry.requests import KernelRequest, LoweringRequest
 
 pallas_call_p = jc.Primitive("pallas_call")
 pallas_call_p.multiple_results = True
@@ -300,7 +301,11 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
         explicit = registry.requested_backend(backend, compiler_params)
         if explicit is not None and not interpret:
             b = registry.get_backend(explicit)
-            b.validate(jaxpr, gm, registry.resolve_compiler_params(b, compiler_params))
+            b.validate(KernelRequest(
+                jaxpr=jaxpr, grid_mapping=gm,
+                compiler_params=registry.resolve_compiler_params(b, compiler_params),
+                name=kname, out_avals=tuple(out_avals), cost_estimate=cost_estimate,
+                metadata=_freeze(metadata)))
         checks = _checks_for(interpret) if interpret else None
         flat_args = jc.insert_pvary(*flat_args)  # (inside shard_map; else a no-op)
         outs = pallas_call_p.bind(
@@ -443,11 +448,11 @@ def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compi
         b = registry.select_backend(platform, backend, compiler_params)
 
         def rule(ctx, *in_nodes):
-            return b.lower(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
-                           compiler_params=registry.resolve_compiler_params(
-                               b, compiler_params),
-                           cost_estimate=cost_estimate,
-                           name=name, metadata=metadata, out_avals=out_avals)
+            return b.lower(LoweringRequest(
+                ctx=ctx, in_nodes=in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
+                compiler_params=registry.resolve_compiler_params(b, compiler_params),
+                cost_estimate=cost_estimate, name=name, metadata=metadata,
+                out_avals=tuple(out_avals)))
 
         return rule
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pallas.plugins import Backend
+from pallas.plugins import Backend, LoweringRequest
 from pallas_mosaic_gpu.__about__ import __version__
 from pallas_mosaic_gpu._src.compiler_params import CompilerParams
 
@@ -15,11 +15,10 @@ CAPABILITIES: frozenset = frozenset()
 class MosaicGpuBackend(Backend):
     """Lowers ``pallas_call`` to the Mosaic GPU compiler library's custom call."""
 
-    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost_estimate,
-              name, metadata, out_avals):
+    def lower(self, request: LoweringRequest):
         raise NotImplementedError(
             f"the mosaic_gpu backend (pallas-mosaic-gpu {__version__}) cannot lower "
-            f"kernel {name!r} yet: its lowering to Mosaic GPU is not implemented in this "
+            f"kernel {request.name!r} yet: its lowering to Mosaic GPU is not implemented in this "
             "release; use interpret=True, or backend='triton' for platform cuda")
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pallas.plugins import Backend
+import dataclasses
+
+from pallas.plugins import Backend, KernelRequest, LoweringRequest
 from pallas_tpu.__about__ import __version__
 from pallas_tpu._src.compiler_params import CompilerParams
 
@@ -26,41 +28,39 @@ class MosaicTpuBackend(Backend):
     on CPU unless ``interpret=True``; here every backend must be checkable on CPU.)
     """
 
-    def validate(self, jaxpr, grid_mapping, compiler_params) -> None:
+    def validate(self, request: KernelRequest) -> None:
         from pallas_tpu._src.validate import validate
 
-        validate(jaxpr, grid_mapping, _params(compiler_params))
+        validate(request.jaxpr, request.grid_mapping, _params(request.compiler_params))
 
-    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost_estimate,
-              name, metadata, out_avals):
+    def lower(self, request: LoweringRequest):
         from pallas_tpu._src import core_compat
         from pallas_tpu._src.interpret.params import forced_params
 
-        platforms = ctx.module_context.platforms
+        platforms = request.ctx.module_context.platforms
         if forced_params() is not None:
             # pltpu.force_tpu_interpret_mode(params): the TPU simulation.
             return forced_params().lower_pallas_call(
-                ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
-                compiler_params=compiler_params, name=name)
+                request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
+                grid_mapping=request.grid_mapping, compiler_params=request.compiler_params,
+                name=request.name)
         if "tpu" not in platforms:
-            # TPU interpret mode: on CPU (or when forced) the kernel runs in the interpreter
-            # with the TPU primitives' rules.
-            from pallas_tpu.plugin import register_interpret_rules
-
-            register_interpret_rules()
-            return core_compat.lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr,
-                                                      grid_mapping=grid_mapping)
+            # On CPU the kernel runs in the core interpreter
+            # with the TPU primitives' rules (registered when pallas_tpu is imported).
+            return core_compat.lower_with_interpreter(
+                request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
+                grid_mapping=request.grid_mapping)
         from pallas_tpu._src.lowering.custom_call import lower_pallas_call
 
-        params = _params(compiler_params)
-        self.validate(jaxpr, grid_mapping, params)
-        return lower_pallas_call(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
-                                 compiler_params=params, cost_estimate=cost_estimate,
-                                 name=name, metadata=metadata, out_avals=out_avals)
+        params = _params(request.compiler_params)
+        self.validate(dataclasses.replace(request.kernel, compiler_params=params))
+        return lower_pallas_call(
+            request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
+            grid_mapping=request.grid_mapping, compiler_params=params,
+            cost_estimate=request.cost_estimate, name=request.name,
+            metadata=request.metadata, out_avals=request.out_avals)
 
-
-    def emulate(self, jaxpr, grid_mapping, compiler_params, *args, name=None,
-                out_avals=(), cost_estimate=None, **kw):
+    def emulate(self, request: KernelRequest, *args):
         """Runs the generated Mosaic module: lowers the kernel as for a TPU, takes the
         ``tpu_custom_call``'s backend config and executes it with :mod:`pallas_tpu.executor`.
         """
@@ -69,22 +69,21 @@ class MosaicTpuBackend(Backend):
         from pallas_tpu._src.executor import run_custom_call
         from pallas_tpu._src.lowering.custom_call import backend_config
 
-        params = _params(compiler_params)
-        self.validate(jaxpr, grid_mapping, params)
-        config = backend_config(jaxpr, grid_mapping, params, cost_estimate,
-                                name or "kernel")
-        outs = run_custom_call(config, args, [(a.shape, a.dtype) for a in out_avals],
-                               tuple(grid_mapping.input_output_aliases))
+        params = _params(request.compiler_params)
+        self.validate(dataclasses.replace(request, compiler_params=params))
+        config = backend_config(request.jaxpr, request.grid_mapping, params,
+                                request.cost_estimate, request.name or "kernel")
+        outs = run_custom_call(config, args, [(a.shape, a.dtype) for a in request.out_avals],
+                               tuple(request.grid_mapping.input_output_aliases))
         return [jnp.asarray(o) for o in outs]
 
-    def interpret(self, jaxpr, grid_mapping, compiler_params, *args, **kw):
+    def interpret(self, request: KernelRequest, *args):
         """TPU interpret mode: the kernel jaxpr in the core interpreter with the TPU
         primitives' rules (checks the TPU semantics, not the generated module)."""
         from pallas_tpu._src import core_compat
-        from pallas_tpu.plugin import register_interpret_rules
 
-        register_interpret_rules()
-        return core_compat.interpret_pallas_call(*args, jaxpr=jaxpr, grid_mapping=grid_mapping)
+        return core_compat.interpret_pallas_call(*args, jaxpr=request.jaxpr,
+                                                 grid_mapping=request.grid_mapping)
 
 
 def _params(compiler_params) -> CompilerParams:

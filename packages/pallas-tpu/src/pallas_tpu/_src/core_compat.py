@@ -8,7 +8,10 @@ is imported here and only here, so that a change in pallas-core is a change to t
 from __future__ import annotations
 
 from pallas.plugins import (
+    atomic_cas_p,
+    atomic_rmw_p,
     axis_index_p,
+    core_map_p,
     debug_check_p,
     debug_print_p,
     delay_p,
@@ -29,7 +32,8 @@ from pallas.plugins import (
 )
 
 __all__ = [
-    "axis_index_p", "debug_check_p", "debug_print_p", "debug_prims", "delay_p",
+    "atomic_cas_p", "atomic_rmw_p", "axis_index_p", "core_map_p", "debug_check_p",
+    "debug_print_p", "debug_prims", "delay_p",
     "fresh_cell", "interpret_pallas_call", "interpret_rules", "is_semaphore_space",
     "load_p", "lower_with_interpreter", "multiple_of_p", "num_programs_p", "program_id_p",
     "run_scoped_p", "semaphore_read_p", "semaphore_signal_p", "semaphore_wait_p", "swap_p",

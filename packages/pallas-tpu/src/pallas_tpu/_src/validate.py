@@ -118,9 +118,11 @@ def _check_primitives(jaxpr) -> None:
 
     for eqn in _walk_eqns(jaxpr):
         if eqn.primitive not in RULES:
+            reason = RULES.unsupported_reason(eqn.primitive)
             raise NotImplementedError(
                 f"The kernel uses the primitive '{eqn.primitive.name}', which pallas-tpu "
-                f"(backend 'mosaic_tpu') cannot lower to Mosaic TPU yet. "
+                f"(backend 'mosaic_tpu') cannot lower to Mosaic TPU yet"
+                f"{' (' + reason + ')' if reason else ''}. "
                 f"It runs under interpret=True. At: {jc.source_info_summary(eqn)}"
             )
         for v in eqn.outvars:

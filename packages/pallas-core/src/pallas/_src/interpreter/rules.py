@@ -2,23 +2,22 @@
 
 A rule is ``rule(ctx, eqn, invals) -> list of outvals``. Ref operands arrive as
 :class:`~pallas._src.interpreter.evaluator.Cell` objects holding the current value of
-the buffer. Core primitives register their rule next to their definition; backends
-register theirs through the plugin hook ``pallas_interpret_rules``.
+the buffer. Every primitive registers its rule next to its definition (core's here in
+pallas-core, a backend's in the backend's module that defines the primitive, or through
+the plugin hook ``pallas_interpret_rules``); a backend that must change a core rule (e.g.
+pallas-tpu's multi-device ``semaphore_signal``) uses ``interpret_rules.override``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-interpret_rules: dict[Any, Callable[..., Any]] = {}
+from pallas._src.registry.rule_table import Rule, RuleTable
+
+interpret_rules = RuleTable(
+    "interpret_rules", "rule(ctx: KernelContext, eqn: JaxprEqn, invals: list) -> list")
 
 
-def register_interpret_rule(prim):
+def register_interpret_rule(prim, *, owner: str | None = None) -> Callable[[Rule], Rule]:
     """Decorator: registers ``rule`` as the interpreter rule of ``prim``."""
-
-    def register(rule):
-        interpret_rules[prim] = rule
-        return rule
-
-    return register
+    return interpret_rules.register(prim, owner=owner)

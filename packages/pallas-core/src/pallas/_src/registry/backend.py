@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from collections.abc import Sequence
 from typing import Any
+
+from pallas._src.registry.requests import KernelRequest, LoweringRequest
 
 LEVELS = ("lower", "compile", "backend_interpret", "emulate", "execute")
 
@@ -13,8 +17,13 @@ LEVELS = ("lower", "compile", "backend_interpret", "emulate", "execute")
 class Backend:
     """A Pallas backend: what it is, what it claims, and how it lowers.
 
-    Subclasses override :meth:`lower` (required), and :meth:`compile`, :meth:`emulate`
-    and :meth:`validate` where they have them.
+    Subclasses override :meth:`lower` (required), and :meth:`validate`,
+    :meth:`compile`, :meth:`emulate` and :meth:`interpret` where they have them. Each
+    takes one typed request (:class:`~pallas.plugins.KernelRequest`,
+    :class:`~pallas.plugins.LoweringRequest`). A subclass written against the older
+    keyword signatures (``lower(ctx, *in_nodes, jaxpr=..., ...)``,
+    ``compile(jaxpr, grid_mapping, compiler_params, **kw)``, ...) is adapted when it is
+    defined, so callers always pass requests.
 
     Attributes:
       name: unique backend name (``"triton"``, ``"mosaic_tpu"``, a third party's).
@@ -47,33 +56,80 @@ class Backend:
             return int(self.priority.get(platform, 0))
         return int(self.priority)
 
-    def lower(self, ctx: Any, *in_nodes: Any, jaxpr: Any, grid_mapping: Any,
-              compiler_params: Any, cost_estimate: Any, name: str, metadata: Any,
-              out_avals: Sequence[Any]) -> Sequence[Any]:
-        """Emits MLIR for ``pallas_call`` on ``ctx.module_context.platforms``.
+    def lower(self, request: LoweringRequest) -> Sequence[Any]:
+        """Emits MLIR for ``pallas_call`` on ``request.ctx.module_context.platforms``.
 
-        ``ctx`` is JAX's ``LoweringRuleContext``; return the output MLIR values (usually
-        the results of one custom call).
+        Returns the output MLIR values (usually the results of one custom call).
         """
         raise NotImplementedError(f"backend {self.name!r} does not implement lower()")
 
-    def validate(self, jaxpr: Any, grid_mapping: Any, compiler_params: Any) -> None:
+    def validate(self, request: KernelRequest) -> None:
         """Raises a clear error at trace time when the kernel cannot be supported."""
 
-    def compile(self, jaxpr: Any, grid_mapping: Any, compiler_params: Any, **kw: Any) -> Any:
-        """Runs the real compiler on CPU (conformance level ``compile``)."""
+    def compile(self, request: KernelRequest) -> Any:
+        """Runs the real compiler on CPU (conformance level ``compile``); raises when the
+        compiler rejects the kernel. ``request.options`` may carry e.g. a target."""
         raise NotImplementedError(f"backend {self.name!r} has no compile level")
 
-    def emulate(self, jaxpr: Any, grid_mapping: Any, compiler_params: Any,
-                *args: Any, **kw: Any) -> Any:
-        """Runs the generated code under an emulator (conformance level ``emulate``)."""
+    def emulate(self, request: KernelRequest, *args: Any) -> Sequence[Any]:
+        """Runs the generated code under an emulator on the operand arrays ``args``
+        (conformance level ``emulate``); returns the output arrays."""
         raise NotImplementedError(f"backend {self.name!r} has no emulate level")
 
-    def interpret(self, jaxpr: Any, grid_mapping: Any, compiler_params: Any,
-                  *args: Any, **kw: Any) -> Any:
+    def interpret(self, request: KernelRequest, *args: Any) -> Sequence[Any]:
         """Runs the kernel jaxpr under the backend's interpret rules (conformance level
         ``backend_interpret``); checks the backend's semantics, not its generated code."""
         raise NotImplementedError(f"backend {self.name!r} has no backend_interpret level")
 
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        for method in _METHODS:
+            fn = cls.__dict__.get(method)
+            if fn is not None and _takes_keywords(fn):
+                setattr(cls, method, _from_keywords(method, fn))
+
     def describe(self) -> str:
         return f"{self.name} {self.version} ({', '.join(self.platforms)})"
+
+
+_METHODS = ("lower", "validate", "compile", "emulate", "interpret")
+
+
+def _takes_keywords(fn: Any) -> bool:
+    """Whether ``fn`` has the older signature, with ``jaxpr`` as its own parameter."""
+    try:
+        return "jaxpr" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _from_keywords(method: str, fn: Any) -> Any:
+    """Adapts an older-signature method to take a request."""
+
+    def kernel_kw(r: KernelRequest) -> dict:
+        return {"name": r.name, "out_avals": r.out_avals,
+                "cost_estimate": r.cost_estimate, **r.options}
+
+    if method == "lower":
+        def adapted(self, request):
+            return fn(self, request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
+                      grid_mapping=request.grid_mapping,
+                      compiler_params=request.compiler_params,
+                      cost_estimate=request.cost_estimate, name=request.name,
+                      metadata=request.metadata, out_avals=request.out_avals)
+    elif method == "validate":
+        def adapted(self, request):
+            return fn(self, request.jaxpr, request.grid_mapping, request.compiler_params)
+    elif method == "compile":
+        def adapted(self, request):
+            return fn(self, request.jaxpr, request.grid_mapping, request.compiler_params,
+                      **kernel_kw(request))
+    else:
+        def adapted(self, request, *args):
+            return fn(self, request.jaxpr, request.grid_mapping, request.compiler_params,
+                      *args, **kernel_kw(request))
+
+    functools.update_wrapper(adapted, fn)
+    adapted.__signature__ = inspect.signature(getattr(Backend, method))
+    adapted.keyword_signature = fn  # the method as written
+    return adapted

@@ -9,16 +9,17 @@ from __future__ import annotations
 from pallas.__about__ import __version__
 from pallas._src.registry.backend import Backend
 from pallas._src.registry.hookspecs import hookimpl
+from pallas._src.registry.requests import LoweringRequest
 
 
 class InterpretBackend(Backend):
     """Lowers ``pallas_call`` to plain HLO that interprets the kernel."""
 
-    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost_estimate,
-              name, metadata, out_avals):
+    def lower(self, request: LoweringRequest):
         from pallas._src.pallas_call import lower_with_interpreter
 
-        return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping)
+        return lower_with_interpreter(request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
+                                      grid_mapping=request.grid_mapping)
 
 
 INTERPRET = InterpretBackend(

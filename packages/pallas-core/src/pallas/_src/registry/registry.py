@@ -8,6 +8,7 @@ again whenever someone asks for a backend it might have provided.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.metadata
 import os
 import threading
@@ -35,8 +36,14 @@ class BackendNotFoundError(ValueError):
     """The requested backend is not installed (the message names the package)."""
 
 
-class BackendLoadError(RuntimeError):
-    """A backend plugin failed to load."""
+class BackendLoadError(BackendNotFoundError, RuntimeError):
+    """A backend plugin failed to load: raised when a backend it might have provided is
+    requested, and recorded (``load_failures()``) for a plugin whose hooks are wrong.
+
+    ``plugin`` is the entry-point name; ``__cause__`` the plugin's own exception.
+    """
+
+    plugin: str = ""
 
 
 class PluginLoadWarning(UserWarning):
@@ -99,10 +106,11 @@ def _discover() -> None:
                 ep_names[pm_name] = (ep.name, ep.value)
             except Exception as e:  # noqa: BLE001 - reported, not swallowed
                 _report(ep.name, e, f"({ep.value}) failed to load")
-        for impl in pm.get_plugins():
-            name, value = ep_names.get(pm.get_name(impl), (pm.get_name(impl), "?"))
+        _reject_unknown_hooks(pm, ep_names)
+        for impl in pm.hook.pallas_backends.get_hookimpls():
+            name, value = ep_names.get(impl.plugin_name, (impl.plugin_name, "?"))
             try:
-                provided = impl.pallas_backends() if hasattr(impl, "pallas_backends") else []
+                provided = impl.function()
             except Exception as e:  # noqa: BLE001
                 _report(name, e, f"({value}) failed in pallas_backends()")
                 continue
@@ -110,18 +118,38 @@ def _discover() -> None:
                 _add(b, name)
         from pallas._src.interpreter.rules import interpret_rules
 
-        for impl in pm.get_plugins():
-            if not hasattr(impl, "pallas_interpret_rules"):
-                continue
-            name, value = ep_names.get(pm.get_name(impl), (pm.get_name(impl), "?"))
+        for impl in pm.hook.pallas_interpret_rules.get_hookimpls():
+            name, value = ep_names.get(impl.plugin_name, (impl.plugin_name, "?"))
             try:
-                rules = impl.pallas_interpret_rules()
+                for prim, rule in dict(impl.function() or {}).items():
+                    interpret_rules.register(prim, owner=name)(rule)
             except Exception as e:  # noqa: BLE001
                 _report(name, e, f"({value}) failed in pallas_interpret_rules()")
-                continue
-            interpret_rules.update(rules or {})
         _state.manager = pm
         _state.loaded = True
+
+
+def _reject_unknown_hooks(pm: pluggy.PluginManager, ep_names: dict) -> None:
+    """A ``@hookimpl`` function that names no hook of ``hookspecs`` (a misspelling, like
+    ``pallas_backend``) makes its plugin fail to load, reported under the plugin's name
+    with the hooks it may have meant (pluggy's ``check_pending``, per plugin)."""
+    known = [n for n in dir(hookspecs) if n.startswith("pallas_")]
+    for hook_name in sorted(vars(pm.hook)):
+        caller = getattr(pm.hook, hook_name)
+        if not isinstance(caller, pluggy.HookCaller) or caller.has_spec():
+            continue
+        for impl in caller.get_hookimpls():
+            if pm.get_plugin(impl.plugin_name) is None:
+                continue  # already rejected for another unknown hook
+            name, value = ep_names.get(impl.plugin_name, (impl.plugin_name, "?"))
+            close = difflib.get_close_matches(hook_name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            exc = BackendLoadError(
+                f"Pallas backend plugin {name!r} ({value}) implements {hook_name!r}, which "
+                f"is not a Pallas hook (the hooks are {', '.join(known)}){hint}")
+            exc.plugin = name
+            pm.unregister(name=impl.plugin_name)
+            _report(name, exc, f"({value}) failed to load")
 
 
 def _add(backend: Backend, source: str) -> None:
@@ -174,6 +202,8 @@ def load_failures() -> dict[str, Exception]:
 
 
 def _missing(name: str) -> BackendNotFoundError:
+    """The error for a backend that is not there: a :class:`BackendLoadError` when the
+    plugin of that name failed to load, else a :class:`BackendNotFoundError`."""
     pkg = KNOWN_PACKAGES.get(name)
     installed = ", ".join(sorted(_state.backends)) or "none"
     hint = f" Install it with `pip install {pkg}`." if pkg else ""
@@ -182,9 +212,15 @@ def _missing(name: str) -> BackendNotFoundError:
         failed = " Plugins that failed to load: " + "; ".join(
             f"{k}: {type(e).__name__}: {e}" for k, e in sorted(_state.failures.items())
         ) + "."
-    return BackendNotFoundError(
-        f"Pallas backend {name!r} is not installed (installed: {installed}).{hint}{failed}"
-    )
+    message = f"Pallas backend {name!r} is not installed (installed: {installed}).{hint}{failed}"
+    cause = _state.failures.get(name)
+    if cause is not None:  # its own plugin (entry point of the same name) failed to load
+        err = BackendLoadError(f"Pallas backend {name!r} failed to load: "
+                               f"{type(cause).__name__}: {cause}.{failed}")
+        err.plugin = name
+        err.__cause__ = cause
+        return err
+    return BackendNotFoundError(message)
 
 
 def get_backend(name: str) -> Backend:
@@ -193,7 +229,8 @@ def get_backend(name: str) -> Backend:
     try:
         return _state.backends[name]
     except KeyError:
-        raise _missing(name) from None
+        err = _missing(name)
+    raise err from err.__cause__
 
 
 def env_var(platform: str) -> str:

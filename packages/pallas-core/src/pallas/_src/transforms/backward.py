@@ -241,6 +241,7 @@ def _check_backend_accepts(params, jaxpr, gm, compiler_params) -> None:
     compiler params, else the default platform's) to validate the backward kernel, so
     one it cannot lower falls back to XLA instead of failing at lowering."""
     from pallas._src.registry import registry
+    from pallas._src.registry.requests import KernelRequest
 
     try:
         name = registry.requested_backend(params["backend"], params["compiler_params"])
@@ -249,7 +250,9 @@ def _check_backend_accepts(params, jaxpr, gm, compiler_params) -> None:
     except Exception:  # noqa: BLE001 - no backend to ask (e.g. none for this platform)
         return
     try:
-        b.validate(jaxpr, gm, registry.resolve_compiler_params(b, compiler_params))
+        b.validate(KernelRequest(
+            jaxpr=jaxpr, grid_mapping=gm, name=params.get("name") or "kernel",
+            compiler_params=registry.resolve_compiler_params(b, compiler_params)))
     except Exception as e:  # noqa: BLE001 - any refusal means: not as kernels
         raise NotKernelizable(f"backend {b.name!r} cannot lower the backward kernel: "
                               f"{type(e).__name__}: {str(e).splitlines()[0]}") from e

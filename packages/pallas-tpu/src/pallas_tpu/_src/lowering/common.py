@@ -8,21 +8,17 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, vector
 
+from pallas.plugins import RuleTable
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.engine import Lit, RefVal
 
-RULES: dict = {}
+#: pallas-tpu's Mosaic lowering rules, one table keyed by primitive object.
+RULES = RuleTable("mosaic_tpu lowering", "rule(lctx: LoweringContext, eqn, *invals) -> outs")
 
 
 def rule(*prims):
     """Registers the decorated function as the Mosaic lowering rule of ``prims``."""
-
-    def register(f):
-        for p in prims:
-            RULES[p] = f
-        return f
-
-    return register
+    return RULES.register(*prims, owner="pallas_tpu")
 
 
 # ------------------------------------------------------------------------------------------

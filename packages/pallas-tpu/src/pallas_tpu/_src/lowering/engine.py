@@ -88,10 +88,12 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
     for eqn in jaxpr.eqns:
         rule = table.get(eqn.primitive)
         if rule is None:
+            reason = RULES.unsupported_reason(eqn.primitive)
             raise LoweringException(
                 f"backend '{lctx.backend}' cannot lower the primitive "
                 f"'{eqn.primitive.name}' to Mosaic TPU yet (kernel {lctx.name}, at "
-                f"{jc.source_info_summary(eqn)}). It runs under interpret=True."
+                f"{jc.source_info_summary(eqn)}"
+                f"{'; ' + reason if reason else ''}). It runs under interpret=True."
             )
         invals = [read(v) for v in eqn.invars]
         try:

@@ -6,6 +6,7 @@ those into a :class:`~pallas_tpu.LoweringException` naming the primitive and the
 line.
 """
 
+from pallas_tpu._src import core_compat as cc
 from pallas_tpu._src.lowering import (  # noqa: F401 - each module registers its rules
     rules_arith,
     rules_control,
@@ -13,5 +14,12 @@ from pallas_tpu._src.lowering import (  # noqa: F401 - each module registers its
     rules_tpu,
 )
 from pallas_tpu._src.lowering.common import RULES
+
+# What has no Mosaic TPU lowering (every primitive of pallas.plugins.PRIMITIVES has a
+# rule or an entry here; tested). These run under interpret=True.
+RULES.unsupported(cc.atomic_rmw_p, cc.atomic_cas_p,
+                  reason="the atomics have no Mosaic TPU lowering yet")
+RULES.unsupported(cc.core_map_p,
+                  reason="a core_map nested inside a kernel has no Mosaic TPU lowering")
 
 __all__ = ["RULES"]

@@ -13,7 +13,6 @@ from jaxlib.mosaic.python import tpu
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import (
-    RULES,
     aval_in,
     aval_out,
     broadcast_to,
@@ -57,8 +56,7 @@ def _binary(lctx, eqn, x, y):
     return op(a, b)
 
 
-for _p in _BINARY:
-    RULES[_p] = _binary
+rule(*_BINARY)(_binary)
 
 _UNARY_FLOAT = {
     P.exp_p: math.exp, P.log_p: math.log, P.tanh_p: math.tanh, P.sqrt_p: math.sqrt,

@@ -12,7 +12,6 @@ from jaxlib.mosaic.python import tpu
 from pallas_tpu._src import core_compat as cc
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import (
-    RULES,
     aval_in,
     const,
     materialize,
@@ -225,12 +224,12 @@ def _inline(param):
     return inline
 
 
-RULES[P.jit_p] = _inline("jaxpr")
-RULES[P.closed_call_p] = _inline("call_jaxpr")
-RULES[P.custom_jvp_call_p] = _inline("call_jaxpr")
-RULES[P.custom_vjp_call_p] = _inline("call_jaxpr")
-RULES[P.remat_p] = _inline("jaxpr")
-RULES[P.stop_gradient_p] = lambda lctx, eqn, x: materialize(x, aval_in(eqn, 0))
+rule(P.jit_p)(_inline("jaxpr"))
+rule(P.closed_call_p)(_inline("call_jaxpr"))
+rule(P.custom_jvp_call_p)(_inline("call_jaxpr"))
+rule(P.custom_vjp_call_p)(_inline("call_jaxpr"))
+rule(P.remat_p)(_inline("jaxpr"))
+rule(P.stop_gradient_p)(lambda lctx, eqn, x: materialize(x, aval_in(eqn, 0)))
 
 
 @rule(cc.run_scoped_p)

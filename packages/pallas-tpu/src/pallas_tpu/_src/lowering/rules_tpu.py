@@ -11,7 +11,6 @@ from jaxlib.mosaic.python import tpu
 from pallas_tpu._src import core_compat as cc
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import (
-    RULES,
     aval_in,
     aval_out,
     const,
@@ -277,16 +276,16 @@ def _register_debug_rules():
             tpu.log(vals, fmt.replace("{}", "%d") if vals else fmt, formatted=bool(vals))
             return []
 
-        RULES[prims["debug_print_p"]] = _debug_print
+        rule(prims["debug_print_p"])(_debug_print)
     if "delay_p" in prims:
 
         def _delay(lctx, eqn, n):
             tpu.delay(to_i32(materialize(n, aval_in(eqn, 0))))
             return []
 
-        RULES[prims["delay_p"]] = _delay
+        rule(prims["delay_p"])(_delay)
     if "debug_check_p" in prims:
-        RULES[prims["debug_check_p"]] = lambda lctx, eqn, *a: []
+        rule(prims["debug_check_p"])(lambda lctx, eqn, *a: [])
 
 
 _register_debug_rules()

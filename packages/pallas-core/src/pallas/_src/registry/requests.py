@@ -1,0 +1,75 @@
+"""What the core hands a backend: one typed request per kind of call.
+
+``Backend.validate``/``compile`` take a :class:`KernelRequest`, ``emulate`` and
+``interpret`` a :class:`KernelRequest` plus the operand arrays, ``lower`` a
+:class:`LoweringRequest` (a kernel request plus JAX's lowering context and operands).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pallas._src.compiler_params import CompilerParams
+from pallas._src.cost import CostEstimate
+from pallas._src.grid_spec import GridMapping
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KernelRequest:
+    """One ``pallas_call``'s kernel, as the backend chosen for it receives it.
+
+    Attributes:
+      jaxpr: the kernel as a ``ClosedJaxpr`` over Refs, in the order scalar prefetch,
+        inputs, outputs, scratch.
+      grid_mapping: the resolved grid and block mappings (``.grid``,
+        ``.block_mappings``, ``.num_scalar_prefetch``, ...).
+      compiler_params: this backend's ``CompilerParams`` (its entry of the dict form,
+        built into its ``compiler_params_type``), or ``None``.
+      name: the kernel's name (``pallas_call(name=...)`` or the function's).
+      out_avals: ``ShapedArray`` of each output.
+      cost_estimate: the user's ``pl.CostEstimate``, if any.
+      metadata: ``pallas_call(metadata=...)`` as sorted ``(key, value)`` pairs.
+      options: level-specific options (e.g. ``compute_capability`` for ``compile``).
+    """
+
+    jaxpr: Any  # jax.extend.core.ClosedJaxpr
+    grid_mapping: GridMapping
+    compiler_params: CompilerParams | Mapping[str, Any] | None = None
+    name: str = "kernel"
+    out_avals: tuple = ()
+    cost_estimate: CostEstimate | None = None
+    metadata: tuple | None = None
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], compiler_params: Any = None,
+                    **options: Any) -> KernelRequest:
+        """The request for a ``pallas_call_p`` equation's ``params`` (with the chosen
+        backend's ``compiler_params``)."""
+        return cls(jaxpr=params["jaxpr"], grid_mapping=params["grid_mapping"],
+                   compiler_params=compiler_params, name=params.get("name") or "kernel",
+                   out_avals=tuple(params.get("out_avals", ())),
+                   cost_estimate=params.get("cost_estimate"),
+                   metadata=params.get("metadata"), options=options)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoweringRequest(KernelRequest):
+    """A kernel to lower, with JAX's lowering context.
+
+    Attributes:
+      ctx: JAX's ``mlir.LoweringRuleContext`` (``ctx.module_context.platforms`` are the
+        platforms being lowered for).
+      in_nodes: the operands' MLIR values.
+    """
+
+    ctx: Any  # jax.interpreters.mlir.LoweringRuleContext
+    in_nodes: Sequence[Any] = ()
+
+    @property
+    def kernel(self) -> KernelRequest:
+        """The same request without the lowering context."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(KernelRequest)}
+        return KernelRequest(**fields)

@@ -1,0 +1,240 @@
+"""The backend contract: typed hooks checked at load, typed requests, rule tables.
+
+- A plugin whose ``@hookimpl`` names no Pallas hook (a misspelling) fails to load, and
+  the failure names the plugin and the hook it meant; ``BackendLoadError`` is raised
+  when a backend of a plugin that failed to load is asked for.
+- Backend methods take one request; a backend written against the older keyword
+  signatures is adapted when its class is defined.
+- Rules live in ``RuleTable``s keyed by primitive objects; a second base rule from
+  another package is an error; overrides apply in a fixed order, whatever the import
+  order; gaps are declared with a reason.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import pallas as pl
+import pallas.plugins as plugins
+
+SDS = jax.ShapeDtypeStruct
+
+
+def _install(tmp_path, monkeypatch, dist: str, entry_points: dict[str, str],
+             modules: dict[str, str]) -> None:
+    """A throwaway distribution with ``pallas.backends`` entry points, on sys.path."""
+    info = tmp_path / f"{dist}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[pallas.backends]\n" + "".join(f"{k} = {v}\n" for k, v in entry_points.items()))
+    for name, src in modules.items():
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(src))
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins.reset()
+
+
+_MISSPELT = """
+    from pallas.plugins import Backend, hookimpl
+
+    @hookimpl
+    def pallas_backend():  # misspelt: the hook is pallas_backends
+        return [Backend(name="misspelt", version="0.1", platforms=("cpu",))]
+"""
+
+
+@pytest.fixture
+def misspelt_plugin(tmp_path, monkeypatch, clean_registry):
+    _install(tmp_path, monkeypatch, "misspelt-backend", {"misspelt": "misspelt_plugin"},
+             {"misspelt_plugin": _MISSPELT})
+    yield
+    plugins.reset()
+
+
+def test_a_misspelt_hook_is_a_load_error_naming_the_plugin(misspelt_plugin):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        names = {b.name for b in plugins.list_backends()}
+    assert "misspelt" not in names and "interpret" in names
+    err = plugins.load_failures()["misspelt"]
+    assert isinstance(err, plugins.BackendLoadError)
+    assert err.plugin == "misspelt"
+    msg = str(err)
+    assert "'misspelt'" in msg and "'pallas_backend'" in msg
+    assert "did you mean 'pallas_backends'?" in msg
+    assert any(issubclass(w.category, plugins.PluginLoadWarning)
+               and "'pallas_backend'" in str(w.message) for w in caught)
+
+
+def test_asking_for_the_backend_of_a_plugin_that_failed_raises_backend_load_error(
+        misspelt_plugin):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", plugins.PluginLoadWarning)
+        with pytest.raises(plugins.BackendLoadError, match="'misspelt' failed to load") as e:
+            plugins.get_backend("misspelt")
+    assert isinstance(e.value, plugins.BackendNotFoundError)  # still what callers catch
+    assert isinstance(e.value.__cause__, plugins.BackendLoadError)
+
+
+def test_an_import_failure_is_raised_as_backend_load_error_with_its_cause(broken_backend):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", plugins.PluginLoadWarning)
+        with pytest.raises(plugins.BackendLoadError) as e:
+            plugins.get_backend("broken")
+    assert isinstance(e.value.__cause__, ImportError)
+    assert e.value.plugin == "broken"
+
+
+def test_the_hookspecs_are_documented_and_typed():
+    import inspect
+
+    from pallas._src.registry import hookspecs
+
+    for name in ("pallas_backends", "pallas_interpret_rules"):
+        fn = getattr(hookspecs, name)
+        assert ":return:" in fn.__doc__
+        assert inspect.signature(fn).return_annotation != inspect.Signature.empty
+
+
+# --------------------------------------------------------------------------------------
+# Typed requests
+
+
+class _RequestBackend(plugins.Backend):
+    def lower(self, request: plugins.LoweringRequest):
+        self.seen = request
+        return plugins.lower_with_interpreter(request.ctx, *request.in_nodes,
+                                              jaxpr=request.jaxpr,
+                                              grid_mapping=request.grid_mapping)
+
+
+class _KeywordBackend(plugins.Backend):
+    """Written against the older keyword signatures."""
+
+    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost_estimate,
+              name, metadata, out_avals):
+        self.seen = (name, tuple(out_avals))
+        return plugins.lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr,
+                                              grid_mapping=grid_mapping)
+
+    def emulate(self, jaxpr, grid_mapping, compiler_params, *args, name=None, **kw):
+        self.emulated = (name, kw)
+        return plugins.interpret_pallas_call(*args, jaxpr=jaxpr, grid_mapping=grid_mapping)
+
+
+def _add_one(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 1
+
+
+@pytest.mark.parametrize("cls", [_RequestBackend, _KeywordBackend])
+def test_lower_receives_one_typed_request(cls, clean_registry):
+    b = cls(name=f"req_{cls.__name__.lower()}", version="1", platforms=("cpu",))
+    plugins.register_backend(b)
+    x = jnp.arange(8, dtype=jnp.float32)
+    f = pl.pallas_call(_add_one, SDS((8,), jnp.float32), name="add_one", backend=b.name)
+    np.testing.assert_array_equal(jax.jit(f)(x), x + 1)
+    if cls is _RequestBackend:
+        assert b.seen.name == "add_one"
+        assert b.seen.out_avals[0].shape == (8,) and len(b.seen.in_nodes) == 1
+        assert b.seen.kernel.grid_mapping is b.seen.grid_mapping
+    else:
+        assert b.seen[0] == "add_one" and b.seen[1][0].shape == (8,)
+
+
+def test_a_keyword_signature_backend_is_called_with_requests():
+    b = _KeywordBackend(name="kw", version="1", platforms=("cpu",))
+    x = jnp.arange(8, dtype=jnp.float32)
+    f = pl.pallas_call(_add_one, SDS((8,), jnp.float32), name="k")
+    (eqn,) = [e for e in jax.make_jaxpr(f)(x).eqns if e.primitive is plugins.pallas_call_p]
+    request = plugins.KernelRequest.from_params(eqn.params, None, target="sm_80")
+    (out,) = b.emulate(request, x)
+    np.testing.assert_array_equal(out, x + 1)
+    assert b.emulated == ("k", {"out_avals": request.out_avals, "cost_estimate": None,
+                                "target": "sm_80"})
+
+
+# --------------------------------------------------------------------------------------
+# Rule tables
+
+
+def _table():
+    return plugins.RuleTable("test_rules", "rule(x) -> y")
+
+
+def test_rules_are_keyed_by_primitive_objects():
+    t = _table()
+    with pytest.raises(TypeError, match="keyed by primitive objects"):
+        t.register("add")
+    t.register(lax.add_p, owner="a")(lambda x: x + 1)
+    assert t[lax.add_p](1) == 2 and lax.add_p in t and lax.sub_p not in t
+    assert t.owners(lax.add_p) == ["a"]
+
+
+def test_a_second_base_rule_from_another_package_is_a_conflict():
+    t = _table()
+    t.register(lax.add_p, owner="a")(lambda x: x)
+    t.register(lax.add_p, owner="a")(lambda x: 2 * x)  # the owner replaces its own rule
+    assert t[lax.add_p](3) == 6
+    with pytest.raises(plugins.RuleConflictError, match="'add'.*from a.*override"):
+        t.register(lax.add_p, owner="b")(lambda x: x)
+
+
+@pytest.mark.parametrize("first", ["b", "c"])
+def test_overrides_apply_in_a_fixed_order_whatever_the_registration_order(first):
+    t = _table()
+    t.register(lax.add_p, owner="core")(lambda x: [x])
+    wraps = {"b": lambda rule: lambda x: [*rule(x), "b"],
+             "c": lambda rule: lambda x: [*rule(x), "c"]}
+    for owner in (first, "c" if first == "b" else "b"):
+        t.override(lax.add_p, owner=owner)(wraps[owner])
+    assert t[lax.add_p](0) == [0, "b", "c"]  # same order, by owner name
+    t.override(lax.add_p, owner="a", order=5)(lambda rule: lambda x: [*rule(x), "a"])
+    assert t[lax.add_p](0) == [0, "b", "c", "a"]  # a higher order applies later
+    assert t.owners(lax.add_p) == ["core", "b", "c", "a"]
+
+
+def test_an_override_can_be_planted_for_a_test_and_removed():
+    t = _table()
+    t.register(lax.add_p, owner="core")(lambda x: x)
+    with t.overridden(lax.add_p, lambda rule: lambda x: rule(x) + 100):
+        assert t[lax.add_p](1) == 101
+    assert t[lax.add_p](1) == 1
+
+
+def test_unsupported_primitives_are_declared_with_a_reason():
+    t = _table()
+    t.register(lax.add_p, owner="core")(lambda x: x)
+    t.unsupported(lax.sort_p, reason="sort outside the kernel")
+    assert t.unsupported_reason(lax.sort_p) == "sort outside the kernel"
+    assert t.missing([lax.add_p, lax.sort_p, lax.sub_p]) == [lax.sub_p]
+    with pytest.raises(plugins.RuleConflictError):
+        t.unsupported(lax.add_p, reason="no")
+
+
+def test_the_interpreter_has_a_rule_for_every_core_primitive():
+    assert plugins.interpret_rules.missing(plugins.PRIMITIVES) == []
+
+
+def test_a_table_built_on_another_answers_from_its_own_rules_first():
+    base = _table()
+    base.register(lax.add_p, lax.sub_p, owner="tpu")(lambda x: "tpu")
+    base.unsupported(lax.sort_p, reason="not on TPU")
+    child = plugins.RuleTable("child", "rule(x) -> y", parent=base)
+    child.register(lax.sub_p, owner="sc")(lambda x: "sc")
+    child.unsupported(lax.add_p, reason="not on SparseCore")
+    assert child[lax.sub_p](0) == "sc" and base[lax.sub_p](0) == "tpu"
+    assert child.get(lax.add_p) is None and lax.add_p not in child
+    assert child.unsupported_reason(lax.add_p) == "not on SparseCore"
+    assert child.unsupported_reason(lax.sort_p) == "not on TPU"
+    assert set(child) == {lax.sub_p} and child.owners(lax.sub_p) == ["sc"]
+    base.register(lax.mul_p, owner="tpu")(lambda x: "tpu")  # later additions show through
+    assert child[lax.mul_p](0) == "tpu" and child.missing([lax.mul_p, lax.max_p]) == [lax.max_p]
