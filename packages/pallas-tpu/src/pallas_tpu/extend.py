@@ -7,9 +7,12 @@ never from ``pallas_tpu._src``, so pallas-tpu may reorganise its internals freel
 
 How another backend lowers with it::
 
+    from pallas.plugins import RuleTable
     from pallas_tpu import extend as tpx
 
-    MY_RULES = {**tpx.RULES, my_prim_p: my_rule}           # pallas-tpu's, plus mine
+    MY_RULES = RuleTable("my_backend lowering", "rule(lctx, eqn, *invals)",
+                         parent=tpx.RULES)                   # mine, then pallas-tpu's
+    MY_RULES.register(my_prim_p)(my_rule)
     lctx = tpx.LoweringContext(grid, grid_indices, name, rules=MY_RULES,
                                backend="my_backend")
     tpx.lower_jaxpr(lctx, jaxpr, consts, refs)              # at an MLIR insertion point

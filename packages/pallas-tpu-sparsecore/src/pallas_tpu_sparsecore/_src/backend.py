@@ -98,10 +98,8 @@ class MosaicSparseCoreBackend(Backend):
         """The kernel jaxpr in the core interpreter with the SparseCore rules (mesh
         points in order, gathers/scatters bounds-checked)."""
         from pallas.plugins import interpret_pallas_call
-        from pallas_tpu_sparsecore.plugin import register_interpret_rules
 
         self.validate(jaxpr, grid_mapping, compiler_params)
-        register_interpret_rules()
         return interpret_pallas_call(*args, jaxpr=jaxpr, grid_mapping=grid_mapping)
 
 

@@ -111,23 +111,28 @@ def _from_keywords(method: str, fn: Any) -> Any:
                 "cost_estimate": r.cost_estimate, **r.options}
 
     if method == "lower":
-        def adapted(self, request):
+        def from_request(self, request):
             return fn(self, request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
                       grid_mapping=request.grid_mapping,
                       compiler_params=request.compiler_params,
                       cost_estimate=request.cost_estimate, name=request.name,
                       metadata=request.metadata, out_avals=request.out_avals)
     elif method == "validate":
-        def adapted(self, request):
+        def from_request(self, request):
             return fn(self, request.jaxpr, request.grid_mapping, request.compiler_params)
     elif method == "compile":
-        def adapted(self, request):
+        def from_request(self, request):
             return fn(self, request.jaxpr, request.grid_mapping, request.compiler_params,
                       **kernel_kw(request))
     else:
-        def adapted(self, request, *args):
+        def from_request(self, request, *args):
             return fn(self, request.jaxpr, request.grid_mapping, request.compiler_params,
                       *args, **kernel_kw(request))
+
+    def adapted(self, *args, **kw):
+        if args and isinstance(args[0], KernelRequest) and not kw:
+            return from_request(self, *args)
+        return fn(self, *args, **kw)  # the backend calling its own method as written
 
     functools.update_wrapper(adapted, fn)
     adapted.__signature__ = inspect.signature(getattr(Backend, method))

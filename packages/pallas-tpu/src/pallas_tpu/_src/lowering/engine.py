@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from jaxlib.mlir import ir
 
+from pallas.plugins import RuleTable
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.enums import LoweringException
 
@@ -58,7 +59,7 @@ class LoweringContext:
     # The rule table (primitive -> rule); None means pallas-tpu's own. Another backend
     # building on this engine (pallas-tpu-sparsecore) passes its table, which nested
     # lowerings (loops, conds, run_scoped) inherit because they reuse this context.
-    rules: dict | None = None
+    rules: RuleTable | None = None
     backend: str = "mosaic_tpu"  # named in "cannot lower" errors
 
     def is_used(self, var) -> bool:
@@ -88,7 +89,7 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
     for eqn in jaxpr.eqns:
         rule = table.get(eqn.primitive)
         if rule is None:
-            reason = RULES.unsupported_reason(eqn.primitive)
+            reason = table.unsupported_reason(eqn.primitive)
             raise LoweringException(
                 f"backend '{lctx.backend}' cannot lower the primitive "
                 f"'{eqn.primitive.name}' to Mosaic TPU yet (kernel {lctx.name}, at "
