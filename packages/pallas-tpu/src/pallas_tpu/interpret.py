@@ -29,8 +29,15 @@ from pallas_tpu._src.interpret.thread_map import thread_map
 __all__ = [
     "InterpretParams", "LoggingMode", "RaceReport", "force_tpu_interpret_mode",
     "is_range_out_of_bounds_for_shape", "race_report", "reset_races",
-    "reset_tpu_interpret_mode_state", "set_tpu_interpret_mode", "thread_map",
+    "reset_tpu_interpret_mode_state", "set_tpu_interpret_mode", "store", "thread_map",
 ]
+
+
+def store(core, buf, box, value, site: str) -> None:
+    """The simulation's block copies (an input block into its VMEM buffer, an output
+    block back to HBM) write through this function, so that a test may wrap it (e.g. to
+    count the copies; upstream's tests do); ``core.write`` does the work."""
+    core.write(buf, box, value, site)
 
 
 def race_report() -> RaceReport:

@@ -176,8 +176,8 @@ def _check_grid(grid) -> tuple[int, ...]:
     out = []
     for i, g in enumerate(grid):
         if isinstance(g, jax.core.Tracer):
-            raise NotImplementedError(
-                f"grid dimension {i} is a traced value; pallas-core needs a static grid "
+            raise jax.errors.ConcretizationTypeError(
+                g, f"grid dimension {i} is a traced value; pallas-core needs a static grid "
                 f"(Python ints). Got grid={grid!r}."
             )
         try:

@@ -238,6 +238,13 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
                 "pallas_call takes either grid_spec or grid/in_specs/out_specs/"
                 "scratch_shapes, not both"
             )
+    grid, named = _split_named_grid(grid_spec.grid)  # GridSpec(grid=(("i", n), ...))
+    if named is not None:
+        if grid_names is not None:
+            raise ValueError("pallas_call: name the grid axes either in the grid or with "
+                             "grid_names, not both")
+        grid_names = named
+        grid_spec = dataclasses.replace(grid_spec, grid=grid)
     out_avals, out_tree, out_paths = _out_avals(out_shape)
     kname = _kernel_name(kernel, name)
     if isinstance(compiler_params, Mapping) and not isinstance(compiler_params, FrozenParams):
@@ -374,6 +381,24 @@ def _abstract_eval(*avals, out_avals, checks, grid_mapping, **params):
 
 
 pallas_call_p.def_abstract_eval(_abstract_eval)
+
+
+def _typecheck(_, *in_atoms, jaxpr, grid_mapping, **params):
+    """Under ``jax_enable_checks``: the kernel is checked with its named grid axes bound
+    (``pl.kernel`` on a mesh, named grids), as it was traced."""
+    names = grid_mapping.grid_names
+    axes = list(zip(names, grid_mapping.grid)) if names else []
+    with jc.extend_axis_env_nd(axes):
+        jc.check_jaxpr(getattr(jaxpr, "jaxpr", jaxpr))
+    out = _abstract_eval(*(a.aval for a in in_atoms), jaxpr=jaxpr,
+                         grid_mapping=grid_mapping, **params)
+    # The call carries its kernel's effects other than those on the kernel's own refs
+    # (named axes, debug prints), as JAX records them when the call is traced.
+    inner = getattr(jaxpr, "effects", ())
+    return out, {e for e in inner if not isinstance(e, jc.JaxprInputEffect)}
+
+
+jc.register_typecheck(pallas_call_p, _typecheck)
 
 
 def _impl(*args, **params):

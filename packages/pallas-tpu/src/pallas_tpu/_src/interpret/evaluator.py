@@ -116,10 +116,15 @@ class Core:
             env[v] = x
         for v, x in zip(jaxpr.invars, args):
             env[v] = x
-        for eqn in jaxpr.eqns:
-            invals = [read(v) for v in eqn.invars]
-            outs = self.eval_eqn(eqn, invals)
-            for v, x in zip(eqn.outvars, outs):
+        plan = plan_of(jaxpr) if not self.params.skip_floating_point_ops else jaxpr.eqns
+        for step in plan:
+            if isinstance(step, Segment):
+                outs = step.fn(*[read(v) for v in step.invars])
+                for v, x in zip(step.outvars, outs):
+                    env[v] = x
+                continue
+            outs = self.eval_eqn(step, [read(v) for v in step.invars])
+            for v, x in zip(step.outvars, outs):
                 env[v] = x
         return [read(v) for v in jaxpr.outvars]
 
@@ -167,21 +172,27 @@ def write_clipped(buf: Buffer, box, value: np.ndarray, mask=None) -> None:
             cur = buf.storage[idx]
             buf.storage[idx] = np.where(np.asarray(mask), value, cur)
         return
-    # Partly outside: write element by element through index arrays.
-    idx, keep = [], None
-    for d, n in zip(box, logical):
-        pos = d.start + np.arange(d.count) * d.step
-        ok = (pos >= 0) & (pos < n)
-        idx.append(np.clip(pos, 0, max(n - 1, 0)))
-        keep = ok if keep is None else keep[..., None] & ok
+    # Partly outside: write the in-bounds positions of each dimension (the box is a
+    # product of per-dimension ranges, so the in-bounds part is one too).
     full_shape = tuple(d.count for d in box)
     value = np.broadcast_to(value.reshape(
         [d.count if not d.squeezed else 1 for d in box]), full_shape)
     if mask is not None:
-        keep = keep & np.asarray(mask).reshape(value.shape if value.ndim else ())
+        mask = np.broadcast_to(np.asarray(mask).reshape(
+            [d.count if not d.squeezed else 1 for d in box]), full_shape)
+    idx, keep = [], []
+    for d, n in zip(box, logical):
+        pos = d.start + np.arange(d.count) * d.step
+        ok = np.nonzero((pos >= 0) & (pos < n))[0]
+        if ok.size == 0:
+            return
+        idx.append(pos[ok])
+        keep.append(ok)
+    sub = value[np.ix_(*keep)]
     grid = np.ix_(*idx)
-    cur = buf.storage[grid]
-    buf.storage[grid] = np.where(keep, value, cur)
+    if mask is not None:
+        sub = np.where(mask[np.ix_(*keep)], sub, buf.storage[grid])
+    buf.storage[grid] = sub
 
 
 def _masked_oob(box, bounds, mask) -> bool:
@@ -202,6 +213,84 @@ def _skip_float(eqn, invals):
     if outs and all(jax.numpy.issubdtype(a.dtype, jax.numpy.floating) for a in outs):
         return [np.full(a.shape, np.inf, a.dtype) for a in outs]
     return None
+
+
+# -- compiled segments: runs of plain equations run as one jitted call --------------------
+
+
+class Segment:
+    """Consecutive equations over plain values (no refs, rules or effects), compiled
+    once as one function: a kernel body's arithmetic then costs one dispatch."""
+
+    def __init__(self, eqns, invars, outvars):
+        self.eqns, self.invars, self.outvars = eqns, invars, outvars
+        self.fn = jax.jit(self._run)
+
+    def _run(self, *args):
+        env = dict(zip(self.invars, args))
+
+        def read(v):
+            return v.val if isinstance(v, jc.Literal) else env[v]
+
+        for eqn in self.eqns:
+            params = eqn.primitive.get_bind_params(eqn.params)
+            subfuns = params.pop("subfuns", ())
+            outs = eqn.primitive.bind(*subfuns, *[read(v) for v in eqn.invars], **params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+            for v, x in zip(eqn.outvars, outs):
+                env[v] = x
+        return [env[v] for v in self.outvars]
+
+
+_plans: dict = {}
+
+
+def _is_plain(eqn) -> bool:
+    prim = eqn.primitive
+    if eqn.effects or prim in interpret_rules or (prim in RULES and prim not in _CONTROL):
+        return False
+    if any(isinstance(getattr(v, "aval", None), jc.AbstractRef) for v in eqn.invars):
+        return False
+    return not any(jaxpr_needs_engine(j) for j in _sub_jaxprs(eqn))
+
+
+def plan_of(jaxpr) -> list:
+    """``jaxpr``'s equations with each run of plain ones replaced by a :class:`Segment`
+    (cached per jaxpr)."""
+    hit = _plans.get(id(jaxpr))
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    eqns = jaxpr.eqns
+    used_after: list = [set() for _ in range(len(eqns) + 1)]
+    live = {v for v in jaxpr.outvars if not isinstance(v, jc.Literal)}
+    used_after[len(eqns)] = set(live)
+    for i in range(len(eqns) - 1, -1, -1):
+        live |= {v for v in eqns[i].invars if not isinstance(v, jc.Literal)}
+        used_after[i] = set(live)
+    plan: list = []
+    i = 0
+    while i < len(eqns):
+        if not _is_plain(eqns[i]):
+            plan.append(eqns[i])
+            i += 1
+            continue
+        j = i
+        while j < len(eqns) and _is_plain(eqns[j]):
+            j += 1
+        run = eqns[i:j]
+        defined = {v for e in run for v in e.outvars}
+        invars, seen = [], set()
+        for e in run:
+            for v in e.invars:
+                if not isinstance(v, jc.Literal) and v not in defined and v not in seen:
+                    seen.add(v)
+                    invars.append(v)
+        outvars = [v for e in run for v in e.outvars
+                   if v in used_after[j] and type(v).__name__ != "DropVar"]
+        plan.append(Segment(run, invars, outvars))
+        i = j
+    _plans[id(jaxpr)] = (jaxpr, plan)
+    return plan
 
 
 # -- which equations need the engine (else they are bound to JAX as they are) ----------
@@ -253,7 +342,12 @@ def _needs_engine(eqn, invals) -> bool:
 
 @rule(program_id_p, num_programs_p)
 def _grid_rule(core: Core, eqn, invals):
-    return list(interpret_rules[eqn.primitive](core.ctx, eqn, invals))
+    axis = eqn.params["axis"]
+    if not 0 <= axis < len(core.ctx.grid):  # the core rule raises the error
+        return list(interpret_rules[eqn.primitive](core.ctx, eqn, invals))
+    if eqn.primitive is program_id_p:
+        return [np.int32(core.ctx.grid_indices[axis])]
+    return [np.int32(core.ctx.grid[axis])]
 
 
 @rule(axis_index_p)
@@ -271,11 +365,20 @@ def _axis_index_rule(core: Core, eqn, invals):
 # -- refs -----------------------------------------------------------------------------------
 
 
+_sites: dict = {}
+
+
 def site_of(eqn) -> str:
+    """The kernel source line of ``eqn`` (cached: walking a traceback is slow)."""
+    hit = _sites.get(id(eqn))
+    if hit is not None and hit[0] is eqn:
+        return hit[1]
     try:
-        return jc.user_source_location(eqn)
+        site = jc.user_source_location(eqn)
     except Exception:  # noqa: BLE001 - a location is best effort
-        return "<unknown>"
+        site = "<unknown>"
+    _sites[id(eqn)] = (eqn, site)
+    return site
 
 
 def view(buf: Buffer, flat, tree):

@@ -364,7 +364,7 @@ def _copy_in(core, hbm: Buffer, box, buf: Buffer, bm, loop, point) -> None:
             f"{B.describe(box)} but input has shape {hbm.storage.shape}."
         )
     data = core.read(hbm, box, site)
-    core.write(buf, B.full_box(buf.shape), data.reshape(buf.shape), site)
+    _store()(core, buf, B.full_box(buf.shape), data.reshape(buf.shape), site)
 
 
 def _copy_out(core, buf: Buffer, hbm: Buffer, box, bm, loop, point) -> None:
@@ -376,9 +376,16 @@ def _copy_out(core, buf: Buffer, hbm: Buffer, box, bm, loop, point) -> None:
             f"{B.describe(box)} but output has shape {hbm.storage.shape}."
         )
     data = core.read(buf, B.full_box(buf.shape), site)
-    core.write(hbm, box, data.reshape(B.box_shape(box)) if data.size == math.prod(
+    _store()(core, hbm, box, data.reshape(B.box_shape(box)) if data.size == math.prod(
         B.box_shape(box)) else data[tuple(slice(0, d.count) for d in box
                                           if not d.squeezed)], site)
+
+
+def _store():
+    """``pallas_tpu.interpret.store``, looked up at each copy (so it can be wrapped)."""
+    from pallas_tpu import interpret
+
+    return interpret.store
 
 
 def _block_index(bm, box):

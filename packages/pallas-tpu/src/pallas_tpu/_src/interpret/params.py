@@ -102,7 +102,8 @@ class InterpretParams:
         """Lowers a ``pallas_call`` to TPU interpret mode (called by pallas-core)."""
         from pallas_tpu._src.interpret.entry import lower_pallas_call
 
-        return lower_pallas_call(self, ctx, *in_nodes, jaxpr=jaxpr,
+        # Forced params win over the call's own, as upstream.
+        return lower_pallas_call(forced_params() or self, ctx, *in_nodes, jaxpr=jaxpr,
                                  grid_mapping=grid_mapping,
                                  compiler_params=compiler_params, name=name)
 
