@@ -85,6 +85,28 @@ def test_asking_for_the_backend_of_a_plugin_that_failed_raises_backend_load_erro
     assert isinstance(e.value.__cause__, plugins.BackendLoadError)
 
 
+_HIJACKER = """
+    from pallas.plugins import hookimpl, program_id_p
+
+    @hookimpl
+    def pallas_interpret_rules():  # replaces a core rule instead of overriding it
+        return {program_id_p: lambda ctx, eqn, invals: [0]}
+"""
+
+
+def test_a_plugin_replacing_a_core_interpreter_rule_is_a_failure_named_by_plugin(
+        tmp_path, monkeypatch, clean_registry):
+    _install(tmp_path, monkeypatch, "hijack-backend", {"hijack": "hijack_plugin"},
+             {"hijack_plugin": _HIJACKER})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", plugins.PluginLoadWarning)
+        err = plugins.load_failures()["hijack"]
+    assert isinstance(err, plugins.RuleConflictError)
+    assert "'program_id'" in str(err) and "override" in str(err)
+    assert plugins.interpret_rules.owners(plugins.program_id_p) == ["pallas"]
+    plugins.reset()
+
+
 def test_an_import_failure_is_raised_as_backend_load_error_with_its_cause(broken_backend):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", plugins.PluginLoadWarning)

@@ -59,26 +59,42 @@ class Backend:
     def lower(self, request: LoweringRequest) -> Sequence[Any]:
         """Emits MLIR for ``pallas_call`` on ``request.ctx.module_context.platforms``.
 
-        Returns the output MLIR values (usually the results of one custom call).
+        :param request: the kernel, JAX's lowering context and the operands' MLIR values.
+        :return: the output MLIR values (usually the results of one custom call).
         """
         raise NotImplementedError(f"backend {self.name!r} does not implement lower()")
 
     def validate(self, request: KernelRequest) -> None:
-        """Raises a clear error at trace time when the kernel cannot be supported."""
+        """Raises a clear error at trace time when the kernel cannot be supported.
+
+        :param request: the kernel, with this backend's compiler params.
+        """
 
     def compile(self, request: KernelRequest) -> Any:
-        """Runs the real compiler on CPU (conformance level ``compile``); raises when the
-        compiler rejects the kernel. ``request.options`` may carry e.g. a target."""
+        """Runs the real compiler on CPU (conformance level ``compile``).
+
+        :param request: the kernel; ``request.options`` may carry e.g. a target.
+        :return: the compiled artifact; raises when the compiler rejects the kernel.
+        """
         raise NotImplementedError(f"backend {self.name!r} has no compile level")
 
     def emulate(self, request: KernelRequest, *args: Any) -> Sequence[Any]:
-        """Runs the generated code under an emulator on the operand arrays ``args``
-        (conformance level ``emulate``); returns the output arrays."""
+        """Runs the generated code under an emulator (conformance level ``emulate``).
+
+        :param request: the kernel.
+        :param args: the operand arrays (scalar prefetch first, then the inputs).
+        :return: the output arrays.
+        """
         raise NotImplementedError(f"backend {self.name!r} has no emulate level")
 
     def interpret(self, request: KernelRequest, *args: Any) -> Sequence[Any]:
         """Runs the kernel jaxpr under the backend's interpret rules (conformance level
-        ``backend_interpret``); checks the backend's semantics, not its generated code."""
+        ``backend_interpret``): the backend's semantics, not its generated code.
+
+        :param request: the kernel.
+        :param args: the operand arrays.
+        :return: the output arrays.
+        """
         raise NotImplementedError(f"backend {self.name!r} has no backend_interpret level")
 
     def __init_subclass__(cls, **kw: Any) -> None:
