@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
-from pallas.plugins import Backend
+from pallas.plugins import Backend, KernelRequest, LoweringRequest
 from pallas_tpu import MemorySpace
 from pallas_tpu import extend as tpx
 from pallas_tpu_sparsecore.__about__ import __version__
@@ -42,11 +43,11 @@ class MosaicSparseCoreBackend(Backend):
     """Lowers SparseCore mesh kernels to a Mosaic module with a SparseCore core type,
     inside a ``tpu_custom_call`` of device type SparseCore."""
 
-    def validate(self, jaxpr, grid_mapping, compiler_params) -> None:
+    def validate(self, request: KernelRequest) -> None:
         from pallas_tpu_sparsecore._src.info import current_chip
 
-        params = as_params(compiler_params)
-        gm = grid_mapping
+        params = as_params(request.compiler_params)
+        gm = request.grid_mapping
         if len(gm.grid) not in (1, 2):
             raise NotImplementedError(_NOT_A_MESH.format(grid=tuple(gm.grid)))
         names = tuple(gm.grid_names or ()) or ("cores", "subcores")[:len(gm.grid)]
@@ -74,9 +75,9 @@ class MosaicSparseCoreBackend(Backend):
                     f"the mesh axis {name!r} has {what}={size}, but TPU {chip} has only "
                     f"{limit} {unit}; valid: 1..{limit}")
 
-    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost_estimate,
-              name, metadata, out_avals):
-        platforms = ctx.module_context.platforms
+    def lower(self, request: LoweringRequest):
+        platforms = request.ctx.module_context.platforms
+        name = request.name
         if "tpu" not in platforms:
             raise ValueError(
                 f"Only interpret mode is supported on CPU: the SparseCore kernel {name} "
@@ -85,22 +86,24 @@ class MosaicSparseCoreBackend(Backend):
                 f"for a TPU: jax.jit(f).trace(*args).lower(lowering_platforms=('tpu',)).")
         from pallas_tpu_sparsecore._src.lowering.module import lower_to_custom_call
 
-        params = as_params(compiler_params)
-        self.validate(jaxpr, grid_mapping, params)
+        params = as_params(request.compiler_params)
+        self.validate(dataclasses.replace(request.kernel, compiler_params=params))
         with _chip_of(params):  # lane checks and figures follow plsc.CompilerParams(chip=)
-            return lower_to_custom_call(ctx, *in_nodes, jaxpr=jaxpr,
-                                        grid_mapping=grid_mapping, params=params,
+            return lower_to_custom_call(request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
+                                        grid_mapping=request.grid_mapping, params=params,
                                         info=target_info(params),
-                                        cost_estimate=cost_estimate, name=name,
-                                        metadata=metadata, out_avals=out_avals)
+                                        cost_estimate=request.cost_estimate, name=name,
+                                        metadata=request.metadata,
+                                        out_avals=request.out_avals)
 
-    def interpret(self, jaxpr, grid_mapping, compiler_params, *args, **kw):
+    def interpret(self, request: KernelRequest, *args):
         """The kernel jaxpr in the core interpreter with the SparseCore rules (mesh
         points in order, gathers/scatters bounds-checked)."""
         from pallas.plugins import interpret_pallas_call
 
-        self.validate(jaxpr, grid_mapping, compiler_params)
-        return interpret_pallas_call(*args, jaxpr=jaxpr, grid_mapping=grid_mapping)
+        self.validate(request)
+        return interpret_pallas_call(*args, jaxpr=request.jaxpr,
+                                     grid_mapping=request.grid_mapping)
 
 
 MOSAIC_SPARSECORE = MosaicSparseCoreBackend(
