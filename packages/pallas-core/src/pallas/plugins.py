@@ -24,6 +24,12 @@ from pallas._src.interpreter.races import (
     region,
     regions_overlap,
 )
+from pallas._src.interpreter.modes import (
+    InterpretMode,
+    forced_interpret,
+    forced_interpret_mode,
+    set_forced_interpret,
+)
 from pallas._src.interpreter.rules import interpret_rules, register_interpret_rule
 from pallas._src.jax_compat import axis_index_p
 from pallas._src.memory import MemoryRef, MemorySpace, SemaphoreSpace, is_semaphore_space
@@ -92,4 +98,6 @@ __all__ = [
     "KernelRequest", "LoweringRequest", "RuleConflictError", "RuleTable",
     # The one-way import rule, for each package's tests.
     "private_core_imports",
+    # Backend interpret modes (params objects that run kernels in their own simulator).
+    "InterpretMode", "forced_interpret", "forced_interpret_mode", "set_forced_interpret",
 ]

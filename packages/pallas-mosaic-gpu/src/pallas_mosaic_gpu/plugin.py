@@ -1,6 +1,7 @@
 """The pallas-mosaic-gpu plugin: registered in the ``pallas.backends`` entry-point group.
 
-Provides the ``mosaic_gpu`` backend for platform ``cuda``.
+Provides the ``mosaic_gpu`` backend for platform ``cuda``, and the reference-interpreter
+rules of the Mosaic GPU primitives (so ``interpret=True`` runs ``plgpu`` kernels).
 """
 
 from __future__ import annotations
@@ -12,3 +13,10 @@ from pallas_mosaic_gpu._src.backend import MOSAIC_GPU
 @hookimpl
 def pallas_backends():
     return [MOSAIC_GPU]
+
+
+@hookimpl
+def pallas_interpret_rules():
+    from pallas_mosaic_gpu._src.primitives import barriers, copies
+
+    return {**barriers.INTERPRET_RULES, **copies.INTERPRET_RULES}

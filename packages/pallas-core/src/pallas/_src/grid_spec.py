@@ -138,6 +138,7 @@ class GridMapping:
     scratch_types: tuple  # MemoryRef per scratch operand
     scratch_origins: tuple
     input_output_aliases: tuple  # ((input index among all operands, output index), ...)
+    mesh: Any = None  # the mesh of pl.kernel (grid = its axes), for backends that need it
 
     @property
     def in_block_mappings(self) -> tuple:

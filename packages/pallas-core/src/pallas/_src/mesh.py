@@ -25,6 +25,7 @@ from pallas._src.interpreter.evaluator import (
     _unique_cells,
     eval_jaxpr,
 )
+from pallas._src.interpreter.modes import resolve_interpret
 from pallas._src.interpreter.rules import register_interpret_rule
 from pallas._src.memory import MemoryRef, MemorySpace
 from pallas._src.primitives.scoped import fresh_cell, operand_effects
@@ -123,7 +124,7 @@ def kernel(body: Callable | Any = NOT_SPECIFIED, out_type: object = (), *, mesh:
             out_specs=out_specs, scratch_shapes=tuple(scratch), interpret=interpret,
             compiler_params=compiler_params, cost_estimate=cost_estimate, debug=debug,
             name=name or getattr(body, "__name__", "kernel"), metadata=metadata,
-            backend=None if interpret else mesh.backend,
+            backend=None if interpret else mesh.backend, mesh=mesh,
         )(*args)
 
     return run
@@ -144,6 +145,8 @@ def core_map(mesh: Mesh, *, compiler_params: Any = None, interpret: bool = False
     ``f`` closes over refs (from ``pl.run_state``, ``jax.new_ref`` or an enclosing
     kernel) and reads ``lax.axis_index(name)`` to know which core it is.
     """
+
+    interpret = resolve_interpret(interpret)
 
     def wrapped(f: Callable[..., None]) -> None:
         types = [t if isinstance(t, MemoryRef) else t.get_memory_ref()

@@ -22,6 +22,7 @@ from pallas._src import jax_compat as jc
 from pallas._src.compiler_params import CompilerParams, FrozenParams
 from pallas._src.cost import CostEstimate
 from pallas._src.grid_spec import GridMapping, GridSpec, keystr, resolve_grid_mapping
+from pallas._src.interpreter.modes import resolve_interpret
 from pallas._src.registry import registry
 from pallas._src.registry.requests import KernelRequest, LoweringRequest
 
@@ -219,9 +220,11 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
                           scratch_shapes=(), input_output_aliases=None, debug=False,
                           interpret=False, name=None, compiler_params=None,
                           cost_estimate=None, metadata=None, backend=None,
-                          grid_names=None):
-    """``pallas_call`` whose grid axes may be named (``lax.axis_index(name)`` works)."""
+                          grid_names=None, mesh=None):
+    """``pallas_call`` whose grid axes may be named (``lax.axis_index(name)`` works);
+    ``mesh`` (from ``pl.kernel``) is kept on the grid mapping for backends."""
     input_output_aliases = input_output_aliases or {}
+    interpret = resolve_interpret(interpret)
     grid, named = _split_named_grid(grid)
     if named is not None:
         if grid_names is not None:
@@ -275,6 +278,8 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
         if grid_names is not None:
             gm = dataclasses.replace(gm, grid_names=tuple(grid_names))
             axes = list(zip(grid_names, gm.grid))
+        if mesh is not None:
+            gm = dataclasses.replace(gm, mesh=mesh)
         with jc.extend_axis_env_nd(axes), debug_checks_requested(wants_checks):
             jaxpr = trace_kernel(kernel, gm, body_tree, out_tree, scratch_tree, kname)
         if debug:

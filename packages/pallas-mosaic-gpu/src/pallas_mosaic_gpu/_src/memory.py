@@ -52,6 +52,10 @@ class MemorySpace(enum.Enum):
             raise ValueError(
                 f"plgpu.{self.name}{shape}: packed, collective and layout arguments are "
                 "only supported for TMEM.")
+        if transforms:
+            from pallas_mosaic_gpu._src.transforms import check_transforms
+
+            check_transforms(transforms, shape, dtype, f"plgpu.{self.name}{shape} {dtype}")
         return GPUMemoryRef(_shaped(shape, dtype), self, transforms=tuple(transforms),
                             packed=packed, collective=collective, layout=layout)
 
@@ -79,6 +83,37 @@ class GPUMemoryRef(MemoryRef):
     packed: bool | None = dataclasses.field(default=None, kw_only=True)
     collective: bool | None = dataclasses.field(default=None, kw_only=True)
     layout: Any = dataclasses.field(default=None, kw_only=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class BarrierSpace:
+    """The memory space of barrier refs. A barrier ref is an int32 ref of shape
+    ``num_barriers`` whose space says it holds mbarriers and keeps their static
+    properties (arrivals per phase; for cluster barriers, the cluster axes)."""
+
+    kind: str = "barrier"  # or "cluster_barrier"
+    num_arrivals: int = 1
+    orders_tensor_core: bool = False
+    collective_axes: tuple = ()
+    leader_tracked: bool = False
+
+    is_semaphore = True  # zero-initialised synchronisation state, never user data
+
+    def __str__(self) -> str:
+        return self.kind
+
+
+class AccumulatorSpace(enum.Enum):
+    """The memory space of ``plgpu.ACC`` refs (WGMMA accumulators, in registers)."""
+
+    WGMMA = "wgmma_acc"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def is_barrier_space(space: Any) -> bool:
+    return isinstance(space, BarrierSpace)
 
 
 def _barrier_counts(kind: str, num_arrivals: int, num_barriers) -> tuple[int, ...]:
@@ -109,10 +144,12 @@ class Barrier:
     def get_array_aval(self):
         raise ValueError("Barriers are not arrays")
 
+    def get_memory_ref(self) -> MemoryRef:
+        space = BarrierSpace("barrier", self.num_arrivals, self.orders_tensor_core)
+        return MemoryRef(_shaped(self.num_barriers, jnp.int32), space)
+
     def get_ref_aval(self):
-        raise NotImplementedError(
-            "plgpu.Barrier scratch is not supported by pallas-mosaic-gpu 0.1.0 yet: the "
-            "barrier primitives and their interpreter rules are being built")
+        return self.get_memory_ref().get_ref_aval()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -128,11 +165,17 @@ class ClusterBarrier:
     def __post_init__(self):
         object.__setattr__(self, "num_barriers", _barrier_counts(
             "ClusterBarrier", self.num_arrivals, self.num_barriers))
+        axes = self.collective_axes
+        object.__setattr__(self, "collective_axes",
+                           (axes,) if isinstance(axes, str) else tuple(axes))
 
     def get_array_aval(self):
         raise ValueError("Cluster barriers are not arrays")
 
+    def get_memory_ref(self) -> MemoryRef:
+        space = BarrierSpace("cluster_barrier", self.num_arrivals, self.orders_tensor_core,
+                             self.collective_axes, self.leader_tracked)
+        return MemoryRef(_shaped(self.num_barriers, jnp.int32), space)
+
     def get_ref_aval(self):
-        raise NotImplementedError(
-            "plgpu.ClusterBarrier scratch is not supported by pallas-mosaic-gpu 0.1.0 yet: "
-            "the barrier primitives and their interpreter rules are being built")
+        return self.get_memory_ref().get_ref_aval()

@@ -89,8 +89,13 @@ run_scoped_p.def_effectful_abstract_eval(_run_scoped_abstract_eval)
 
 
 def fresh_cell(t: MemoryRef, origin: str, check_uninitialized: bool) -> Cell:
-    """A cell for a newly allocated buffer: semaphores start at zero, others poisoned."""
-    if is_semaphore_space(t.memory_space):
+    """A cell for a newly allocated buffer: semaphores start at zero, buffer types that
+    define ``initial_value()`` (e.g. a zeroed accumulator) at that, others poisoned."""
+    initial = getattr(t, "initial_value", None)
+    if callable(initial):
+        value = jnp.broadcast_to(jnp.asarray(initial(), t.dtype), t.shape)
+        init = jnp.ones(t.shape, jnp.bool_) if check_uninitialized else None
+    elif is_semaphore_space(t.memory_space):
         value = jnp.zeros(t.shape, t.dtype)
         init = None
     else:

@@ -1,0 +1,92 @@
+"""``plgpu.InterpretParams``: the options of GPU interpret mode, and the switches that
+force it.
+
+Passing ``interpret=plgpu.InterpretParams(...)`` to ``pl.pallas_call``, ``pl.core_map``
+or ``plgpu.kernel`` runs the kernel on CPU with a GPU's semantics: GMEM/SMEM buffers,
+concurrent threads (warpgroups) of every block, barriers, TMA copies, and, with
+``detect_races=True``, a happens-before race detector (vector clocks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+from typing import Any, Literal
+
+from pallas.plugins import forced_interpret_mode, set_forced_interpret
+
+
+class LoggingMode(enum.Flag):
+    """What GPU interpret mode logs: barrier operations, semaphores, shared memory."""
+
+    BARRIER = enum.auto()
+    SEMAPHORE = enum.auto()
+    SHARED_MEMORY = enum.auto()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InterpretParams:
+    """Options of GPU interpret mode (upstream's ``InterpretGPUParams``).
+
+    ``detect_races``: check every access against a happens-before order (vector clocks)
+    and record races in ``pallas_mosaic_gpu.interpret.get_races()``.
+    ``out_of_bounds_reads``: ``"raise"`` or ``"uninitialized"`` (read the fill value).
+    ``skip_floating_point_ops``: do not compute floating-point results; they become
+    ``inf`` (fast runs that check synchronisation only).
+    ``uninitialized_memory``: ``"nan"`` (ints: their maximum) or ``"zero"`` for fresh
+    buffers. ``num_cores_or_threads``: accepted for upstream compatibility (threads come
+    from the kernel's mesh). ``num_tma_threads_per_device``: how many TMA units copies
+    are spread over (each gets its own vector clock entry).
+    """
+
+    detect_races: bool = False
+    out_of_bounds_reads: Literal["raise", "uninitialized"] = "raise"
+    skip_floating_point_ops: bool = False
+    uninitialized_memory: Literal["nan", "zero"] = "nan"
+    num_cores_or_threads: int = 1
+    vector_clock_size: int | None = None
+    logging_mode: LoggingMode | None = None
+    num_tma_threads_per_device: int = 1
+
+    def __post_init__(self):
+        if self.num_cores_or_threads < 1:
+            raise ValueError("Number of cores or threads must be at least 1, but got "
+                             f"{self.num_cores_or_threads}.")
+        if self.vector_clock_size is not None:
+            raise ValueError("`vector_clock_size` must be `None` for GPU interpret mode, but "
+                             f"got {self.vector_clock_size}.")
+        if self.num_tma_threads_per_device < 1:
+            raise ValueError("Number of TMA threads per device must be at least 1, but got "
+                             f"{self.num_tma_threads_per_device}.")
+        if self.out_of_bounds_reads not in ("raise", "uninitialized"):
+            raise ValueError("InterpretParams(out_of_bounds_reads=...) must be 'raise' or "
+                             f"'uninitialized', got {self.out_of_bounds_reads!r}")
+        if self.uninitialized_memory not in ("nan", "zero"):
+            raise ValueError("InterpretParams(uninitialized_memory=...) must be 'nan' or "
+                             f"'zero', got {self.uninitialized_memory!r}")
+
+    # -- pallas-core's interpret-mode protocol (pallas.plugins.InterpretMode) -----------
+    def lower_pallas_call(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params=None,
+                          name: str = "kernel", **_: Any):
+        from pallas_mosaic_gpu._src.interpret.launch import lower_pallas_call
+
+        return lower_pallas_call(self, ctx, *in_nodes, jaxpr=jaxpr,
+                                 grid_mapping=grid_mapping, name=name,
+                                 out_avals=list(ctx.avals_out))
+
+
+InterpretGPUParams = InterpretParams
+
+
+@contextlib.contextmanager
+def force_gpu_interpret_mode(params: InterpretParams = InterpretParams()):
+    """Within the block, every ``pallas_call``/``core_map``/``plgpu.kernel`` traced runs
+    with ``interpret=params`` (``None``: as written)."""
+    with forced_interpret_mode(params):
+        yield
+
+
+def set_gpu_interpret_mode(params: InterpretParams | None = InterpretParams()) -> None:
+    """From now on kernels run with ``interpret=params``; ``None`` turns it off."""
+    set_forced_interpret(params)

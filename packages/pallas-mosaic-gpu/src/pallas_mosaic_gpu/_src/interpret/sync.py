@@ -1,0 +1,221 @@
+"""Barriers and semaphores in GPU interpret mode.
+
+A barrier counts arrivals; every ``num_arrivals`` of them complete a *phase*, which
+carries the join of the arrivers' vector clocks. Each thread waits for phases in order
+(its first wait is for phase 1, its next for phase 2, ...), acquiring the clock of the
+phase it observes. As upstream's interpreter, it reports misuse that would hang or
+misbehave on a GPU (whose mbarriers only remember the parity of the phase):
+
+- a phase completing before anyone observed the previous one;
+- a thread awaiting a phase when a later one has already completed;
+- a thread that waited on a barrier but did not observe all its phases by the end.
+
+Semaphores count; a wait blocks until the count reaches the value, then subtracts it.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from pallas.plugins import semaphore_read_p, semaphore_signal_p, semaphore_wait_p
+from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
+from pallas_mosaic_gpu._src.interpret.memory import access_region
+from pallas_mosaic_gpu._src.interpret.threads import Blocker
+from pallas_mosaic_gpu._src.primitives import refs as R
+from pallas_mosaic_gpu._src.primitives.barriers import (
+    barrier_arrive_p,
+    barrier_test_p,
+    barrier_wait_p,
+)
+
+
+class BarrierError(RuntimeError):
+    """A barrier used in a way that hangs or misbehaves on a GPU."""
+
+
+def _join(a, b):
+    if a is None:
+        return None if b is None else b.copy()
+    return a if b is None else np.maximum(a, b)
+
+
+class BarrierState:
+    """One mbarrier: arrivals in the current phase, completed phases, who saw what."""
+
+    def __init__(self, num_arrivals: int, label: str):
+        self.num_arrivals = num_arrivals
+        self.label = label
+        self.arrivals = 0
+        self.completed = 0
+        self.pending_clock = None
+        self.phase_clocks: list = []
+        self.observed: dict[int, list] = {}  # thread id -> [thread label, phases seen]
+        self.seen_phases: set[int] = set()
+
+    def arrive(self, clock) -> None:
+        self.pending_clock = _join(self.pending_clock, clock)
+        self.arrivals += 1
+        if self.arrivals < self.num_arrivals:
+            return
+        if self.completed >= 1 and self.completed not in self.seen_phases:
+            raise BarrierError(
+                "Barrier arrival was completed again before previous completion was observed "
+                f"by a thread. ({self.label}: phase {self.completed} completed and no thread "
+                f"waited for it before phase {self.completed + 1} completed)")
+        self.completed += 1
+        self.phase_clocks.append(self.pending_clock)
+        self.pending_clock = None
+        self.arrivals = 0
+
+
+class BarrierArray:
+    """The barriers of one ``plgpu.Barrier`` allocation (``num_barriers`` of them)."""
+
+    def __init__(self, shape, space):
+        self.shape = tuple(shape)
+        self.space = space
+        self.states = {}
+
+    def at(self, buf, flat, tree) -> BarrierState:
+        region, ok = access_region(self.shape, flat, tree)
+        if not ok:
+            raise IndexError(f"barrier index out of range for {buf.name} of shape "
+                             f"{self.shape}")
+        index = tuple(s for s, _, _ in region)
+        state = self.states.get(index)
+        if state is None:
+            label = buf.name + (f"[{', '.join(map(str, index))}]" if index else "")
+            state = self.states[index] = BarrierState(self.space.num_arrivals, label)
+        return state
+
+
+class SemaphoreArray:
+    """Counts (and the clock of the last signal) of a semaphore allocation."""
+
+    def __init__(self, shape):
+        self.counts = np.zeros(shape, np.int64)
+        self.clocks: dict = {}
+
+
+def barrier_of(th, spec, invals) -> BarrierState:
+    ((buf, flat, tree),) = R.unflatten(spec, invals)[:1]
+    if buf.sync is None or not isinstance(buf.sync, BarrierArray):
+        raise TypeError(f"{buf.name} is not a barrier")
+    if buf.space.kind == "cluster_barrier":
+        raise NotImplementedError(
+            "plgpu.ClusterBarrier is not supported by GPU interpret mode "
+            "(pallas-mosaic-gpu) yet")
+    return buf.sync.at(buf, flat, tree)
+
+
+def arrive(state: BarrierState, clock) -> None:
+    state.arrive(clock)
+
+
+def wait(th, state: BarrierState):
+    """Generator: waits for the next phase of ``state`` that ``th`` has not observed."""
+    entry = state.observed.setdefault(th.tid, [th.thread_index, 0])
+    target = entry[1] + 1
+
+    def check():
+        if state.completed > target:
+            raise BarrierError(
+                f"Thread {th.thread_index} is awaiting phase {target}, but barrier is already "
+                f"at phase {state.completed}. ({state.label}, {th.name})")
+
+    check()
+    if state.completed < target:
+        yield Blocker(lambda: state.completed >= target,
+                      f"phase {target} of barrier {state.label}")
+        check()
+    entry[1] = target
+    state.seen_phases.add(target)
+    th.acquire(state.phase_clocks[target - 1])
+
+
+@register_gpu_rule(barrier_arrive_p)
+def _arrive_rule(th, eqn, invals):
+    arrive(barrier_of(th, eqn.params["refs"], invals), th.release())
+    return []
+
+
+@register_gpu_rule(barrier_wait_p)
+def _wait_rule(th, eqn, invals):
+    yield from wait(th, barrier_of(th, eqn.params["refs"], invals))
+    return []
+
+
+@register_gpu_rule(barrier_test_p)
+def _test_rule(th, eqn, invals):
+    state = barrier_of(th, eqn.params["refs"], invals)
+    seen = state.observed.get(th.tid, [0, 0])[1]
+    return [jnp.asarray(state.completed > seen)]
+
+
+def check_barriers_at_exit(launch) -> None:
+    """Every thread that waited on a barrier must have observed all its phases."""
+    for buf in launch.barriers:
+        for state in buf.sync.states.values():
+            for label, seen in state.observed.values():
+                if 0 < seen < state.completed:
+                    raise BarrierError(
+                        f"Thread {label} did not observe all phases ({state.completed}) for "
+                        f"barrier (but observed {seen} phase{'' if seen == 1 else 's'}). "
+                        f"({state.label})")
+
+
+# -- semaphores --------------------------------------------------------------------------
+
+
+def _sem_index(buf, flat, tree):
+    region, ok = access_region(buf.shape, flat, tree)
+    if not ok:
+        raise IndexError(f"semaphore index out of range for {buf.name}")
+    if any(e - s != 1 for s, e, _ in region):
+        raise ValueError(f"semaphore operations take a single semaphore; index {buf.name}")
+    return tuple(s for s, _, _ in region)
+
+
+def _sem_operands(eqn, invals):
+    buf, *rest = invals
+    n = eqn.params["tree"].num_leaves
+    return buf, rest[:n], rest[n:]
+
+
+@register_gpu_rule(semaphore_signal_p)
+def _signal_rule(th, eqn, invals):
+    p = eqn.params
+    buf, idx, rest = _sem_operands(eqn, invals)
+    if p["device_id_tree"].num_leaves:
+        raise NotImplementedError(
+            "semaphore_signal with device_id (remote semaphores) is not supported by GPU "
+            "interpret mode (pallas-mosaic-gpu) yet")
+    i = _sem_index(buf, idx, p["tree"])
+    sync = buf.sync
+    sync.counts[i] += int(rest[0])
+    sync.clocks[i] = _join(sync.clocks.get(i), th.release())
+    buf.value = jnp.asarray(sync.counts, buf.value.dtype)
+    return []
+
+
+@register_gpu_rule(semaphore_wait_p)
+def _sem_wait_rule(th, eqn, invals):
+    buf, idx, rest = _sem_operands(eqn, invals)
+    i = _sem_index(buf, idx, eqn.params["tree"])
+    sync, value = buf.sync, int(rest[0])
+    if sync.counts[i] < value:
+        yield Blocker(lambda: sync.counts[i] >= value,
+                      f"semaphore {buf.name}{list(i)} to reach {value}")
+    if eqn.params["decrement"]:
+        sync.counts[i] -= value
+    th.acquire(sync.clocks.get(i))
+    buf.value = jnp.asarray(sync.counts, buf.value.dtype)
+    return []
+
+
+@register_gpu_rule(semaphore_read_p)
+def _sem_read_rule(th, eqn, invals):
+    buf, idx, _ = _sem_operands(eqn, invals)
+    i = _sem_index(buf, idx, eqn.params["tree"])
+    return [jnp.asarray(buf.sync.counts[i], jnp.int32)]

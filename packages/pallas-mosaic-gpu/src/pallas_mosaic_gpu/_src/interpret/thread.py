@@ -1,0 +1,138 @@
+"""What the threads of one launch share (:class:`Launch`) and what each one owns
+(:class:`ThreadCtx`): coordinates, vector-clock entry, pending TMA store groups."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from pallas.plugins import Access, RaceDetector, VectorClocks, is_semaphore_space
+from pallas_mosaic_gpu._src import jax_compat as jc
+from pallas_mosaic_gpu._src.interpret.memory import Buffer, fill_value, whole
+from pallas_mosaic_gpu._src.interpret.sync import BarrierArray, SemaphoreArray
+from pallas_mosaic_gpu._src.memory import BarrierSpace
+from pallas_mosaic_gpu._src.mesh import Mesh as GpuMesh
+
+
+class Launch:
+    """One kernel launch on one device: its mesh, shared allocations, clocks, races.
+
+    Vector-clock entries: one per thread of the mesh, then one per simulated TMA unit.
+    """
+
+    def __init__(self, params, *, axis_names, sizes, mesh, outer_axes, num_threads, report,
+                 name):
+        self.params = params
+        self.axis_names = tuple(axis_names)
+        self.sizes = tuple(sizes)
+        self.mesh = mesh
+        self.outer_axes = outer_axes
+        self.num_threads = num_threads
+        self.name = name
+        self.grid: tuple = self.sizes
+        self.thread_axis = mesh.thread_name if isinstance(mesh, GpuMesh) else None
+        self.cluster_axes = tuple(mesh.cluster_names) if isinstance(mesh, GpuMesh) else ()
+        self.num_tma = params.num_tma_threads_per_device
+        self.tma_next = 0
+        if params.detect_races:
+            self.clocks = VectorClocks(num_threads + self.num_tma)
+            self.detector = RaceDetector(report)
+        else:
+            self.clocks = None
+            self.detector = None
+        self.shared: dict = {}
+        self.barriers: list[Buffer] = []
+
+    def tma_unit(self) -> int:
+        """The clock entry of the TMA unit that takes the next copy (round robin)."""
+        unit = self.num_threads + self.tma_next % self.num_tma
+        self.tma_next += 1
+        return unit
+
+    def new_buffer(self, memref, name: str, group=None) -> Buffer:
+        space = memref.memory_space
+        shape, dtype = tuple(memref.shape), memref.dtype
+        if isinstance(space, BarrierSpace):
+            buf = Buffer(name, space, jnp.zeros(shape, jnp.int32),
+                         sync=BarrierArray(shape, space), group=group)
+            self.barriers.append(buf)
+            return buf
+        if is_semaphore_space(space):
+            return Buffer(name, space, jnp.zeros(shape, dtype), sync=SemaphoreArray(shape),
+                          group=group)
+        initial = getattr(memref, "initial_value", None)
+        if callable(initial):
+            value = jnp.broadcast_to(jnp.asarray(initial(), dtype), shape)
+        else:
+            value = jnp.full(shape, fill_value(dtype, self.params.uninitialized_memory))
+        return Buffer(name, space, value, group=group)
+
+    def allocate(self, th: ThreadCtx, memref, name: str, site: Any,
+                 collective_axes: tuple) -> Buffer:
+        """A buffer for ``th``: its own, or the one shared by every thread that agrees
+        with it on the axes outside ``collective_axes`` (and has run ``site`` as often)."""
+        if hasattr(memref, "get_memory_ref"):
+            memref = memref.get_memory_ref()
+        count = th.occurrences.get(site, 0)
+        th.occurrences[site] = count + 1
+        if not collective_axes:
+            return self.new_buffer(memref, name)
+        group = tuple((n, th.coords[n]) for n in self.axis_names if n not in collective_axes)
+        key = (site, count, group)
+        buf = self.shared.get(key)
+        if buf is None:
+            buf = self.shared[key] = self.new_buffer(memref, name, group=group)
+        return buf
+
+
+class ThreadCtx:
+    """One simulated thread (a warpgroup) at ``point`` of the launch's mesh."""
+
+    def __init__(self, launch: Launch, tid: int, point: tuple[int, ...]):
+        self.launch = launch
+        self.tid = tid
+        self.point = point
+        self.coords = dict(zip(launch.axis_names, point))
+        self.axis_names = launch.axis_names
+        self.grid_indices = point
+        self.grid = launch.grid
+        self.occurrences: dict = {}
+        self.site_eqn = None
+        self.store_groups: list = []  # clocks of committed, unwaited SMEM->GMEM groups
+        self.open_group: list = []  # clocks of stores not yet in a committed group
+        if launch.thread_axis is not None:
+            self.thread_index = self.coords[launch.thread_axis]
+        else:
+            self.thread_index = 0
+        where = ", ".join(f"{n}={i}" for n, i in self.coords.items())
+        self.name = f"thread ({where})" if where else "thread"
+
+    @property
+    def site(self) -> str:
+        return jc.source_site(self.site_eqn) if self.site_eqn is not None else "<kernel>"
+
+    def access(self, buf: Buffer, kind: str, region=None, unit: int | None = None,
+               who: str | None = None) -> None:
+        """Logs an access of ``buf`` for the race detector (by TMA ``unit`` if given)."""
+        launch = self.launch
+        if launch.detector is None or buf.sync is not None:
+            return
+        entry = self.tid if unit is None else unit
+        clock = launch.clocks.tick(entry)
+        if region is None:
+            region = whole(buf.shape)
+        who = who or (self.name if unit is None else f"TMA unit {unit - launch.num_threads} "
+                      f"(copy issued by {self.name})")
+        launch.detector.record(buf.key, Access(entry, clock, kind, region, self.site, who),
+                               buf.name)
+
+    def release(self) -> np.ndarray | None:
+        """This thread's clock to hand to a synchronisation object (ticks first)."""
+        clocks = self.launch.clocks
+        return None if clocks is None else clocks.release(self.tid)
+
+    def acquire(self, clock) -> None:
+        if self.launch.clocks is not None:
+            self.launch.clocks.acquire(self.tid, clock)

@@ -1,0 +1,108 @@
+"""TMA copies in GPU interpret mode.
+
+A copy runs on a simulated TMA unit (``InterpretParams.num_tma_threads_per_device`` of
+them, taken round robin), which has its own vector-clock entry: the unit starts after
+everything the issuing thread did (a fork of its clock), reads the source and writes
+the destination at its own time, then arrives on the copy's barrier (GMEM->SMEM) or
+joins the issuing thread's bulk group (SMEM->GMEM). A thread that reads the data before
+waiting on the barrier (or ``wait_smem_to_gmem``) is therefore racing with the copy.
+The data moves when the copy is issued.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
+from pallas_mosaic_gpu._src.interpret.memory import access_region, describe_region
+from pallas_mosaic_gpu._src.interpret.sync import arrive, barrier_of
+from pallas_mosaic_gpu._src import jax_compat as jc
+from pallas_mosaic_gpu._src.primitives import copies as C
+from pallas_mosaic_gpu._src.primitives import refs as R
+
+
+def _start_unit(th) -> int | None:
+    launch = th.launch
+    if launch.clocks is None:
+        return None
+    unit = launch.tma_unit()
+    launch.clocks.fork(th.tid, unit)
+    return unit
+
+
+def _checked_region(th, buf, flat, tree, what):
+    region, ok = access_region(buf.shape, flat, tree)
+    if not ok:
+        raise IndexError(f"GPU interpret mode: TMA copy {what} {buf.name} (shape "
+                         f"{buf.shape}) out of bounds at {describe_region(region)}, by "
+                         f"{th.name} at {th.site}")
+    return region
+
+
+def _copy(th, src, dst, unit, combine=None):
+    (sbuf, sflat, stree), (dbuf, dflat, dtree) = src, dst
+    sreg = _checked_region(th, sbuf, sflat, stree, "source")
+    dreg = _checked_region(th, dbuf, dflat, dtree, "destination")
+    data = jc.get_view(sbuf.value, sflat, stree)
+    if combine is not None:
+        data = combine(jc.get_view(dbuf.value, dflat, dtree), data)
+    th.access(sbuf, "read", sreg, unit=unit)
+    th.access(dbuf, "write", dreg, unit=unit)
+    dbuf.value = jc.set_view(dbuf.value, jnp.asarray(data, dbuf.value.dtype), dflat, dtree)
+
+
+@register_gpu_rule(C.copy_gmem_to_smem_p)
+def _gmem_to_smem(th, eqn, invals):
+    p = eqn.params
+    if p["collective_axes"]:
+        raise NotImplementedError(
+            "plgpu.copy_gmem_to_smem(collective_axes=...) (cluster multicast) is not "
+            "supported by GPU interpret mode (pallas-mosaic-gpu) yet")
+    src, dst, bar = R.unflatten(p["refs"], invals)
+    unit = _start_unit(th)
+    _copy(th, src, dst, unit)
+    state = barrier_of(th, p["refs"][2:], invals)
+    arrive(state, None if unit is None else th.launch.clocks.release(unit))
+    return []
+
+
+@register_gpu_rule(C.copy_smem_to_gmem_p)
+def _smem_to_gmem(th, eqn, invals):
+    p = eqn.params
+    src, dst = R.unflatten(p["refs"], invals)
+    if p["has_predicate"] and not bool(invals[R.spec_end(p["refs"])]):
+        return []
+    unit = _start_unit(th)
+    op = p["reduction_op"]
+    _copy(th, src, dst, unit, None if op is None else (lambda o, n: C.reduce(op, o, n)))
+    th.open_group.append(None if unit is None else th.launch.clocks.release(unit))
+    if p["commit_group"]:
+        _commit_group(th)
+    return []
+
+
+def _commit_group(th) -> None:
+    th.store_groups.append(th.open_group)
+    th.open_group = []
+
+
+@register_gpu_rule(C.commit_group_p)
+def _commit_group_rule(th, eqn, invals):
+    _commit_group(th)
+    return []
+
+
+@register_gpu_rule(C.wait_smem_to_gmem_p)
+def _wait_smem_to_gmem(th, eqn, invals):
+    n = eqn.params["n"]
+    done = th.store_groups[:max(len(th.store_groups) - n, 0)]
+    th.store_groups = th.store_groups[len(done):]
+    for group in done:
+        for clock in group:
+            th.acquire(clock)
+    return []
+
+
+@register_gpu_rule(C.commit_smem_p)
+def _commit_smem(th, eqn, invals):
+    return []

@@ -1,0 +1,186 @@
+"""TMA copies between GMEM and SMEM, and the fences and waits around them.
+
+``copy_gmem_to_smem(src, dst, barrier)`` starts an asynchronous copy that arrives on
+``barrier`` when the data has landed; ``copy_smem_to_gmem(src, dst)`` starts a store
+that joins the current *bulk group* (closed by ``commit_group=True``, the default, or
+``commit_smem_to_gmem_group()``); ``wait_smem_to_gmem(n)`` waits until at most ``n``
+groups are in flight. ``commit_smem()`` orders the thread's SMEM writes before later
+TMA reads of them.
+
+Reference interpreter: copies happen when issued (a correct kernel cannot tell), the
+copy into SMEM counts one arrival on its barrier. GPU interpret mode runs them on
+simulated TMA units and checks the ordering (``interpret/copies.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+# Enums of the Mosaic GPU compiler library that the kernel language passes through.
+from jax.experimental.mosaic.gpu.launch_context import CopyPartition, OOBFillMode
+
+from pallas_mosaic_gpu._src import jax_compat as jc
+from pallas_mosaic_gpu._src.memory import GMEM, SMEM, BarrierSpace
+from pallas_mosaic_gpu._src.primitives import refs as R
+from pallas_mosaic_gpu._src.primitives.barriers import check_barrier
+
+
+TMA_REDUCTIONS = ("add", "min", "max", "inc", "dec", "and", "or", "xor")
+
+copy_gmem_to_smem_p = jc.Primitive("mgpu_copy_gmem_to_smem")
+copy_gmem_to_smem_p.multiple_results = True
+copy_smem_to_gmem_p = jc.Primitive("mgpu_copy_smem_to_gmem")
+copy_smem_to_gmem_p.multiple_results = True
+commit_smem_p = jc.Primitive("mgpu_commit_smem")
+commit_smem_p.multiple_results = True
+commit_group_p = jc.Primitive("mgpu_commit_smem_to_gmem_group")
+commit_group_p.multiple_results = True
+wait_smem_to_gmem_p = jc.Primitive("mgpu_wait_smem_to_gmem")
+wait_smem_to_gmem_p.multiple_results = True
+
+
+def _check_space(ref: Any, want, fn: str, what: str) -> None:
+    space = R.memory_space(ref)
+    if space is not None and space is not want and hasattr(space, "name") and space in (
+            GMEM, SMEM):
+        raise TypeError(f"plgpu.{fn}: {what} must be in {want.name}, got {space.name}")
+
+
+def _check_pair(src: Any, dst: Any, fn: str) -> None:
+    s, d = R.view_aval(src), R.view_aval(dst)
+    if tuple(s.shape) != tuple(d.shape) or s.dtype != d.dtype:
+        raise ValueError(
+            f"plgpu.{fn}: src is {s.str_short()} but dst is {d.str_short()}; a TMA copy "
+            "needs the same shape and dtype on both sides")
+
+
+def _axes(collective_axes) -> tuple:
+    if collective_axes is None:
+        return ()
+    return (collective_axes,) if isinstance(collective_axes, str) else tuple(collective_axes)
+
+
+def copy_gmem_to_smem(src: Any, dst: Any, barrier: Any, *,
+                      collective_axes: str | tuple[str, ...] | None = None,
+                      leader_tracked: Any = None,
+                      oob_mode: OOBFillMode = OOBFillMode.ZEROS) -> None:
+    """Starts an asynchronous TMA copy of ``src`` (GMEM) into ``dst`` (SMEM) that
+    arrives on ``barrier`` when done; with ``collective_axes`` the copy is multicast to
+    the SMEM of every block of the cluster along those axes."""
+    _check_space(src, GMEM, "copy_gmem_to_smem", "src")
+    _check_space(dst, SMEM, "copy_gmem_to_smem", "dst")
+    _check_pair(src, dst, "copy_gmem_to_smem")
+    space = check_barrier(barrier, "copy_gmem_to_smem")
+    refs = R.FlatRefs(src, dst, barrier)
+    copy_gmem_to_smem_p.bind(*refs.operands, refs=refs.spec, barrier_space=space,
+                             collective_axes=_axes(collective_axes),
+                             leader_tracked=leader_tracked, oob_mode=OOBFillMode(oob_mode))
+
+
+def copy_smem_to_gmem(src: Any, dst: Any, predicate: jax.Array | None = None, *,
+                      commit_group: bool = True, reduction_op: Any = None) -> None:
+    """Starts an asynchronous TMA store of ``src`` (SMEM) into ``dst`` (GMEM); with
+    ``reduction_op`` (``"add"``, ``"max"``, ...) it combines into ``dst`` instead.
+    ``predicate`` (a bool scalar) skips the copy when false."""
+    _check_space(src, SMEM, "copy_smem_to_gmem", "src")
+    _check_space(dst, GMEM, "copy_smem_to_gmem", "dst")
+    _check_pair(src, dst, "copy_smem_to_gmem")
+    op = None if reduction_op is None else str(getattr(reduction_op, "value", reduction_op))
+    op = op.lower() if op is not None else None
+    if op is not None and op not in TMA_REDUCTIONS:
+        raise ValueError(f"plgpu.copy_smem_to_gmem(reduction_op={reduction_op!r}): must be "
+                         f"one of {TMA_REDUCTIONS}")
+    refs = R.FlatRefs(src, dst)
+    pred = [] if predicate is None else [jnp.asarray(predicate, jnp.bool_)]
+    copy_smem_to_gmem_p.bind(*refs.operands, *pred, refs=refs.spec,
+                             has_predicate=predicate is not None,
+                             commit_group=bool(commit_group), reduction_op=op)
+
+
+def commit_smem() -> None:
+    """Makes this thread's SMEM writes visible to the TMA engine (a fence)."""
+    commit_smem_p.bind()
+
+
+def commit_smem_to_gmem_group() -> None:
+    """Closes the current bulk group of SMEM->GMEM copies."""
+    commit_group_p.bind()
+
+
+def wait_smem_to_gmem(n: int, wait_read_only: bool = False) -> None:
+    """Waits until at most ``n`` bulk groups of SMEM->GMEM copies are in flight
+    (``wait_read_only``: only until their SMEM reads are done)."""
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"plgpu.wait_smem_to_gmem(n={n!r}): n must be an int >= 0")
+    wait_smem_to_gmem_p.bind(n=n, wait_read_only=bool(wait_read_only))
+
+
+def _gmem_to_smem_effects(*avals, refs, **_):
+    src, dst, bar = refs
+    return [], {jc.ReadEffect(src[0]), jc.WriteEffect(dst[0]), jc.WriteEffect(bar[0])}
+
+
+def _smem_to_gmem_effects(*avals, refs, **_):
+    src, dst = refs
+    return [], {jc.ReadEffect(src[0]), jc.WriteEffect(dst[0])}
+
+
+copy_gmem_to_smem_p.def_effectful_abstract_eval(_gmem_to_smem_effects)
+copy_smem_to_gmem_p.def_effectful_abstract_eval(_smem_to_gmem_effects)
+for _p in (commit_smem_p, commit_group_p, wait_smem_to_gmem_p):
+    _p.def_effectful_abstract_eval(lambda *a, **k: ([], {jc.gpu_effect}))
+
+
+def reduce(op: str | None, old, new):
+    """``new`` combined into ``old`` by a TMA reduction (``None``: plain store)."""
+    if op is None:
+        return new
+    fns = {"add": jnp.add, "min": jnp.minimum, "max": jnp.maximum, "and": jnp.bitwise_and,
+           "or": jnp.bitwise_or, "xor": jnp.bitwise_xor,
+           "inc": lambda o, n: jnp.where(o >= n, 0, o + 1).astype(o.dtype),
+           "dec": lambda o, n: jnp.where((o == 0) | (o > n), n, o - 1).astype(o.dtype)}
+    return fns[op](old, new)
+
+
+# -- reference interpreter rules ---------------------------------------------------------
+
+
+def _view(cell, flat, tree):
+    return jc.get_view(cell.value, flat, tree)
+
+
+def _set(cell, flat, tree, new):
+    cell.value = jc.set_view(cell.value, new, flat, tree)
+    if getattr(cell, "init", None) is not None:
+        cell.init = jc.set_view(cell.init, jnp.ones(jnp.shape(new), jnp.bool_), flat, tree)
+
+
+def gmem_to_smem_rule(ctx, eqn, invals):
+    src, dst, (bar, bflat, btree) = R.unflatten(eqn.params["refs"], invals)
+    _set(*dst, _view(*src))
+    count = jc.get_view(bar.value, bflat, btree)
+    bar.value = jc.set_view(bar.value, count + 1, bflat, btree)
+    return []
+
+
+def smem_to_gmem_rule(ctx, eqn, invals):
+    p = eqn.params
+    src, dst = R.unflatten(p["refs"], invals)
+    new = reduce(p["reduction_op"], _view(*dst), _view(*src))
+    if p["has_predicate"]:
+        new = jnp.where(invals[R.spec_end(p["refs"])], new, _view(*dst))
+    _set(*dst, new)
+    return []
+
+
+INTERPRET_RULES = {
+    copy_gmem_to_smem_p: gmem_to_smem_rule,
+    copy_smem_to_gmem_p: smem_to_gmem_rule,
+    commit_smem_p: lambda ctx, eqn, invals: [],
+    commit_group_p: lambda ctx, eqn, invals: [],
+    wait_smem_to_gmem_p: lambda ctx, eqn, invals: [],
+}
+
+__all__ = ["BarrierSpace", "CopyPartition", "OOBFillMode"]
