@@ -17,6 +17,10 @@ def pallas_backends():
 
 @hookimpl
 def pallas_interpret_rules():
-    from pallas_mosaic_gpu._src.primitives import barriers, copies
+    from pallas_mosaic_gpu._src import layouts
+    from pallas_mosaic_gpu._src.primitives import barriers, copies, hints, mma, tmem
 
-    return {**barriers.INTERPRET_RULES, **copies.INTERPRET_RULES}
+    rules = {}
+    for module in (barriers, copies, hints, mma, tmem, layouts):
+        rules.update(module.INTERPRET_RULES)
+    return rules

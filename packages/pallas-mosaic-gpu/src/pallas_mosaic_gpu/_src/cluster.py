@@ -1,0 +1,230 @@
+"""Refs of other blocks and devices, cluster launch control, and multi-device memory.
+
+``remote_ref``/``cluster_ref``/``multicast_ref`` view a ref through a transform that
+names another device or block; ``semaphore_signal_parallel`` signals several semaphores;
+``try_cluster_cancel``/``query_cluster_cancel`` implement dynamic work stealing (in the
+interpreters no launch is ever cancelled: every block runs, which is one valid GPU
+schedule). Features that need several simulated devices or blocks to share memory
+raise ``NotImplementedError`` naming themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import pallas as pl
+from pallas import DeviceIdType
+from pallas_mosaic_gpu._src import jax_compat as jc
+from pallas_mosaic_gpu._src.memory import SMEM
+from pallas_mosaic_gpu._src.primitives.barriers import barrier_arrive, check_barrier
+
+
+class PeerTransform:
+    """Base of the transforms that make a ref name another device's or block's memory."""
+
+    def transform_type(self, x):
+        return x
+
+    def transform_shape(self, shape):
+        return shape
+
+    def transform_dtype(self, dtype):
+        return dtype
+
+    def tree_flatten(self):
+        return (), self
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return aux
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class PeerMemRef(PeerTransform):
+    """The same buffer on device ``device_id`` (see ``remote_ref``)."""
+
+    device_id: Any
+    device_id_type: DeviceIdType
+
+    def tree_flatten(self):
+        return (self.device_id,), self.device_id_type
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(children[0], aux)
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class _MulticastRef(PeerTransform):
+    collective_axes: tuple
+
+    def tree_flatten(self):
+        return (), self.collective_axes
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(aux)
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class _ClusterRef(PeerTransform):
+    axes: tuple
+    block_ids: tuple
+
+    def tree_flatten(self):
+        return tuple(self.block_ids), self.axes
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(aux, tuple(children))
+
+
+def _with(ref: Any, transform: Any) -> Any:
+    if not isinstance(ref, jc.TransformedRef):
+        if not isinstance(jax.typeof(ref), jc.AbstractRef):
+            raise TypeError(f"expected a ref, got {jax.typeof(ref).str_short()}")
+        ref = jc.TransformedRef(ref, ())
+    return jc.TransformedRef(ref.ref, (*ref.transforms, transform))
+
+
+def remote_ref(ref: Any, device_id: Any,
+               device_id_type: DeviceIdType = DeviceIdType.MESH) -> Any:
+    """``ref`` on device ``device_id`` (a GMEM ref of a symmetric allocation)."""
+    return _with(ref, PeerMemRef(jnp.asarray(device_id, jnp.int32), device_id_type))
+
+
+def multicast_ref(ref: Any, collective_axes: Hashable | tuple[Hashable, ...]) -> Any:
+    """``ref`` on every device along ``collective_axes`` (writes go to all of them)."""
+    axes = collective_axes if isinstance(collective_axes, tuple) else (collective_axes,)
+    return _with(ref, _MulticastRef(axes))
+
+
+def cluster_ref(ref: Any, block_id: dict) -> Any:
+    """``ref`` (SMEM) of the block of this cluster at ``block_id`` ({axis: index})."""
+    axes = tuple(block_id)
+    return _with(ref, _ClusterRef(axes, tuple(jnp.asarray(block_id[a], jnp.int32)
+                                              for a in axes)))
+
+
+@dataclasses.dataclass(frozen=True)
+class SemaphoreSignal:
+    """One signal of ``semaphore_signal_parallel``: ``inc`` on ``ref`` (at
+    ``device_id``)."""
+
+    ref: Any
+    _: dataclasses.KW_ONLY
+    device_id: Any
+    inc: int | jax.Array = 1
+
+
+def semaphore_signal_parallel(*signals: SemaphoreSignal) -> None:
+    """Signals several semaphores (the hardware may issue them together)."""
+    for s in signals:
+        pl.semaphore_signal(s.ref, s.inc, device_id=s.device_id)
+
+
+def _unsupported(name: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"plgpu.{name} needs several devices or blocks sharing memory, which "
+        "pallas-mosaic-gpu's interpreters do not simulate yet")
+
+
+def semaphore_signal_multicast(semaphore: Any, value: int | jax.Array = 1, *,
+                               collective_axes: Any) -> None:
+    """Signals ``semaphore`` on every device along ``collective_axes``."""
+    raise _unsupported("semaphore_signal_multicast")
+
+
+def multimem_store(source: jax.Array, ref: Any, collective_axes: Any) -> None:
+    """Stores ``source`` into ``ref`` on every device along ``collective_axes``."""
+    raise _unsupported("multimem_store")
+
+
+def multimem_load_reduce(ref: Any, *, collective_axes: Any, reduction_op: Any) -> jax.Array:
+    """Loads ``ref`` from every device along ``collective_axes`` and reduces."""
+    raise _unsupported("multimem_load_reduce")
+
+
+def async_store_smem(src: jax.Array, ref: Any, barrier: Any, *, cluster_idx: jax.Array,
+                     cluster_dim: Any, optimized: bool = True, atomic: Any = None) -> None:
+    """Stores ``src`` into ``ref`` in the SMEM of block ``cluster_idx`` of the cluster and
+    arrives on that block's ``barrier``."""
+    raise _unsupported("async_store_smem")
+
+
+def TryClusterCancelResult(num_buffers: int | None = None):  # noqa: N802 - upstream name
+    """An SMEM buffer for ``try_cluster_cancel``'s 16-byte result (``num_buffers`` of
+    them, if given)."""
+    if num_buffers is None:
+        return SMEM((16,), jnp.int8)
+    return SMEM((num_buffers, 16), jnp.int8)
+
+
+def try_cluster_cancel(result_ref: Any, barrier: Any) -> None:
+    """Asks to take over a not-yet-launched cluster; the answer lands in ``result_ref``
+    and ``barrier`` completes when it has. (Interpreters: the request always fails.)"""
+    check_barrier(barrier, "try_cluster_cancel")
+    result_ref[...] = jnp.zeros(result_ref.shape, result_ref.dtype)
+    barrier_arrive(barrier)
+
+
+def query_cluster_cancel(result_ref: Any, grid_names: Sequence[Hashable]
+                         ) -> tuple[tuple[jax.Array, ...], jax.Array]:
+    """Decodes ``try_cluster_cancel``'s result: (the cancelled cluster's grid indices,
+    whether the cancellation succeeded)."""
+    raw = result_ref[...]
+    ok = jnp.any(raw != 0)
+    return tuple(jnp.int32(0) for _ in grid_names), ok
+
+
+@jax.tree_util.register_pytree_node_class
+class RefUnion:
+    """Buffers that may share one allocation (used one after another); the kernel gets
+    the same pytree of refs. The interpreters give each member its own buffer."""
+
+    def __init__(self, *refs: Any):
+        if not refs:
+            raise ValueError("plgpu.RefUnion needs at least one buffer type")
+        self.refs = refs
+
+    def tree_flatten(self):
+        return self.refs, None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+def inline_mgpu(*, arg_types=(), return_type=None):
+    """Decorator for a function that emits raw Mosaic GPU IR. Such code has no meaning
+    outside the Mosaic GPU compiler, so the interpreters reject it."""
+
+    def decorator(f):
+        def run(*args):
+            raise NotImplementedError(
+                "plgpu.inline_mgpu: raw Mosaic GPU code cannot run in pallas-mosaic-gpu's "
+                "interpreters, and its lowering is not implemented yet")
+
+        return run
+
+    return decorator
+
+
+def as_torch_kernel(fn):
+    """Wraps a Mosaic GPU kernel for PyTorch tensors (needs a GPU and PyTorch)."""
+    raise NotImplementedError("plgpu.as_torch_kernel needs a CUDA GPU and PyTorch; "
+                              "pallas-mosaic-gpu does not provide it yet")
+
+
+def format_tcgen05_sparse_metadata(meta, operand_dtype):
+    """Rearranges 2:4 sparsity metadata into the layout ``tcgen05_mma`` reads."""
+    raise NotImplementedError("plgpu.format_tcgen05_sparse_metadata: sparse tcgen05_mma is "
+                              "not supported by pallas-mosaic-gpu yet")

@@ -1,0 +1,34 @@
+"""GPU-interpret-mode rules of the hint primitives (no-ops), layout casts (identity)
+and the TMEM copies (logged like any access)."""
+
+from __future__ import annotations
+
+from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
+from pallas_mosaic_gpu._src.interpret.rules_core import read, write
+from pallas_mosaic_gpu._src.interpret.sync import arrive, barrier_of
+from pallas_mosaic_gpu._src.layouts import layout_cast_p
+from pallas_mosaic_gpu._src.primitives import hints, tmem
+from pallas_mosaic_gpu._src.primitives import refs as R
+
+
+@register_gpu_rule(*hints.HINTS)
+def _hint(th, eqn, invals):
+    return []
+
+
+@register_gpu_rule(layout_cast_p)
+def _layout_cast(th, eqn, invals):
+    return [invals[0]]
+
+
+@register_gpu_rule(tmem.copy_smem_to_tmem_p)
+def _smem_to_tmem(th, eqn, invals):
+    src, dst = R.unflatten(eqn.params["refs"], invals)
+    write(th, *dst, read(th, *src))
+    return []
+
+
+@register_gpu_rule(tmem.tcgen05_commit_arrive_p)
+def _commit_arrive(th, eqn, invals):
+    arrive(barrier_of(th, eqn.params["refs"], invals), th.release())
+    return []

@@ -1,0 +1,322 @@
+"""Software pipelines inside a kernel: ``emit_pipeline`` and
+``emit_pipeline_warp_specialized``.
+
+Both step over a ``grid``; at each step the body gets SMEM copies of the input blocks
+(chosen by the BlockSpecs' index maps) and SMEM blocks for the outputs. Inputs are
+fetched ``max_concurrent_steps`` steps ahead into a ring of SMEM slots with TMA copies
+and barriers; outputs are stored back with TMA after each step. They are built from the
+public primitives (``copy_gmem_to_smem``, ``barrier_wait``, ...), so every interpreter
+and the lowering give them the same meaning.
+
+In the warp-specialised form one *memory* warpgroup issues the copies and the
+``num_compute_wgs`` compute warpgroups run the body; a ``consumed`` barrier per slot
+tells the memory warpgroup when all compute warpgroups are done with a slot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import pallas as pl
+from pallas_mosaic_gpu._src.loops import _unravel
+from pallas_mosaic_gpu._src.memory import GMEM, SMEM, Barrier
+from pallas_mosaic_gpu._src.primitives.barriers import barrier_arrive, barrier_wait
+from pallas_mosaic_gpu._src.primitives.copies import (
+    commit_smem,
+    copy_gmem_to_smem,
+    copy_smem_to_gmem,
+    wait_smem_to_gmem,
+)
+
+
+class PipelinePipeline(enum.IntEnum):
+    """Where a pipeline stands in a chain of pipelines sharing allocations."""
+
+    START = 0
+    STEADY = 1
+    STOP = 2
+
+
+def _dims(spec, shape):
+    """Per array dim: block size, or None for a squeezed dim."""
+    if spec.block_shape is None:
+        return list(shape)
+    out = []
+    for d in spec.block_shape:
+        if d is None or type(d).__name__ == "Squeezed":
+            out.append(None)
+        elif hasattr(d, "block_size"):
+            out.append(int(d.block_size))
+        else:
+            out.append(int(d))
+    return out
+
+
+def _in_smem(spec) -> bool:
+    return getattr(spec, "memory_space", None) in (None, SMEM)
+
+
+def _block_view(spec, ref, indices):
+    dims = _dims(spec, ref.shape)
+    idx = spec.index_map(*indices) if spec.index_map is not None else (0,) * len(dims)
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    if len(idx) != len(dims):
+        raise ValueError(f"index_map returned {len(idx)} indices for a block of {len(dims)} "
+                         "dims")
+    at = tuple(i if d is None else pl.ds(jnp.asarray(i, jnp.int32) * d, d)
+               for i, d in zip(idx, dims))
+    return ref.at[at]
+
+
+def _slot_type(spec, ref, slots):
+    shape = [d for d in _dims(spec, ref.shape) if d is not None]
+    return SMEM((slots, *shape), ref.dtype, transforms=tuple(getattr(spec, "transforms", ())))
+
+
+def _is_ref(x) -> bool:
+    try:
+        return hasattr(jax.typeof(x), "inner_aval")
+    except TypeError:
+        return False
+
+
+def fori_with_refs(n: int, body: Callable[[Any, Any], Any], carry: Any) -> Any:
+    """``lax.fori_loop(0, n, body, carry)`` where ``carry`` may hold refs: they are
+    closed over (a loop cannot carry a ref) and handed back unchanged."""
+    leaves, tree = jax.tree_util.tree_flatten(carry)
+    is_ref = [_is_ref(x) for x in leaves]
+
+    def merge(values):
+        it = iter(values)
+        return tree.unflatten([x if r else next(it) for x, r in zip(leaves, is_ref)])
+
+    def step(i, values):
+        out = jax.tree_util.tree_leaves(body(i, merge(values)))
+        return [x for x, r in zip(out, is_ref) if not r]
+
+    values = lax.fori_loop(jnp.int32(0), jnp.int32(n), step,
+                           [x for x, r in zip(leaves, is_ref) if not r])
+    return merge(values)
+
+
+def _check_grid(grid):
+    if any(isinstance(g, int) and g <= 0 for g in grid):
+        raise ValueError(
+            f"All elements in the grid must be strictly positive, but got grid={tuple(grid)}")
+    return tuple(grid)
+
+
+def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
+                  in_specs: Sequence[Any] = (), out_specs: Sequence[Any] = (),
+                  max_concurrent_steps: int = 1, init_carry: Any = None):
+    """A function of the GMEM refs that runs ``body(indices, *in_smem, *out_smem)``
+    (``..., carry) -> carry`` with ``init_carry``) at every step of ``grid``."""
+    grid = _check_grid(grid)
+    in_specs, out_specs = tuple(in_specs), tuple(out_specs)
+    for s in in_specs:
+        if getattr(s, "collective_axes", ()):
+            raise NotImplementedError(
+                "BlockSpecs with collective_axes are not supported in emit_pipeline")
+    for s in out_specs:
+        if getattr(s, "collective_axes", ()):
+            raise ValueError("Output BlockSpecs cannot have collective_axes")
+    delays = sorted({getattr(s, "delay_release", 0) for s in in_specs} or {0})
+    if max_concurrent_steps <= delays[0]:
+        raise ValueError("max_concurrent_steps must be greater than all delay_release values,"
+                         f" but max_concurrent_steps={max_concurrent_steps} and "
+                         f"delay_release_levels={delays}.")
+    num_steps = math.prod(grid)
+    slots = max(1, min(max_concurrent_steps, num_steps))
+    specs = (*in_specs, *out_specs)
+
+    def pipeline(*gmem_refs):
+        if len(gmem_refs) != len(specs):
+            raise ValueError(f"the pipeline has {len(specs)} BlockSpecs but got "
+                             f"{len(gmem_refs)} refs")
+        types = [_slot_type(s, r, slots) if _in_smem(s) else None
+                 for s, r in zip(specs, gmem_refs)]
+        n_in = sum(1 for s in in_specs if _in_smem(s))
+        barrier = Barrier(num_arrivals=n_in, num_barriers=slots) if n_in else None
+        return pl.run_scoped(lambda bufs, bar: _run(gmem_refs, bufs, bar),
+                             types, barrier)
+
+    def _run(gmem_refs, bufs, barrier):
+        n_in = len(in_specs)
+
+        def fetch(step):
+            slot = lax.rem(step, jnp.int32(slots))
+            indices = _unravel(step, grid)
+            for spec, ref, buf in zip(in_specs, gmem_refs[:n_in], bufs[:n_in]):
+                if buf is not None:
+                    copy_gmem_to_smem(_block_view(spec, ref, indices), buf.at[slot],
+                                      barrier.at[slot])
+
+        for s in range(slots):
+            fetch(jnp.int32(s))
+
+        def step_fn(step, carry):
+            slot = lax.rem(step, jnp.int32(slots))
+            indices = _unravel(step, grid)
+            if barrier is not None:
+                barrier_wait(barrier.at[slot])
+            refs = [buf.at[slot] if buf is not None else _block_view(spec, ref, indices)
+                    for spec, ref, buf in zip(specs, gmem_refs, bufs)]
+            if any(b is not None for b in bufs[n_in:]):
+                # The slot's previous output copy must have read its SMEM.
+                wait_smem_to_gmem(slots - 1, wait_read_only=True)
+            if init_carry is None:
+                body(indices, *refs)
+                new_carry = carry
+            else:
+                new_carry = body(indices, *refs, carry)
+            outs = [(spec, ref, buf) for spec, ref, buf in
+                    zip(out_specs, gmem_refs[n_in:], bufs[n_in:]) if buf is not None]
+            if outs:
+                commit_smem()
+                for spec, ref, buf in outs:
+                    copy_smem_to_gmem(buf.at[slot], _block_view(spec, ref, indices),
+                                      commit_group=False)
+                from pallas_mosaic_gpu._src.primitives.copies import commit_smem_to_gmem_group
+
+                commit_smem_to_gmem_group()
+
+            @pl.when(step + slots < num_steps)
+            def _():
+                fetch(step + slots)
+
+            return new_carry
+
+        out = fori_with_refs(num_steps, step_fn, init_carry)
+        if any(b is not None for b in bufs[n_in:]):
+            wait_smem_to_gmem(0)
+        return out
+
+    return pipeline
+
+
+@dataclasses.dataclass
+class _WarpSpecializedPipeline:
+    """The function ``emit_pipeline_warp_specialized`` returns: call it with the GMEM
+    refs (and, optionally, ``allocations=`` from :meth:`get_allocations`)."""
+
+    body: Callable[..., Any]
+    grid: tuple
+    in_specs: tuple
+    slots: int
+    wg_axis: str
+    num_compute_wgs: int
+    compute_context: Any
+    memory_thread_idx: int
+
+    def get_allocations(self, *gmem_refs) -> dict:
+        """The buffer types the pipeline needs, to allocate with ``pl.run_scoped``
+        (``collective_axes`` = the warpgroup axis) and pass back as ``allocations``."""
+        return dict(
+            smem=[_slot_type(s, r, self.slots) for s, r in zip(self.in_specs, gmem_refs)],
+            full=Barrier(num_arrivals=len(self.in_specs), num_barriers=self.slots),
+            consumed=Barrier(num_arrivals=self.num_compute_wgs, num_barriers=self.slots),
+        )
+
+    def __call__(self, *gmem_refs, allocations: Any = None):
+        if len(gmem_refs) != len(self.in_specs):
+            raise ValueError(f"the pipeline has {len(self.in_specs)} in_specs but got "
+                             f"{len(gmem_refs)} refs")
+        if allocations is None:
+            return pl.run_scoped(lambda allocs: self._run(gmem_refs, allocs),
+                                 self.get_allocations(*gmem_refs),
+                                 collective_axes=self.wg_axis)
+        return self._run(gmem_refs, allocations)
+
+    def _run(self, gmem_refs, allocs):
+        smem, full, consumed = allocs["smem"], allocs["full"], allocs["consumed"]
+        slots, num_steps = self.slots, math.prod(self.grid)
+        wg = lax.axis_index(self.wg_axis)
+
+        @pl.when(wg == self.memory_thread_idx)
+        def _memory():
+            def step(i, _):
+                slot = lax.rem(i, jnp.int32(slots))
+
+                @pl.when(i >= slots)
+                def _():
+                    barrier_wait(consumed.at[slot])
+
+                indices = _unravel(i, self.grid)
+                for spec, ref, buf in zip(self.in_specs, gmem_refs, smem):
+                    copy_gmem_to_smem(_block_view(spec, ref, indices), buf.at[slot],
+                                      full.at[slot])
+                return _
+
+            lax.fori_loop(jnp.int32(0), jnp.int32(num_steps), step, None)
+            # Drain: the last use of every slot must be consumed before the slots are
+            # reused (by a later pipeline) or freed.
+            for k in range(min(slots, num_steps)):
+                barrier_wait(consumed.at[(num_steps - 1 - k) % slots])
+
+        def eval_pipeline(carry):
+            def step(i, carry):
+                slot = lax.rem(i, jnp.int32(slots))
+                barrier_wait(full.at[slot])
+                refs = [buf.at[slot] for buf in smem]
+                indices = _unravel(i, self.grid)
+                if self.compute_context is None:
+                    self.body(indices, *refs)
+                    new = carry
+                else:
+                    new = self.body(indices, *refs, carry)
+                barrier_arrive(consumed.at[slot])
+                return new
+
+            return fori_with_refs(num_steps, step, carry)
+
+        @pl.when(wg != self.memory_thread_idx)
+        def _compute():
+            if self.compute_context is None:
+                eval_pipeline(None)
+            else:
+                self.compute_context(eval_pipeline)
+
+
+def emit_pipeline_warp_specialized(
+        body: Callable[..., None], *, grid: Sequence[int], memory_registers: int,
+        in_specs: Any = (), out_specs: Any = (), max_concurrent_steps: int = 2,
+        wg_axis: str, num_compute_wgs: int, pipeline_state: Any = None,
+        manual_consumed_barriers: bool = False, compute_context: Any = None,
+        memory_thread_idx: int | None = None) -> _WarpSpecializedPipeline:
+    """A pipeline whose copies are issued by one memory warpgroup while
+    ``num_compute_wgs`` warpgroups (along ``wg_axis``) run ``body``; with
+    ``compute_context``, the body takes and returns a carry and
+    ``compute_context(eval_pipeline)`` runs on the compute warpgroups only.
+    ``memory_registers`` is a register-allocation hint (no effect on semantics)."""
+    del memory_registers
+    grid = _check_grid(grid)
+    out_leaves = jax.tree_util.tree_leaves(out_specs)
+    if out_leaves:
+        raise NotImplementedError(
+            "emit_pipeline_warp_specialized with out_specs is not supported by "
+            "pallas-mosaic-gpu yet; store outputs from the compute context instead")
+    if manual_consumed_barriers:
+        raise NotImplementedError("emit_pipeline_warp_specialized(manual_consumed_barriers="
+                                  "True) is not supported by pallas-mosaic-gpu yet")
+    if pipeline_state is not None:
+        raise NotImplementedError("emit_pipeline_warp_specialized(pipeline_state=...) is not "
+                                  "supported by pallas-mosaic-gpu yet")
+    in_specs = tuple(jax.tree_util.tree_leaves(
+        in_specs, is_leaf=lambda s: isinstance(s, pl.BlockSpec)))
+    for s in in_specs:
+        if not _in_smem(s) or getattr(s, "memory_space", None) is GMEM:
+            raise ValueError("emit_pipeline_warp_specialized: in_specs must be in SMEM")
+    if num_compute_wgs < 1:
+        raise ValueError(f"num_compute_wgs must be >= 1, got {num_compute_wgs}")
+    slots = max(1, min(max_concurrent_steps, math.prod(grid)))
+    mem = num_compute_wgs if memory_thread_idx is None else memory_thread_idx
+    return _WarpSpecializedPipeline(body, grid, in_specs, slots, wg_axis, num_compute_wgs,
+                                    compute_context, mem)

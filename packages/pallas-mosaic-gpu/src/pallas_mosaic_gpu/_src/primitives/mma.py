@@ -1,0 +1,197 @@
+"""Tensor-core matmuls: Hopper's ``wgmma`` into a register accumulator (``plgpu.ACC``)
+and Blackwell's ``tcgen05_mma`` into TMEM.
+
+``wgmma(acc, a, b)`` adds ``a @ b`` (``a`` an SMEM ref or a register array, ``b`` an
+SMEM ref, possibly ``transpose_ref``-ed) to the accumulator, in float32 for float
+inputs; ``wgmma_wait(n)`` waits until at most ``n`` wgmma groups are in flight and
+``acc[...]``/``wgmma_accumulator_load`` reads the result. ``tcgen05_mma(acc, a, b,
+barrier)`` does the same into a TMEM ref (``accumulate=False`` overwrites) and arrives
+on ``barrier`` when done. Interpreters compute the product when it is issued.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pallas_mosaic_gpu._src import jax_compat as jc
+from pallas_mosaic_gpu._src.memory import AccumulatorSpace, MemoryRef, _shaped
+from pallas_mosaic_gpu._src.primitives import refs as R
+from pallas_mosaic_gpu._src.primitives.barriers import check_barrier
+
+wgmma_p = jc.Primitive("mgpu_wgmma")
+wgmma_p.multiple_results = True
+wgmma_wait_p = jc.Primitive("mgpu_wgmma_wait")
+wgmma_wait_p.multiple_results = True
+tcgen05_mma_p = jc.Primitive("mgpu_tcgen05_mma")
+tcgen05_mma_p.multiple_results = True
+
+
+class _Uninitialized:
+    def __repr__(self) -> str:
+        return "<uninitialized>"
+
+
+UNINITIALIZED: Any = _Uninitialized()
+
+
+@dataclasses.dataclass(frozen=True)
+class WGMMAAccumulatorRef:
+    """A WGMMA accumulator in registers, ``shape`` = (M, N) (M a multiple of 64),
+    zero-initialised; allocate it with ``pl.run_scoped(f, plgpu.ACC((m, n)))``."""
+
+    shape: tuple[int, int]
+    dtype: Any = jnp.float32
+    _init: Any = UNINITIALIZED
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if len(self.shape) != 2:
+            raise ValueError(f"plgpu.ACC{self.shape}: an accumulator is 2D (M, N)")
+        if self.shape[0] % 64:
+            raise ValueError(f"plgpu.ACC{self.shape}: M must be a multiple of 64 (one "
+                             "warpgroup's rows)")
+
+    @staticmethod
+    def init(array) -> WGMMAAccumulatorRef:
+        """An accumulator starting at ``array`` (for ``pl.run_state``)."""
+        return WGMMAAccumulatorRef(array.shape, array.dtype, _init=array)
+
+    def get_memory_ref(self) -> MemoryRef:
+        return _AccumulatorType(_shaped(self.shape, self.dtype), AccumulatorSpace.WGMMA)
+
+    def get_ref_aval(self):
+        if self._init is not UNINITIALIZED:
+            raise ValueError(
+                "Preinitialized WGMMAAccumulatorRef only supported in pl.run_state.")
+        return self.get_memory_ref().get_ref_aval()
+
+
+@dataclasses.dataclass(frozen=True)
+class _AccumulatorType(MemoryRef):
+    """The buffer type of an accumulator: starts at zero."""
+
+    def initial_value(self):
+        return jnp.zeros((), self.dtype)
+
+
+ACC = WGMMAAccumulatorRef
+
+
+def _dot(a, b, out_dtype):
+    if jnp.issubdtype(out_dtype, jnp.floating):
+        return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(out_dtype)
+    return jnp.dot(a, b, preferred_element_type=out_dtype)
+
+
+def _check_mma(fn, acc_aval, a_aval, b_aval):
+    (m, n), (am, ak), (bk, bn) = acc_aval.shape, a_aval.shape[-2:], b_aval.shape[-2:]
+    if am != m or bn != n or ak != bk:
+        raise ValueError(
+            f"plgpu.{fn}: shapes do not chain: acc {acc_aval.shape}, a {a_aval.shape}, b "
+            f"{b_aval.shape}; need acc (M, N) += a (M, K) @ b (K, N)")
+    if a_aval.dtype != b_aval.dtype:
+        raise ValueError(f"plgpu.{fn}: a is {a_aval.dtype} but b is {b_aval.dtype}")
+
+
+def wgmma(acc: Any, a: Any, b: Any) -> None:
+    """``acc += a @ b`` on the tensor cores (asynchronous; see ``wgmma_wait``)."""
+    if isinstance(acc, jax.Array) or not isinstance(
+            jax.typeof(R.ref_and_transforms(acc)[0]), jc.AbstractRef):
+        raise TypeError("plgpu.wgmma: acc must be an accumulator ref (plgpu.ACC)")
+    a_is_ref = isinstance(a, jc.TransformedRef) or isinstance(jax.typeof(a), jc.AbstractRef)
+    a_aval = R.view_aval(a) if a_is_ref else jax.typeof(a)
+    _check_mma("wgmma", R.view_aval(acc), a_aval, R.view_aval(b))
+    refs = R.FlatRefs(acc, a if a_is_ref else None, b)
+    extra = [] if a_is_ref else [a]
+    wgmma_p.bind(*refs.operands, *extra, refs=refs.spec)
+
+
+def wgmma_wait(n: int) -> None:
+    """Waits until at most ``n`` issued wgmma groups are still running."""
+    wgmma_wait_p.bind(n=int(n))
+
+
+def wgmma_accumulator_load(acc: Any, *, wait_n: int | None = 0) -> jax.Array:
+    """Waits (``wgmma_wait(wait_n)``, unless None) and returns the accumulator's value."""
+    if wait_n is not None:
+        wgmma_wait(wait_n)
+    return acc[...]
+
+
+def tcgen05_mma(acc: Any, a: Any, b: Any, barrier: Any = None, *, a_scale: Any = None,
+                b_scale: Any = None, a_sparse_metadata: Any = None,
+                accumulate: bool | jax.Array = True, collective_axis: str | None = None
+                ) -> None:
+    """``acc (TMEM) = (acc if accumulate else 0) + a @ b``; arrives on ``barrier`` when
+    done. Scaled and sparse forms (``a_scale``/``b_scale``/``a_sparse_metadata``) and
+    CTA-pair ``collective_axis`` are not supported by the interpreters yet."""
+    if a_scale is not None or b_scale is not None or a_sparse_metadata is not None:
+        raise NotImplementedError(
+            "plgpu.tcgen05_mma with a_scale/b_scale/a_sparse_metadata is not supported by "
+            "pallas-mosaic-gpu's interpreters yet")
+    _check_mma("tcgen05_mma", R.view_aval(acc), R.view_aval(a), R.view_aval(b))
+    if barrier is not None:
+        check_barrier(barrier, "tcgen05_mma")
+    refs = R.FlatRefs(acc, a, b, barrier)
+    tcgen05_mma_p.bind(*refs.operands, jnp.asarray(accumulate, jnp.bool_), refs=refs.spec,
+                       collective_axis=collective_axis)
+
+
+def _mma_effects(*avals, refs, **_):
+    acc, a, b, *bar = refs
+    eff = {jc.WriteEffect(acc[0]), jc.ReadEffect(b[0])}
+    if a is not None:
+        eff.add(jc.ReadEffect(a[0]))
+    if bar and bar[0] is not None:
+        eff.add(jc.WriteEffect(bar[0][0]))
+    return [], eff
+
+
+wgmma_p.def_effectful_abstract_eval(_mma_effects)
+tcgen05_mma_p.def_effectful_abstract_eval(_mma_effects)
+wgmma_wait_p.def_effectful_abstract_eval(lambda **_: ([], {jc.gpu_effect}))
+
+
+def mma_operands(spec, invals, read):
+    """(acc view, a value, b value) of a wgmma/tcgen05 equation; ``read(buf, flat, tree)``
+    reads a ref view (the interpreter's own, so it can log the access)."""
+    acc, a, b, *_ = R.unflatten(spec, invals)
+    a_val = read(*a) if a is not None else invals[R.spec_end(spec)]
+    return acc, a_val, read(*b)
+
+
+# -- reference interpreter rules ---------------------------------------------------------
+
+
+def _cell_read(cell, flat, tree):
+    return jc.get_view(cell.value, flat, tree)
+
+
+def wgmma_rule(ctx, eqn, invals):
+    (cell, flat, tree), a, b = mma_operands(eqn.params["refs"], invals, _cell_read)
+    old = jc.get_view(cell.value, flat, tree)
+    cell.value = jc.set_view(cell.value, old + _dot(a, b, old.dtype), flat, tree)
+    return []
+
+
+def tcgen05_rule(ctx, eqn, invals):
+    spec = eqn.params["refs"]
+    (cell, flat, tree), a, b = mma_operands(spec, invals, _cell_read)
+    accumulate = invals[R.spec_end(spec)]
+    old = jc.get_view(cell.value, flat, tree)
+    new = jnp.where(accumulate, old, jnp.zeros_like(old)) + _dot(a, b, old.dtype)
+    cell.value = jc.set_view(cell.value, new, flat, tree)
+    bar = R.unflatten(spec, invals)[3]
+    if bar is not None:
+        bcell, bflat, btree = bar
+        count = jc.get_view(bcell.value, bflat, btree)
+        bcell.value = jc.set_view(bcell.value, count + 1, bflat, btree)
+    return []
+
+
+INTERPRET_RULES = {wgmma_p: wgmma_rule, wgmma_wait_p: lambda ctx, eqn, invals: [],
+                   tcgen05_mma_p: tcgen05_rule}

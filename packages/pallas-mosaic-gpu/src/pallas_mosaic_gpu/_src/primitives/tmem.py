@@ -1,0 +1,100 @@
+"""Blackwell's tensor memory: loads and stores between registers and TMEM, copies from
+SMEM into TMEM, and ``tcgen05_commit_arrive``.
+
+``async_load_tmem``/``async_store_tmem`` move a whole TMEM ref to/from registers (the
+interpreters complete them at once, so ``wait_load_tmem``/``commit_tmem`` have nothing
+left to wait for); ``async_copy_smem_to_tmem`` (and its forms for block scales and
+sparse metadata) copies an SMEM ref into a TMEM ref of the same shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+
+from pallas_mosaic_gpu._src import jax_compat as jc
+from pallas_mosaic_gpu._src.layouts import layout_cast
+from pallas_mosaic_gpu._src.primitives import refs as R
+from pallas_mosaic_gpu._src.primitives.barriers import check_barrier
+
+copy_smem_to_tmem_p = jc.Primitive("mgpu_copy_smem_to_tmem")
+copy_smem_to_tmem_p.multiple_results = True
+tcgen05_commit_arrive_p = jc.Primitive("mgpu_tcgen05_commit_arrive")
+tcgen05_commit_arrive_p.multiple_results = True
+
+
+def async_load_tmem(src: Any, *, layout: Any = None) -> jax.Array:
+    """Loads the TMEM ref ``src`` into registers (in ``layout``, if given)."""
+    x = src[...]
+    return x if layout is None else layout_cast(x, layout)
+
+
+def async_store_tmem(ref: Any, value: Any) -> None:
+    """Stores ``value`` from registers into the TMEM ref ``ref``."""
+    ref[...] = value
+
+
+def _smem_to_tmem(kind: str, smem_ref: Any, tmem_ref: Any, collective_axis: Any) -> None:
+    s, t = R.view_aval(smem_ref), R.view_aval(tmem_ref)
+    if tuple(s.shape) != tuple(t.shape) or s.dtype != t.dtype:
+        raise ValueError(f"plgpu.async_copy_{kind}_to_tmem: smem_ref is {s.str_short()} but "
+                         f"tmem_ref is {t.str_short()}; they must match")
+    refs = R.FlatRefs(smem_ref, tmem_ref)
+    copy_smem_to_tmem_p.bind(*refs.operands, refs=refs.spec, kind=kind,
+                             collective_axis=collective_axis)
+
+
+def async_copy_smem_to_tmem(smem_ref: Any, tmem_ref: Any, collective_axis: Any = None
+                            ) -> None:
+    """Copies ``smem_ref`` into the TMEM ref ``tmem_ref`` (asynchronously, ordered with
+    later ``tcgen05_mma``s)."""
+    _smem_to_tmem("smem", smem_ref, tmem_ref, collective_axis)
+
+
+def async_copy_scales_to_tmem(smem_ref: Any, tmem_ref: Any, collective_axis: Any = None
+                              ) -> None:
+    """Copies block scales for a scaled ``tcgen05_mma`` from SMEM into TMEM."""
+    _smem_to_tmem("scales", smem_ref, tmem_ref, collective_axis)
+
+
+def async_copy_sparse_metadata_to_tmem(smem_ref: Any, tmem_ref: Any,
+                                       collective_axis: Any = None) -> None:
+    """Copies sparsity metadata for a sparse ``tcgen05_mma`` from SMEM into TMEM."""
+    _smem_to_tmem("sparse_metadata", smem_ref, tmem_ref, collective_axis)
+
+
+def tcgen05_commit_arrive(barrier: Any, collective_axis: str | None = None) -> None:
+    """Arrives on ``barrier`` once every ``tcgen05_mma`` issued so far has completed."""
+    if collective_axis is not None:
+        raise NotImplementedError(
+            "plgpu.tcgen05_commit_arrive(collective_axis=...) (CTA pairs) is not supported "
+            "by pallas-mosaic-gpu's interpreters yet")
+    check_barrier(barrier, "tcgen05_commit_arrive")
+    refs = R.FlatRefs(barrier)
+    tcgen05_commit_arrive_p.bind(*refs.operands, refs=refs.spec)
+
+
+copy_smem_to_tmem_p.def_effectful_abstract_eval(
+    lambda *a, refs, **k: ([], {jc.ReadEffect(refs[0][0]), jc.WriteEffect(refs[1][0])}))
+tcgen05_commit_arrive_p.def_effectful_abstract_eval(
+    lambda *a, refs: ([], {jc.WriteEffect(refs[0][0])}))
+
+
+def _copy_rule(ctx, eqn, invals):
+    (s, sf, st), (d, df, dt) = R.unflatten(eqn.params["refs"], invals)
+    d.value = jc.set_view(d.value, jc.get_view(s.value, sf, st), df, dt)
+    return []
+
+
+def _commit_arrive_rule(ctx, eqn, invals):
+    ((cell, flat, tree),) = R.unflatten(eqn.params["refs"], invals)
+    cell.value = jc.set_view(cell.value, jc.get_view(cell.value, flat, tree) + 1, flat, tree)
+    return []
+
+
+INTERPRET_RULES = {copy_smem_to_tmem_p: _copy_rule,
+                   tcgen05_commit_arrive_p: _commit_arrive_rule}
+
+
