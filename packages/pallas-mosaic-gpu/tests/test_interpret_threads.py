@@ -216,8 +216,10 @@ def test_collective_allocations_follow_upstreams_rules(axes, message):
         def inner(o_ref):
             @pl.core_map(mesh, interpret=IP())
             def _():
-                pl.run_scoped(lambda r: None, plgpu.SMEM((2,), jnp.int32),
-                              collective_axes=axes)
+                def body(_):
+                    o_ref[...] = 42
+
+                pl.run_scoped(body, plgpu.SMEM((2,), jnp.int32), collective_axes=axes)
 
         return pl.run_state(inner)(x)
 

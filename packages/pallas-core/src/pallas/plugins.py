@@ -13,6 +13,12 @@ from pallas._src.grid_spec import BlockMapping, GridMapping
 from pallas._src.interpreter.analysis import scratch_live_in
 from pallas._src.interpreter.evaluator import Cell, KernelContext, eval_jaxpr
 from pallas._src.interpreter.grid_runner import Checks, interpret_pallas_call
+from pallas._src.interpreter.modes import (
+    InterpretMode,
+    forced_interpret,
+    forced_interpret_mode,
+    set_forced_interpret,
+)
 from pallas._src.interpreter.races import (
     Access,
     AccessLog,
@@ -23,12 +29,6 @@ from pallas._src.interpreter.races import (
     happens_before,
     region,
     regions_overlap,
-)
-from pallas._src.interpreter.modes import (
-    InterpretMode,
-    forced_interpret,
-    forced_interpret_mode,
-    set_forced_interpret,
 )
 from pallas._src.interpreter.rules import interpret_rules, register_interpret_rule
 from pallas._src.jax_compat import axis_index_p

@@ -127,7 +127,10 @@ def trace_kernel(kernel: Callable, gm: GridMapping, in_tree_args, out_tree, scra
         in_args = jax.tree_util.tree_unflatten(in_tree_args, ins)
         out_args = jax.tree_util.tree_unflatten(out_tree, outs)
         scratch_args = jax.tree_util.tree_unflatten(scratch_tree, scratch)
-        result = kernel(*pf, *_splat(in_args), *_splat(out_args), *_splat(scratch_args))
+        if isinstance(scratch_args, Mapping):  # scratch_shapes=dict(...): by keyword
+            result = kernel(*pf, *_splat(in_args), *_splat(out_args), **scratch_args)
+        else:
+            result = kernel(*pf, *_splat(in_args), *_splat(out_args), *_splat(scratch_args))
         if result is not None:
             raise KernelTracingError(
                 f"The kernel of pallas_call {name} returned a value ({_short(result)}); "
@@ -224,7 +227,7 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
     """``pallas_call`` whose grid axes may be named (``lax.axis_index(name)`` works);
     ``mesh`` (from ``pl.kernel``) is kept on the grid mapping for backends."""
     input_output_aliases = input_output_aliases or {}
-    interpret = resolve_interpret(interpret)
+    as_written = interpret
     grid, named = _split_named_grid(grid)
     if named is not None:
         if grid_names is not None:
@@ -291,6 +294,7 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
 
     @functools.wraps(kernel)
     def wrapped(*args):
+        interpret = resolve_interpret(as_written)  # forced interpret modes apply at call
         flat_args, in_tree = jax.tree_util.tree_flatten(args)
         leaves_with_paths = jax.tree_util.tree_flatten_with_path(args)[0]
         in_paths = [keystr("args", p) for p, _ in leaves_with_paths]

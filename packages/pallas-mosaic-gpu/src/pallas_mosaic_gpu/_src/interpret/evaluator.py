@@ -99,7 +99,7 @@ def _core_rule(th, eqn, invals) -> list:
             f"'{eqn.primitive.name}' applied to refs")
     cells = {}
     args = []
-    for i, x in enumerate(invals):
+    for x in invals:
         if isinstance(x, Buffer):
             if id(x) not in cells:
                 cells[id(x)] = (x, Cell(x.value, x.name, None, x.space))

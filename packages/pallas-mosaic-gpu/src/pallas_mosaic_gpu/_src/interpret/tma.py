@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.memory import access_region, describe_region
 from pallas_mosaic_gpu._src.interpret.sync import arrive, barrier_of
-from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.primitives import copies as C
 from pallas_mosaic_gpu._src.primitives import refs as R
 

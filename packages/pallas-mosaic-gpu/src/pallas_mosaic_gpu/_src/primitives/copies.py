@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
 # Enums of the Mosaic GPU compiler library that the kernel language passes through.
 from jax.experimental.mosaic.gpu.launch_context import CopyPartition, OOBFillMode
 
@@ -25,7 +26,6 @@ from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.memory import GMEM, SMEM, BarrierSpace
 from pallas_mosaic_gpu._src.primitives import refs as R
 from pallas_mosaic_gpu._src.primitives.barriers import check_barrier
-
 
 TMA_REDUCTIONS = ("add", "min", "max", "inc", "dec", "and", "or", "xor")
 

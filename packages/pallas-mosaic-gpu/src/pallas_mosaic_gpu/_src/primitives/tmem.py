@@ -13,7 +13,6 @@ from typing import Any
 
 import jax
 
-
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.layouts import layout_cast
 from pallas_mosaic_gpu._src.primitives import refs as R

@@ -1,0 +1,79 @@
+"""A backend's own interpret mode: params passed as ``interpret=`` that implement
+``pallas.plugins.InterpretMode`` receive the kernel; forcing a mode applies it to kernels
+written without ``interpret``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pallas as pl
+from pallas.plugins import CoreMesh, InterpretMode, forced_interpret_mode, lower_with_interpreter
+
+
+@dataclasses.dataclass(frozen=True)
+class Recording:
+    """Runs kernels with the reference interpreter and records what it was handed."""
+
+    seen: list = dataclasses.field(default_factory=list, compare=False, hash=False)
+
+    def lower_pallas_call(self, ctx, *in_nodes, jaxpr, grid_mapping, name, out_avals):
+        self.seen.append(("pallas_call", name, grid_mapping.mesh))
+        return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping)
+
+    def discharge_core_map(self, in_avals, args, *, jaxpr, mesh, scratch_types, name):
+        self.seen.append(("core_map", name, mesh))
+        return [a + 1 for a in args]  # a made-up simulator: adds one to every operand
+
+
+def _add_one(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 1
+
+
+def test_params_implementing_the_protocol_get_the_pallas_call():
+    mode = Recording()
+    assert isinstance(mode, InterpretMode)
+    x = jnp.arange(8, dtype=jnp.int32)
+    f = pl.pallas_call(_add_one, out_shape=x, interpret=mode, name="add_one")
+    np.testing.assert_array_equal(jax.jit(f)(x), x + 1)
+    assert mode.seen == [("pallas_call", "add_one", None)]
+
+
+def test_pl_kernel_passes_its_mesh_on_the_grid_mapping():
+    mode = Recording()
+    mesh = CoreMesh(core=2)
+
+    def body(x_ref, o_ref):
+        @pl.when(jax.lax.axis_index("core") == 0)
+        def _():
+            o_ref[...] = x_ref[...] * 2
+
+    x = jnp.arange(4, dtype=jnp.int32)
+    y = pl.kernel(body, out_type=x, mesh=mesh, interpret=mode)(x)
+    np.testing.assert_array_equal(y, x * 2)
+    assert mode.seen[0][2] is mesh
+
+
+def test_core_map_outside_a_kernel_is_discharged_by_the_mode():
+    mode = Recording()
+
+    @pl.run_state
+    def f(ref):
+        @pl.core_map(CoreMesh(core=2), interpret=mode, name="bump")
+        def _():
+            ref[...] = ref[...] * 10
+
+    np.testing.assert_array_equal(f(jnp.zeros((3,), jnp.int32)), np.ones(3))
+    assert mode.seen[0][:2] == ("core_map", "bump")
+
+
+def test_a_forced_mode_applies_to_kernels_written_without_interpret():
+    mode = Recording()
+    x = jnp.arange(8, dtype=jnp.int32)
+    f = pl.pallas_call(_add_one, out_shape=x, name="forced")
+    with forced_interpret_mode(mode):
+        np.testing.assert_array_equal(jax.jit(f)(x), x + 1)
+    assert [s[1] for s in mode.seen] == ["forced"]

@@ -1,0 +1,142 @@
+"""Matmuls and pipelines: ``wgmma`` into an accumulator, ``emit_pipeline`` and the
+warp-specialised pipeline, in GPU interpret mode and in the reference interpreter."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas as pl
+import pallas_mosaic_gpu as plgpu
+from pallas_mosaic_gpu import interpret as gpu_interpret
+
+IP = plgpu.InterpretParams
+
+
+def _operands(m, k, n):
+    ka, kb = jax.random.split(jax.random.key(0))
+    a = jax.random.uniform(ka, (m, k), jnp.float16)
+    b = jax.random.uniform(kb, (k, n), jnp.float16)
+    return a, b, jnp.dot(a, b, preferred_element_type=jnp.float32)
+
+
+@pytest.mark.parametrize("interpret", [True, IP(detect_races=True)], ids=["reference", "gpu"])
+def test_wgmma_accumulates_a_matmul_of_smem_tiles(interpret):
+    a, b, expected = _operands(64, 64, 32)
+
+    def body(a_gmem, b_gmem, o_gmem, a_smem, b_smem, bar):
+        plgpu.copy_gmem_to_smem(a_gmem, a_smem, bar.at[0])
+        plgpu.copy_gmem_to_smem(b_gmem, b_smem, bar.at[1])
+        plgpu.barrier_wait(bar.at[0])
+        plgpu.barrier_wait(bar.at[1])
+
+        def scope(acc):
+            plgpu.wgmma(acc, a_smem, b_smem)
+            plgpu.wgmma(acc, a_smem, b_smem)
+            o_gmem[...] = plgpu.wgmma_accumulator_load(acc)
+
+        pl.run_scoped(scope, plgpu.ACC((64, 32)))
+
+    k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 32), jnp.float32),
+                     scratch_types=dict(a_smem=plgpu.SMEM(a.shape, a.dtype),
+                                        b_smem=plgpu.SMEM(b.shape, b.dtype),
+                                        bar=plgpu.Barrier(num_barriers=2)),
+                     interpret=interpret)
+    np.testing.assert_allclose(k(a, b), 2 * expected, rtol=1e-5)
+
+
+def test_wgmma_checks_shapes():
+    a, b, _ = _operands(64, 64, 32)
+
+    def body(a_gmem, b_gmem, o_gmem):
+        pl.run_scoped(lambda acc: plgpu.wgmma(acc, a_gmem, b_gmem), plgpu.ACC((64, 64)))
+
+    k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 32), jnp.float32),
+                     interpret=IP())
+    with pytest.raises(ValueError, match="shapes do not chain"):
+        k(a, b)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_emit_pipeline_streams_blocks_through_smem(steps):
+    x = jnp.arange(4 * 64 * 32, dtype=jnp.float32).reshape(4 * 64, 32)
+
+    def body(x_gmem, o_gmem):
+        def step(idx, x_smem, o_smem):
+            o_smem[...] = x_smem[...] * 2 + idx[0]
+
+        spec = pl.BlockSpec((64, 32), lambda i: (i, 0))
+        plgpu.emit_pipeline(step, grid=(4,), in_specs=[spec], out_specs=[spec],
+                            max_concurrent_steps=steps)(x_gmem, o_gmem)
+
+    k = plgpu.kernel(body, out_type=x, interpret=IP(detect_races=True))
+    expected = x * 2 + jnp.repeat(jnp.arange(4, dtype=jnp.float32), 64)[:, None]
+    np.testing.assert_array_equal(k(x), expected)
+    assert not gpu_interpret.get_races().races_found
+
+
+def test_warp_specialized_pipeline_matmul():
+    a, b, expected = _operands(128, 256, 64)
+
+    def kernel(a_gmem, b_gmem, o_gmem):
+        def mma(idx, a_smem, b_smem, acc):
+            wg = jax.lax.axis_index("wg")
+            plgpu.wgmma(acc, a_smem.at[pl.ds(wg * 64, 64)], b_smem)
+            plgpu.wgmma_wait(0)
+            return acc
+
+        def compute(eval_pipeline):
+            def scope(acc):
+                eval_pipeline(acc)
+                wg = jax.lax.axis_index("wg")
+                o_gmem[pl.ds(wg * 64, 64)] = acc[...]
+
+            pl.run_scoped(scope, plgpu.ACC((64, 64)))
+
+        plgpu.emit_pipeline_warp_specialized(
+            mma, grid=(4,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
+            max_concurrent_steps=2, compute_context=compute,
+            in_specs=[plgpu.BlockSpec((128, 64), lambda k: (0, k)),
+                      plgpu.BlockSpec((64, 64), lambda k: (k, 0))],
+        )(a_gmem, b_gmem)
+
+    k = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((128, 64), jnp.float32),
+                     num_threads=3, thread_name="wg", interpret=IP(detect_races=True))
+    np.testing.assert_allclose(k(a, b), expected, rtol=1e-5)
+    assert not gpu_interpret.get_races().races_found
+
+
+def test_force_gpu_interpret_mode_runs_kernels_written_without_interpret():
+    def body(o_ref):
+        o_ref[jax.lax.axis_index("t")] = jax.lax.axis_index("t")
+
+    k = functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((3,), jnp.int32),
+                          num_threads=3, thread_name="t")(body)
+    with gpu_interpret.force_gpu_interpret_mode(IP()):
+        np.testing.assert_array_equal(jax.jit(k)(), np.arange(3))
+
+
+def test_nd_loop_splits_a_grid_round_robin():
+    def body(o_ref):
+        @plgpu.nd_loop((2, 3), collective_axes="b")
+        def _(info):
+            i, j = info.index
+            o_ref[i, j] = jax.lax.axis_index("b") * 10 + info.local_index
+
+    k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((2, 3), jnp.int32), grid=(4,),
+                     grid_names=("b",), interpret=IP(detect_races=True))
+    np.testing.assert_array_equal(k(), [[0, 10, 20], [30, 1, 11]])
+    assert not gpu_interpret.get_races().races_found
+
+
+def test_planar_snake_walks_tiles_back_and_forth():
+    order = np.zeros((4, 4), int)
+    for lin in range(16):
+        i, j = plgpu.planar_snake(jnp.int32(lin), (4, 4), 0, 2)
+        order[int(i), int(j)] = lin
+    np.testing.assert_array_equal(order, [[0, 2, 4, 6], [1, 3, 5, 7],
+                                          [14, 12, 10, 8], [15, 13, 11, 9]])
