@@ -339,12 +339,13 @@ def test_scratch_shapes_are_passed_after_outputs():
     np.testing.assert_array_equal(out, x * 2 + 1)
 
 
-def test_scratch_shapes_may_be_a_dict():
+def test_scratch_shapes_may_be_a_dict_passed_by_keyword():
+    # As upstream: a dict of scratch shapes becomes keyword arguments of the kernel.
     x = jnp.arange(8, dtype=jnp.float32)
 
-    def kernel(x_ref, o_ref, scratch):
-        scratch["tmp"][...] = x_ref[...] + 1
-        o_ref[...] = scratch["tmp"][...] * 3
+    def kernel(x_ref, o_ref, *, tmp):
+        tmp[...] = x_ref[...] + 1
+        o_ref[...] = tmp[...] * 3
 
     out = pl.pallas_call(
         kernel, SDS(x.shape, x.dtype), scratch_shapes={"tmp": pl.ANY((8,), jnp.float32)},
