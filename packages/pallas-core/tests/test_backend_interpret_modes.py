@@ -1,6 +1,6 @@
 """A backend's own interpret mode: params passed as ``interpret=`` that implement
-``pallas.plugins.InterpretMode`` receive the kernel; forcing a mode applies it to kernels
-written without ``interpret``."""
+``pallas.plugins.InterpretMode`` receive the kernel (a backend's mesh receives
+``core_map``); forcing a mode applies it to kernels written without ``interpret``."""
 
 from __future__ import annotations
 
@@ -20,13 +20,24 @@ class Recording:
 
     seen: list = dataclasses.field(default_factory=list, compare=False, hash=False)
 
-    def lower_pallas_call(self, ctx, *in_nodes, jaxpr, grid_mapping, name, out_avals):
+    def lower_pallas_call(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params,
+                          name):
         self.seen.append(("pallas_call", name, grid_mapping.mesh))
         return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping)
 
-    def discharge_core_map(self, in_avals, args, *, jaxpr, mesh, scratch_types, name):
-        self.seen.append(("core_map", name, mesh))
-        return [a + 1 for a in args]  # a made-up simulator: adds one to every operand
+
+class SimulatedMesh(CoreMesh):
+    """A backend's mesh whose core_map runs in a made-up simulator (adds one)."""
+
+    def discharge_core_map(self, interpret):
+        if not isinstance(interpret, Recording):
+            return None
+
+        def simulate(in_avals, args, params):
+            interpret.seen.append(("core_map", params["name"], self))
+            return [a + 1 for a in args]
+
+        return simulate
 
 
 def _add_one(x_ref, o_ref):
@@ -62,7 +73,7 @@ def test_core_map_outside_a_kernel_is_discharged_by_the_mode():
 
     @pl.run_state
     def f(ref):
-        @pl.core_map(CoreMesh(core=2), interpret=mode, name="bump")
+        @pl.core_map(SimulatedMesh(core=2), interpret=mode, name="bump")
         def _():
             ref[...] = ref[...] * 10
 
