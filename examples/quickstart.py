@@ -21,7 +21,10 @@ cell is ``ok`` (``+ compiled`` when compiled too), ``unsupported`` (the backend 
 ``NotImplementedError``) or ``error``; then, per backend, a short excerpt of what
 lowering produced for the first kernel (the generated Triton source and the compiled
 kernel's registers; the Mosaic module's operations; the custom call of any other
-backend). It exits non-zero if a CPU result does not match plain JAX.
+backend). With pallas-tpu-sparsecore installed, it also runs a SparseCore kernel (the
+embedding lookup of ``examples/sparsecore_embedding.py``, over the vector subcores) in
+the interpreter and lowers it for TPU. It exits non-zero if a CPU result does not match
+plain JAX.
 """
 
 from __future__ import annotations
@@ -270,6 +273,31 @@ def excerpt(fn, args, backend) -> list[str]:
             f"{', '.join(calls) or 'none'}"]
 
 
+def sparsecore_demo() -> bool:
+    """With pallas-tpu-sparsecore installed: the embedding lookup of
+    ``examples/sparsecore_embedding.py`` (a kernel over the SparseCore vector subcores,
+    which the grid kernels above are not) interpreted on CPU and lowered for TPU."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sparsecore_embedding.py")
+    spec = importlib.util.spec_from_file_location("sparsecore_embedding", path)
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    table, ids, _ = ex.inputs()
+    got = ex.embedding_lookup(table, ids, interpret=True)
+    err = float(np.max(np.abs(np.asarray(got) - np.asarray(ex.lookup_reference(table, ids)))))
+    lowered = jax.jit(ex.embedding_lookup).trace(table, ids).lower(lowering_platforms=("tpu",))
+    text = lowered.as_text()
+    sc = "DEVICE_TYPE_SPARSECORE" in str(ex.mosaic_backend_configs(lowered))
+    print(f"\n[mosaic_sparsecore] embedding lookup {tuple(table.shape)}[{ids.shape[0]} ids] over "
+          f"{ex.plsc.get_sparse_core_info().num_cores} SparseCores x "
+          f"{ex.plsc.get_sparse_core_info().num_subcores} vector subcores: "
+          f"interpret {'✓' if err == 0 else '✗'} err {err:.0e}; lowered for tpu: "
+          f"{text.count('tpu_custom_call')} tpu_custom_call"
+          f"{' (device type SparseCore)' if sc else ''}")
+    return err == 0
+
+
 def print_table(header, rows):
     """Prints a Markdown table."""
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
@@ -332,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n[{b.name}]")
             for ln in lines:
                 print(f"  {ln}")
+    if any(b.name == "mosaic_sparsecore" for b in backends):
+        all_ok &= sparsecore_demo()
     verdict = "CPU results match plain JAX" if all_ok else "MISMATCH against plain JAX"
     print(f"\n{verdict} ({time.perf_counter() - start:.1f}s)")
     return 0 if all_ok else 1

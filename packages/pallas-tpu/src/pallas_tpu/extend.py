@@ -20,7 +20,8 @@ How another backend lowers with it::
 The DMA primitives (``dma_start_p``/``dma_wait_p``, bound by ``pltpu.async_copy`` and
 friends) pack their refs with a layout ``params["refs"]``; ``unflatten_refs(spec,
 operands)`` gives back ``(base, flat transforms, tree)`` per ref and ``spec_end(spec)``
-the number of operands they use (device ids follow).
+the number of operands they use (device ids follow). A ref view used as an index
+(``x_hbm.at[idx_ref.at[:n]]``) appears in the transforms as a :class:`RefIndex`.
 
 A rule is ``rule(lctx, eqn, *invals) -> out`` (a list for multiple results): invals
 are ``ir.Value`` (vectors, or scalars for rank 0), :class:`RefVal` (refs) or
@@ -56,11 +57,12 @@ from pallas_tpu._src.lowering.rules_refs import (
 )
 from pallas_tpu._src.memory import is_any_space
 from pallas_tpu._src.primitives.dma import dma_start_p, dma_wait_p
+from pallas_tpu._src.primitives.dma_indexed import RefIndex
 from pallas_tpu._src.primitives.refs import spec_end
 from pallas_tpu._src.primitives.refs import unflatten as unflatten_refs
 
 __all__ = [
-    "Lit", "LoweringContext", "LoweringException", "RULES", "RefVal", "Window",
+    "Lit", "LoweringContext", "LoweringException", "RULES", "RefIndex", "RefVal", "Window",
     "apply_transforms", "aval_in", "aval_out", "broadcast_to", "const", "convert",
     "cost_dict", "dma_start_p", "dma_wait_p", "is_any_space", "spec_end",
     "unflatten_refs", "load_window", "lower_jaxpr", "materialize",

@@ -11,6 +11,7 @@ wait to ``tpu.wait_indirect_dma``; other DMAs lower as on a TensorCore.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import memref, vector
 from jaxlib.mosaic.python import tpu
@@ -83,27 +84,45 @@ def _swap(lctx, eqn, ref, val, *idx):
 # -- indexed DMAs -------------------------------------------------------------------------
 
 
+def _offsets(idx):
+    """(offsets, ignored value or None) of an indexed DMA's index: a vector, a ref, a
+    ref view or ``plsc.Indices`` of one of those; None if ``idx`` is not an index array."""
+    from pallas_tpu_sparsecore._src.indices import Indices
+
+    ignored = None
+    if isinstance(idx, Indices):
+        idx, ignored = idx.values, idx.ignored_value
+    if isinstance(idx, tpx.RefIndex):
+        flat, tree = jax.tree_util.tree_flatten(list(idx.transforms))
+        return tpx.window_memref(tpx.apply_transforms(idx.ref, flat, tree)), ignored
+    if isinstance(idx, tpx.RefVal):
+        return idx.memref, ignored
+    if isinstance(idx, ir.Value) and isinstance(idx.type, ir.VectorType):
+        return idx, ignored
+    return None
+
+
 def _split_indexed(ref, flat, tree):
-    """(memref of the view with the indexed dim kept whole, index vector) when the view
-    indexes its first dim with an array, else None."""
+    """(memref of the view with the indexed dim kept whole, offsets, ignored value) when
+    the view indexes its first dim with an index array or ref, else None."""
     transforms = jax.tree_util.tree_unflatten(tree, flat)
     if not transforms or not isinstance(transforms[-1], jc.NDIndexer):
         return None
     last = transforms[-1]
-    first = last.indices[0]
-    if isinstance(first, jc.Slice) or not (
-            isinstance(first, ir.Value) and isinstance(first.type, ir.VectorType)):
-        if any(not isinstance(i, jc.Slice) and isinstance(i, ir.Value)
-               and isinstance(i.type, ir.VectorType) for i in last.indices[1:]):
-            raise NotImplementedError("an indexed DMA indexes the first dimension of the "
-                                      "ref with an index vector (x_hbm.at[idx])")
+    first = None if isinstance(last.indices[0], jc.Slice) else _offsets(last.indices[0])
+    if any(not isinstance(i, jc.Slice) and _offsets(i) is not None
+           for i in last.indices[1:]):
+        raise NotImplementedError(
+            "backend 'mosaic_sparsecore': an indexed DMA indexes the first dimension of "
+            "the ref with an index vector or ref (x_hbm.at[idx], x_hbm.at[idx, pl.ds(...)])")
+    if first is None:
         return None
     before = tpx.apply_transforms(ref, *jax.tree_util.tree_flatten(transforms[:-1]))
     rows = before.shape[0]
     whole = jc.NDIndexer((jc.Slice(0, rows, 1), *last.indices[1:]),
                          tuple(before.shape), ())
     wflat, wtree = jax.tree_util.tree_flatten([*transforms[:-1], whole])
-    return tpx.window_memref(tpx.apply_transforms(ref, wflat, wtree)), first
+    return (tpx.window_memref(tpx.apply_transforms(ref, wflat, wtree)), *first)
 
 
 def _views(spec, invals):
@@ -128,12 +147,14 @@ def _dma_start(lctx, eqn, *invals):
         raise NotImplementedError("indexed DMAs to or from another device")
     sem_ref = tpx.window_memref(tpx.apply_transforms(sem, mf, mt))
     if gather is not None:
-        src_mem, offsets = gather
+        src_mem, offsets, ignored = gather
         dst_mem = tpx.window_memref(tpx.apply_transforms(dst, df, dt))
     else:
-        dst_mem, offsets = scatter
+        dst_mem, offsets, ignored = scatter
         src_mem = tpx.window_memref(tpx.apply_transforms(src, sf, st))
-    tpu.enqueue_indirect_dma(src_mem, dst_mem, offsets, sem_ref, add=bool(p["add"]))
+    filt = None if ignored is None else tpx.const((), jnp.int32, int(ignored))
+    tpu.enqueue_indirect_dma(src_mem, dst_mem, offsets, sem_ref, offset_filter=filt,
+                             add=bool(p["add"]))
     return []
 
 

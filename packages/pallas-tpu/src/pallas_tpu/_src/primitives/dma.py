@@ -14,7 +14,6 @@ numbers under any schedule.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -23,6 +22,7 @@ import jax.numpy as jnp
 from pallas import DeviceIdType
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.memory import SemaphoreType
+from pallas_tpu._src.primitives import dma_indexed as DI
 from pallas_tpu._src.primitives import refs as R
 
 dma_start_p = jc.Primitive("tpu_dma_start")
@@ -180,38 +180,6 @@ def _set(cell, flat, tree, new):
         cell.init = jc.set_view(cell.init, jnp.ones(jnp.shape(new), jnp.bool_), flat, tree)
 
 
-def _array_indices(cell, flat, tree):
-    """(dim size, index array) of every array (gather-style) index of a ref view, as
-    in ``x_hbm.at[idx]`` with ``idx`` an int vector: an indexed DMA."""
-    shape, out = tuple(jnp.shape(cell.value)), []
-    for t in jax.tree_util.tree_unflatten(tree, flat):
-        if not isinstance(t, jc.NDIndexer):
-            break
-        for size, idx in zip(shape, t.indices):
-            if not isinstance(idx, jc.Slice) and jnp.ndim(idx) > 0:
-                out.append((size, idx))
-        shape = tuple(t.get_indexer_shape())
-    return out
-
-
-def _check_indexed(ctx, cell, flat, tree, what):
-    """An indexed DMA's indices must lie in the ref: never clamped. Reported through the
-    interpreter's checks when on, else raised from a host callback."""
-    for size, idx in _array_indices(cell, flat, tree):
-        ok = jnp.all((idx >= 0) & (idx < size))
-        msg = (f"indexed DMA: an index of the {what} {cell.origin} lies outside "
-               f"[0, {size}); indexed DMAs do not clamp")
-        if getattr(ctx, "error_cell", None) is not None:
-            ctx.report(ok, msg)
-        else:
-            jax.debug.callback(functools.partial(_raise_if_not, msg=msg), ok)
-
-
-def _raise_if_not(ok, *, msg):
-    if not bool(ok):
-        raise IndexError(msg)
-
-
 def dma_start_rule(ctx, eqn, invals):
     p = eqn.params
     if p["device_id_tree"] is not None:
@@ -220,13 +188,24 @@ def dma_start_rule(ctx, eqn, invals):
         return remote_dma_start(ctx, eqn, invals)
     (src, s_flat, s_tree), (dst, d_flat, d_tree), (sem, m_flat, m_tree), src_sem = (
         R.unflatten(p["refs"], invals))
-    _check_indexed(ctx, src, s_flat, s_tree, "source")
-    _check_indexed(ctx, dst, d_flat, d_tree, "destination")
+    # Indexed DMAs (x_hbm.at[idx], idx an array, a ref or plsc.Indices): see dma_indexed.
+    rs, rd = DI.resolve(src, s_flat, s_tree), DI.resolve(dst, d_flat, d_tree)
+    DI.check_bounds(ctx, src, rs, "source")
+    DI.check_bounds(ctx, dst, rd, "destination")
+    (s_flat, s_tree), (d_flat, d_tree) = (rs.flat, rs.tree), (rd.flat, rd.tree)
     data = _view(src, s_flat, s_tree)
+    if rs.skip is not None:  # an ignored source index leaves its destination row as it was
+        data = jnp.where(DI.skip_mask(rs, data.shape), _view(dst, d_flat, d_tree), data)
+    if rd.skip is not None:  # an ignored destination index receives nothing
+        data = (jnp.where(DI.skip_mask(rd, data.shape), jnp.zeros_like(data), data)
+                if p["add"] else DI.first_kept(rd, data))
+    old = dst.value
     if p["add"]:  # every contribution lands, also for repeated destination indices
         dst.value = jc.add_view(dst.value, data, d_flat, d_tree)
     else:
         _set(dst, d_flat, d_tree, data)
+        if rd.skip is not None:  # every index ignored: nothing moved at all
+            dst.value = jnp.where(jnp.all(rd.skip), old, dst.value)
     size = R.nbytes(jax.typeof(data))
     _set(sem, m_flat, m_tree, _view(sem, m_flat, m_tree) + jnp.int32(size))
     if src_sem is not None:
@@ -238,7 +217,8 @@ def dma_start_rule(ctx, eqn, invals):
 def dma_wait_rule(ctx, eqn, invals):
     p = eqn.params
     (sem, m_flat, m_tree), _src, (dst, d_flat, d_tree) = R.unflatten(p["refs"], invals)
-    size = R.nbytes(jax.typeof(_view(dst, d_flat, d_tree)))
+    rd = DI.resolve(dst, d_flat, d_tree)
+    size = R.nbytes(jax.typeof(_view(dst, rd.flat, rd.tree)))
     cur = _view(sem, m_flat, m_tree)
     ctx.report(
         jnp.all(cur >= size),

@@ -17,8 +17,10 @@ def ref_and_transforms(ref):
 
 def flatten_ref(ref):
     """(base ref, flat transform leaves, transform treedef)."""
+    from pallas_tpu._src.primitives.dma_indexed import wrap_ref_indices
+
     base, transforms = ref_and_transforms(ref)
-    flat, tree = jax.tree_util.tree_flatten(transforms)
+    flat, tree = jax.tree_util.tree_flatten(wrap_ref_indices(transforms))
     return base, list(flat), tree
 
 
