@@ -74,6 +74,10 @@ TAGS: dict[str, str] = {
     "fusion": "kernels with jax.numpy prologues/epilogues fused in by pallas.fuser (block "
               "specs pulled through elementwise ops, broadcasts, reshapes, transposes, "
               "slices and concatenates); the fused kernel is one pallas_call",
+    "sparsecore": "TPU SparseCore kernels (pallas_tpu_sparsecore): indexed DMAs (embedding "
+                  "gathers, scatter-add segment sums with repeated indices, ignored "
+                  "indices), vector gathers/scatters, scalar-subcore control; registered "
+                  "only when pallas-tpu-sparsecore is installed",
 }
 
 # Other spellings of a tag that backends may claim.

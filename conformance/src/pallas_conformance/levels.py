@@ -396,7 +396,17 @@ class CaseRunner:
             # ``export`` tag's cases export without the waiver.
             targets = sorted(set(_CUSTOM_CALL.findall(text)))
             checks = [jax.export.DisabledSafetyCheck.custom_call(t) for t in targets]
-            jax.export.export(jax.jit(f), platforms=[platform], disabled_checks=checks)(*args)
+            try:
+                jax.export.export(jax.jit(f), platforms=[platform],
+                                  disabled_checks=checks)(*args)
+            except NotImplementedError as e:
+                # The core interpreter checks SparseCore gather/scatter/DMA indices at run
+                # time through a host callback, which jax.export cannot serialise: a limit
+                # of JAX, reported as such (never a pass) for the interpret backend only.
+                if b.name != "interpret" or "host_callbacks" not in str(e):
+                    raise
+                return SKIPPED, ("lowered; jax.export cannot serialise the host callback "
+                                 "of the interpreter's runtime index checks")
             return PASS, ""
         if level == "compile":
             closed = jax.make_jaxpr(f)(*args)

@@ -87,10 +87,12 @@ def test_classes_take_upstreams_fields():
 
 def test_sparse_core_info_per_chip():
     assert plsc.DEFAULT_CHIP is pltpu.ChipVersion.TPU_7X
-    got = {c: plsc.get_sparse_core_info_for_chip(c) for c in ("v5p", "v6e", "7x")}
+    got = {c: plsc.get_sparse_core_info_for_chip(c) for c in ("v5p", "v6e", "7x", "8i")}
     assert [(i.num_cores, i.num_subcores, i.num_lanes) for i in got.values()] == [
-        (4, 16, 8), (2, 16, 8), (2, 16, 16)]
-    with pytest.raises(ValueError, match="has no SparseCores.*v5p, v6e, 7x"):
+        (4, 16, 8), (2, 16, 8), (2, 16, 16), (1, 4, 16)]
+    # The figures are pallas-tpu's: one table for the TensorCore and SparseCore facts.
+    assert got["v5p"] is pltpu.get_tpu_info_for_chip("v5p", 1).sparse_core
+    with pytest.raises(ValueError, match="has no SparseCores.*v5p, v6e, 7, 7x, 8i"):
         plsc.get_sparse_core_info_for_chip("v5e")
 
 

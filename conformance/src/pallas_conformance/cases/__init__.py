@@ -23,6 +23,7 @@ from pallas_conformance.cases import (
     reductions_more,
     scratch,
     semaphores,
+    sparsecore,
     transforms,
     transforms_more,
 )

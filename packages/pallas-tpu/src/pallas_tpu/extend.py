@@ -22,6 +22,7 @@ friends) pack their refs with a layout ``params["refs"]``; ``unflatten_refs(spec
 operands)`` gives back ``(base, flat transforms, tree)`` per ref and ``spec_end(spec)``
 the number of operands they use (device ids follow). A ref view used as an index
 (``x_hbm.at[idx_ref.at[:n]]``) appears in the transforms as a :class:`RefIndex`.
+:class:`SparseCoreInfo` is the type of ``pltpu.get_tpu_info_for_chip(...).sparse_core``.
 
 A rule is ``rule(lctx, eqn, *invals) -> out`` (a list for multiple results): invals
 are ``ir.Value`` (vectors, or scalars for rank 0), :class:`RefVal` (refs) or
@@ -60,9 +61,11 @@ from pallas_tpu._src.primitives.dma import dma_start_p, dma_wait_p
 from pallas_tpu._src.primitives.dma_indexed import RefIndex
 from pallas_tpu._src.primitives.refs import spec_end
 from pallas_tpu._src.primitives.refs import unflatten as unflatten_refs
+from pallas_tpu._src.tpu_info import SparseCoreInfo
 
 __all__ = [
-    "Lit", "LoweringContext", "LoweringException", "RULES", "RefIndex", "RefVal", "Window",
+    "Lit", "LoweringContext", "LoweringException", "RULES", "RefIndex", "RefVal",
+    "SparseCoreInfo", "Window",
     "apply_transforms", "aval_in", "aval_out", "broadcast_to", "const", "convert",
     "cost_dict", "dma_start_p", "dma_wait_p", "is_any_space", "spec_end",
     "unflatten_refs", "load_window", "lower_jaxpr", "materialize",

@@ -12,7 +12,8 @@ from pallas_tpu_sparsecore.__about__ import __version__
 from pallas_tpu_sparsecore._src.compiler_params import CompilerParams, as_params
 
 # Conformance tags on which every catalogue case passes at levels lower and
-# backend_interpret (see the README for the measured run).
+# backend_interpret: the SparseCore cases (pallas_conformance/cases/sparsecore.py). The
+# rest of the catalogue is blocked pallas_call grids, which this backend does not take.
 CAPABILITIES = frozenset({"sparsecore"})
 
 # Kernels this backend does not take raise NotImplementedError (it does not claim

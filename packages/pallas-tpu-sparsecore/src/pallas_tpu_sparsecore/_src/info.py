@@ -3,8 +3,8 @@
 SparseCore kernels are traced against a *target chip*. On a TPU it is the attached
 chip. Elsewhere (a CPU machine lowering ahead of time, or the interpreter) it is, in
 order: the chip of an enclosing :func:`target_chip` block, the environment variable
-``PALLAS_SPARSECORE_CHIP`` (``v5p``, ``v6e`` or ``7x``), else :data:`DEFAULT_CHIP`
-(TPU7x). No device is queried off-TPU, so tracing and lowering work on any machine.
+``PALLAS_SPARSECORE_CHIP`` (``v5p``, ``v6e``, ``7``, ``7x`` or ``8i``), else
+:data:`DEFAULT_CHIP` (TPU7x). No device is queried off-TPU, so tracing and lowering work on any machine.
 ``pltpu.CompilerParams`` has no chip field; ``plsc.CompilerParams(chip=...)`` checks
 a kernel against a chip at lowering.
 """
@@ -12,41 +12,29 @@ a kernel against a chip at lowering.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from collections.abc import Iterator, Sequence
 
 import jax.numpy as jnp
 
-from pallas_tpu import ChipVersion, get_tpu_info, is_tpu_device
+from pallas_tpu import ChipVersion, get_tpu_info, get_tpu_info_for_chip, is_tpu_device
+from pallas_tpu.extend import SparseCoreInfo
 
-KiB = 1 << 10
 ENV_VAR = "PALLAS_SPARSECORE_CHIP"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SparseCoreInfo:
-    """The SparseCore figures of one chip (per logical device)."""
+def _sparse_cores() -> dict:
+    """Every chip pallas-tpu knows that has SparseCores, with their figures."""
+    out = {}
+    for chip in ChipVersion:
+        sc = get_tpu_info_for_chip(chip, 1).sparse_core
+        if sc is not None:
+            out[chip] = sc
+    return out
 
-    num_cores: int  # SparseCores
-    num_subcores: int  # vector subcores per SparseCore
-    num_lanes: int  # 32-bit lanes of one vector register
-    vmem_capacity_bytes: int  # TileSpmem (VMEM) per vector subcore
-    dma_granule_size_bytes: int
 
-
-# Public figures of the chips with SparseCores (Google Cloud TPU documentation).
-_CHIPS: dict[ChipVersion, SparseCoreInfo] = {
-    ChipVersion.TPU_V5P: SparseCoreInfo(num_cores=4, num_subcores=16, num_lanes=8,
-                                        vmem_capacity_bytes=512 * KiB,
-                                        dma_granule_size_bytes=32),
-    ChipVersion.TPU_V6E: SparseCoreInfo(num_cores=2, num_subcores=16, num_lanes=8,
-                                        vmem_capacity_bytes=256 * KiB,
-                                        dma_granule_size_bytes=32),
-    ChipVersion.TPU_7X: SparseCoreInfo(num_cores=2, num_subcores=16, num_lanes=16,
-                                       vmem_capacity_bytes=512 * KiB,
-                                       dma_granule_size_bytes=32),
-}
+# The figures are pallas-tpu's (pltpu.get_tpu_info_for_chip(chip, 1).sparse_core).
+_CHIPS: dict[ChipVersion, SparseCoreInfo] = _sparse_cores()
 
 #: The chip SparseCore kernels target when no TPU is attached and none is chosen.
 DEFAULT_CHIP = ChipVersion.TPU_7X

@@ -1,0 +1,185 @@
+"""SparseCore: embedding gathers through indexed DMAs, segment sums by scatter-add with
+repeated indices, indexed DMAs that skip an ignored value, vector gathers/scatters, and
+scalar-subcore control flow.
+
+The kernels use the SparseCore primitives of ``pallas_tpu_sparsecore`` (``plsc``) and the
+DMAs of ``pallas_tpu``, so these cases are registered only when both are installed; any
+backend that claims ``sparsecore`` runs them. They are ``pallas_call``s over a
+``(cores, subcores)`` grid (vector subcores) or a ``(cores,)`` grid (scalar subcores)
+whose operands stay whole in HBM (``memory_space=pl.ANY``), as on a SparseCore.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pallas as pl
+from pallas_conformance.catalogue import case, randn, sds
+
+pltpu = plsc = None
+try:  # the SparseCore frontend; without it there are no SparseCore cases
+    import pallas_tpu as pltpu
+    import pallas_tpu_sparsecore as plsc
+except ImportError:  # pragma: no cover - depends on the installed packages
+    pass
+
+SUBCORES = 4
+VOCAB, DIM, BATCH = 96, 8, 64
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+
+
+def _lanes() -> int:
+    return plsc.get_sparse_core_info().num_lanes
+
+
+def _ids(rng, n, hi, repeats=True):
+    if repeats:
+        return jnp.asarray(rng.integers(0, hi, n), jnp.int32)
+    return jnp.asarray(rng.permutation(hi)[:n], jnp.int32)
+
+
+def _subcore():
+    return pl.program_id(1)
+
+
+def embedding_gather(pallas_call, table, ids):
+    """table[ids]: each of 4 vector subcores gathers its share of rows from HBM with one
+    indexed DMA."""
+    per = BATCH // SUBCORES
+
+    def kernel(t_hbm, i_hbm, o_hbm, iv, rows, sem):
+        part = pl.ds(_subcore() * per, per)
+        pltpu.sync_copy(i_hbm.at[part], iv)
+        pltpu.async_copy(t_hbm.at[iv], rows, sem).wait()
+        pltpu.sync_copy(rows, o_hbm.at[part])
+
+    return pallas_call(
+        kernel, out_shape=sds((BATCH, DIM), table.dtype), grid=(1, SUBCORES),
+        in_specs=[ANY, ANY], out_specs=ANY,
+        scratch_shapes=[pltpu.VMEM((per,), jnp.int32), pltpu.VMEM((per, DIM), table.dtype),
+                        pltpu.SemaphoreType.DMA])(table, ids)
+
+
+def segment_sum(pallas_call, zeros, data, segments):
+    """A segment sum: every subcore scatter-adds its rows into out.at[segments] with an
+    indexed DMA (add=True); repeated segment ids, also across subcores, add up exactly.
+    The output starts as the aliased zeros."""
+    per = data.shape[0] // SUBCORES
+
+    def kernel(z_hbm, d_hbm, s_hbm, o_hbm, sv, rows, sem):
+        del z_hbm  # aliased to o_hbm
+        part = pl.ds(_subcore() * per, per)
+        pltpu.sync_copy(s_hbm.at[part], sv)
+        pltpu.sync_copy(d_hbm.at[part], rows)
+        pltpu.async_copy(rows, o_hbm.at[sv], sem, add=True).wait()
+
+    return pallas_call(
+        kernel, out_shape=sds(zeros.shape, zeros.dtype), grid=(1, SUBCORES),
+        in_specs=[ANY, ANY, ANY], out_specs=ANY, input_output_aliases={0: 0},
+        scratch_shapes=[pltpu.VMEM((per,), jnp.int32),
+                        pltpu.VMEM((per, data.shape[1]), data.dtype),
+                        pltpu.SemaphoreType.DMA])(zeros, data, segments)
+
+
+def gather_skipping(pallas_call, table, ids, fill):
+    """An indexed DMA with plsc.Indices(ids, ignored_value=-1): rows whose id is -1 keep
+    the destination's previous contents."""
+    n = ids.shape[0]
+
+    def kernel(t_hbm, i_hbm, f_hbm, o_hbm, iv, rows, sem):
+        pltpu.sync_copy(i_hbm, iv)
+        pltpu.sync_copy(f_hbm, rows)
+        pltpu.async_copy(t_hbm.at[plsc.Indices(iv, ignored_value=-1)], rows, sem).wait()
+        pltpu.sync_copy(rows, o_hbm)
+
+    return pallas_call(
+        kernel, out_shape=sds(fill.shape, fill.dtype), grid=(1, 1),
+        in_specs=[ANY, ANY, ANY], out_specs=ANY,
+        scratch_shapes=[pltpu.VMEM((n,), jnp.int32), pltpu.VMEM(fill.shape, fill.dtype),
+                        pltpu.SemaphoreType.DMA])(table, ids, fill)
+
+
+def vector_histogram(pallas_call, values, bins):
+    """A histogram in one vector subcore's VMEM: lanes-wide chunks of bin ids, each
+    plsc.addupdate_scatter'ed (repeated bins add up), then every bin read back with
+    plsc.load_gather."""
+    lanes = _lanes()
+
+    def kernel(v_hbm, b_hbm, o_hbm, vv, bv, acc, out):
+        pltpu.sync_copy(v_hbm, vv)
+        pltpu.sync_copy(b_hbm, bv)
+        for j in range(lanes):
+            acc[pl.ds(j * lanes, lanes)] = jnp.zeros((lanes,), jnp.float32)
+
+        @pl.loop(0, bins.shape[0] // lanes)
+        def _(j):
+            chunk = pl.ds(j * lanes, lanes)
+            plsc.addupdate_scatter(acc, [bv[chunk]], vv[chunk])
+
+        out[...] = plsc.load_gather(acc, [jax.lax.iota(jnp.int32, lanes) * lanes])
+        pltpu.sync_copy(out, o_hbm)
+
+    return pallas_call(
+        kernel, out_shape=sds((lanes,), jnp.float32), grid=(1, 1),
+        in_specs=[ANY, ANY], out_specs=ANY,
+        scratch_shapes=[pltpu.VMEM(values.shape, jnp.float32),
+                        pltpu.VMEM(bins.shape, jnp.int32),
+                        pltpu.VMEM((lanes * lanes,), jnp.float32),
+                        pltpu.VMEM((lanes,), jnp.float32)])(values, bins)
+
+
+def scalar_running_max(pallas_call, x):
+    """Scalar subcores (a (cores,) grid): core c copies row c to SMEM and writes its
+    running maximum, element by element in a loop with a data-dependent branch."""
+    n = x.shape[1]
+
+    def kernel(x_hbm, o_hbm, s):
+        c = pl.program_id(0)
+        pltpu.sync_copy(x_hbm.at[c], s)
+
+        @pl.loop(1, n)
+        def _(i):
+            @pl.when(s[i] < s[i - 1])
+            def _():
+                s[i] = s[i - 1]
+
+        pltpu.sync_copy(s, o_hbm.at[c])
+
+    return pallas_call(
+        kernel, out_shape=sds(x.shape, x.dtype), grid=(x.shape[0],),
+        in_specs=[ANY], out_specs=ANY,
+        scratch_shapes=[pltpu.SMEM((n,), x.dtype)])(x)
+
+
+def _register():
+    case("sparsecore/embedding_gather", tags={"sparsecore"},
+         inputs=lambda rng: (randn(rng, (VOCAB, DIM)), _ids(rng, BATCH, VOCAB)),
+         reference=lambda t, i: t[i])(embedding_gather)
+    case("sparsecore/segment_sum_scatter_add", tags={"sparsecore"},
+         inputs=lambda rng: (jnp.zeros((10, DIM), jnp.float32), randn(rng, (BATCH, DIM)),
+                             _ids(rng, BATCH, 10)),
+         reference=lambda z, d, s: z.at[s].add(d),
+         tolerance={"float32": (1e-5, 1e-5)})(segment_sum)
+    case("sparsecore/indexed_dma_ignored_value", tags={"sparsecore"},
+         inputs=lambda rng: (randn(rng, (VOCAB, DIM)),
+                             jnp.where(jnp.asarray(rng.random(16) < 0.3), -1,
+                                       _ids(rng, 16, VOCAB)),
+                             jnp.full((16, DIM), 7.0, jnp.float32)),
+         reference=lambda t, i, f: jnp.where((i >= 0)[:, None], t[jnp.maximum(i, 0)], f),
+         )(gather_skipping)
+    case("sparsecore/vector_histogram", tags={"sparsecore"},
+         inputs=lambda rng: (randn(rng, (4 * _lanes(),)),
+                             jnp.asarray(rng.integers(0, _lanes(), 4 * _lanes()) * _lanes(),
+                                         jnp.int32)),
+         reference=lambda v, b: jnp.zeros((_lanes() * _lanes(),), jnp.float32)
+         .at[b].add(v)[:: _lanes()])(vector_histogram)
+    case("sparsecore/scalar_subcore_running_max", tags={"sparsecore"},
+         inputs=lambda rng: (jnp.asarray(rng.integers(-50, 50, (2, 16)), jnp.int32),),
+         reference=lambda x: jnp.asarray(np.maximum.accumulate(np.asarray(x), axis=1)),
+         )(scalar_running_max)
+
+
+if plsc is not None:
+    _register()
