@@ -141,8 +141,10 @@ def blocked_sample_block(sampler_fn, keys, block_size, tile_size, **kwargs):
 
 def mark_ref_allocating(prim) -> None:
     """Marks ``prim`` as creating a ref inside a jaxpr (as JAX's own ``ref_p``): effects
-    of later primitives on its result then need no corresponding jaxpr input."""
+    of later primitives on its result then need no corresponding jaxpr input (JAX's
+    type check, under ``jax_enable_checks``, reads both flags)."""
     prim.ref_allocating = True
+    prim.ref_primitive = True
 
 
 # -- TPU interpret mode: control-flow primitives the simulation evaluates itself ----------

@@ -159,12 +159,17 @@ class Simulation:
                 self.failed, self.failed_where = exc, where
             self.cond.notify_all()
 
-    def block_until(self, me, can_proceed: Callable[[], bool], what: str) -> None:
-        """Waits (holding ``self.cond``) until ``can_proceed()``; detects deadlocks."""
+    def block_until(self, me, can_proceed: Callable[[], bool], what: str,
+                    is_core: bool = True) -> None:
+        """Waits (holding ``self.cond``) until ``can_proceed()``; detects deadlocks (all
+        live cores waiting, none able to proceed)."""
         while True:
             self.check_failed()
             if can_proceed():
                 return
+            if not is_core:  # a device at a barrier: not one of the cores that may deadlock
+                self.cond.wait(timeout=1.0)
+                continue
             self.waiting[me] = can_proceed
             try:
                 if len(self.waiting) >= self.active and not any(
@@ -197,7 +202,7 @@ class Simulation:
                     on_release()
                 self.cond.notify_all()
                 return
-            self.block_until(me, lambda: state[1] != gen, f"barrier {key}")
+            self.block_until(me, lambda: state[1] != gen, f"barrier {key}", is_core=False)
 
 
 def _buffer_name(buf: Buffer) -> str:

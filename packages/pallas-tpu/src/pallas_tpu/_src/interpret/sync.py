@@ -242,6 +242,7 @@ class Dma:
         self.issuer.write(self.dst, self.dst_box, data, self.site, record=False)
         self.data = None
         self.state = "done"
+        _dequeue(self)  # it may still sit in the other semaphore's queue
         self.sim.pending_random.get(self.issuer.gid, set()).discard(self)
         signal(self.issuer, self.dst_sem, self.dst_core, self.dst_flat, self.nbytes,
                self.clock if self.sim.detect else None)
