@@ -28,6 +28,13 @@ class MosaicTpuBackend(Backend):
     on CPU unless ``interpret=True``; here every backend must be checkable on CPU.)
     """
 
+    def race_kit(self):
+        """DMAs, memory spaces and TPU interpret mode's race report, for the conformance
+        suite's planted-race cases (``pallas_conformance.races``)."""
+        from pallas_tpu._src.interpret.race_kit import TpuRaceKit
+
+        return TpuRaceKit()
+
     def validate(self, request: KernelRequest) -> None:
         from pallas_tpu._src.validate import validate
 

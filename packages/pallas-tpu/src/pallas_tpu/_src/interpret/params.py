@@ -43,8 +43,10 @@ class InterpretParams:
         integers) or ``"zero"``.
       num_cores_or_threads: TensorCores per device; ``parallel`` grid axes are split
         across them.
-      vector_clock_size: entries of the vector clocks (more than devices x cores); by
-        default twice that number.
+      vector_clock_size: entries of the vector clocks (more than devices x cores); the
+        entries beyond the cores are shared by the DMAs in flight, taken in turn, so two
+        DMAs alias (and look ordered) only that many DMAs apart. By default twice the
+        number of cores, and at least the cores plus 32 (upstream: twice).
       logging_mode: a :class:`LoggingMode` to log semaphore and memory operations.
       dma_execution_mode: ``"on_wait"`` (a DMA moves its data when a core waits on its
         semaphore), ``"eager"`` (when it starts) or ``"random"`` (an extension: at a
@@ -115,7 +117,7 @@ class InterpretParams:
         """Entries of the vector clocks for ``num_devices`` devices of this many cores."""
         total = int(num_devices) * self.num_cores_per_device
         if self.vector_clock_size is None:
-            return 2 * total
+            return max(2 * total, total + 32)
         if total >= self.vector_clock_size:
             raise ValueError(
                 f"Vector clock size ({self.vector_clock_size}) must be greater than the "

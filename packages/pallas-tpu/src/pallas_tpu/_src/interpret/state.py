@@ -104,6 +104,7 @@ class Simulation:
             self.clocks = None
             self.detector = None
         self.dma_count = 0
+        self.next_dma_entry: int | None = None
         self.active = self.total_cores
         self.waiting: dict = {}  # thread key -> predicate "can proceed"
         self.barriers: dict = {}
@@ -117,10 +118,16 @@ class Simulation:
         return int(device) * self.num_cores + int(core)
 
     def dma_thread(self) -> int:
+        """The clock entry of a new DMA: the DMA entries in turn (from a seeded random
+        start), so DMAs in flight together rarely share one."""
         size = self.clocks.size
         if size <= self.total_cores:
             return self.rng.randrange(size)
-        return self.rng.randrange(self.total_cores, size)
+        if self.next_dma_entry is None:
+            self.next_dma_entry = self.rng.randrange(size - self.total_cores)
+        k = self.next_dma_entry
+        self.next_dma_entry = (k + 1) % (size - self.total_cores)
+        return self.total_cores + k
 
     # -- memory ---------------------------------------------------------------------------
     def buffer(self, key, make: Callable[[], Buffer]) -> Buffer:

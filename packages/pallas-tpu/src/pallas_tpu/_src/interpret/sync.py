@@ -235,6 +235,11 @@ class Dma:
         if self.state == "done":
             return
         self.read()
+        if self.sim.detect:
+            # The write is a later event of the DMA than its read: the send semaphore
+            # (signalled after the read) must not order the write for its waiter.
+            self.clock = self.clock.copy()
+            self.clock[self.thread] = self.sim.clocks.tick(self.thread)[self.thread]
         self._record("write", self.dst, self.dst_box)
         data = self.data
         if self.add:
