@@ -22,6 +22,12 @@ from pallas.plugins import Blocked, BoundedSlice, Element, Squeezed, run_scoped_
 from pallas_tpu._src.interpret import boxes as B
 from pallas_tpu._src.interpret import state as S
 from pallas_tpu._src.interpret.evaluator import Core, rule
+from pallas_tpu._src.interpret.fast import (
+    compiled_body,
+    compiled_index_maps,
+    run_point,
+    usable,
+)
 from pallas_tpu._src.interpret.state import Buffer, Simulation
 from pallas_tpu._src.interpret.sync import SemaphoreRef
 from pallas_tpu._src.memory import MemorySpace, SemaphoreType, canonical_space
@@ -315,6 +321,10 @@ def _run_grid(core: Core, cfg: Config, setup) -> None:
         (kernel_in if k < n_in else kernel_out).append(buf)
     args = [*setup["prefetch"], *kernel_in, *kernel_out, *scratch]
     points = list(_grid_order(cfg, core.core))
+    in_bms, out_bms = list(gm.in_block_mappings), list(gm.out_block_mappings)
+    step = compiled_body(cfg.jaxpr, gm.grid, tuple(names) or None, p)
+    if step is not None and not usable(args, sim.num_cores):
+        step = None
     history: dict = {}
     prev = None
     boxes = _boxes_at(core, cfg, setup, points[0][1]) if points else None
@@ -324,13 +334,16 @@ def _run_grid(core: Core, cfg: Config, setup) -> None:
             p.grid_point_recorder(np.int32(0), tuple(np.int32(i) for i in point),
                                   np.int32(core.core))
         nxt = _boxes_at(core, cfg, setup, points[t + 1][1]) if t + 1 < len(points) else None
-        for k, bm in enumerate(gm.in_block_mappings):
+        for k, bm in enumerate(in_bms):
             if is_hbm(bm.memory_space):
                 continue
             if prev is None or boxes[k] != prev[k]:
                 _copy_in(core, setup["inputs"][k], boxes[k], kernel_in[k], bm, loop, point)
-        core.eval_closed(cfg.jaxpr, args)
-        for o, bm in enumerate(gm.out_block_mappings):
+        if step is not None:
+            run_point(step, point, args)
+        else:
+            core.eval_closed(cfg.jaxpr, args)
+        for o, bm in enumerate(out_bms):
             k = n_in + o
             if is_hbm(bm.memory_space):
                 continue
@@ -342,17 +355,12 @@ def _run_grid(core: Core, cfg: Config, setup) -> None:
 
 
 def _boxes_at(core: Core, cfg: Config, setup, point):
+    """The HBM box of every block operand at ``point`` (None for HBM operands)."""
     gm = cfg.grid_mapping
-    out = []
-    for bm in gm.block_mappings:
-        if is_hbm(bm.memory_space):
-            out.append(None)
-            continue
-        jaxpr = bm.index_map_jaxpr
-        idx = core.eval(jaxpr.jaxpr, jaxpr.consts,
-                        [np.int32(i) for i in point] + list(setup["prefetch"]))
-        out.append(_block_box(bm, _pads(bm), idx))
-    return out
+    maps = compiled_index_maps(gm, tuple(is_hbm(bm.memory_space) for bm in gm.block_mappings))
+    idxs = maps(np.asarray(point, np.int32), *[b.value for b in setup["prefetch"]])
+    return [None if is_hbm(bm.memory_space) else _block_box(bm, _pads(bm), np.asarray(i))
+            for bm, i in zip(gm.block_mappings, idxs)]
 
 
 def _copy_in(core, hbm: Buffer, box, buf: Buffer, bm, loop, point) -> None:
