@@ -53,6 +53,9 @@ class Core:
         self.who = f"core {core} of device {device}"
         self.scope_entries: dict = {}
         self.params = sim.params
+        # True while the kernel body is local (no DMAs): nothing but this core can then
+        # touch its private buffers, so their accesses need no race bookkeeping.
+        self.local_only = False
 
     # -- grid position ------------------------------------------------------------------
     def set_grid_point(self, point, grid, names) -> None:
@@ -62,7 +65,7 @@ class Core:
 
     # -- race detection ---------------------------------------------------------------
     def access(self, kind: str, buf: Buffer, box, site: str) -> None:
-        if self.sim.detect:
+        if self.sim.detect and not (self.local_only and _private(buf)):
             clock = self.sim.clocks.tick(self.gid)
             self.sim.record(self.gid, clock, kind, buf, box, site, self.who)
 
@@ -158,6 +161,11 @@ class Core:
         subfuns = params.pop("subfuns", ())
         outs = prim.bind(*subfuns, *invals, **params)
         return list(outs) if prim.multiple_results else [outs]
+
+
+def _private(buf: Buffer) -> bool:
+    key = buf.key
+    return isinstance(key, tuple) and len(key) > 3 and key[3] is not None
 
 
 def write_clipped(buf: Buffer, box, value: np.ndarray, mask=None) -> None:

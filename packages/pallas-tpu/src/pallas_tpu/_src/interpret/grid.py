@@ -325,6 +325,7 @@ def _run_grid(core: Core, cfg: Config, setup) -> None:
     step = compiled_body(cfg.jaxpr, gm.grid, tuple(names) or None, p)
     if step is not None and not usable(args, sim.num_cores):
         step = None
+    core.local_only = step is not None
     history: dict = {}
     prev = None
     boxes = _boxes_at(core, cfg, setup, points[0][1]) if points else None
