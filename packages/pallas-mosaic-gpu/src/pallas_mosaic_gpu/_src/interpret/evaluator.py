@@ -13,31 +13,32 @@ that rule on the buffers' contents; pure primitives are bound as they are.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Generator
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import primitives as _P
 
-from pallas.plugins import Cell, KernelContext, interpret_rules
+from pallas.plugins import Cell, KernelContext, RuleTable, interpret_rules
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.interpret.memory import Buffer
 
-GPU_RULES: dict[Any, tuple[Callable, bool]] = {}
+#: GPU interpret mode's rules, keyed by primitive object.
+GPU_RULES = RuleTable("mosaic_gpu interpret mode",
+                      "rule(th, eqn, invals) -> outs (a function or a generator)")
 
 
 def register_gpu_rule(*prims):
     """Decorator: the GPU-interpret-mode rule of ``prims`` (a function or a generator)."""
+    return GPU_RULES.register(*prims, owner="pallas_mosaic_gpu")
 
-    def register(rule):
-        for p in prims:
-            GPU_RULES[p] = (rule, inspect.isgeneratorfunction(rule))
-        return rule
 
-    return register
+@functools.cache
+def _is_generator(rule: Callable) -> bool:
+    return inspect.isgeneratorfunction(rule)
 
 
 def eval_jaxpr(th, jaxpr, consts, args) -> Generator:
@@ -54,9 +55,9 @@ def eval_jaxpr(th, jaxpr, consts, args) -> Generator:
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
         th.site_eqn = eqn
-        entry = GPU_RULES.get(eqn.primitive)
-        if entry is not None:
-            rule, is_gen = entry
+        rule = GPU_RULES.get(eqn.primitive)
+        if rule is not None:
+            is_gen = _is_generator(rule)
             outs = (yield from rule(th, eqn, invals)) if is_gen else rule(th, eqn, invals)
         elif any(isinstance(x, Buffer) for x in invals):
             outs = _core_rule(th, eqn, invals)

@@ -14,6 +14,7 @@ import numpy as np
 
 from pallas.plugins import (
     KernelContext,
+    RuleTable,
     axis_index_p,
     interpret_rules,
     load_p,
@@ -28,16 +29,13 @@ from pallas_tpu._src.interpret.state import Buffer, Simulation
 from pallas_tpu._src.memory import MemorySpace
 
 CF = jc.control_flow_primitives()
-RULES: dict = {}  # primitive -> rule(core, eqn, invals) -> list of outputs
+#: TPU interpret mode's rules, keyed by primitive object.
+RULES = RuleTable("mosaic_tpu interpret mode", "rule(core, eqn, invals) -> list of outputs")
 
 
 def rule(*prims):
-    def register(fn):
-        for p in prims:
-            RULES[p] = fn
-        return fn
-
-    return register
+    """Registers the decorated function as the TPU-interpret-mode rule of ``prims``."""
+    return RULES.register(*prims, owner="pallas_tpu")
 
 
 class Core:
