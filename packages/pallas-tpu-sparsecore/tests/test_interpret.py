@@ -349,3 +349,25 @@ def test_subcore_barrier_and_fetch_and_add(vector_kernel, lanes):
         jax.lax.cond(s == 3, write, lambda: None)
 
     np.testing.assert_array_equal(k(), np.full(lanes, 3))
+
+
+def test_kernels_also_run_under_tpu_interpret_params(lanes):
+    """pallas-tpu's simulated TPU (interpret=pltpu.InterpretParams()) runs the SparseCore
+    primitives with these same rules, on numpy buffers."""
+    import pallas as pl
+
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
+                                  num_subcores=1)
+
+    @pl.kernel(out_type=sds((lanes,), F32), mesh=mesh, interpret=pltpu.InterpretParams(),
+               scratch_types=[pltpu.VMEM((lanes,), F32), pltpu.VMEM((lanes,), I32)])
+    def k(i_hbm, o_hbm, acc, i):
+        pltpu.sync_copy(i_hbm, i)
+        acc[...] = jnp.zeros((lanes,), F32)
+        plsc.addupdate_scatter(acc, [i[...]], jnp.ones((lanes,), F32))
+        acc[...] = plsc.load_gather(acc, [i[...]]) + plsc.cumsum(acc[...])
+        pltpu.sync_copy(acc, o_hbm)
+
+    idx = np.arange(lanes) % 4
+    counts = np.bincount(idx, minlength=lanes).astype(np.float32)
+    np.testing.assert_array_equal(k(jnp.asarray(idx, I32)), counts[idx] + np.cumsum(counts))

@@ -60,7 +60,9 @@ def check_mask(fn: str, mask, shape) -> Any:
 
 
 def read_view(cell, flat, tree):
-    return jc.get_view(cell.value, flat, tree)
+    """The part of ``cell`` the view sees, as a JAX array (cells may hold numpy arrays
+    when pallas-tpu's TPU interpret mode runs these rules)."""
+    return jnp.asarray(jc.get_view(cell.value, flat, tree))
 
 
 def write_view(cell, flat, tree, new) -> None:
