@@ -157,6 +157,195 @@ def tpu_matmul(shape):
             (x, y), lambda x, y: jnp.dot(x, y, precision="highest"), "tpu")
 
 
+def tpu_splash_attention(shape, grad=False, mask="causal"):
+    """Splash attention (multi-head, one mask per head) against the reference shipped
+    beside it, forward and (``grad``) the splash backward kernels (dq, dkv)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_kernel as sk,
+    )
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_mask as sm,
+    )
+
+    h, s, d = shape
+    if mask == "causal":
+        head = sm.CausalMask((s, s))
+    else:  # a local (sliding-window) mask
+        head = sm.LocalMask((s, s), window_size=(64, 0), offset=0)
+    masks = sm.MultiHeadMask([head] * h)
+    b = 128
+    bs = sk.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
+                       block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b,
+                       block_kv_dq=b)
+    q, k, v = (jax.random.normal(key, shape) * 0.5 for key in _keys(3))
+    dense = jnp.asarray(np.stack([head[:, :]] * h))
+    ref_fn = sk.make_attention_reference(dense, is_mqa=False)
+
+    def f(q, k, v, interpret):
+        kernel = sk.make_splash_mha(masks, block_sizes=bs, head_shards=1,
+                                    q_seq_shards=1, interpret=interpret)
+        return kernel(q, k, v)
+
+    def ref(q, k, v):
+        return ref_fn(q, k, v)
+
+    if grad:
+        loss = lambda g: lambda q, k, v: jnp.sum(g(q, k, v) ** 2)  # noqa: E731
+        return (lambda q, k, v, interpret: jax.grad(
+                    loss(lambda *a: f(*a, interpret)), argnums=(0, 1, 2))(q, k, v),
+                (q, k, v), jax.grad(loss(ref), argnums=(0, 1, 2)), "tpu")
+    return f, (q, k, v), ref, "tpu"
+
+
+def _group_sizes(m, groups):
+    """Ragged group sizes summing to ``m`` (fixed seed), some not tile multiples."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    cuts = np.sort(rng.choice(np.arange(1, m), groups - 1, replace=False))
+    return np.diff(np.concatenate([[0], cuts, [m]])).astype(np.int32)
+
+
+def tpu_gmm(shape, grad=False):
+    """Megablox grouped matmul (``ops.gmm``, whose VJP is ``gmm`` and ``tgmm``)
+    against per-group ``jnp.dot``."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental.pallas.ops.tpu.megablox import ops
+
+    m, k, n, groups = shape
+    k1, k2 = _keys(2)
+    lhs, rhs = jax.random.normal(k1, (m, k)), jax.random.normal(k2, (groups, k, n))
+    gs = jnp.asarray(_group_sizes(m, groups))
+    starts = np.concatenate([[0], np.cumsum(np.asarray(gs))])
+    tiling = (128, 128, 128)
+
+    def f(lhs, rhs, interpret):
+        return ops.gmm(lhs, rhs, gs, jnp.float32, tiling, None, None, False, interpret)
+
+    def ref(lhs, rhs):
+        gid = np.searchsorted(starts[1:], np.arange(m), side="right")
+        return jnp.einsum("mk,mkn->mn", lhs, rhs[gid], precision="highest")
+
+    if grad:
+        loss = lambda g: lambda x, w: jnp.sum(g(x, w) ** 2)  # noqa: E731
+        return (lambda x, w, interpret: jax.grad(
+                    loss(lambda *a: f(*a, interpret)), argnums=(0, 1))(x, w),
+                (lhs, rhs), jax.grad(loss(ref), argnums=(0, 1)), "tpu")
+    return f, (lhs, rhs), ref, "tpu"
+
+
+def _paged(batch, kv_heads, pages_total, page_size, pages_per_seq, d, lengths,
+           bf16_values=False):
+    """A paged KV cache (``[kv_heads, pages, page_size, d]``), random page tables and
+    the dense ``[batch, seq, kv_heads, d]`` K/V they describe. ``bf16_values``: f32
+    pages holding bfloat16-representable values (the TPU kernel computes on K/V cast
+    to bfloat16)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    k1, k2 = _keys(2)
+    kp = jax.random.normal(k1, (kv_heads, pages_total, page_size, d))
+    vp = jax.random.normal(k2, (kv_heads, pages_total, page_size, d))
+    if bf16_values:
+        kp, vp = (p.astype(jnp.bfloat16).astype(jnp.float32) for p in (kp, vp))
+    rng = np.random.default_rng(1)
+    table = rng.permutation(pages_total)[: batch * pages_per_seq].reshape(
+        batch, pages_per_seq).astype(np.int32)
+    dense = lambda p: jnp.moveaxis(  # noqa: E731
+        p[:, table].reshape(kv_heads, batch, pages_per_seq * page_size, d), 0, 2)
+    return kp, vp, jnp.asarray(table), dense(kp), dense(vp), jnp.asarray(
+        np.asarray(lengths, np.int32))
+
+
+def tpu_paged_attention(shape, inline_seq_dim=True):
+    """TPU paged attention (decode) against dense grouped-query attention over the
+    pages each sequence's table names."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention, util
+
+    batch, heads, kv_heads, page_size, pages_per_seq, d = shape
+    seq = page_size * pages_per_seq
+    lengths = [seq - 3 * i - 1 for i in range(batch)]
+    kp, vp, table, k, v, lens = _paged(batch, kv_heads, 2 * batch * pages_per_seq,
+                                       page_size, pages_per_seq, d, lengths, True)
+    q = jax.random.normal(_keys(3)[2], (batch, heads, d))
+
+    def f(q, kp, vp, interpret):
+        del interpret  # forced by the worker
+        return paged_attention(q, kp, vp, lens, table, pages_per_compute_block=2,
+                               inline_seq_dim=inline_seq_dim)
+
+    def ref(q, kp, vp):
+        return util.grouped_query_attention_reference(
+            q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), lens)
+
+    return f, (q, kp, vp), ref, "tpu"
+
+
+def gpu_paged_attention(shape):
+    """GPU (Triton-style) paged attention against its shipped reference."""
+    import jax
+    from jax.experimental.pallas.ops.gpu import paged_attention as pa
+
+    batch, heads, kv_heads, page_size, pages_per_seq, d = shape
+    seq = page_size * pages_per_seq
+    lengths = [seq - 5 * i - 1 for i in range(batch)]
+    kp, vp, table, k, v, lens = _paged(batch, kv_heads, 2 * batch * pages_per_seq,
+                                       page_size, pages_per_seq, d, lengths)
+    q = jax.random.normal(_keys(3)[2], (batch, heads, d))
+
+    def f(q, kp, vp, interpret):
+        return pa.paged_attention(q, kp, vp, table, lens, block_h=heads // kv_heads,
+                                  pages_per_compute_block=2, k_splits=2,
+                                  interpret=interpret)
+
+    def ref(q, kp, vp):
+        return pa.paged_attention_reference(q, k, v, lens)
+
+    return f, (q, kp, vp), ref, "cuda"
+
+
+def tpu_ragged_paged_attention(shape):
+    """Ragged paged attention (mixed prefill and decode) against the shipped
+    ``ref_ragged_paged_attention``."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+
+    q_heads, kv_heads, d, page_size = shape
+    q_lens, kv_lens = [5, 1, 17], [40, 33, 64]
+    pages_per_seq, total_pages = 8, 32
+    k1, k2 = _keys(2)
+    tokens = sum(q_lens)
+    q = jax.random.normal(k1, (tokens, q_heads, d))
+    kv = jax.random.normal(k2, (total_pages, page_size, 2 * kv_heads, d))
+    rng = np.random.default_rng(2)
+    table = jnp.asarray(rng.permutation(total_pages)[: 3 * pages_per_seq].reshape(
+        3, pages_per_seq).astype(np.int32))
+    cu = jnp.asarray(np.cumsum([0, *q_lens]).astype(np.int32))
+    kvl = jnp.asarray(np.asarray(kv_lens, np.int32))
+    nseq = jnp.asarray([3], jnp.int32)
+
+    def f(q, kv, interpret):
+        del interpret  # forced by the worker
+        return rpa.ragged_paged_attention(q, kv, kvl, table, cu, nseq,
+                                          num_kv_pages_per_block=2,
+                                          num_queries_per_block=8)
+
+    def ref(q, kv):
+        return rpa.ref_ragged_paged_attention(q, kv, kvl, table, cu, nseq)
+
+    return f, (q, kv), ref, "tpu"
+
+
 KERNELS = {
     "gpu/softmax": (gpu_softmax, [(64, 256), (100, 300)]),
     "gpu/layer_norm": (gpu_norm, [(4, 16, 256), (3, 10, 300)]),
@@ -172,6 +361,20 @@ KERNELS = {
     "tpu/flash_attention grad": (lambda s: tpu_flash_attention(s, grad=True),
                                  [(1, 2, 256, 128)]),
     "tpu/matmul": (tpu_matmul, [(256, 256, 256), (384, 256, 128)]),
+    "tpu/splash_attention": (tpu_splash_attention, [(2, 256, 128), (1, 384, 128)]),
+    "tpu/splash_attention local": (lambda s: tpu_splash_attention(s, mask="local"),
+                                   [(2, 256, 128)]),
+    "tpu/splash_attention grad": (lambda s: tpu_splash_attention(s, grad=True),
+                                  [(2, 256, 128)]),
+    "tpu/megablox gmm": (tpu_gmm, [(512, 128, 256, 4), (384, 256, 128, 3)]),
+    "tpu/megablox gmm grad": (lambda s: tpu_gmm(s, grad=True), [(384, 256, 128, 3)]),
+    "tpu/paged_attention": (tpu_paged_attention, [(2, 8, 2, 16, 8, 128),
+                                                  (3, 4, 1, 16, 6, 128)]),
+    "tpu/paged_attention seq-grid": (lambda s: tpu_paged_attention(s, False),
+                                     [(2, 8, 2, 16, 8, 128)]),
+    "tpu/ragged_paged_attention": (tpu_ragged_paged_attention, [(8, 2, 128, 16)]),
+    "gpu/paged_attention": (gpu_paged_attention, [(2, 32, 2, 16, 8, 64),
+                                                  (3, 16, 1, 16, 6, 64)]),
 }
 
 

@@ -174,6 +174,34 @@ def test_prefetch_scalar_grid_spec_feeds_index_maps_and_kernel():
     np.testing.assert_array_equal(out, expected)
 
 
+def test_scalar_prefetch_arguments_may_be_pytrees_or_none():
+    """As upstream: each scalar-prefetch argument is a pytree (``None`` included), and the
+    index maps and the kernel receive their refs grouped the same way (splash attention
+    passes an optional table as ``None``)."""
+    x = jnp.arange(32, dtype=jnp.float32).reshape(4, 8)
+    order = jnp.array([3, 1, 2, 0], jnp.int32)
+    scale = {"a": jnp.array([2], jnp.int32)}
+    seen = []
+
+    def index_map(i, order_ref, missing, scale_refs):
+        seen.append((missing, sorted(scale_refs)))
+        return order_ref[i], 0
+
+    def kernel(order_ref, missing, scale_refs, x_ref, o_ref):
+        assert missing is None
+        o_ref[...] = x_ref[...] * scale_refs["a"][0].astype(jnp.float32)
+
+    gs = pl.PrefetchScalarGridSpec(
+        num_scalar_prefetch=3, grid=(4,),
+        in_specs=[pl.BlockSpec((1, 8), index_map)],
+        out_specs=pl.BlockSpec((1, 8), lambda i, *_: (i, 0)),
+    )
+    out = pl.pallas_call(kernel, SDS(x.shape, x.dtype), grid_spec=gs,
+                         interpret=True)(order, None, scale, x)
+    np.testing.assert_array_equal(out, np.asarray(x)[np.asarray(order)] * 2)
+    assert seen == [(None, ["a"])]
+
+
 def test_a_single_blockspec_applies_to_every_input_and_output():
     x = jnp.arange(16, dtype=jnp.float32).reshape(4, 4)
     y = jnp.ones((4, 4), jnp.float32)

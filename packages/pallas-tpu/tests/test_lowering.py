@@ -179,6 +179,41 @@ def test_scalar_prefetch_and_smem(lower_tpu, ops):
     assert "memref.load" in ops(m)
 
 
+def test_int8_scalar_prefetch_lives_in_smem(lower_tpu):
+    """Compact int8 tables (splash attention's downcast block masks) are scalar
+    prefetch operands too: an i8 SMEM memref, read and widened in the kernel."""
+    def kernel(idx_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[...] * idx_ref[pl.program_id(0)].astype(jnp.int32).astype(F32)
+
+    def f(idx, x):
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1, grid=(4,),
+                in_specs=[pl.BlockSpec((8, 128), lambda i, idx: (idx[i], 0))],
+                out_specs=pl.BlockSpec((8, 128), lambda i, idx: (i, 0))),
+        )(idx, x)
+
+    _, (m,) = lower_tpu(f, jnp.zeros((4,), jnp.int8), jnp.zeros((32, 128), F32))
+    assert "memref<4xi8, #tpu.memory_space<smem>>" in str(_main(m).type)
+
+
+def test_64_bit_scalar_prefetch_is_refused(lower_tpu):
+    def kernel(idx_ref, o_ref):
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    def f(idx):
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((8, 128), F32),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1, grid=(1,),
+                out_specs=pl.BlockSpec((8, 128), lambda i, idx: (0, 0))),
+            backend="mosaic_tpu")(idx)
+
+    with jax.enable_x64(True), pytest.raises(TypeError, match="at most 32 bits"):
+        jax.jit(f).trace(jnp.zeros((4,), jnp.int64)).lower(lowering_platforms=("tpu",))
+
+
 def test_squeezed_block_dims(lower_tpu):
     def kernel(x_ref, o_ref):
         o_ref[...] = x_ref[...] + 1.0

@@ -247,10 +247,16 @@ def _index_map_arity_error(origin, index_map, n_expected, n_grid, n_prefetch, bl
     )
 
 
-def _trace_index_map(origin, spec, block_dims, array_aval, grid, prefetch_avals):
-    """Traces an index map into a jaxpr and checks the number of indices it returns."""
+def _trace_index_map(origin, spec, block_dims, array_aval, grid, prefetch_avals,
+                     prefetch_tree=None):
+    """Traces an index map into a jaxpr and checks the number of indices it returns.
+
+    ``prefetch_tree`` (a tuple treedef) groups the flat scalar-prefetch refs into the
+    scalar-prefetch arguments as the user passed them (pytrees, ``None``), which is how
+    the index map receives them."""
     index_map = spec.index_map
     n_grid, n_prefetch = len(grid), len(prefetch_avals)
+    n_pf_args = n_prefetch if prefetch_tree is None else len(prefetch_tree.children())
     if index_map is None:
 
         def index_map(*args):
@@ -258,10 +264,10 @@ def _trace_index_map(origin, spec, block_dims, array_aval, grid, prefetch_avals)
 
     try:
         sig = inspect.signature(index_map)
-        sig.bind(*range(n_grid + n_prefetch))
+        sig.bind(*range(n_grid + n_pf_args))
     except TypeError:
         raise _index_map_arity_error(
-            origin, index_map, n_grid + n_prefetch, n_grid, n_prefetch, block_dims, array_aval
+            origin, index_map, n_grid + n_pf_args, n_grid, n_pf_args, block_dims, array_aval
         ) from None
     except ValueError:  # builtins without signatures
         pass
@@ -270,6 +276,9 @@ def _trace_index_map(origin, spec, block_dims, array_aval, grid, prefetch_avals)
     pf_avals = [jc.AbstractRef(a, memory_space=None) for a in prefetch_avals]
 
     def flat_index_map(*args):
+        if prefetch_tree is not None:
+            args = (*args[:n_grid],
+                    *jax.tree_util.tree_unflatten(prefetch_tree, args[n_grid:]))
         out = index_map(*args)
         if not isinstance(out, tuple):
             out = (out,)
@@ -350,7 +359,8 @@ def _check_block_dims(origin, block_dims, array_aval, block_shape_in):
             )
 
 
-def resolve_block_mapping(origin, spec, array_aval, grid, prefetch_avals) -> BlockMapping:
+def resolve_block_mapping(origin, spec, array_aval, grid, prefetch_avals,
+                          prefetch_tree=None) -> BlockMapping:
     """Validates one operand's BlockSpec and builds its BlockMapping."""
     if spec is None:
         spec = bs.no_block_spec
@@ -381,7 +391,7 @@ def resolve_block_mapping(origin, spec, array_aval, grid, prefetch_avals) -> Blo
         index_map_jaxpr, uses_prefetch = jc.ClosedJaxpr(jaxpr, consts), False
     else:
         index_map_jaxpr, uses_prefetch = _trace_index_map(
-            origin, spec, block_dims, array_aval, grid, prefetch_avals
+            origin, spec, block_dims, array_aval, grid, prefetch_avals, prefetch_tree
         )
     return BlockMapping(
         origin=origin,
@@ -421,14 +431,20 @@ def resolve_grid_mapping(
     input_output_aliases: dict[int, int],
     in_paths: Sequence[Any],
     out_paths: Sequence[Any],
+    prefetch_tree=None,
 ) -> tuple[GridMapping, Any]:
-    """Validates the grid spec against the operands; returns (GridMapping, scratch tree)."""
+    """Validates the grid spec against the operands; returns (GridMapping, scratch tree).
+
+    ``prefetch_tree`` is the tuple treedef of the scalar-prefetch arguments (each may be
+    a pytree, or ``None``); the grid mapping counts their leaves."""
     grid = _check_grid(grid_spec.grid)
     nsp = grid_spec.num_scalar_prefetch
-    if nsp > len(in_avals):
+    if nsp > len(in_avals) and prefetch_tree is None:
         raise ValueError(
             f"num_scalar_prefetch={nsp} but pallas_call got only {len(in_avals)} operands"
         )
+    if prefetch_tree is not None:
+        nsp = prefetch_tree.num_leaves
     prefetch_avals = tuple(in_avals[:nsp])
     # The in_specs tree covers the operands after the scalar-prefetch ones.
     body_in_avals = in_avals[nsp:]
@@ -462,9 +478,11 @@ def resolve_grid_mapping(
     flat_out_specs = _flatten_specs(out_specs, out_tree, "out_specs")
     mappings = []
     for path, spec, aval in zip(body_paths, flat_in_specs, body_in_avals):
-        mappings.append(resolve_block_mapping(path, spec, aval, grid, prefetch_avals))
+        mappings.append(resolve_block_mapping(path, spec, aval, grid, prefetch_avals,
+                                              prefetch_tree))
     for path, spec, aval in zip(out_paths, flat_out_specs, out_avals):
-        mappings.append(resolve_block_mapping(path, spec, aval, grid, prefetch_avals))
+        mappings.append(resolve_block_mapping(path, spec, aval, grid, prefetch_avals,
+                                              prefetch_tree))
 
     scratch_flat, scratch_tree = jax.tree_util.tree_flatten_with_path(
         grid_spec.scratch_shapes,

@@ -102,8 +102,9 @@ def _ref_in_traceback(exc: BaseException, ref_names: dict[int, str]) -> str | No
 
 
 def trace_kernel(kernel: Callable, gm: GridMapping, in_tree_args, out_tree, scratch_tree,
-                 name: str):
-    """Traces the kernel over ref avals in the order prefetch, inputs, outputs, scratch."""
+                 name: str, prefetch_tree=None):
+    """Traces the kernel over ref avals in the order prefetch, inputs, outputs, scratch
+    (the scalar-prefetch refs grouped as ``prefetch_tree``, the arguments' treedef)."""
     nsp = gm.num_scalar_prefetch
     pf_avals = [jc.AbstractRef(a) for a in gm.prefetch_avals]
     in_avals = [bm.ref_aval for bm in gm.in_block_mappings]
@@ -127,6 +128,8 @@ def trace_kernel(kernel: Callable, gm: GridMapping, in_tree_args, out_tree, scra
         in_args = jax.tree_util.tree_unflatten(in_tree_args, ins)
         out_args = jax.tree_util.tree_unflatten(out_tree, outs)
         scratch_args = jax.tree_util.tree_unflatten(scratch_tree, scratch)
+        if prefetch_tree is not None:
+            pf = jax.tree_util.tree_unflatten(prefetch_tree, pf)
         if isinstance(scratch_args, Mapping):  # scratch_shapes=dict(...): by keyword
             result = kernel(*pf, *_splat(in_args), *_splat(out_args), **scratch_args)
         else:
@@ -268,11 +271,16 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
 
     def _trace(args, in_avals, in_paths):
         nsp = grid_spec.num_scalar_prefetch
+        if nsp > len(args):
+            raise ValueError(f"num_scalar_prefetch={nsp} but pallas_call got only "
+                             f"{len(args)} operands")
         body_args = args[nsp:] if nsp else args
         body_tree = jax.tree_util.tree_structure(tuple(body_args))
+        # Scalar-prefetch arguments may be pytrees (or None), as upstream allows.
+        pf_tree = jax.tree_util.tree_structure(tuple(args[:nsp])) if nsp else None
         gm, scratch_tree = resolve_grid_mapping(
             grid_spec, body_tree, in_avals, out_tree, out_avals,
-            dict(input_output_aliases), in_paths, out_paths,
+            dict(input_output_aliases), in_paths, out_paths, pf_tree,
         )
         from pallas._src.primitives.debug import debug_checks_requested
 
@@ -284,7 +292,8 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
         if mesh is not None:
             gm = dataclasses.replace(gm, mesh=mesh)
         with jc.extend_axis_env_nd(axes), debug_checks_requested(wants_checks):
-            jaxpr = trace_kernel(kernel, gm, body_tree, out_tree, scratch_tree, kname)
+            jaxpr = trace_kernel(kernel, gm, body_tree, out_tree, scratch_tree, kname,
+                                 pf_tree)
         if debug:
             print(f"The kernel jaxpr for pallas_call {kname}:", file=sys.stdout)
             print(jaxpr, file=sys.stdout)

@@ -152,10 +152,11 @@ def validate(jaxpr, gm, params: CompilerParams) -> None:
             f"{gm.num_scalar_prefetch + gm.num_inputs} inputs"
         )
     for i, a in enumerate(gm.prefetch_avals):
-        if jnp.dtype(a.dtype).itemsize != 4:
+        if jnp.dtype(a.dtype).itemsize > 4:
             raise TypeError(
                 f"scalar prefetch operand {i} has dtype {jnp.dtype(a.dtype).name}; scalar "
-                f"prefetch operands live in SMEM and must have a 32-bit dtype (e.g. int32)"
+                f"prefetch operands live in SMEM and must have a dtype of at most 32 bits "
+                f"(e.g. int32, or int8 for compact tables)"
             )
     for bm in gm.block_mappings:
         _check_block(bm)

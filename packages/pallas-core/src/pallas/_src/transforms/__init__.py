@@ -7,4 +7,4 @@ them all (see :func:`register_all`).
 
 def register_all() -> None:
     """Imports every transformation module, which registers its rules."""
-    from pallas._src.transforms import ad, batching, effects  # noqa: F401
+    from pallas._src.transforms import ad, batching, effects, ref_transposes  # noqa: F401

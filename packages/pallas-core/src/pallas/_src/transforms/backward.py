@@ -442,6 +442,8 @@ def _eval_without(jaxpr, consts, args, dead: set) -> list:
             elif not eqn.effects or eqn.invars[0] in dead:
                 dead.update(eqn.outvars)  # an access to a dead buffer, or pure use of one
                 continue
+            elif eqn.primitive is jc.scan_p:
+                outs = _scan_without(eqn, read, dead)
             else:
                 raise NotKernelizable("the backward pass reads a primal output of the kernel")
         else:
@@ -452,6 +454,40 @@ def _eval_without(jaxpr, consts, args, dead: set) -> list:
             env[v] = x
     return [None if (isinstance(v, jc.Var) and v in dead) else read(v)
             for v in jaxpr.outvars]
+
+
+def _pruned_body(closed, args_dead, what):
+    """``closed`` without its invars marked in ``args_dead`` (see :func:`_eval_without`);
+    every output must stay computable."""
+    avals = [v.aval for v, d in zip(closed.jaxpr.invars, args_dead) if not d]
+
+    def fn(*xs):
+        it = iter(xs)
+        outs = _eval_without(closed.jaxpr, closed.consts,
+                             [None if d else next(it) for d in args_dead], set())
+        if any(o is None for o in outs):
+            raise NotKernelizable("the backward pass reads a primal output of the kernel")
+        return outs
+
+    j, _, c = jc.trace_kernel_to_jaxpr(fn, avals, what)
+    return jc.ClosedJaxpr(j, c)
+
+
+def _scan_without(eqn, read, dead):
+    """A loop (``scan``) whose body accesses dead buffers passed as loop constants (the
+    transpose of a loop that reads refs accumulates into every input's cotangent)."""
+    p = eqn.params
+    nc = p["num_consts"]
+    is_dead = [isinstance(v, jc.Var) and v in dead for v in eqn.invars]
+    if any(is_dead[nc:]):
+        raise NotKernelizable("the backward pass reads a primal output of the kernel")
+    body = _pruned_body(p["jaxpr"], is_dead, "loop body")
+    live = [v for v, d in zip(eqn.invars, is_dead) if not d]
+    params = dict(p)
+    params.update(jaxpr=body, num_consts=nc - sum(is_dead[:nc]))
+    if "linear" in p:
+        params["linear"] = tuple(x for x, d in zip(p["linear"], is_dead) if not d)
+    return jc.scan_p.bind(*map(read, live), **params)
 
 
 def _cond_without(eqn, read, dead):
