@@ -346,6 +346,24 @@ def tpu_ragged_paged_attention(shape):
     return f, (q, kv), ref, "tpu"
 
 
+def tpu_all_gather(shape):
+    """The TPU all-gather example (remote DMAs around a ring of devices, in
+    ``shard_map``) on 4 simulated CPU devices, against the unsharded input."""
+    import jax
+    import numpy as np
+    from jax.experimental.pallas.ops.tpu import all_gather
+
+    mesh = jax.make_mesh((4,), ("x",))
+    x = jax.random.normal(_keys(1)[0], shape)
+    x = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x")))
+
+    def f(x, interpret):
+        del interpret  # forced by the worker
+        return all_gather.all_gather(x, mesh=mesh, axis_name="x")
+
+    return f, (x,), lambda x: np.asarray(x), "tpu"
+
+
 KERNELS = {
     "gpu/softmax": (gpu_softmax, [(64, 256), (100, 300)]),
     "gpu/layer_norm": (gpu_norm, [(4, 16, 256), (3, 10, 300)]),
@@ -373,6 +391,7 @@ KERNELS = {
     "tpu/paged_attention seq-grid": (lambda s: tpu_paged_attention(s, False),
                                      [(2, 8, 2, 16, 8, 128)]),
     "tpu/ragged_paged_attention": (tpu_ragged_paged_attention, [(8, 2, 128, 16)]),
+    "tpu/all_gather": (tpu_all_gather, [(32, 128)]),
     "gpu/paged_attention": (gpu_paged_attention, [(2, 32, 2, 16, 8, 64),
                                                   (3, 16, 1, 16, 6, 64)]),
 }
@@ -448,6 +467,9 @@ def _spawn(impl: str, name: str, shape: tuple) -> dict:
     cmd = [sys.executable, __file__, "--worker", impl, "--kernel", name,
            "--shape", json.dumps(shape)]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
+    if "all_gather" in name:  # a ring of 4 devices
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                            " --xla_force_host_platform_device_count=4").strip()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):

@@ -522,6 +522,22 @@ def test_loops_that_read_refs_differentiate_as_kernels(rng, compiled_backend):
     assert len(_backward_calls(compiled_backend)) == 2
 
 
+def test_second_order_differentiates_the_backward_kernels(rng, compiled_backend):
+    """grad of grad: the backward kernel's program-local scratch (its copy of the
+    output cotangent) gets a cotangent buffer zeroed in every program, so the second
+    backward pass is kernels too."""
+    x, y = _normal(rng, 8, 8), _normal(rng, 8, 8)
+    f = functools.partial(elementwise, interpret=False, backend="transforms_test")
+
+    def gsum(fn):
+        return lambda x: jnp.sum(jax.grad(lambda a: jnp.sum(fn(a, y) ** 2))(x))
+
+    with pl.grad_fallback("error"):
+        got = jax.jit(jax.grad(gsum(f)))(x)
+    np.testing.assert_allclose(got, jax.grad(gsum(elementwise_ref))(x), rtol=1e-4, atol=1e-4)
+    assert len(_backward_calls(compiled_backend)) >= 2
+
+
 def test_compiled_backend_grad_falls_back_to_xla_and_warns_once(rng, compiled_backend):
     """A backward pass that cannot be emitted as kernels runs as XLA ops (the
     interpreter's expansion, differentiated by JAX), with one warning per kernel that

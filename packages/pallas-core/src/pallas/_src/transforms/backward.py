@@ -43,11 +43,8 @@ from pallas._src.pallas_call import pallas_call_p
 from pallas._src.primitives import control
 from pallas._src.primitives.grid import program_id
 from pallas._src.transforms.ad import _write_refs
+from pallas._src.transforms.backward_pruning import NotKernelizable, drop_dead_locals
 from pallas._src.transforms.grid_axes import remap_grid_axes
-
-
-class NotKernelizable(Exception):
-    """The backward pass of this call cannot be emitted as kernels (the reason says why)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +111,7 @@ def transpose_as_kernels(cts, args, params, layout: JvpLayout) -> list:
     """
     gm, closed = params["grid_mapping"], params["jaxpr"]
     L = layout
-    if L.n_tangent_scratch:
+    if L.n_tangent_scratch and _scratch_carried(closed, L, gm.grid):
         raise NotKernelizable("the kernel carries differentiable scratch state")
     if gm.input_output_aliases:
         raise NotKernelizable("the call aliases inputs to outputs")
@@ -141,6 +138,17 @@ def transpose_as_kernels(cts, args, params, layout: JvpLayout) -> list:
             for n in range(L.n_tangent_in)]
 
 
+def _scratch_carried(closed, L: JvpLayout, grid) -> bool:
+    """Whether some scratch buffer may be read before it is written in a program (its
+    value then comes from the previous grid step). Scratch that every program writes
+    first is program-local: its cotangent starts at zero in each backward program."""
+    from pallas._src.interpreter import analysis
+
+    first = (L.n_prefetch + L.n_primal_in + L.n_tangent_in + L.n_primal_out
+             + L.n_tangent_out)
+    return analysis.scratch_live_in(closed.jaxpr, first, {}, grid)
+
+
 def _backward_call(n, known, ct_touts, params, L: JvpLayout):
     gm, closed = params["grid_mapping"], params["jaxpr"]
     ng = len(gm.grid)
@@ -161,7 +169,8 @@ def _backward_call(n, known, ct_touts, params, L: JvpLayout):
     ctt_bms = [_permuted(bm, perm, origin=f"cotangent of {bm.origin}") for bm in tout_bms]
     ctn_bm = _permuted(bm_n, perm, origin=f"cotangent of {bm_n.origin}")
     pout_bms = gm.out_block_mappings[: L.n_primal_out]
-    scr0 = list(gm.scratch_types[: L.n_scratch])
+    # primal scratch, then one cotangent buffer per (program-local) tangent scratch
+    scr0 = list(gm.scratch_types)
     local = ([MemoryRef(jc.ShapedArray(bm.ref_shape, bm.array_aval.dtype),
                         bm.ref_aval.memory_space) for bm in pout_bms]
              + [MemoryRef(jc.ShapedArray(bm.ref_shape, bm.array_aval.dtype),
@@ -176,10 +185,13 @@ def _backward_call(n, known, ct_touts, params, L: JvpLayout):
     jvp_jaxpr = remap_grid_axes(closed.jaxpr, pos.__getitem__)
     n_tout, n_tin = L.n_tangent_out, L.n_tangent_in
     primal_part, linear_part, n_res = _split_primal_and_linear(jvp_jaxpr, closed.consts, L)
-    bounds = _cumsum([nsp, npi, n_tout, 1, len(scr0), L.n_primal_out, n_tout])
+    bounds = _cumsum([nsp, npi, n_tout, 1, L.n_scratch, L.n_tangent_scratch,
+                      L.n_primal_out, n_tout])
 
     def body(*refs):
-        pf, pins, ctt, (ctn,), scr, pout, tloc, sinks = _split(refs, bounds)
+        pf, pins, ctt, (ctn,), scr, ct_scr, pout, tloc, sinks = _split(refs, bounds)
+        for r in ct_scr:
+            _store_zeros(r)
         zero = functools.partial(_store_zeros, ctn)
         if inner:
             first = functools.reduce(jnp.logical_and,
@@ -194,7 +206,7 @@ def _backward_call(n, known, ct_touts, params, L: JvpLayout):
         known = [*closed.consts, *pf, *pins, *pout, *scr]
         residuals = jc.core.eval_jaxpr(primal_part, (), *known)[:n_res]
         env = [*residuals, *closed.consts, *pf, *pins, *map(_KernelRefAccum, tins), *pout,
-               *map(_KernelRefAccum, tloc), *scr]
+               *map(_KernelRefAccum, tloc), *scr, *map(_KernelRefAccum, ct_scr)]
         with _constant_stores_transpose():
             jc.ad.backward_pass3(linear_part, False, (), env, [])
         return []
@@ -212,7 +224,7 @@ def _backward_call(n, known, ct_touts, params, L: JvpLayout):
         raise NotKernelizable(f"JAX cannot transpose the kernel body: "
                               f"{type(e).__name__}: {str(e).splitlines()[0]}") from e
     n_fixed = nsp + npi + n_tout + 1 + len(scr0)
-    jaxpr, consts, keep = _drop_dead_locals(jaxpr, consts, avals, n_fixed,
+    jaxpr, consts, keep = drop_dead_locals(jaxpr, consts, avals, n_fixed,
                                             L.n_primal_out, n_tout, what)
     new_gm = dataclasses.replace(
         gm, grid=grid, grid_names=names,
@@ -220,6 +232,7 @@ def _backward_call(n, known, ct_touts, params, L: JvpLayout):
         num_inputs=npi + n_tout, num_outputs=1,
         scratch_types=(*scr0, *(t for t, k in zip(local, keep) if k)),
         scratch_origins=(*gm.scratch_origins[: L.n_scratch],
+                         *(f"cotangent of {o}" for o in gm.scratch_origins[L.n_scratch:]),
                          *(f"backward local {i}" for i, k in enumerate(keep) if k)),
         input_output_aliases=(),
     )
@@ -267,12 +280,111 @@ def _split_primal_and_linear(jvp_jaxpr, consts, L: JvpLayout):
     nsp, npi, nti = L.n_prefetch, L.n_primal_in, L.n_tangent_in
     npo, nto = L.n_primal_out, L.n_tangent_out
     unknown = ([False] * len(consts) + [False] * (nsp + npi) + [True] * nti
-               + [False] * npo + [True] * nto + [False] * L.n_scratch)
+               + [False] * npo + [True] * nto + [False] * L.n_scratch
+               + [True] * L.n_tangent_scratch)
     known, staged, _, _, n_res, n_res_ref = jc.pe.partial_eval_jaxpr_stateful(
         j, unknown, True, False, False, jc.pe.everything_saveable)
     if n_res_ref:
         raise NotKernelizable("the tangent computation keeps refs of the primal one")
-    return known, staged, n_res
+    return known, _loop_results_from_residuals(staged, n_res), n_res
+
+
+def _loop_results_from_residuals(jaxpr, n_res: int):
+    """The linear part with the primal values of its loops read from the residuals.
+
+    A loop of the linear part still carries its primal values, each iteration passing
+    on the value the primal part saved for it (a stacked residual). JAX's transpose
+    treats every carry of a loop with linear inputs as linear, so a primal value used
+    with a tangent (``acc * d_alpha`` in an online-softmax loop, ``acc / l`` after it)
+    would be taken for a product of two linear values. Those values are residuals:
+    inside the loop, the carry entering iteration ``t`` is the residual of iteration
+    ``t - 1`` (the initial value for the first), given to the body as one more scanned
+    operand; after the loop, the result is the residual of the last iteration. The
+    loop's own primal carries are then left unused.
+    """
+    res = set(jaxpr.invars[:n_res])
+
+    def known(v):
+        return isinstance(v, jc.Literal) or v in res
+
+    def fn(*args):
+        env = dict(zip(jaxpr.invars, args))
+        after: dict = {}  # loop result -> (stacked residual, index)
+
+        def read(v):
+            if isinstance(v, jc.Literal):
+                return v.val
+            if v in after:
+                stacked, i = after[v]
+                return env[stacked][i]
+            return env[v]
+
+        for eqn in jaxpr.eqns:
+            if eqn.primitive is jc.scan_p:
+                outs = _scan_with_known_carries(eqn, read, known, after)
+            else:
+                outs = eqn.primitive.bind(*map(read, eqn.invars),
+                                          **eqn.primitive.get_bind_params(eqn.params))
+                outs = outs if eqn.primitive.multiple_results else [outs]
+            env.update(zip(eqn.outvars, outs))
+        return [read(v) for v in jaxpr.outvars]
+
+    new, _, consts = jc.trace_kernel_to_jaxpr(fn, [v.aval for v in jaxpr.invars],
+                                              "linear part")
+    if consts:
+        raise NotKernelizable("the linear part of the kernel captures constants")
+    return new
+
+
+def _scan_with_known_carries(eqn, read, known, after):
+    p = eqn.params
+    closed = p["jaxpr"]
+    body = closed.jaxpr
+    nc, ncar, length, rev = p["num_consts"], p["num_carry"], p["length"], p["reverse"]
+    xs_in = body.invars[nc + ncar:]
+    subs = {}  # carry index -> stacked residual operand
+    for k in range(ncar):
+        out = body.outvars[k]
+        if isinstance(out, jc.Var) and out in xs_in:
+            operand = eqn.invars[nc + ncar + xs_in.index(out)]
+            if known(operand) and known(eqn.invars[nc + k]) and jnp.issubdtype(
+                    operand.aval.dtype, jnp.inexact):
+                subs[k] = operand
+    args = list(map(read, eqn.invars))
+    if not subs:
+        return jc.scan_p.bind(*args, **p)
+    extra = []
+    for k, operand in subs.items():
+        stacked, init = read(operand), read(eqn.invars[nc + k])
+        init = jnp.broadcast_to(init, stacked.shape[1:])[None]
+        shifted = (jnp.concatenate([stacked[1:], init]) if rev
+                   else jnp.concatenate([init, stacked[:-1]]))
+        extra.append(shifted)
+        after[eqn.outvars[k]] = (operand, 0 if rev else length - 1)
+    carry_in = [body.invars[nc + k] for k in subs]
+
+    def new_body(*xs):
+        vals, entering = xs[: len(body.invars)], xs[len(body.invars):]
+        benv = dict(zip(body.constvars, closed.consts))
+        benv.update(zip(body.invars, vals))
+        benv.update(zip(carry_in, entering))  # the carry entering this iteration
+        for e in body.eqns:
+            o = e.primitive.bind(*(x.val if isinstance(x, jc.Literal) else benv[x]
+                                   for x in e.invars),
+                                 **e.primitive.get_bind_params(e.params))
+            benv.update(zip(e.outvars, o if e.primitive.multiple_results else [o]))
+        outs = [x.val if isinstance(x, jc.Literal) else benv[x] for x in body.outvars]
+        # the primal carries pass on their (unused) incoming values
+        for k in subs:
+            outs[k] = vals[nc + k]
+        return outs
+
+    avals = [v.aval for v in body.invars] + [jax.typeof(x[0]) for x in extra]
+    j, _, c = jc.trace_kernel_to_jaxpr(new_body, avals, "loop body")
+    params = dict(p, jaxpr=jc.ClosedJaxpr(j, c))
+    if "linear" in p:
+        params["linear"] = (*p["linear"], *([False] * len(extra)))
+    return jc.scan_p.bind(*args, *extra, **params)
 
 
 # ------------------------------------------------------------------------------------
@@ -374,141 +486,6 @@ def _feeds_accumulation(jaxpr, uses, get_eqn, ref) -> bool:
     stores = uses.get(total, [])
     return len(stores) == 1 and stores[0].primitive is jc.swap_p and \
         stores[0].invars[0] is ref and stores[0].invars[2:] == get_eqn.invars[1:]
-
-
-def _drop_dead_locals(jaxpr, consts, avals, n_fixed: int, n_pout: int, n_tout: int,
-                      what: str):
-    """Removes the backward kernel's accesses to local buffers nobody needs: the
-    primal-output buffers (the primal results are not wanted) and the sinks of the
-    other inputs' cotangents, with everything only they used, also inside ``pl.when``
-    bodies. Returns (jaxpr, consts, which locals are kept). Raises
-    :class:`NotKernelizable` when a kept computation reads a primal output."""
-    locals_ = jaxpr.invars[n_fixed:]  # [primal outputs, tangent-output copies, sinks]
-    dead = set(locals_[:n_pout]) | set(locals_[n_pout + n_tout:])
-    live_avals = [a for v, a in zip(jaxpr.invars, avals) if v not in dead]
-
-    def pruned(*refs):
-        it = iter(refs)
-        _eval_without(jaxpr, consts, [None if v in dead else next(it) for v in jaxpr.invars],
-                      dead)
-        return []
-
-    j1, _, c1 = jc.trace_kernel_to_jaxpr(pruned, live_avals, what)
-    j2, used = jc.dce_jaxpr(jc.convert_constvars_jaxpr(j1), [], instantiate=False)
-    n_c = len(c1)
-    used_c, used_in = used[:n_c], used[n_c:]
-    live = [v not in dead for v in jaxpr.invars]
-    # the locals kept: live ones the DCE'd body still uses
-    live_it = iter(used_in)
-    final = [bool(next(live_it)) or k < n_fixed if lv else False
-             for k, lv in enumerate(live)]
-
-    def body(*refs):
-        it = iter(refs)
-        full = [next(it) if f else None for f in final]
-        live_refs = [r for r, lv in zip(full, live) if lv]
-        jc.core.eval_jaxpr(j2, (), *(c for c, u in zip(c1, used_c) if u),
-                           *(r for r, u in zip(live_refs, used_in) if u))
-        return []
-
-    new_jaxpr, _, new_consts = jc.trace_kernel_to_jaxpr(
-        body, [a for a, f in zip(avals, final) if f], what)
-    return new_jaxpr, new_consts, final[n_fixed:]
-
-
-def _eval_without(jaxpr, consts, args, dead: set) -> list:
-    """Evaluates ``jaxpr`` (binding its equations in the current trace) without the
-    refs in ``dead``: equations that access them, and pure equations of values read
-    from them, are skipped; ``pl.when``/``cond`` bodies are pruned the same way. Returns
-    the outputs (``None`` where dead)."""
-    env: dict = {}
-    dead = set(dead)
-    for v, x in zip(jaxpr.constvars, consts):
-        env[v] = x
-    for v, x in zip(jaxpr.invars, args):
-        if x is None:
-            dead.add(v)
-        else:
-            env[v] = x
-
-    def read(v):
-        return v.val if isinstance(v, jc.Literal) else env[v]
-
-    for eqn in jaxpr.eqns:
-        ins = [v for v in eqn.invars if isinstance(v, jc.Var)]
-        if any(v in dead for v in ins):
-            if eqn.primitive is jc.cond_p and eqn.invars[0] not in dead:
-                outs = _cond_without(eqn, read, dead)
-            elif not eqn.effects or eqn.invars[0] in dead:
-                dead.update(eqn.outvars)  # an access to a dead buffer, or pure use of one
-                continue
-            elif eqn.primitive is jc.scan_p:
-                outs = _scan_without(eqn, read, dead)
-            else:
-                raise NotKernelizable("the backward pass reads a primal output of the kernel")
-        else:
-            params = eqn.primitive.get_bind_params(eqn.params)
-            outs = eqn.primitive.bind(*map(read, eqn.invars), **params)
-            outs = outs if eqn.primitive.multiple_results else [outs]
-        for v, x in zip(eqn.outvars, outs):
-            env[v] = x
-    return [None if (isinstance(v, jc.Var) and v in dead) else read(v)
-            for v in jaxpr.outvars]
-
-
-def _pruned_body(closed, args_dead, what):
-    """``closed`` without its invars marked in ``args_dead`` (see :func:`_eval_without`);
-    every output must stay computable."""
-    avals = [v.aval for v, d in zip(closed.jaxpr.invars, args_dead) if not d]
-
-    def fn(*xs):
-        it = iter(xs)
-        outs = _eval_without(closed.jaxpr, closed.consts,
-                             [None if d else next(it) for d in args_dead], set())
-        if any(o is None for o in outs):
-            raise NotKernelizable("the backward pass reads a primal output of the kernel")
-        return outs
-
-    j, _, c = jc.trace_kernel_to_jaxpr(fn, avals, what)
-    return jc.ClosedJaxpr(j, c)
-
-
-def _scan_without(eqn, read, dead):
-    """A loop (``scan``) whose body accesses dead buffers passed as loop constants (the
-    transpose of a loop that reads refs accumulates into every input's cotangent)."""
-    p = eqn.params
-    nc = p["num_consts"]
-    is_dead = [isinstance(v, jc.Var) and v in dead for v in eqn.invars]
-    if any(is_dead[nc:]):
-        raise NotKernelizable("the backward pass reads a primal output of the kernel")
-    body = _pruned_body(p["jaxpr"], is_dead, "loop body")
-    live = [v for v, d in zip(eqn.invars, is_dead) if not d]
-    params = dict(p)
-    params.update(jaxpr=body, num_consts=nc - sum(is_dead[:nc]))
-    if "linear" in p:
-        params["linear"] = tuple(x for x, d in zip(p["linear"], is_dead) if not d)
-    return jc.scan_p.bind(*map(read, live), **params)
-
-
-def _cond_without(eqn, read, dead):
-    ops = eqn.invars[1:]
-    live = [v for v in ops if v not in dead]
-    avals = [v.aval for v in live]
-    branches = []
-    for br in eqn.params["branches"]:
-        def fn(*xs, br=br):
-            it = iter(xs)
-            args = [None if v in dead else next(it) for v in ops]
-            outs = _eval_without(br.jaxpr, br.consts, args, set())
-            if any(o is None for o in outs):
-                raise NotKernelizable("the backward pass reads a primal output of the kernel")
-            return outs
-
-        j, _, c = jc.trace_kernel_to_jaxpr(fn, avals, "cond branch")
-        branches.append(jc.ClosedJaxpr(j, c))
-    params = {k: v for k, v in eqn.params.items() if k != "branches"}
-    return jc.cond_p.bind(read(eqn.invars[0]), *map(read, live), branches=tuple(branches),
-                          **params)
 
 
 # ------------------------------------------------------------------------------------
