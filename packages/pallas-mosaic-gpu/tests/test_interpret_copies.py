@@ -117,3 +117,34 @@ def test_reading_out_of_bounds_raises():
                      num_threads=1, thread_name="t", interpret=IP())
     with pytest.raises(Exception, match="out-of-bounds read of"):
         k(X)
+
+
+def test_a_cluster_barrier_synchronises_the_blocks_of_a_cluster():
+    def body(o_gmem, bar):
+        c = jax.lax.axis_index("c")
+        o_gmem[c] = c + 1
+        plgpu.barrier_arrive(bar)
+        plgpu.barrier_wait(bar)
+        o_gmem[2 + c] = o_gmem[1 - c] * 10  # reads the other block's write
+
+    k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((4,), jnp.int32), cluster=(2,),
+                     cluster_names=("c",),
+                     scratch_types=dict(bar=plgpu.ClusterBarrier(collective_axes=("c",))),
+                     interpret=IP(detect_races=True))
+    np.testing.assert_array_equal(k(), [1, 2, 20, 10])
+    assert not races()
+
+
+def test_a_multicast_copy_lands_in_every_block_of_the_cluster():
+    def body(x_gmem, o_gmem, bar, smem):
+        c = jax.lax.axis_index("c")
+        plgpu.copy_gmem_to_smem(x_gmem, smem, bar, collective_axes="c")
+        plgpu.barrier_wait(bar)
+        o_gmem[c] = smem[...]
+
+    k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((2, *X.shape), X.dtype),
+                     cluster=(2,), cluster_names=("c",),
+                     scratch_types=dict(bar=plgpu.Barrier(), smem=plgpu.SMEM(X.shape, X.dtype)),
+                     interpret=IP(detect_races=True))
+    np.testing.assert_array_equal(k(X), jnp.stack([X, X]))
+    assert not races()

@@ -72,9 +72,10 @@ class BarrierState:
 class BarrierArray:
     """The barriers of one ``plgpu.Barrier`` allocation (``num_barriers`` of them)."""
 
-    def __init__(self, shape, space):
+    def __init__(self, shape, space, blocks: int = 1):
         self.shape = tuple(shape)
         self.space = space
+        self.arrivals = space.num_arrivals * blocks  # a cluster barrier: every block's
         self.states = {}
 
     def at(self, buf, flat, tree) -> BarrierState:
@@ -86,7 +87,7 @@ class BarrierArray:
         state = self.states.get(index)
         if state is None:
             label = buf.name + (f"[{', '.join(map(str, index))}]" if index else "")
-            state = self.states[index] = BarrierState(self.space.num_arrivals, label)
+            state = self.states[index] = BarrierState(self.arrivals, label)
         return state
 
 
@@ -102,10 +103,6 @@ def barrier_of(th, spec, invals) -> BarrierState:
     ((buf, flat, tree),) = R.unflatten(spec, invals)[:1]
     if buf.sync is None or not isinstance(buf.sync, BarrierArray):
         raise TypeError(f"{buf.name} is not a barrier")
-    if buf.space.kind == "cluster_barrier":
-        raise NotImplementedError(
-            "plgpu.ClusterBarrier is not supported by GPU interpret mode "
-            "(pallas-mosaic-gpu) yet")
     return buf.sync.at(buf, flat, tree)
 
 

@@ -55,8 +55,14 @@ class Launch:
         space = memref.memory_space
         shape, dtype = tuple(memref.shape), memref.dtype
         if isinstance(space, BarrierSpace):
+            blocks = 1
+            if space.kind == "cluster_barrier":
+                sizes = dict(zip(self.axis_names, self.sizes))
+                for axes in space.collective_axes:
+                    for a in ((axes,) if isinstance(axes, str) else axes):
+                        blocks *= sizes[a]
             buf = Buffer(name, space, jnp.zeros(shape, jnp.int32),
-                         sync=BarrierArray(shape, space), group=group)
+                         sync=BarrierArray(shape, space, blocks), group=group)
             self.barriers.append(buf)
             return buf
         if is_semaphore_space(space):
@@ -77,6 +83,17 @@ class Launch:
             memref = memref.get_memory_ref()
         count = th.occurrences.get(site, 0)
         th.occurrences[site] = count + 1
+        space = memref.memory_space
+        if isinstance(space, BarrierSpace) and space.kind == "cluster_barrier":
+            # Every arrival reaches the barrier of each block of the cluster along its
+            # axes, so those copies go through the same phases: one shared state.
+            cluster = tuple(a for axes in space.collective_axes
+                            for a in ((axes,) if isinstance(axes, str) else axes))
+            missing = [a for a in cluster if a not in self.axis_names]
+            if missing:
+                raise ValueError(f"plgpu.ClusterBarrier(collective_axes={cluster}): axes "
+                                 f"{missing} are not axes of the kernel {self.axis_names}")
+            collective_axes = (*collective_axes, *cluster)
         if not collective_axes:
             return self.new_buffer(memref, name)
         group = tuple((n, th.coords[n]) for n in self.axis_names if n not in collective_axes)

@@ -54,10 +54,9 @@ def _copy(th, src, dst, unit, combine=None):
 @register_gpu_rule(C.copy_gmem_to_smem_p)
 def _gmem_to_smem(th, eqn, invals):
     p = eqn.params
-    if p["collective_axes"]:
-        raise NotImplementedError(
-            "plgpu.copy_gmem_to_smem(collective_axes=...) (cluster multicast) is not "
-            "supported by GPU interpret mode (pallas-mosaic-gpu) yet")
+    # A multicast copy (collective_axes) is issued alike by every block of the cluster
+    # along those axes, and each block's SMEM receives the whole source: each block's
+    # copy is simulated as landing in its own buffer and arriving on its own barrier.
     src, dst, bar = R.unflatten(p["refs"], invals)
     unit = _start_unit(th)
     _copy(th, src, dst, unit)
