@@ -140,3 +140,26 @@ def test_planar_snake_walks_tiles_back_and_forth():
         order[int(i), int(j)] = lin
     np.testing.assert_array_equal(order, [[0, 2, 4, 6], [1, 3, 5, 7],
                                           [14, 12, 10, 8], [15, 13, 11, 9]])
+
+
+@pytest.mark.parametrize("interpret", [True, IP(detect_races=True)], ids=["reference", "gpu"])
+def test_tcgen05_mma_into_tmem_arrives_on_its_barrier(interpret):
+    a, b, expected = _operands(128, 64, 64)
+
+    def body(a_gmem, b_gmem, o_gmem, a_smem, b_smem, acc, bar):
+        a_smem[...] = a_gmem[...]
+        b_smem[...] = b_gmem[...]
+        plgpu.tcgen05_mma(acc, a_smem, b_smem, bar.at[0], accumulate=False)
+        plgpu.barrier_wait(bar.at[0])
+        plgpu.tcgen05_mma(acc, a_smem, b_smem, bar.at[1])
+        plgpu.barrier_wait(bar.at[1])
+        o_gmem[...] = plgpu.async_load_tmem(acc)
+        plgpu.wait_load_tmem()
+
+    k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128, 64), jnp.float32),
+                     scratch_types=dict(a_smem=plgpu.SMEM(a.shape, a.dtype),
+                                        b_smem=plgpu.SMEM(b.shape, b.dtype),
+                                        acc=plgpu.TMEM((128, 64), jnp.float32),
+                                        bar=plgpu.Barrier(num_barriers=2)),
+                     interpret=interpret)
+    np.testing.assert_allclose(k(a, b), 2 * expected, rtol=1e-5)
