@@ -79,6 +79,28 @@ def test_emit_pipeline_streams_blocks_through_smem(steps):
     assert not gpu_interpret.get_races().races_found
 
 
+def test_emit_pipeline_keeps_an_index_invariant_output_across_steps():
+    x = jnp.arange(4 * 64 * 32, dtype=jnp.float32).reshape(4 * 64, 32)
+
+    def body(x_gmem, o_gmem):
+        def step(idx, x_smem, o_smem):
+            @pl.when(idx[0] == 0)
+            def _():
+                o_smem[...] = jnp.zeros_like(o_smem)
+
+            o_smem[...] += x_smem[...]
+
+        plgpu.emit_pipeline(step, grid=(4,), max_concurrent_steps=2,
+                            in_specs=[pl.BlockSpec((64, 32), lambda i: (i, 0))],
+                            out_specs=[pl.BlockSpec((64, 32), lambda i: (0, 0))],
+                            )(x_gmem, o_gmem)
+
+    k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 32), jnp.float32),
+                     interpret=IP(detect_races=True, num_tma_threads_per_device=2))
+    np.testing.assert_array_equal(k(x), x.reshape(4, 64, 32).sum(0))
+    assert not gpu_interpret.get_races().races_found
+
+
 def test_warp_specialized_pipeline_matmul():
     a, b, expected = _operands(128, 256, 64)
 

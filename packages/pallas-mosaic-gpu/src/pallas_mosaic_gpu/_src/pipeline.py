@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,6 +32,7 @@ from pallas_mosaic_gpu._src.memory import GMEM, SMEM, Barrier
 from pallas_mosaic_gpu._src.primitives.barriers import barrier_arrive, barrier_wait
 from pallas_mosaic_gpu._src.primitives.copies import (
     commit_smem,
+    commit_smem_to_gmem_group,
     copy_gmem_to_smem,
     copy_smem_to_gmem,
     wait_smem_to_gmem,
@@ -107,6 +109,22 @@ def fori_with_refs(n: int, body: Callable[[Any, Any], Any], carry: Any) -> Any:
     return merge(values)
 
 
+def _index_invariant(spec, grid) -> bool:
+    """True if ``spec``'s index map gives the same block at every step of ``grid``."""
+    if spec.index_map is None:
+        return True
+    points = list(itertools.product(*(range(int(g)) for g in grid)))
+    if len(points) > 4096:
+        return False
+    try:
+        with jax.ensure_compile_time_eval():
+            blocks = {tuple(int(i) for i in jax.tree_util.tree_leaves(
+                spec.index_map(*[jnp.int32(i) for i in p]))) for p in points}
+    except jax.errors.ConcretizationTypeError:  # depends on traced values
+        return False
+    return len(blocks) == 1
+
+
 def _check_grid(grid):
     if any(isinstance(g, int) and g <= 0 for g in grid):
         raise ValueError(
@@ -141,14 +159,18 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
         if len(gmem_refs) != len(specs):
             raise ValueError(f"the pipeline has {len(specs)} BlockSpecs but got "
                              f"{len(gmem_refs)} refs")
-        types = [_slot_type(s, r, slots) if _in_smem(s) else None
-                 for s, r in zip(specs, gmem_refs)]
-        n_in = sum(1 for s in in_specs if _in_smem(s))
-        barrier = Barrier(num_arrivals=n_in, num_barriers=slots) if n_in else None
-        return pl.run_scoped(lambda bufs, bar: _run(gmem_refs, bufs, bar),
+        n_in = len(in_specs)
+        # An output whose block is the same at every step (an accumulator) keeps one
+        # SMEM buffer across the steps and is stored once, at the end.
+        invariant = [k >= n_in and _index_invariant(s, grid) for k, s in enumerate(specs)]
+        types = [_slot_type(s, r, 1 if inv else slots) if _in_smem(s) else None
+                 for s, r, inv in zip(specs, gmem_refs, invariant)]
+        n_fetched = sum(1 for s in in_specs if _in_smem(s))
+        barrier = Barrier(num_arrivals=n_fetched, num_barriers=slots) if n_fetched else None
+        return pl.run_scoped(lambda bufs, bar: _run(gmem_refs, bufs, bar, invariant),
                              types, barrier)
 
-    def _run(gmem_refs, bufs, barrier):
+    def _run(gmem_refs, bufs, barrier, invariant):
         n_in = len(in_specs)
 
         def fetch(step):
@@ -159,6 +181,18 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
                     copy_gmem_to_smem(_block_view(spec, ref, indices), buf.at[slot],
                                       barrier.at[slot])
 
+        def store(outs, slot, indices):
+            commit_smem()
+            for spec, ref, buf in outs:
+                copy_smem_to_gmem(buf.at[slot], _block_view(spec, ref, indices),
+                                  commit_group=False)
+            commit_smem_to_gmem_group()
+
+        per_step = [(s, r, b) for k, (s, r, b) in enumerate(zip(specs, gmem_refs, bufs))
+                    if k >= n_in and b is not None and not invariant[k]]
+        at_end = [(s, r, b) for k, (s, r, b) in enumerate(zip(specs, gmem_refs, bufs))
+                  if k >= n_in and b is not None and invariant[k]]
+
         for s in range(slots):
             fetch(jnp.int32(s))
 
@@ -167,9 +201,10 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
             indices = _unravel(step, grid)
             if barrier is not None:
                 barrier_wait(barrier.at[slot])
-            refs = [buf.at[slot] if buf is not None else _block_view(spec, ref, indices)
-                    for spec, ref, buf in zip(specs, gmem_refs, bufs)]
-            if any(b is not None for b in bufs[n_in:]):
+            refs = [(buf.at[0] if invariant[k] else buf.at[slot]) if buf is not None
+                    else _block_view(spec, ref, indices)
+                    for k, (spec, ref, buf) in enumerate(zip(specs, gmem_refs, bufs))]
+            if per_step:
                 # The slot's previous output copy must have read its SMEM.
                 wait_smem_to_gmem(slots - 1, wait_read_only=True)
             if init_carry is None:
@@ -177,16 +212,8 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
                 new_carry = carry
             else:
                 new_carry = body(indices, *refs, carry)
-            outs = [(spec, ref, buf) for spec, ref, buf in
-                    zip(out_specs, gmem_refs[n_in:], bufs[n_in:]) if buf is not None]
-            if outs:
-                commit_smem()
-                for spec, ref, buf in outs:
-                    copy_smem_to_gmem(buf.at[slot], _block_view(spec, ref, indices),
-                                      commit_group=False)
-                from pallas_mosaic_gpu._src.primitives.copies import commit_smem_to_gmem_group
-
-                commit_smem_to_gmem_group()
+            if per_step:
+                store(per_step, slot, indices)
 
             @pl.when(step + slots < num_steps)
             def _():
@@ -195,7 +222,9 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
             return new_carry
 
         out = fori_with_refs(num_steps, step_fn, init_carry)
-        if any(b is not None for b in bufs[n_in:]):
+        if at_end:
+            store(at_end, 0, _unravel(jnp.int32(num_steps - 1), grid))
+        if per_step or at_end:
             wait_smem_to_gmem(0)
         return out
 
