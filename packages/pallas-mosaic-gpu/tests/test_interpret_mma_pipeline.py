@@ -24,6 +24,17 @@ def _operands(m, k, n):
     return a, b, jnp.dot(a, b, preferred_element_type=jnp.float32)
 
 
+def _single_thread(body, out_type, scratch, interpret):
+    """``body`` as a one-thread kernel: a pallas_call (``interpret=True``: the reference
+    interpreter) or a plgpu.kernel (GPU interpret mode)."""
+    if interpret is True:
+        return pl.pallas_call(
+            body, out_shape=out_type, interpret=True,
+            in_specs=[pl.BlockSpec(memory_space=plgpu.GMEM)] * 2,
+            out_specs=pl.BlockSpec(memory_space=plgpu.GMEM), scratch_shapes=scratch)
+    return plgpu.kernel(body, out_type=out_type, scratch_types=scratch, interpret=interpret)
+
+
 @pytest.mark.parametrize("interpret", [True, IP(detect_races=True)], ids=["reference", "gpu"])
 def test_wgmma_accumulates_a_matmul_of_smem_tiles(interpret):
     a, b, expected = _operands(64, 64, 32)
@@ -41,11 +52,10 @@ def test_wgmma_accumulates_a_matmul_of_smem_tiles(interpret):
 
         pl.run_scoped(scope, plgpu.ACC((64, 32)))
 
-    k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 32), jnp.float32),
-                     scratch_types=dict(a_smem=plgpu.SMEM(a.shape, a.dtype),
-                                        b_smem=plgpu.SMEM(b.shape, b.dtype),
-                                        bar=plgpu.Barrier(num_barriers=2)),
-                     interpret=interpret)
+    k = _single_thread(body, jax.ShapeDtypeStruct((64, 32), jnp.float32),
+                       dict(a_smem=plgpu.SMEM(a.shape, a.dtype),
+                            b_smem=plgpu.SMEM(b.shape, b.dtype),
+                            bar=plgpu.Barrier(num_barriers=2)), interpret)
     np.testing.assert_allclose(k(a, b), 2 * expected, rtol=1e-5)
 
 
@@ -178,10 +188,9 @@ def test_tcgen05_mma_into_tmem_arrives_on_its_barrier(interpret):
         o_gmem[...] = plgpu.async_load_tmem(acc)
         plgpu.wait_load_tmem()
 
-    k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128, 64), jnp.float32),
-                     scratch_types=dict(a_smem=plgpu.SMEM(a.shape, a.dtype),
-                                        b_smem=plgpu.SMEM(b.shape, b.dtype),
-                                        acc=plgpu.TMEM((128, 64), jnp.float32),
-                                        bar=plgpu.Barrier(num_barriers=2)),
-                     interpret=interpret)
+    k = _single_thread(body, jax.ShapeDtypeStruct((128, 64), jnp.float32),
+                       dict(a_smem=plgpu.SMEM(a.shape, a.dtype),
+                            b_smem=plgpu.SMEM(b.shape, b.dtype),
+                            acc=plgpu.TMEM((128, 64), jnp.float32),
+                            bar=plgpu.Barrier(num_barriers=2)), interpret)
     np.testing.assert_allclose(k(a, b), 2 * expected, rtol=1e-5)

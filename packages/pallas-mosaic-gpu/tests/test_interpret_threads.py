@@ -227,6 +227,25 @@ def test_collective_allocations_follow_upstreams_rules(axes, message):
         f(jnp.zeros((), jnp.int32))
 
 
+def test_interpret_true_runs_a_gpu_kernel_in_gpu_interpret_mode():
+    # The consumer thread runs first and waits: only GPU interpret mode can run this.
+    @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((), jnp.int32),
+                       num_threads=2, thread_name="t", interpret=True,
+                       scratch_types=dict(smem=plgpu.SMEM((), jnp.int32), bar=plgpu.Barrier()))
+    def k(o_ref, smem, bar):
+        @pl.when(jax.lax.axis_index("t") == 0)
+        def _():
+            plgpu.barrier_wait(bar)
+            o_ref[...] = smem[...]
+
+        @pl.when(jax.lax.axis_index("t") == 1)
+        def _():
+            smem[...] = 7
+            plgpu.barrier_arrive(bar)
+
+    assert int(k()) == 7
+
+
 def test_skip_floating_point_ops_makes_float_results_inf():
     def body(x_ref, y_ref, o_ref):
         o_ref[...] = x_ref[...] @ y_ref[...]

@@ -36,7 +36,8 @@ def kernel(body: Callable[..., None] | Any = NOT_SPECIFIED,
     ``scratch_types``: a pytree (sequence or mapping) of buffer types such as
     ``plgpu.SMEM(...)`` or ``plgpu.Barrier(...)``; ``grid``/``cluster``/``num_threads``
     and their names make the :class:`plgpu.Mesh`. ``out_shape``/``scratch_shapes`` are
-    upstream's deprecated aliases."""
+    upstream's deprecated aliases. ``interpret=True`` means GPU interpret mode with
+    default ``plgpu.InterpretParams()``."""
     if body is NOT_SPECIFIED:
         return lambda fun: kernel(
             fun, out_shape, out_type=out_type, scratch_types=scratch_types,
@@ -74,6 +75,13 @@ def kernel(body: Callable[..., None] | Any = NOT_SPECIFIED,
         pl.run_scoped(functools.partial(body, *refs), *pos,
                       collective_axes=mesh.thread_name if mesh.thread_name is not None
                       else (), **kw)
+
+    if interpret is True:
+        # The threads of a block may wait for each other (barriers), which the reference
+        # interpreter, running them one after another, cannot do: GPU interpret mode.
+        from pallas_mosaic_gpu._src.interpret.params import InterpretParams
+
+        interpret = InterpretParams()
 
     def run(*operands):
         outs = pl.kernel(kernel_body, out_types, mesh=mesh, compiler_params=compiler_params,

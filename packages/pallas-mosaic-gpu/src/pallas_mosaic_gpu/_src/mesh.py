@@ -55,10 +55,13 @@ class Mesh(CoreMesh):
         return GMEM
 
     def discharge_core_map(self, interpret: Any):
-        """``pl.core_map`` on this mesh outside a kernel, in GPU interpret mode when
-        ``interpret`` is ``plgpu.InterpretParams`` (else the reference interpreter)."""
+        """``pl.core_map`` on this mesh outside a kernel runs in GPU interpret mode when
+        ``interpret`` is ``plgpu.InterpretParams`` or ``True`` (its threads may wait for
+        each other, which the reference interpreter cannot run)."""
         from pallas_mosaic_gpu._src.interpret.params import InterpretParams
 
+        if interpret is True:  # threads that wait for each other need GPU interpret mode
+            interpret = InterpretParams()
         if not isinstance(interpret, InterpretParams):
             return None
 
