@@ -112,7 +112,7 @@ def test_emit_pipeline_keeps_an_index_invariant_output_across_steps():
 
 
 def test_warp_specialized_pipeline_matmul():
-    a, b, expected = _operands(128, 256, 64)
+    a, b, expected = _operands(128, 128, 64)
 
     def kernel(a_gmem, b_gmem, o_gmem):
         def mma(idx, a_smem, b_smem, acc):
@@ -130,7 +130,7 @@ def test_warp_specialized_pipeline_matmul():
             pl.run_scoped(scope, plgpu.ACC((64, 64)))
 
         plgpu.emit_pipeline_warp_specialized(
-            mma, grid=(4,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
+            mma, grid=(2,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
             max_concurrent_steps=2, compute_context=compute,
             in_specs=[plgpu.BlockSpec((128, 64), lambda k: (0, k)),
                       plgpu.BlockSpec((64, 64), lambda k: (k, 0))],
