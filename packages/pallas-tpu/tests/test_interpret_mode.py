@@ -231,3 +231,14 @@ def test_thread_map_runs_all_threads_at_once():
         return token
 
     assert int(pti.thread_map(f, 4, jnp.int32(7))) == 7
+
+
+def test_logging_mode_prints_semaphore_and_memory_events(capsys):
+    from pallas_tpu.interpret import LoggingMode
+
+    mode = LoggingMode.SEMAPHORE | LoggingMode.SHARED_MEMORY
+    jax.block_until_ready(_dma_call(_copy_kernel(True), logging_mode=mode)(X))
+    out = capsys.readouterr().out
+    assert "waited for" in out and "copied" in out and "allocated" in out
+    jax.block_until_ready(_dma_call(_copy_kernel(True))(X))
+    assert "TPU interpret mode" not in capsys.readouterr().out

@@ -82,8 +82,8 @@ _NONE = np.zeros((0,), np.int8)
 def usable(buffers, num_cores: int) -> bool:
     """Whether a compiled body may run on ``buffers``: each is HBM (never accessed by a
     local body), private to its core, or the device has a single core."""
-    return num_cores == 1 or all(b.key is None or b.key[3] is not None or _hbm(b)
-                                 for b in buffers)
+    return num_cores == 1 or all(_hbm(b) or (isinstance(b.key, tuple) and len(b.key) > 3
+                                             and b.key[3] is not None) for b in buffers)
 
 
 def _hbm(buf) -> bool:

@@ -129,12 +129,22 @@ class Simulation:
         self.next_dma_entry = (k + 1) % (size - self.total_cores)
         return self.total_cores + k
 
+    # -- logging (InterpretParams.logging_mode) ------------------------------------------
+    def log(self, what: str, message) -> None:
+        """Prints ``message()`` when ``what`` ("BARRIER", "SEMAPHORE", "SHARED_MEMORY") is
+        in the params' logging mode."""
+        mode = self.params.logging_mode
+        if mode is not None and getattr(type(mode), what) in mode:
+            print(f"[TPU interpret mode: {self.name}] {message()}", flush=True)
+
     # -- memory ---------------------------------------------------------------------------
     def buffer(self, key, make: Callable[[], Buffer]) -> Buffer:
         with self.cond:
             buf = self.buffers.get(key)
             if buf is None:
                 buf = self.buffers[key] = make()
+                self.log("SHARED_MEMORY", lambda: f"allocated {_buffer_name(buf)} "
+                         f"{buf.dtype}{list(buf.shape)} (key {key})")
             return buf
 
     def semaphore(self, key, shape, name: str) -> Semaphore:
@@ -199,6 +209,7 @@ class Simulation:
     def barrier(self, me, key, parties: int, on_release: Callable[[], None] | None = None):
         """A reusable barrier of ``parties`` threads named ``key``."""
         with self.cond:
+            self.log("BARRIER", lambda: f"{me} arrives at barrier {key!r}")
             state = self.barriers.setdefault(key, [0, 0])  # [arrived, generation]
             gen = state[1]
             state[0] += 1

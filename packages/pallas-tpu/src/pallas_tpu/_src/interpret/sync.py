@@ -91,6 +91,8 @@ def signal(core: Core, sem: Semaphore, target_core: int, flat: int, inc: int,
     sim = core.sim
     with sim.cond:
         sem.counts.reshape(sem.counts.shape[0], -1)[target_core, flat] += inc
+        sim.log("SEMAPHORE", lambda: f"{core.who} signals {sem.name}[{flat}] of core "
+                f"{target_core} by {inc}")
         if sim.detect:
             if clock is None:
                 clock = sim.clocks.release(core.gid)
@@ -115,6 +117,8 @@ def wait(core: Core, sem: Semaphore, flat: int, value: int, decrement: bool = Tr
                 continue
             sim.block_until(core.who, lambda: counts[core.core, flat] >= value or bool(tasks),
                             f"{what or sem.name} to reach {value}")
+        sim.log("SEMAPHORE", lambda: f"{core.who} waited for {sem.name}[{flat}] to reach "
+                f"{value}")
         if decrement:
             counts[core.core, flat] -= value
         if sim.detect:
@@ -185,6 +189,7 @@ def _core_barrier_rule(core: Core, eqn, invals):
     for c in range(n):
         if c != core.core:
             signal(core, ref.sem, c, idx, 1)
+    core.sim.log("BARRIER", lambda: f"{core.who} arrives at core_barrier {ref.origin}")
     wait(core, ref.sem, idx, n - 1, True, f"core_barrier on {ref.origin}")
     return []
 
@@ -245,6 +250,9 @@ class Dma:
         if self.add:
             data = self.issuer.read(self.dst, self.dst_box, self.site, record=False) + data
         self.issuer.write(self.dst, self.dst_box, data, self.site, record=False)
+        self.sim.log("SHARED_MEMORY", lambda: f"{self.who} copied {self.src.origin}"
+                     f"{B.describe(self.src_box)} to {self.dst.origin}"
+                     f"{B.describe(self.dst_box)} ({self.nbytes} bytes)")
         self.data = None
         self.state = "done"
         _dequeue(self)  # it may still sit in the other semaphore's queue
