@@ -88,8 +88,10 @@ class SemaphoreType(enum.Enum):
     def is_semaphore(self) -> bool:
         return True
 
-    def __call__(self, shape: Sequence[int] = ()) -> MemoryRef:
-        return MemoryRef(_aval(tuple(shape), np.int32), self)
+    def __call__(self, shape: Sequence[int] | int = ()) -> MemoryRef:
+        """An array of semaphores (``SemaphoreType.DMA(2)`` or ``.DMA((2, 4))``)."""
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        return MemoryRef(_aval(shape, np.int32), self)
 
     def get_memory_ref(self) -> MemoryRef:
         return self(())

@@ -94,16 +94,16 @@ def _core_parallel(compiler_params) -> tuple[bool, ...]:
 
 
 def _permutations(grid, parallel, seed) -> tuple:
-    key = jax.random.key(seed or 0)
+    """The visiting order of each parallel grid dimension: a permutation seeded by
+    ``random_seed`` (numpy, so lowering under any trace context is unaffected)."""
+    rng = np.random.default_rng(seed or 0)
     out = []
     for n, par in zip(grid, parallel):
         if not par:
             out.append(None)
             continue
         n = jc.concrete_or_error(n, "the size of a grid dimension with parallel semantics")
-        key, sub = jax.random.split(key)
-        out.append(tuple(int(i) for i in np.asarray(
-            jax.random.permutation(sub, jnp.arange(n, dtype=jnp.int32)))))
+        out.append(tuple(int(i) for i in rng.permutation(int(n))))
     return tuple(out)
 
 
