@@ -194,3 +194,30 @@ def test_tcgen05_mma_into_tmem_arrives_on_its_barrier(interpret):
                             acc=plgpu.TMEM((128, 64), jnp.float32),
                             bar=plgpu.Barrier(num_barriers=2)), interpret)
     np.testing.assert_allclose(k(a, b), 2 * expected, rtol=1e-5)
+
+
+def test_warp_specialized_pipeline_with_outputs():
+    x = jnp.arange(4 * 64 * 32, dtype=jnp.float32).reshape(4 * 64, 32)
+
+    def kernel(x_gmem, o_gmem, s_gmem):
+        def step(idx, x_smem, o_smem, s_smem):
+            o_smem[...] = x_smem[...] + 1
+
+            @pl.when(idx[0] == 0)
+            def _():
+                s_smem[...] = jnp.zeros_like(s_smem)
+
+            s_smem[...] += x_smem[...]
+
+        spec = plgpu.BlockSpec((64, 32), lambda i: (i, 0))
+        plgpu.emit_pipeline_warp_specialized(
+            step, grid=(4,), memory_registers=40, wg_axis="wg", num_compute_wgs=1,
+            in_specs=[spec], out_specs=[spec, plgpu.BlockSpec((64, 32), lambda i: (0, 0))],
+        )(x_gmem, o_gmem, s_gmem)
+
+    k = plgpu.kernel(kernel, out_type=(x, jax.ShapeDtypeStruct((64, 32), jnp.float32)),
+                     num_threads=2, thread_name="wg", interpret=IP(detect_races=True))
+    o, total = k(x)
+    np.testing.assert_array_equal(o, x + 1)
+    np.testing.assert_array_equal(total, x.reshape(4, 64, 32).sum(0))
+    assert not gpu_interpret.get_races().races_found

@@ -239,25 +239,33 @@ class _WarpSpecializedPipeline:
     body: Callable[..., Any]
     grid: tuple
     in_specs: tuple
+    out_specs: tuple
     slots: int
     wg_axis: str
     num_compute_wgs: int
     compute_context: Any
     memory_thread_idx: int
 
+    def _invariant(self) -> list[bool]:
+        return [_index_invariant(s, self.grid) for s in self.out_specs]
+
     def get_allocations(self, *gmem_refs) -> dict:
         """The buffer types the pipeline needs, to allocate with ``pl.run_scoped``
         (``collective_axes`` = the warpgroup axis) and pass back as ``allocations``."""
+        n_in = len(self.in_specs)
+        outs = [_slot_type(s, r, 1 if inv else self.slots) for s, r, inv in
+                zip(self.out_specs, gmem_refs[n_in:], self._invariant())]
         return dict(
             smem=[_slot_type(s, r, self.slots) for s, r in zip(self.in_specs, gmem_refs)],
+            out_smem=outs,
             full=Barrier(num_arrivals=len(self.in_specs), num_barriers=self.slots),
             consumed=Barrier(num_arrivals=self.num_compute_wgs, num_barriers=self.slots),
         )
 
     def __call__(self, *gmem_refs, allocations: Any = None):
-        if len(gmem_refs) != len(self.in_specs):
-            raise ValueError(f"the pipeline has {len(self.in_specs)} in_specs but got "
-                             f"{len(gmem_refs)} refs")
+        n = len(self.in_specs) + len(self.out_specs)
+        if len(gmem_refs) != n:
+            raise ValueError(f"the pipeline has {n} BlockSpecs but got {len(gmem_refs)} refs")
         if allocations is None:
             return pl.run_scoped(lambda allocs: self._run(gmem_refs, allocs),
                                  self.get_allocations(*gmem_refs),
@@ -266,7 +274,11 @@ class _WarpSpecializedPipeline:
 
     def _run(self, gmem_refs, allocs):
         smem, full, consumed = allocs["smem"], allocs["full"], allocs["consumed"]
+        out_smem = allocs.get("out_smem", [])
         slots, num_steps = self.slots, math.prod(self.grid)
+        n_in = len(self.in_specs)
+        in_refs, out_refs = gmem_refs[:n_in], gmem_refs[n_in:]
+        invariant = self._invariant()
         wg = lax.axis_index(self.wg_axis)
 
         @pl.when(wg == self.memory_thread_idx)
@@ -279,7 +291,7 @@ class _WarpSpecializedPipeline:
                     barrier_wait(consumed.at[slot])
 
                 indices = _unravel(i, self.grid)
-                for spec, ref, buf in zip(self.in_specs, gmem_refs, smem):
+                for spec, ref, buf in zip(self.in_specs, in_refs, smem):
                     copy_gmem_to_smem(_block_view(spec, ref, indices), buf.at[slot],
                                       full.at[slot])
                 return _
@@ -290,21 +302,44 @@ class _WarpSpecializedPipeline:
             for k in range(min(slots, num_steps)):
                 barrier_wait(consumed.at[(num_steps - 1 - k) % slots])
 
+        def store(outs, slot, indices):
+            commit_smem()
+            for spec, ref, buf in outs:
+                copy_smem_to_gmem(buf.at[slot], _block_view(spec, ref, indices),
+                                  commit_group=False)
+            commit_smem_to_gmem_group()
+
+        outs = list(zip(self.out_specs, out_refs, out_smem))
+        per_step = [o for o, inv in zip(outs, invariant) if not inv]
+        at_end = [o for o, inv in zip(outs, invariant) if inv]
+
         def eval_pipeline(carry):
             def step(i, carry):
                 slot = lax.rem(i, jnp.int32(slots))
                 barrier_wait(full.at[slot])
-                refs = [buf.at[slot] for buf in smem]
                 indices = _unravel(i, self.grid)
+                if per_step:
+                    # The slot's previous output copy must have read its SMEM.
+                    wait_smem_to_gmem(slots - 1, wait_read_only=True)
+                refs = [buf.at[slot] for buf in smem]
+                refs += [buf.at[0] if inv else buf.at[slot]
+                         for buf, inv in zip(out_smem, invariant)]
                 if self.compute_context is None:
                     self.body(indices, *refs)
                     new = carry
                 else:
                     new = self.body(indices, *refs, carry)
                 barrier_arrive(consumed.at[slot])
+                if per_step:
+                    store(per_step, slot, indices)
                 return new
 
-            return fori_with_refs(num_steps, step, carry)
+            out = fori_with_refs(num_steps, step, carry)
+            if at_end:
+                store(at_end, 0, _unravel(jnp.int32(num_steps - 1), self.grid))
+            if outs:
+                wait_smem_to_gmem(0)
+            return out
 
         @pl.when(wg != self.memory_thread_idx)
         def _compute():
@@ -327,11 +362,11 @@ def emit_pipeline_warp_specialized(
     ``memory_registers`` is a register-allocation hint (no effect on semantics)."""
     del memory_registers
     grid = _check_grid(grid)
-    out_leaves = jax.tree_util.tree_leaves(out_specs)
-    if out_leaves:
+    out_specs = tuple(jax.tree_util.tree_leaves(
+        out_specs, is_leaf=lambda s: isinstance(s, pl.BlockSpec)))
+    if out_specs and num_compute_wgs > 1:
         raise NotImplementedError(
-            "emit_pipeline_warp_specialized with out_specs is not supported by "
-            "pallas-mosaic-gpu yet; store outputs from the compute context instead")
+            "SMEM outputs are not supported with multiple compute warpgroups")
     if manual_consumed_barriers:
         raise NotImplementedError("emit_pipeline_warp_specialized(manual_consumed_barriers="
                                   "True) is not supported by pallas-mosaic-gpu yet")
@@ -347,5 +382,5 @@ def emit_pipeline_warp_specialized(
         raise ValueError(f"num_compute_wgs must be >= 1, got {num_compute_wgs}")
     slots = max(1, min(max_concurrent_steps, math.prod(grid)))
     mem = num_compute_wgs if memory_thread_idx is None else memory_thread_idx
-    return _WarpSpecializedPipeline(body, grid, in_specs, slots, wg_axis, num_compute_wgs,
-                                    compute_context, mem)
+    return _WarpSpecializedPipeline(body, grid, in_specs, out_specs, slots, wg_axis,
+                                    num_compute_wgs, compute_context, mem)
