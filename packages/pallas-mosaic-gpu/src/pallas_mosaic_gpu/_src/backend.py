@@ -2,24 +2,60 @@
 
 from __future__ import annotations
 
-from pallas.plugins import Backend, LoweringRequest
+from pallas.plugins import Backend, KernelRequest, LoweringRequest
 from pallas_mosaic_gpu.__about__ import __version__
 from pallas_mosaic_gpu._src.compiler_params import CompilerParams
 
-# Conformance tags whose every case passes at each level this backend provides.
-# Empty until the lowering to Mosaic GPU lands: the suite reports every case
-# `unsupported`, never a pass it has not earned.
-CAPABILITIES: frozenset = frozenset()
+# Conformance tags whose every case passes at each level this backend provides (lower,
+# and compile where the toolchain is installed); measured by running the catalogue.
+# Not claimed although their claimed-tag cases would pass: carry_across_blocks (parallel
+# grid axes run concurrently on a GPU), atomics and semaphores (not lowered yet).
+CAPABILITIES: frozenset = frozenset({
+    "elementwise", "special_functions", "bf16", "f16", "int8", "uint32", "bool", "dot",
+    "multiple_outputs", "sequential_grid", "vmap", "shard_map", "kernels",
+})
+
+
+def _levels() -> tuple[str, ...]:
+    """``lower``, plus ``compile`` when ptxas, libdevice and the CUDA plugin are here."""
+    from pallas_mosaic_gpu._src.compile import ToolchainMissingError, _check_plugin, find_toolchain
+
+    try:
+        _check_plugin()
+        find_toolchain()
+    except ToolchainMissingError:
+        return ("lower",)
+    return ("lower", "compile")
 
 
 class MosaicGpuBackend(Backend):
     """Lowers ``pallas_call`` to the Mosaic GPU compiler library's custom call."""
 
     def lower(self, request: LoweringRequest):
-        raise NotImplementedError(
-            f"the mosaic_gpu backend (pallas-mosaic-gpu {__version__}) cannot lower "
-            f"kernel {request.name!r} yet: its lowering to Mosaic GPU is not implemented in this "
-            "release; use interpret=True, or backend='triton' for platform cuda")
+        from pallas_mosaic_gpu._src.lowering import lower_pallas_call
+
+        return lower_pallas_call(request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
+                                 grid_mapping=request.grid_mapping,
+                                 compiler_params=params(request.compiler_params),
+                                 name=request.name)
+
+    def validate(self, request: KernelRequest) -> None:
+        """Builds the kernel at trace time, so what cannot lower fails there, naming
+        the primitive."""
+        from pallas_mosaic_gpu._src.lowering import build
+
+        build(request.jaxpr, request.grid_mapping, params(request.compiler_params),
+              request.name or "kernel")
+
+    def compile(self, request: KernelRequest):
+        """Compiles on a compile-only device; ``request.options["target"]``: ``"sm_90a"``
+        (default) or ``"sm_100a"``. Returns a ``pallas_mosaic_gpu.compiler.CompiledKernel``."""
+        from pallas_mosaic_gpu._src.compile import compile_kernel
+
+        return compile_kernel(request.jaxpr, request.grid_mapping,
+                              params(request.compiler_params),
+                              name=request.name or "kernel",
+                              target=request.options.get("target"))
 
 
 def params(compiler_params) -> CompilerParams:
@@ -41,7 +77,7 @@ MOSAIC_GPU = MosaicGpuBackend(
     platforms=("cuda",),
     compiler_params_type=CompilerParams,
     capabilities=CAPABILITIES,
-    levels=("lower",),
+    levels=_levels(),
     # Below pallas-triton (10) until the lowering lands: the default for cuda stays a
     # backend that lowers.
     priority=0,

@@ -70,3 +70,7 @@ for _allowed in (effects.control_flow_allowed_effects, effects.lowerable_effects
 def source_site(eqn) -> str:
     """``file:line (function)`` of the user code an equation comes from."""
     return source_info_util.summarize(eqn.source_info)
+
+
+# The lowering's name for the same thing.
+source_info_summary = source_site

@@ -1,0 +1,130 @@
+"""Walks a kernel jaxpr and emits Mosaic GPU code through the per-primitive rules.
+
+Values in the environment are ``FragmentedArray`` (arrays of rank >= 1, held in the
+registers of one warpgroup), scalar ``ir.Value`` (rank 0, uniform across the
+warpgroup), :class:`RefVal` (a memref in SMEM or GMEM) or :class:`Lit` (a literal,
+materialised by the rule that uses it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.extend.core as jax_core
+import numpy as np
+from jaxlib.mlir import ir
+
+from pallas_mosaic_gpu._src import jax_compat as jc
+
+BACKEND = "mosaic_gpu"
+
+# primitive object -> rule(lctx, eqn, *invals) -> value or list of values
+RULES: dict = {}
+
+
+class MosaicGpuLoweringError(NotImplementedError):
+    """A kernel uses something the ``mosaic_gpu`` backend cannot lower (it names the
+    primitive, the kernel and the source line); the kernel still runs with
+    ``interpret=True``."""
+
+
+def rule(*prims):
+    """Registers the decorated function as the Mosaic GPU lowering rule of ``prims``."""
+
+    def register(f):
+        for p in prims:
+            RULES[p] = f
+        return f
+
+    return register
+
+
+@dataclasses.dataclass(frozen=True)
+class Lit:
+    """A literal (static) value and its aval."""
+
+    val: Any
+    aval: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class RefVal:
+    """A ref in the kernel: a memref in SMEM or GMEM, and the dtype it holds."""
+
+    memref: ir.Value
+    dtype: np.dtype
+    space: str  # "smem" or "gmem"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(ir.MemRefType(self.memref.type).shape)
+
+
+@dataclasses.dataclass
+class LoweringContext:
+    """Per-kernel state: the launch context, grid sizes and the current program ids."""
+
+    launch_ctx: Any  # mgpu.LaunchContext
+    grid: tuple[int, ...]
+    program_ids: list  # one i32 ir.Value per grid axis
+    name: str
+    approx_math: bool = False
+    reduction_scratch: Any = None  # an SMEM memref for cross-warp reductions
+    # id(eqn) -> SMEM memref (or None: read in place) per operand read across threads
+    spill_buffers: dict = dataclasses.field(default_factory=dict)
+    # id(value) -> (value, memref view) for values read from refs
+    loaded_from: dict = dataclasses.field(default_factory=dict)
+    uses: set = dataclasses.field(default_factory=set)
+    used_vars: set = dataclasses.field(default_factory=set)
+
+    def is_used(self, var) -> bool:
+        return var in self.used_vars
+
+
+def unsupported(lctx_or_name, what: str) -> MosaicGpuLoweringError:
+    name = getattr(lctx_or_name, "name", lctx_or_name)
+    return MosaicGpuLoweringError(
+        f"pallas-mosaic-gpu (backend '{BACKEND}') cannot lower {what} in kernel {name} "
+        f"yet. It runs with interpret=True.")
+
+
+def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
+    """Emits ``jaxpr`` at the current insertion point; returns its outputs."""
+    env: dict[Any, Any] = {}
+
+    def read(v):
+        if isinstance(v, jax_core.Literal):
+            return Lit(v.val, v.aval)
+        return env[v]
+
+    for v, c in zip(jaxpr.constvars, consts):
+        env[v] = c if isinstance(c, (ir.Value, RefVal, Lit)) else Lit(np.asarray(c), v.aval)
+    for v, a in zip(jaxpr.invars, args):
+        env[v] = a
+    for eqn in jaxpr.eqns:
+        lctx.used_vars.update(v for v in eqn.invars if not isinstance(v, jax_core.Literal))
+    lctx.used_vars.update(v for v in jaxpr.outvars if not isinstance(v, jax_core.Literal))
+    for eqn in jaxpr.eqns:
+        r = RULES.get(eqn.primitive)
+        if r is None:
+            raise MosaicGpuLoweringError(
+                f"pallas-mosaic-gpu (backend '{BACKEND}') cannot lower the primitive "
+                f"'{eqn.primitive.name}' to Mosaic GPU yet (kernel {lctx.name}, at "
+                f"{jc.source_info_summary(eqn)}). It runs with interpret=True.")
+        invals = [read(v) for v in eqn.invars]
+        try:
+            outs = r(lctx, eqn, *invals)
+        except MosaicGpuLoweringError:
+            raise
+        except (NotImplementedError, ValueError, TypeError, IndexError) as e:
+            raise MosaicGpuLoweringError(
+                f"pallas-mosaic-gpu (backend '{BACKEND}') failed to lower the primitive "
+                f"'{eqn.primitive.name}' in kernel {lctx.name} (at "
+                f"{jc.source_info_summary(eqn)}): {type(e).__name__}: {e}") from e
+        lctx.uses.add(eqn.primitive.name)
+        if not eqn.primitive.multiple_results:
+            outs = [outs]
+        for v, o in zip(eqn.outvars, outs):
+            env[v] = o
+    return [read(v) for v in jaxpr.outvars]

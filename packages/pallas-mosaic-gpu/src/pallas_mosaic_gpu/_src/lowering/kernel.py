@@ -1,0 +1,299 @@
+"""Builds the Mosaic GPU kernel of a ``pallas_call``: one warpgroup per CUDA block.
+
+The grid is split in two. Axes that every output's index map uses are *parallel*: they
+become the CUDA grid (at most three; any further ones run as loops). The others are
+*sequential* (reduction axes, whose output blocks are revisited): each CUDA block runs
+them as a loop nest in grid order, so revisits happen in order, as on any GPU backend.
+``CompilerParams.dimension_semantics`` overrides the split.
+
+Each step copies the input blocks GMEM -> SMEM with TMA (one barrier per input), runs
+the kernel body on the SMEM blocks, then copies the output blocks SMEM -> GMEM with TMA.
+TMA clips edge blocks that overhang the array (zero-filled on load, dropped on store).
+Operands in ``plgpu.GMEM`` (or ``pl.ANY``) are passed whole, as GMEM refs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.mosaic import gpu as mgpu
+from jax.interpreters import mlir as jmlir
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, gpu, scf
+
+import pallas as pl
+from pallas_mosaic_gpu._src.lowering import values as V
+from pallas_mosaic_gpu._src.lowering.copies import thread_copy, tma_can_copy
+from pallas_mosaic_gpu._src.lowering.engine import (
+    Lit,
+    LoweringContext,
+    MosaicGpuLoweringError,
+    RefVal,
+    lower_jaxpr,
+    unsupported,
+)
+from pallas_mosaic_gpu._src.lowering.spill import spill_buffers
+
+MAX_CUDA_GRID_AXES = 3
+REDUCTION_SCRATCH_BYTES = 2048
+
+
+@dataclasses.dataclass
+class Kernel:
+    """A lowered kernel: the function that binds Mosaic GPU's custom call, and facts
+    about it for reports and tests."""
+
+    fn: object  # jitted: binds mosaic_gpu_p (the ``mosaic_gpu_v2`` custom call)
+    in_shapes: tuple  # what ``fn`` takes (bool operands as int8)
+    out_shapes: tuple
+    name: str
+    cuda_grid: tuple[int, int, int]
+    sequential_axes: tuple[int, ...]
+    smem_bytes: int
+    primitives: frozenset
+
+
+def _kernel_symbol(name: str) -> str:
+    s = re.sub(r"\W", "_", name or "kernel")
+    return s if s[:1].isalpha() else f"k_{s}"
+
+
+def _space_name(space) -> str | None:
+    s = str(getattr(space, "name", space) or "").lower()
+    return s or None
+
+
+def _is_gmem(bm) -> bool:
+    """Whether the operand is passed whole, as a GMEM ref (``plgpu.GMEM``/``pl.ANY``)."""
+    return _space_name(bm.memory_space) in ("gmem", "any", "hbm")
+
+
+def _uses_axis(index_map_jaxpr, axis: int) -> bool:
+    jaxpr = index_map_jaxpr.jaxpr
+    v = jaxpr.invars[axis]
+    if any(v is o for o in jaxpr.outvars):
+        return True
+    return any(any(v is i for i in e.invars) for e in jaxpr.eqns)
+
+
+def split_grid(gm, params) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(parallel axes, sequential axes) of the grid."""
+    n = len(gm.grid)
+    sems = getattr(params, "dimension_semantics", None)
+    if sems is not None:
+        if len(sems) != n:
+            raise ValueError(
+                f"plgpu.CompilerParams(dimension_semantics={tuple(sems)}) names "
+                f"{len(sems)} axes but the grid {gm.grid} has {n}")
+        par = [i for i in range(n) if sems[i] == "parallel"]
+    else:
+        outs = [bm for bm in gm.out_block_mappings if not _is_gmem(bm)]
+        par = [i for i in range(n)
+               if all(_uses_axis(bm.index_map_jaxpr, i) for bm in outs)
+               and not any(_is_gmem(bm) for bm in gm.out_block_mappings)]
+    par = [i for i in par if gm.grid[i] > 1][:MAX_CUDA_GRID_AXES]
+    seq = [i for i in range(n) if i not in par]
+    return tuple(par), tuple(seq)
+
+
+def _sds(shape, dtype):
+    """The buffer of an operand or scratch (bool is stored as int8)."""
+    return jax.ShapeDtypeStruct(tuple(shape), V.storage_dtype(dtype))
+
+
+def _check_dtype(aval, what: str, name: str):
+    dt = jnp.dtype(aval.dtype)
+    if dt.itemsize > 4:
+        raise unsupported(name, f"{what} of dtype {dt.name} (64-bit operands; Mosaic GPU "
+                                "kernels take 32-bit and narrower)")
+
+
+def _smem_block_shape(bm) -> tuple[int, ...]:
+    return tuple(bm.ref_shape)
+
+
+def _block_slices(lctx, bm, program_ids):
+    """The GMEM window of the block at the current step: ``mgpu.ds`` per blocked dim,
+    an index per squeezed dim."""
+    cj = bm.index_map_jaxpr
+    ilctx = LoweringContext(lctx.launch_ctx, lctx.grid, program_ids,
+                            f"index_map of {bm.origin} in {lctx.name}")
+    outs = lower_jaxpr(ilctx, cj.jaxpr, cj.consts, list(program_ids))
+    slices = []
+    for d, o in zip(bm.block_dims, outs):
+        if isinstance(d, pl.BoundedSlice):
+            raise unsupported(lctx, f"BoundedSlice block dims ({bm.origin})")
+        scale = d.block_size if isinstance(d, pl.Blocked) else 1
+        if isinstance(o, Lit):
+            start = V.const(int(o.val) * scale, V.index())
+        else:
+            start = arith.index_cast(V.index(), o)
+            if scale != 1:
+                start = arith.muli(start, V.const(scale, V.index()))
+        if isinstance(d, pl.Squeezed):
+            slices.append(start)
+        else:
+            slices.append(mgpu.ds(start, d.block_size))
+    return tuple(slices)
+
+
+def build(jaxpr, gm, params, name: str) -> Kernel:
+    """Lowers the kernel jaxpr and grid mapping to a Mosaic GPU kernel."""
+    if gm.num_scalar_prefetch:
+        raise unsupported(name, "scalar prefetch (PrefetchScalarGridSpec)")
+    if gm.input_output_aliases:
+        raise unsupported(name, "input_output_aliases")
+    if getattr(params, "lowering_semantics", None) is not None and \
+            params.lowering_semantics.name != "Lane":
+        raise unsupported(name, "LoweringSemantics.Warpgroup")
+    par, seq = split_grid(gm, params)
+    cuda_grid = tuple(gm.grid[i] for i in par) + (1,) * (3 - len(par))
+    ins, outs = gm.in_block_mappings, gm.out_block_mappings
+    for bm in gm.block_mappings:
+        _check_dtype(bm.array_aval, f"operand {bm.origin}", name)
+    in_shapes = tuple(_sds(bm.array_aval.shape, bm.array_aval.dtype) for bm in ins)
+    out_shapes = tuple(_sds(bm.array_aval.shape, bm.array_aval.dtype) for bm in outs)
+    blocked = [k for k, bm in enumerate(gm.block_mappings) if not _is_gmem(bm)]
+    blocked_in = [k for k in blocked if k < gm.num_inputs]
+    by_tma = {k for k in blocked if tma_can_copy(gm.block_mappings[k])}
+    bufs = tuple(_sds(_smem_block_shape(gm.block_mappings[k]),
+                      gm.block_mappings[k].array_aval.dtype) for k in blocked)
+    scratch = []
+    for origin, t in zip(gm.scratch_origins, gm.scratch_types):
+        space = _space_name(getattr(t, "memory_space", None))
+        if space not in (None, "smem", "any"):
+            raise unsupported(name, f"scratch {origin} in memory space {space}")
+        shape = getattr(t, "shape", None)
+        dtype = getattr(t, "dtype", None)
+        if shape is None or dtype is None:
+            raise unsupported(name, f"scratch {origin} of type {type(t).__name__}")
+        _check_dtype(jax.core.ShapedArray(shape, dtype), f"scratch {origin}", name)
+        scratch.append(_sds(shape, dtype))
+    red = _sds((REDUCTION_SCRATCH_BYTES // 4,), jnp.float32)
+    spills = spill_buffers(jaxpr.jaxpr)
+    entries = {"red": red}
+    entries.update({("buf", k): b for k, b in zip(blocked, bufs)})
+    entries.update({("scratch", i): t for i, t in enumerate(scratch)})
+    for i, (_, avals) in enumerate(spills):
+        entries.update({("spill", i, j): _sds(a.shape, a.dtype)
+                        for j, a in enumerate(avals) if a is not None})
+    if blocked_in:
+        entries["barriers"] = mgpu.Barrier(arrival_count=1, num_barriers=len(blocked_in))
+    smem, where, smem_bytes = _aligned(entries)
+    state = {}
+
+    def body(launch_ctx, *refs_and_smem):
+        *gmem_refs, smem_refs = refs_and_smem
+        ref = {key: smem_refs[i] for key, i in where.items()}
+        buf_refs = [ref[("buf", k)] for k in blocked]
+        scratch_refs = [ref[("scratch", i)] for i in range(len(scratch))]
+        red_ref, barriers = ref["red"], ref.get("barriers")
+        spill_refs = {id(e): [ref.get(("spill", i, j)) for j in range(len(avals))]
+                      for i, (e, avals) in enumerate(spills)}
+        lctx = LoweringContext(launch_ctx, tuple(gm.grid), [None] * len(gm.grid), name,
+                               approx_math=bool(getattr(params, "approx_math", False)),
+                               reduction_scratch=red_ref,
+                               spill_buffers=spill_refs)
+        for dim, axis in zip((gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z), par):
+            lctx.program_ids[axis] = arith.index_cast(V.i32(), gpu.block_id(dim))
+        for axis in range(len(gm.grid)):
+            if lctx.program_ids[axis] is None and axis not in seq:
+                lctx.program_ids[axis] = V.const(0, V.i32())
+        smem_of = dict(zip(blocked, buf_refs))
+        with _loop_nest(lctx, seq):
+            ids = list(lctx.program_ids)
+            if seq:
+                mgpu.warpgroup_barrier()  # the previous step is done with the blocks
+            slices = {k: _block_slices(lctx, gm.block_mappings[k], ids) for k in blocked}
+            for j, k in enumerate(blocked_in):
+                if k in by_tma:
+                    launch_ctx.async_copy(src_ref=gmem_refs[k], dst_ref=smem_of[k],
+                                          gmem_slice=slices[k], barrier=barriers[j])
+                else:
+                    thread_copy(gmem_refs[k], smem_of[k], gm.block_mappings[k], slices[k],
+                                to_smem=True)
+            for j, k in enumerate(blocked_in):
+                if k in by_tma:
+                    barriers[j].wait()
+            if any(k not in by_tma for k in blocked_in):
+                mgpu.warpgroup_barrier()
+            refs = []
+            for k, bm in enumerate(gm.block_mappings):
+                if k in smem_of:
+                    refs.append(RefVal(smem_of[k], jnp.dtype(bm.array_aval.dtype), "smem"))
+                else:
+                    refs.append(RefVal(gmem_refs[k], jnp.dtype(bm.array_aval.dtype), "gmem"))
+            for r, t in zip(scratch_refs, scratch):
+                refs.append(RefVal(r, jnp.dtype(t.dtype), "smem"))
+            lower_jaxpr(lctx, jaxpr.jaxpr, jaxpr.consts, refs)
+            mgpu.commit_shared()
+            stores = [k for k in blocked if k >= gm.num_inputs]
+            for k in stores:
+                if k in by_tma:
+                    launch_ctx.async_copy(src_ref=smem_of[k], dst_ref=gmem_refs[k],
+                                          gmem_slice=slices[k])
+                else:
+                    thread_copy(gmem_refs[k], smem_of[k], gm.block_mappings[k], slices[k],
+                                to_smem=False)
+            if any(k in by_tma for k in stores):
+                launch_ctx.await_async_copy(0)
+        state["uses"] = frozenset(lctx.uses)
+
+    symbol = _kernel_symbol(name)
+    with jmlir.make_ir_context() as ctx, ir.Location.unknown():
+        mgpu.dialect.register_dialect(ctx)
+        try:
+            fn = mgpu.as_gpu_kernel(
+                body, cuda_grid, (V.WARPGROUP_SIZE, 1, 1), in_shapes, out_shapes,
+                tuple(smem), module_name=symbol, kernel_name=symbol)
+        except MosaicGpuLoweringError:
+            raise
+        except ir.MLIRError as e:
+            raise MosaicGpuLoweringError(
+                f"pallas-mosaic-gpu produced a Mosaic GPU module for kernel {name} that "
+                f"does not verify (a bug in pallas-mosaic-gpu; please report it): {e}") from e
+    return Kernel(fn, in_shapes, out_shapes, symbol, cuda_grid, seq, smem_bytes,
+                  state.get("uses", frozenset()))
+
+
+SMEM_ALIGNMENT = 128  # TMA needs 128-byte aligned SMEM (and barriers 8 bytes)
+
+
+def _aligned(entries: dict):
+    """The SMEM tree (a flat tuple, padded so every buffer starts 128-byte aligned), the
+    position of each entry in it, and the total bytes."""
+    tree, where, off = [], {}, 0
+    for key, e in entries.items():
+        if isinstance(e, mgpu.Barrier):
+            size = 8 * e.num_barriers
+        else:
+            size = int(np.prod(e.shape)) * jnp.dtype(e.dtype).itemsize
+        pad = (-off) % SMEM_ALIGNMENT
+        if pad:
+            tree.append(jax.ShapeDtypeStruct((pad,), jnp.uint8))
+            off += pad
+        where[key] = len(tree)
+        tree.append(e)
+        off += size
+    return tuple(tree), where, off
+
+
+@contextlib.contextmanager
+def _loop_nest(lctx: LoweringContext, axes):
+    """Runs the body once per point of the sequential ``axes``, in grid order."""
+    if not axes:
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        for axis in axes:
+            lo, hi, one = (V.const(v, V.index()) for v in (0, lctx.grid[axis], 1))
+            loop = scf.ForOp(lo, hi, one)
+            stack.enter_context(ir.InsertionPoint(loop.body))
+            lctx.program_ids[axis] = arith.index_cast(V.i32(), loop.induction_variable)
+            stack.callback(scf.YieldOp, [])
+        yield

@@ -1,0 +1,497 @@
+"""Lowering rules of elementwise operations: arithmetic, comparisons, bitwise and
+shift operations, transcendental functions, casts and selects.
+
+Each rule builds one function over ``ir.Value`` (a scalar, or one register: a vector of
+a warpgroup array) and :func:`~values.pointwise` applies it to every register.
+Transcendental functions of 16-bit floats are computed in float32, as XLA does.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.extend.core.primitives as P
+import jax.numpy as jnp
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, llvm, vector
+from jaxlib.mlir.dialects import math as mmath
+
+from pallas_mosaic_gpu._src.lowering import values as V
+from pallas_mosaic_gpu._src.lowering.engine import rule
+
+CF, CI = arith.CmpFPredicate, arith.CmpIPredicate
+
+
+def _in_dtype(eqn, i=0):
+    return eqn.invars[i].aval.dtype
+
+
+def _like(ty: ir.Type, et: ir.Type) -> ir.Type:
+    """``ty`` (scalar or vector type) with element type ``et``."""
+    if isinstance(ty, ir.VectorType):
+        return ir.VectorType.get(ir.VectorType(ty).shape, et)
+    return et
+
+
+def _per_element(op, *vals):
+    """``op`` applied element by element: NVPTX has no vector form of some operations
+    (``frem``), so vectors are split into scalars and rebuilt."""
+    if not isinstance(vals[0].type, ir.VectorType):
+        return op(*vals)
+    vt = ir.VectorType(vals[0].type)
+    n = vt.shape[0]
+    parts = [op(*(vector.extract(v, [], [i]) for v in vals)) for i in range(n)]
+    return vector.from_elements(ir.VectorType.get([n], parts[0].type), parts)
+
+
+def _binary(f_op, i_op, u_op=None):
+    def lower(lctx, eqn, a, b):
+        k = V.kind(_in_dtype(eqn))
+        op = f_op if k == "f" else (u_op or i_op) if k in "ub" else i_op
+        if op is None:
+            raise NotImplementedError(f"{eqn.primitive.name} on {jnp.dtype(_in_dtype(eqn))}")
+        return V.pointwise(eqn, [a, b], op)
+
+    return lower
+
+
+@rule(P.rem_p)
+def _rem(lctx, eqn, a, b):
+    """``lax.rem``; for floats, libdevice's ``fmod`` (NVPTX cannot lower ``frem``)."""
+    dt = jnp.dtype(_in_dtype(eqn))
+    if V.kind(dt) != "f":
+        return _binary(None, arith.remsi, arith.remui)(lctx, eqn, a, b)
+
+    def fmod(x, y):
+        if dt.itemsize < 4:
+            f32 = ir.F32Type.get()
+            r = libdevice(lctx, "__nv_fmodf", [arith.extf(f32, x), arith.extf(f32, y)], f32)
+            return arith.truncf(x.type, r)
+        return libdevice(lctx, "__nv_fmodf", [x, y], x.type)
+
+    return V.pointwise(eqn, [a, b], lambda x, y: _per_element(fmod, x, y))
+
+
+def libdevice(lctx, fname: str, args, result_type):
+    """Calls a libdevice function (declared once in the module; it is linked with the
+    kernel when Mosaic GPU compiles it)."""
+    module = lctx.launch_ctx.module
+    table = ir.SymbolTable(module.operation)
+    if fname not in table:
+        sig = ", ".join(str(a.type) for a in args)
+        fty = ir.TypeAttr.get(ir.Type.parse(f"!llvm.func<{result_type} ({sig})>"))
+        with ir.InsertionPoint.at_block_begin(module.body):
+            llvm.LLVMFuncOp(fname, fty, sym_visibility="private")
+    # LLVM inlines libdevice; an inlined call needs a real location for the debug info.
+    loc = ir.Location.file(lctx.name, 0, 0)
+    return llvm.call(result_type, list(args), [], [], callee=fname, loc=loc)
+
+
+for _p, _ops in {
+    P.add_p: (arith.addf, arith.addi),
+    P.add_jaxvals_p: (arith.addf, arith.addi),
+    P.sub_p: (arith.subf, arith.subi),
+    P.mul_p: (arith.mulf, arith.muli),
+    P.div_p: (arith.divf, arith.divsi, arith.divui),
+    P.max_p: (arith.maximumf, arith.maxsi, arith.maxui),
+    P.min_p: (arith.minimumf, arith.minsi, arith.minui),
+    P.and_p: (None, arith.andi),
+    P.or_p: (None, arith.ori),
+    P.xor_p: (None, arith.xori),
+}.items():
+    rule(_p)(_binary(*_ops))
+
+
+def _compare(fpred, spred, upred):
+    def lower(lctx, eqn, a, b):
+        k = V.kind(_in_dtype(eqn))
+        if k == "f":
+            return V.pointwise(eqn, [a, b], lambda x, y: arith.cmpf(fpred, x, y))
+        pred = spred if k == "i" else upred
+        return V.pointwise(eqn, [a, b], lambda x, y: arith.cmpi(pred, x, y))
+
+    return lower
+
+
+for _p, _preds in {
+    P.eq_p: (CF.OEQ, CI.eq, CI.eq), P.ne_p: (CF.UNE, CI.ne, CI.ne),
+    P.lt_p: (CF.OLT, CI.slt, CI.ult), P.le_p: (CF.OLE, CI.sle, CI.ule),
+    P.gt_p: (CF.OGT, CI.sgt, CI.ugt), P.ge_p: (CF.OGE, CI.sge, CI.uge),
+}.items():
+    rule(_p)(_compare(*_preds))
+
+
+def _float_unary(op, upcast=True):
+    """A float function; 16-bit floats are computed in float32."""
+
+    def lower(lctx, eqn, x):
+        if V.kind(_in_dtype(eqn)) != "f":
+            raise NotImplementedError(f"{eqn.primitive.name} on {jnp.dtype(_in_dtype(eqn))}")
+        wide = upcast and jnp.dtype(_in_dtype(eqn)).itemsize < 4
+
+        def f(v):
+            if not wide:
+                return op(v)
+            t = v.type
+            r = op(arith.extf(_like(t, ir.F32Type.get()), v))
+            return arith.truncf(t, r)
+
+        return V.pointwise(eqn, [x], f)
+
+    return lower
+
+
+def _logistic(v):
+    one = V.const_like(1.0, v)
+    return arith.divf(one, arith.addf(one, mmath.exp(arith.negf(v))))
+
+
+for _p, _op in {
+    P.exp_p: mmath.exp, P.exp2_p: mmath.exp2, P.log_p: mmath.log, P.log1p_p: mmath.log1p,
+    P.expm1_p: mmath.expm1, P.sin_p: mmath.sin, P.cos_p: mmath.cos, P.tan_p: mmath.tan,
+    P.tanh_p: mmath.tanh, P.sinh_p: mmath.sinh, P.cosh_p: mmath.cosh,
+    P.asin_p: mmath.asin, P.acos_p: mmath.acos, P.atan_p: mmath.atan,
+    P.asinh_p: mmath.asinh, P.acosh_p: mmath.acosh, P.atanh_p: mmath.atanh,
+    P.sqrt_p: mmath.sqrt, P.rsqrt_p: mmath.rsqrt, P.cbrt_p: mmath.cbrt,
+    P.erf_p: mmath.erf, P.erfc_p: mmath.erfc, P.logistic_p: _logistic,
+}.items():
+    rule(_p)(_float_unary(_op))
+
+rule(P.floor_p)(_float_unary(mmath.floor, upcast=False))
+rule(P.ceil_p)(_float_unary(mmath.ceil, upcast=False))
+
+
+@rule(P.round_p)
+def _round(lctx, eqn, x):
+    method = int(eqn.params.get("rounding_method", 0))
+    return _float_unary(mmath.roundeven if method == 1 else mmath.round, upcast=False)(
+        lctx, eqn, x)
+
+
+@rule(P.is_finite_p)
+def _is_finite(lctx, eqn, x):
+    return V.pointwise(eqn, [x], mmath.isfinite)
+
+
+@rule(P.atan2_p)
+def _atan2(lctx, eqn, a, b):
+    wide = jnp.dtype(_in_dtype(eqn)).itemsize < 4
+
+    def f(x, y):
+        if not wide:
+            return mmath.atan2(x, y)
+        t = x.type
+        f32 = _like(t, ir.F32Type.get())
+        return arith.truncf(t, mmath.atan2(arith.extf(f32, x), arith.extf(f32, y)))
+
+    return V.pointwise(eqn, [a, b], f)
+
+
+@rule(P.neg_p)
+def _neg(lctx, eqn, x):
+    if V.kind(_in_dtype(eqn)) == "f":
+        return V.pointwise(eqn, [x], arith.negf)
+    return V.pointwise(eqn, [x], lambda v: arith.subi(V.const_like(0, v), v))
+
+
+@rule(P.abs_p)
+def _abs(lctx, eqn, x):
+    k = V.kind(_in_dtype(eqn))
+    if k == "f":
+        return V.pointwise(eqn, [x], mmath.absf)
+    if k == "i":
+        return V.pointwise(eqn, [x], mmath.absi)
+    return x
+
+
+@rule(P.sign_p)
+def _sign(lctx, eqn, x):
+    k = V.kind(_in_dtype(eqn))
+
+    def f(v):
+        zero, one = V.const_like(0, v), V.const_like(1, v)
+        if k == "f":
+            s = mmath.copysign(one, v)
+            keep = arith.ori(arith.cmpf(CF.OEQ, v, zero), arith.cmpf(CF.UNO, v, v))
+            return arith.select(keep, v, s)
+        pos = arith.select(arith.cmpi(CI.ne, v, zero), one, zero)
+        if k == "i":
+            return arith.select(arith.cmpi(CI.slt, v, zero), V.const_like(-1, v), pos)
+        return pos
+
+    return V.pointwise(eqn, [x], f)
+
+
+@rule(P.not_p)
+def _not(lctx, eqn, x):
+    return V.pointwise(eqn, [x], lambda v: arith.xori(v, V.const_like(-1, v)))
+
+
+@rule(P.square_p)
+def _square(lctx, eqn, x):
+    op = arith.mulf if V.kind(_in_dtype(eqn)) == "f" else arith.muli
+    return V.pointwise(eqn, [x], lambda v: op(v, v))
+
+
+@rule(P.integer_pow_p)
+def _integer_pow(lctx, eqn, x):
+    y = int(eqn.params["y"])
+    is_f = V.kind(_in_dtype(eqn)) == "f"
+    mul = arith.mulf if is_f else arith.muli
+
+    def f(v):
+        acc, base, n = None, v, abs(y)
+        while n:
+            if n & 1:
+                acc = base if acc is None else mul(acc, base)
+            n >>= 1
+            if n:
+                base = mul(base, base)
+        if acc is None:
+            acc = V.const_like(1, v)
+        if y < 0:
+            if not is_f:
+                raise NotImplementedError("integer_pow with a negative exponent on ints")
+            acc = arith.divf(V.const_like(1.0, v), acc)
+        return acc
+
+    return V.pointwise(eqn, [x], f)
+
+
+def _shift(kind_op):
+    def lower(lctx, eqn, a, b):
+        bits = jnp.dtype(_in_dtype(eqn)).itemsize * 8
+
+        def f(x, s):
+            # lax: shifting by >= the bit width gives 0 (or the sign for arithmetic).
+            big = arith.cmpi(CI.uge, s, V.const_like(bits, s))
+            if kind_op == "left":
+                return arith.select(big, V.const_like(0, x), arith.shli(x, s))
+            if kind_op == "logical":
+                return arith.select(big, V.const_like(0, x), arith.shrui(x, s))
+            clamped = arith.select(big, V.const_like(bits - 1, s), s)
+            return arith.shrsi(x, clamped)
+
+        return V.pointwise(eqn, [a, b], f)
+
+    return lower
+
+
+rule(P.shift_left_p)(_shift("left"))
+rule(P.shift_right_logical_p)(_shift("logical"))
+rule(P.shift_right_arithmetic_p)(_shift("arithmetic"))
+
+
+@rule(P.population_count_p)
+def _popcount(lctx, eqn, x):
+    return V.pointwise(eqn, [x], mmath.ctpop)
+
+
+@rule(P.clz_p)
+def _clz(lctx, eqn, x):
+    return V.pointwise(eqn, [x], mmath.ctlz)
+
+
+@rule(P.select_n_p)
+def _select_n(lctx, eqn, which, *cases):
+    if len(cases) == 1:
+        return cases[0]
+    pred_kind = V.kind(_in_dtype(eqn))
+    n = len(cases)
+
+    def f(w, *vals):
+        if pred_kind == "b":
+            return arith.select(w, vals[1], vals[0])
+        out = vals[n - 1]
+        for i in range(n - 2, -1, -1):
+            out = arith.select(arith.cmpi(CI.eq, w, V.const_like(i, w)), vals[i], out)
+        return out
+
+    return V.pointwise(eqn, [which, *cases], f)
+
+
+@rule(P.clamp_p)
+def _clamp(lctx, eqn, lo, x, hi):
+    k = V.kind(_in_dtype(eqn, 1))
+    mx = {"f": arith.maximumf, "i": arith.maxsi}.get(k, arith.maxui)
+    mn = {"f": arith.minimumf, "i": arith.minsi}.get(k, arith.minui)
+    return V.pointwise(eqn, [lo, x, hi], lambda a, v, b: mn(mx(v, a), b))
+
+
+def convert(v: ir.Value, src, dst) -> ir.Value:
+    """Converts a scalar or vector ``ir.Value`` from dtype ``src`` to ``dst``."""
+    s, d = jnp.dtype(src), jnp.dtype(dst)
+    if s == d:
+        return v
+    t = _like(v.type, V.elem_type(d))
+    ks, kd = V.kind(s), V.kind(d)
+    if kd == "b":
+        zero = V.const_like(0, v)
+        if ks == "f":
+            return arith.cmpf(CF.UNE, v, zero)
+        return arith.cmpi(CI.ne, v, zero)
+    if ks == "f" and kd == "f":
+        if s.itemsize == d.itemsize:  # bf16 <-> f16, through f32
+            v = arith.extf(_like(v.type, ir.F32Type.get()), v)
+            return arith.truncf(t, v)
+        return arith.extf(t, v) if d.itemsize > s.itemsize else arith.truncf(t, v)
+    if ks in "iu" and kd == "f":
+        return arith.sitofp(t, v) if ks == "i" else arith.uitofp(t, v)
+    if ks == "b" and kd == "f":
+        return arith.uitofp(t, v)
+    if ks == "f":
+        return arith.fptosi(t, v) if kd == "i" else arith.fptoui(t, v)
+    sbits = 1 if ks == "b" else s.itemsize * 8
+    if d.itemsize * 8 > sbits:
+        return arith.extsi(t, v) if ks == "i" else arith.extui(t, v)
+    if d.itemsize * 8 == sbits:
+        return v
+    return arith.trunci(t, v)
+
+
+@rule(P.convert_element_type_p)
+def _convert(lctx, eqn, x):
+    src, dst = _in_dtype(eqn), eqn.params["new_dtype"]
+    if jnp.dtype(dst).itemsize > 4:
+        raise NotImplementedError(f"converting to {jnp.dtype(dst).name} (64-bit)")
+    return V.pointwise(eqn, [x], lambda v: convert(v, src, dst))
+
+
+@rule(P.bitcast_convert_type_p)
+def _bitcast(lctx, eqn, x):
+    src, dst = jnp.dtype(_in_dtype(eqn)), jnp.dtype(eqn.params["new_dtype"])
+    if src.itemsize != dst.itemsize:
+        raise NotImplementedError("bitcasts between dtypes of different widths")
+    return V.pointwise(
+        eqn, [x], lambda v: arith.bitcast(_like(v.type, V.elem_type(dst)), v))
+
+
+@rule(P.copy_p, P.stop_gradient_p if hasattr(P, "stop_gradient_p") else P.copy_p)
+def _copy(lctx, eqn, x):
+    return x
+
+
+@rule(P.pow_p)
+def _pow(lctx, eqn, a, b):
+    """``x ** y``; an integer exponent keeps the sign of a negative base when odd."""
+    if V.kind(_in_dtype(eqn)) != "f":
+        raise NotImplementedError("pow with an integer base")
+    int_exp = V.kind(_in_dtype(eqn, 1)) != "f"
+    wide = jnp.dtype(_in_dtype(eqn)).itemsize < 4
+
+    def f(x, y):
+        t = x.type
+        f32 = _like(t, ir.F32Type.get())
+        xf = arith.extf(f32, x) if wide else x
+        if not int_exp:
+            yf = arith.extf(f32, y) if wide else y
+            r = mmath.powf(xf, yf)
+        else:
+            yf = arith.sitofp(f32, y)
+            mag = mmath.powf(mmath.absf(xf), yf)
+            odd = arith.cmpi(CI.ne, arith.andi(y, V.const_like(1, y)), V.const_like(0, y))
+            neg = arith.andi(odd, arith.cmpf(CF.OLT, xf, V.const_like(0.0, xf)))
+            r = arith.select(neg, arith.negf(mag), mag)
+        return arith.truncf(t, r) if wide else r
+
+    return V.pointwise(eqn, [a, b], f)
+
+
+@rule(P.nextafter_p)
+def _nextafter(lctx, eqn, a, b):
+    """The next representable float after ``x`` towards ``y`` (IEEE bit stepping)."""
+    dt = jnp.dtype(_in_dtype(eqn))
+    if dt != jnp.float32:
+        raise NotImplementedError(f"nextafter on {dt.name}")
+
+    def f(x, y):
+        ity = _like(x.type, ir.IntegerType.get_signless(32))
+        bits = arith.bitcast(ity, x)
+        zero = V.const_like(0.0, x)
+        up = arith.cmpi(CI.eq, arith.extui(_like(x.type, ir.IntegerType.get_signless(32)),
+                                           arith.cmpf(CF.OLT, x, y)),
+                        arith.extui(_like(x.type, ir.IntegerType.get_signless(32)),
+                                    arith.cmpf(CF.OGT, x, zero)))
+        step = arith.select(up, V.const_like(1, bits), V.const_like(-1, bits))
+        moved = arith.bitcast(x.type, arith.addi(bits, step))
+        tiny = mmath.copysign(arith.bitcast(x.type, V.const_like(1, bits)), y)
+        out = arith.select(arith.cmpf(CF.OEQ, x, zero), tiny, moved)
+        out = arith.select(arith.cmpf(CF.OEQ, x, y), y, out)
+        nan = arith.cmpf(CF.UNO, x, y)
+        return arith.select(nan, arith.addf(x, y), out)
+
+    return V.pointwise(eqn, [a, b], f)
+
+
+# Giles (2010), "Approximating the erfinv function": single-precision polynomials.
+_ERFINV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
+                   0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
+_ERFINV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
+                0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
+
+
+@rule(P.erf_inv_p)
+def _erf_inv(lctx, eqn, x):
+    def horner(coeffs, w):
+        p = V.const_like(coeffs[0], w)
+        for c in coeffs[1:]:
+            p = arith.addf(V.const_like(c, w), arith.mulf(p, w))
+        return p
+
+    def f(v):
+        one = V.const_like(1.0, v)
+        w = arith.negf(mmath.log(arith.mulf(arith.subf(one, v), arith.addf(one, v))))
+        central = horner(_ERFINV_CENTRAL, arith.subf(w, V.const_like(2.5, v)))
+        tail = horner(_ERFINV_TAIL, arith.subf(mmath.sqrt(w), V.const_like(3.0, v)))
+        p = arith.select(arith.cmpf(CF.OLT, w, V.const_like(5.0, v)), central, tail)
+        return arith.mulf(p, v)
+
+    return _float_unary(f)(lctx, eqn, x)
+
+
+@rule(P.lgamma_p)
+def _lgamma(lctx, eqn, x):
+    """``lgamma`` through libdevice (16-bit floats in float32)."""
+    dt = jnp.dtype(_in_dtype(eqn))
+
+    def one(v):
+        if dt.itemsize < 4:
+            f32 = ir.F32Type.get()
+            return arith.truncf(v.type, libdevice(lctx, "__nv_lgammaf", [arith.extf(f32, v)],
+                                                  f32))
+        return libdevice(lctx, "__nv_lgammaf", [v], v.type)
+
+    if V.kind(dt) != "f":
+        raise NotImplementedError(f"lgamma on {dt.name}")
+    return V.pointwise(eqn, [x], lambda v: _per_element(one, v))
+
+
+@rule(P.digamma_p)
+def _digamma(lctx, eqn, x):
+    """``digamma``: reflection below 1/2, six recurrence steps, then the asymptotic
+    series; NaN at the poles (non-positive integers), as XLA."""
+    import math
+
+    def f(v):
+        c = functools.partial(V.const_like, like=v)
+        reflect = arith.cmpf(CF.OLT, v, c(0.5))
+        xr = arith.select(reflect, arith.subf(c(1.0), v), v)
+        acc = c(0.0)
+        for k in range(6):
+            acc = arith.addf(acc, arith.divf(c(1.0), arith.addf(xr, c(float(k)))))
+        z = arith.addf(xr, c(6.0))
+        iz2 = arith.divf(c(1.0), arith.mulf(z, z))
+        series = c(-1.0 / 132)
+        for coef in (1.0 / 240, -1.0 / 252, 1.0 / 120, -1.0 / 12):
+            series = arith.addf(c(coef), arith.mulf(series, iz2))
+        series = arith.mulf(series, iz2)
+        r = arith.subf(arith.subf(mmath.log(z), arith.divf(c(0.5), z)), arith.negf(series))
+        r = arith.subf(r, acc)
+        pix = arith.mulf(c(math.pi), v)
+        refl = arith.subf(r, arith.divf(c(math.pi), mmath.tan(pix)))
+        r = arith.select(reflect, refl, r)
+        pole = arith.andi(arith.cmpf(CF.OLE, v, c(0.0)),
+                          arith.cmpf(CF.OEQ, mmath.floor(v), v))
+        return arith.select(pole, c(float("nan")), r)
+
+    return _float_unary(f)(lctx, eqn, x)

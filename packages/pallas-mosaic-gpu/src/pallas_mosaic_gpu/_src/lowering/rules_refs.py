@@ -1,0 +1,178 @@
+"""Lowering rules of refs and the grid: ``ref[...]`` loads and stores (static and
+dynamic ``pl.ds`` windows, integer indices), ``pl.program_id`` and ``pl.num_programs``.
+
+A load of a window with at least one dimension becomes a warpgroup array read from
+SMEM; a store writes one back and then synchronises the warpgroup, since the threads
+that read an SMEM element later need not be the ones that wrote it.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.experimental.mosaic import gpu as mgpu
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, memref, scf
+
+import pallas.plugins as pp
+from pallas_mosaic_gpu._src import jax_compat as jc
+from pallas_mosaic_gpu._src.lowering import small
+from pallas_mosaic_gpu._src.lowering import values as V
+from pallas_mosaic_gpu._src.lowering.engine import Lit, RefVal, rule
+
+
+def _index(x) -> object:
+    """A static int or an ``index``-typed ir.Value for an indexer entry."""
+    if isinstance(x, Lit):
+        return int(np.asarray(x.val))
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, mgpu.FragmentedArray):
+        raise NotImplementedError("gather-style (array) ref indexing")
+    return arith.index_cast(V.index(), x)
+
+
+def view(ref: RefVal, flat, tree):
+    """(memref view, shape seen by the kernel) for ``ref.at[...]`` transforms."""
+    transforms = jax.tree_util.tree_unflatten(tree, flat)
+    m = ref.memref
+    for t in transforms:
+        if not isinstance(t, jc.NDIndexer):
+            raise NotImplementedError(
+                f"ref transform {type(t).__name__} (bitcast/reshape/transpose of refs)")
+        if tuple(getattr(t, "int_indexer_shape", ())):
+            raise NotImplementedError("gather-style (array) ref indexing")
+        base = []
+        for idx in t.indices:
+            if isinstance(idx, jc.Slice):
+                if int(idx.stride) != 1:
+                    raise NotImplementedError(f"strided ref windows (stride {idx.stride})")
+                base.append(mgpu.ds(_index(idx.start), int(idx.size)))
+            else:
+                base.append(_index(idx))
+        m = mgpu.memref_slice(m, tuple(base))
+    return m
+
+
+def load_view(m, dtype, shape):
+    """Reads a memref view: a scalar for rank 0, else a warpgroup array (bools are
+    stored as int8 and read as ``!= 0``)."""
+    is_bool = V.kind(dtype) == "b"
+
+    def scalar_load(idx):
+        v = memref.load(m, [V.const(i, V.index()) for i in idx])
+        return arith.cmpi(arith.CmpIPredicate.ne, v, V.const_like(0, v)) if is_bool else v
+
+    if not shape:
+        return scalar_load([])
+    if small.is_small(shape):
+        small.check_small(shape)
+        vals = np.empty(tuple(shape), dtype=object)
+        for idx in np.ndindex(vals.shape):
+            vals[idx] = scalar_load(idx)
+        return small.Small(vals)
+    layout = V.strided_layout(tuple(shape))
+    arr = mgpu.FragmentedArray.load_strided(m, is_signed=V.signed(V.storage_dtype(dtype)),
+                                            vec_size=layout.vec_size)
+    if is_bool:
+        arr = V.map_registers(
+            lambda v: arith.cmpi(arith.CmpIPredicate.ne, v, V.const_like(0, v)), [arr], dtype)
+    return arr
+
+
+def store_view(m, value, aval, space: str, sync: bool = True):
+    """Writes ``value`` (array, scalar or literal of ``aval``) into a memref view."""
+    is_bool = V.kind(aval.dtype) == "b"
+
+    def scalar_store(v, idx):
+        if is_bool:
+            v = arith.extui(V.elem_type(V.storage_dtype(aval.dtype)), v)
+        memref.store(v, m, [V.const(i, V.index()) for i in idx])
+
+    if not aval.shape:
+        scalar_store(V.scalar(value, aval), [])
+    elif small.is_small(aval.shape):
+        # Every thread holds the same values; one thread writes them.
+        vals = small.to_small(value, aval, aval.shape).values
+        if_op = scf.IfOp(mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP))
+        with ir.InsertionPoint(if_op.then_block):
+            for idx in np.ndindex(vals.shape):
+                scalar_store(vals[idx], idx)
+            scf.YieldOp([])
+    else:
+        arr = V.to_strided(V.array(value, aval))
+        if is_bool:
+            i8 = V.elem_type(V.storage_dtype(aval.dtype))
+            arr = V.map_registers(
+                lambda v: arith.extui(ir.VectorType.get(ir.VectorType(v.type).shape, i8), v)
+                if isinstance(v.type, ir.VectorType) else arith.extui(i8, v),
+                [arr], V.storage_dtype(aval.dtype))
+        arr.store_untiled(m)
+    if space == "smem" and sync:
+        mgpu.warpgroup_barrier()
+
+
+def _check_space(ref: RefVal, what: str):
+    if ref.space != "smem":
+        raise NotImplementedError(
+            f"{what} a GMEM ref directly (copy it to SMEM first, e.g. with "
+            "plgpu.copy_gmem_to_smem, or give it a BlockSpec)")
+
+
+@rule(jc.get_p)
+def _get(lctx, eqn, ref, *flat):
+    _check_space(ref, "reading")
+    m = view(ref, flat, eqn.params["tree"])
+    out = eqn.outvars[0].aval
+    value = load_view(m, out.dtype, out.shape)
+    if V.kind(out.dtype) != "b" and isinstance(value, mgpu.FragmentedArray):
+        # dots, reductions and transposes may read the value where it was loaded
+        lctx.loaded_from[id(value)] = (value, m)
+    return value
+
+
+@rule(jc.swap_p)
+def _swap(lctx, eqn, ref, value, *flat):
+    _check_space(ref, "writing")
+    m = view(ref, flat, eqn.params["tree"])
+    aval = eqn.invars[1].aval
+    old = None
+    if lctx.is_used(eqn.outvars[0]):
+        old = load_view(m, aval.dtype, aval.shape)
+        if aval.shape:
+            old = V.to_strided(old)
+            mgpu.warpgroup_barrier()  # every thread has read before anyone writes
+    store_view(m, value, aval, ref.space)
+    return old
+
+
+@rule(jc.addupdate_p)
+def _addupdate(lctx, eqn, ref, value, *flat):
+    _check_space(ref, "updating")
+    m = view(ref, flat, eqn.params["tree"])
+    aval = eqn.invars[1].aval
+    old = load_view(m, aval.dtype, aval.shape)
+    if aval.shape:
+        mgpu.warpgroup_barrier()
+    add = arith.addf if V.kind(aval.dtype) == "f" else arith.addi
+    if aval.shape:
+        new = V.map_registers(add, [V.to_strided(old), V.array(value, aval)], aval.dtype)
+    else:
+        new = add(old, V.scalar(value, aval))
+    store_view(m, new, aval, ref.space)
+    return []
+
+
+@rule(pp.multiple_of_p)
+def _multiple_of(lctx, eqn, x):
+    return x
+
+
+@rule(pp.program_id_p)
+def _program_id(lctx, eqn):
+    return lctx.program_ids[eqn.params["axis"]]
+
+
+@rule(pp.num_programs_p)
+def _num_programs(lctx, eqn):
+    return V.const(lctx.grid[eqn.params["axis"]], V.i32())

@@ -1,0 +1,269 @@
+"""Lowering rules that change shapes: broadcasts, reshapes, iota and reductions.
+
+Arrays use the strided layout (see :mod:`values`), in which an array is its elements in
+row-major order spread over the warpgroup: a reshape is free, a broadcast of a scalar is
+a splat, and a reduction over every axis is a warpgroup reduction. Reductions over some
+axes only, and broadcasts that replicate an array along new axes, need a tiled layout
+and are not lowered yet.
+"""
+
+from __future__ import annotations
+
+import jax.extend.core.primitives as P
+import numpy as np
+from jax.experimental.mosaic import gpu as mgpu
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, scf, vector
+
+from pallas_mosaic_gpu._src.lowering import small
+from pallas_mosaic_gpu._src.lowering import values as V
+from pallas_mosaic_gpu._src.lowering.engine import Lit, rule
+from pallas_mosaic_gpu._src.lowering.spill import load_element, operand_memrefs
+
+
+def _reshaped(x, shape):
+    if isinstance(x.layout, fa.WGSplatFragLayout):
+        return V.FragmentedArray.splat(x.registers.item(), tuple(shape),
+                                       is_signed=x.is_signed)
+    x = V.to_strided(x)
+    layout = V.strided_layout(tuple(shape))  # the same size, hence the same vector width
+    regs = np.empty(layout.registers_shape(tuple(shape)), dtype=object)
+    regs.flat[:] = list(x.registers.flat)
+    return V.FragmentedArray(_registers=regs, _layout=layout, _is_signed=x.is_signed)
+
+
+@rule(P.broadcast_in_dim_p)
+def _broadcast_in_dim(lctx, eqn, x):
+    aval_in, out = eqn.invars[0].aval, eqn.outvars[0].aval
+    shape = tuple(out.shape)
+    if not aval_in.shape or isinstance(x, Lit) or (
+            isinstance(x, V.FragmentedArray) and isinstance(x.layout, fa.WGSplatFragLayout)):
+        value = V.scalar(x, aval_in) if not aval_in.shape else (
+            V.array(x, aval_in).registers.item())
+        if small.is_small(shape):
+            return small.to_small(value, out.update(shape=()), shape)
+        return V.splat(value, shape, out.dtype)
+    dims = tuple(eqn.params["broadcast_dimensions"])
+
+    def source_index(idx):
+        return [0 if aval_in.shape[i] == 1 else idx[d] for i, d in enumerate(dims)]
+
+    if isinstance(x, small.Small):
+        return small.build(shape, out.dtype, lambda idx: small.element(x, source_index(idx)))
+    if int(np.prod(aval_in.shape)) == int(np.prod(shape)):
+        return _reshaped(x, shape)  # only size-1 axes are added
+    (m,), spilled = operand_memrefs(lctx, eqn, [x])
+    res = small.build(shape, out.dtype,
+                      lambda idx: load_element(m, source_index(idx), aval_in.dtype))
+    if spilled:
+        mgpu.warpgroup_barrier()
+    return res
+
+
+def _index(i):
+    return V.const(i, V.index()) if isinstance(i, int) else i
+
+
+@rule(P.transpose_p)
+def _transpose(lctx, eqn, x):
+    perm = tuple(eqn.params["permutation"])
+    out = eqn.outvars[0].aval
+
+    def source_index(idx):
+        src = [None] * len(perm)
+        for o, p in enumerate(perm):
+            src[p] = idx[o]
+        return src
+
+    if isinstance(x, small.Small):
+        return small.build(out.shape, out.dtype,
+                           lambda idx: small.element(x, source_index(idx)))
+    if isinstance(x, V.FragmentedArray) and isinstance(x.layout, fa.WGSplatFragLayout):
+        return V.splat(x.registers.item(), out.shape, out.dtype)
+    (m,), spilled = operand_memrefs(lctx, eqn, [x])
+    res = small.build(out.shape, out.dtype,
+                      lambda idx: load_element(m, source_index(idx), out.dtype))
+    if spilled:
+        mgpu.warpgroup_barrier()
+    return res
+
+
+@rule(P.reshape_p, P.squeeze_p)
+def _reshape(lctx, eqn, x, *dyn):
+    out = eqn.outvars[0].aval
+    if not out.shape:
+        if isinstance(x, small.Small):
+            return x.values.flat[0]
+        return V.scalar(x, eqn.invars[0].aval) if not isinstance(x, V.FragmentedArray) \
+            else _scalar_of(x)
+    if isinstance(x, Lit):
+        return V.array(x, out) if not small.is_small(out.shape) else small.to_small(
+            x, eqn.invars[0].aval, out.shape)
+    if isinstance(x, small.Small):
+        return small.Small(x.values.reshape(tuple(out.shape)))
+    return _reshaped(x, out.shape)
+
+
+def _scalar_of(x):
+    if isinstance(x.layout, fa.WGSplatFragLayout):
+        return x.registers.item()
+    raise NotImplementedError("extracting one element of a warpgroup array")
+
+
+@rule(P.iota_p)
+def _iota(lctx, eqn):
+    out = eqn.outvars[0].aval
+    dim = int(eqn.params["dimension"])
+    layout = V.strided_layout(tuple(out.shape))
+    return V.FragmentedArray.broadcasted_iota(
+        V.elem_type(out.dtype), tuple(out.shape), dim, layout, is_signed=V.signed(out.dtype))
+
+
+def _combine(op_name, dtype):
+    """The scalar combiner of a reduction (NaN-propagating max/min, as XLA)."""
+    k = V.kind(dtype)
+    return {
+        "add": arith.addf if k == "f" else arith.addi,
+        "prod": arith.mulf if k == "f" else arith.muli,
+        "max": arith.maximumf if k == "f" else arith.maxsi if k == "i" else arith.maxui,
+        "min": arith.minimumf if k == "f" else arith.minsi if k == "i" else arith.minui,
+        "and": arith.andi, "or": arith.ori,
+    }[op_name]
+
+
+def _identity(op_name, dtype):
+    import jax.numpy as jnp
+
+    dt = jnp.dtype(dtype)
+    k = V.kind(dt)
+    if op_name in ("add", "or"):
+        return 0
+    if op_name in ("prod", "and"):
+        return 1
+    if k == "f":
+        return float("-inf") if op_name == "max" else float("inf")
+    if k == "b":
+        return 0 if op_name == "max" else 1
+    info = jnp.iinfo(dt)
+    return int(info.min) if op_name == "max" else int(info.max)
+
+
+def _reduced_elements(lctx, eqn, x, axes, per_element):
+    """Builds the output of a reduction (or arg-reduction) of ``x`` over ``axes``:
+    ``per_element(read, count)`` combines the ``count`` elements that ``read(j)``
+    (j an index ir.Value) returns for one output element."""
+    aval, out = eqn.invars[0].aval, eqn.outvars[0].aval
+    keep = [d for d in range(len(aval.shape)) if d not in axes]
+    red_shape = [aval.shape[d] for d in axes]
+    count = int(np.prod(red_shape))
+    if isinstance(x, small.Small):
+        m, spilled = None, False
+    else:
+        (m,), spilled = operand_memrefs(lctx, eqn, [x])
+
+    def elem(idx):
+        def read(j):
+            src = [None] * len(aval.shape)
+            for d, i in zip(keep, idx):
+                src[d] = _index(i)
+            rem = j
+            for d, n in zip(reversed(axes), reversed(red_shape)):
+                src[d] = arith.remui(rem, V.const(n, V.index()))
+                rem = arith.divui(rem, V.const(n, V.index()))
+            if m is None:
+                return small.element(x, src)
+            return load_element(m, src, aval.dtype)
+        return per_element(read, count)
+
+    res = small.build(tuple(out.shape), out.dtype, elem)
+    if spilled:
+        mgpu.warpgroup_barrier()
+    return res
+
+
+def _loop_reduce(read, count, init, combine):
+    loop = scf.ForOp(V.const(0, V.index()), V.const(count, V.index()),
+                     V.const(1, V.index()), [init])
+    with ir.InsertionPoint(loop.body):
+        scf.YieldOp([combine(loop.inner_iter_args[0], read(loop.induction_variable))])
+    return loop.results[0]
+
+
+def _reduce(op_name):
+    def lower(lctx, eqn, x):
+        aval = eqn.invars[0].aval
+        axes = tuple(int(a) for a in eqn.params["axes"])
+        if not aval.shape or not axes:
+            return x
+        full = sorted(axes) == list(range(len(aval.shape)))
+        if not full or isinstance(x, small.Small) or V.kind(aval.dtype) == "b" or (
+                op_name in ("and", "or")):
+            combine = _combine(op_name, aval.dtype)
+            et = V.elem_type(aval.dtype)
+            return _reduced_elements(
+                lctx, eqn, x, axes,
+                lambda read, count: _loop_reduce(
+                    read, count, V.const(_identity(op_name, aval.dtype), et), combine))
+        arr = V.array(x, aval)
+        if isinstance(arr.layout, fa.WGSplatFragLayout):
+            arr = V.to_strided(arr)
+        red = arr.reduce(op_name, axes, scratch=lctx.reduction_scratch)
+        return _scalar_of_reduced(red)
+
+    return lower
+
+
+def _scalar_of_reduced(red):
+    r = red.registers.flat[0]
+    if isinstance(r.type, ir.VectorType):
+        return vector.extract(r, [], [0])
+    return r
+
+
+rule(P.reduce_sum_p)(_reduce("add"))
+rule(P.reduce_max_p)(_reduce("max"))
+rule(P.reduce_min_p)(_reduce("min"))
+rule(P.reduce_prod_p)(_reduce("prod"))
+rule(P.reduce_and_p)(_reduce("and"))
+rule(P.reduce_or_p)(_reduce("or"))
+
+
+def _arg(is_max):
+    def lower(lctx, eqn, x):
+        aval, out = eqn.invars[0].aval, eqn.outvars[0].aval
+        axes = tuple(int(a) for a in eqn.params["axes"])
+        k = V.kind(aval.dtype)
+        it = V.elem_type(out.dtype)
+
+        def per_element(read, count):
+            first = read(V.const(0, V.index()))
+            loop = scf.ForOp(V.const(1, V.index()), V.const(count, V.index()),
+                             V.const(1, V.index()), [first, V.const(0, V.index())])
+            with ir.InsertionPoint(loop.body):
+                best, where = loop.inner_iter_args
+                j = loop.induction_variable
+                v = read(j)
+                if k == "f":  # NaN wins (the first one), as jnp.argmax/argmin
+                    pred = arith.CmpFPredicate.OGT if is_max else arith.CmpFPredicate.OLT
+                    better = arith.cmpf(pred, v, best)
+                    nan = arith.andi(arith.cmpf(arith.CmpFPredicate.UNO, v, v),
+                                     arith.cmpf(arith.CmpFPredicate.ORD, best, best))
+                    better = arith.ori(better, nan)
+                else:
+                    s_ = k == "i"
+                    pred = {(True, True): arith.CmpIPredicate.sgt,
+                            (True, False): arith.CmpIPredicate.ugt,
+                            (False, True): arith.CmpIPredicate.slt,
+                            (False, False): arith.CmpIPredicate.ult}[(is_max, s_)]
+                    better = arith.cmpi(pred, v, best)
+                scf.YieldOp([arith.select(better, v, best), arith.select(better, j, where)])
+            return arith.index_cast(it, loop.results[1])
+
+        return _reduced_elements(lctx, eqn, x, axes, per_element)
+
+    return lower
+
+
+rule(P.argmax_p)(_arg(True))
+rule(P.argmin_p)(_arg(False))

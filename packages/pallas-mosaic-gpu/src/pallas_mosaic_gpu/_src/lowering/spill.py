@@ -1,0 +1,113 @@
+"""SMEM for operands that threads must read across the warpgroup.
+
+A thread holds only the elements it owns of a strided array, so a dot, a reduction
+over some axes, a transpose or a broadcast of an array reads its operand from SMEM.
+When the operand was just read from a ref (and nothing was written since), it is read
+there in place; otherwise the kernel reserves an SMEM buffer for it, found by
+:func:`spill_buffers` before the kernel body is emitted, and the rule writes the
+operand there first (:func:`operand_memref`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.extend.core as jex
+import jax.extend.core.primitives as P
+from jax.experimental.mosaic import gpu as mgpu
+
+from pallas_mosaic_gpu._src import jax_compat as jc
+from pallas_mosaic_gpu._src.lowering import values as V
+
+# Primitives whose first operand is read across the warpgroup (when strided).
+GATHERING = (P.reduce_sum_p, P.reduce_max_p, P.reduce_min_p, P.reduce_prod_p,
+             P.reduce_and_p, P.reduce_or_p, P.argmax_p, P.argmin_p, P.transpose_p,
+             P.broadcast_in_dim_p)
+
+
+def _read_in_place(jaxpr, pos: int, var) -> bool:
+    """Whether ``var`` (an operand of ``jaxpr.eqns[pos]``) was read from a ref by a
+    ``get`` of the same jaxpr with no effect in between."""
+    for i in range(pos - 1, -1, -1):
+        e = jaxpr.eqns[i]
+        if any(o is var for o in e.outvars):
+            return e.primitive is jc.get_p
+        if e.effects:
+            return False
+    return False
+
+
+def _strided(aval) -> bool:
+    return bool(aval.shape) and math.prod(aval.shape) % V.WARPGROUP_SIZE == 0
+
+
+def _in_place(jaxpr, pos, v) -> bool:
+    # Bools are stored as int8 and read as ``!= 0``: they are always written out.
+    return _strided(v.aval) and V.kind(v.aval.dtype) != "b" and _read_in_place(jaxpr, pos, v)
+
+
+def load_element(m, idx, dtype):
+    """One element of an SMEM operand (bools are stored as int8)."""
+    from jaxlib.mlir.dialects import arith, memref
+
+    idx = [V.const(i, V.index()) if isinstance(i, int) else i for i in idx]
+    v = memref.load(m, idx)
+    if V.kind(dtype) == "b":
+        return arith.cmpi(arith.CmpIPredicate.ne, v, V.const_like(0, v))
+    return v
+
+
+def needs_gather(eqn) -> bool:
+    """Whether the eqn reads its (strided) operand across the warpgroup."""
+    p = eqn.primitive
+    if p not in GATHERING:
+        return False
+    a = eqn.invars[0].aval
+    if not _strided(a):
+        return False
+    if p is P.broadcast_in_dim_p:
+        return math.prod(eqn.outvars[0].aval.shape) != math.prod(a.shape)
+    if p in (P.argmax_p, P.argmin_p, P.transpose_p):
+        return True
+    # Full reductions need no SMEM (a warpgroup reduction), except of bools and and/or.
+    return (len(eqn.params["axes"]) != len(a.shape) or V.kind(a.dtype) == "b"
+            or p in (P.reduce_and_p, P.reduce_or_p))
+
+
+def spill_buffers(jaxpr) -> list[tuple]:
+    """(eqn, [aval or None per operand]) of every eqn needing SMEM for its operands
+    (None: read in place), sub-jaxprs included."""
+    found = []
+    for pos, eqn in enumerate(jaxpr.eqns):
+        if eqn.primitive is P.dot_general_p:
+            found.append((eqn, [None if _in_place(jaxpr, pos, v) else v.aval
+                                for v in eqn.invars]))
+        elif needs_gather(eqn):
+            v = eqn.invars[0]
+            found.append((eqn, [None if _in_place(jaxpr, pos, v) else v.aval]))
+        for sub in jex.jaxprs_in_params(eqn.params):
+            found.extend(spill_buffers(getattr(sub, "jaxpr", sub)))
+    return found
+
+
+def operand_memrefs(lctx, eqn, xs) -> tuple[list, bool]:
+    """SMEM memrefs holding the operands ``xs`` of ``eqn`` (written there if needed),
+    and whether any was written (then the caller syncs again after reading)."""
+    from pallas_mosaic_gpu._src.lowering.rules_refs import store_view
+
+    bufs = lctx.spill_buffers[id(eqn)]
+    out, stored = [], False
+    for x, v, buf in zip(xs, eqn.invars, bufs):
+        if buf is None:
+            hit = lctx.loaded_from.get(id(x))
+            if hit is None:
+                raise NotImplementedError(
+                    f"{eqn.primitive.name} of a value not read from a ref (internal)")
+            out.append(hit[1])
+        else:
+            store_view(buf, x, v.aval, "smem", sync=False)
+            out.append(buf)
+            stored = True
+    if stored:
+        mgpu.warpgroup_barrier()
+    return out, stored

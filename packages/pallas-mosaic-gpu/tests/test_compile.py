@@ -1,0 +1,58 @@
+"""The compile level: kernels go through Mosaic GPU's passes, PTX and ptxas for a
+compile-only sm_90a device, and report what ptxas made of them."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import pallas as pl
+from pallas_mosaic_gpu import compiler
+from pallas_mosaic_gpu._src import compile as compile_impl
+
+F32 = jnp.float32
+
+
+def _toolchain_or_skip():
+    pytest.importorskip("jax_plugins.xla_cuda13", reason="needs jax-cuda13-plugin")
+    try:
+        compiler.find_toolchain()
+    except compiler.ToolchainMissingError as e:
+        pytest.skip(str(e))
+
+
+def _kernel():
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = jnp.exp(x_ref[...]) - y_ref[...]
+
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((32, 128), F32), grid=(4,),
+                          in_specs=[spec, spec], out_specs=spec, backend="mosaic_gpu")
+
+
+def test_a_kernel_compiles_to_sm90a_and_reports_its_resources():
+    _toolchain_or_skip()
+    x = jnp.zeros((32, 128), F32)
+    (k,) = compiler.compile(_kernel(), x, x)
+    assert k.target == "sm_90a"
+    assert ".target sm_90a" in k.ptx
+    assert 0 < k.registers <= 255 and k.spill_stores == 0 and k.spill_loads == 0
+    assert k.smem_bytes >= 3 * 8 * 128 * 4  # two input blocks and one output block
+    mix = k.instruction_mix()
+    assert mix.get("cp", 0) > 0  # the TMA copies (cp.async.bulk.tensor)
+    assert not k.uses_wgmma and not k.uses_tcgen05
+    # Compiling the same kernel again is served from the cache, with the same report.
+    (again,) = compiler.compile(_kernel(), x, x)
+    assert again.ptxas_report == k.ptxas_report
+
+
+def test_a_missing_toolchain_names_the_pip_packages(monkeypatch):
+    monkeypatch.setattr(compile_impl, "_candidate_roots", lambda: ["/nonexistent"])
+    with pytest.raises(compiler.ToolchainMissingError, match="pip install nvidia-cuda-nvcc"):
+        compiler.find_toolchain()
+
+
+def test_unknown_targets_are_refused():
+    with pytest.raises(ValueError, match="sm_80.*sm_90a"):
+        compiler.target_config("sm_80")
