@@ -54,6 +54,8 @@ class Core:
         # True while the kernel body is local (no DMAs): nothing but this core can then
         # touch its private buffers, so their accesses need no race bookkeeping.
         self.local_only = False
+        # How JAX work is run: directly, or on the device's thread (several cores).
+        self.jax_call = lambda fn, *args: fn(*args)
 
     # -- grid position ------------------------------------------------------------------
     def set_grid_point(self, point, grid, names) -> None:
@@ -120,7 +122,7 @@ class Core:
         plan = plan_of(jaxpr) if not self.params.skip_floating_point_ops else jaxpr.eqns
         for step in plan:
             if isinstance(step, Segment):
-                outs = step.fn(*[read(v) for v in step.invars])
+                outs = self.jax_call(step.fn, *[read(v) for v in step.invars])
                 for v, x in zip(step.outvars, outs):
                     env[v] = x
                 continue
@@ -138,16 +140,16 @@ class Core:
         if fn is not None:
             if prim not in _CONTROL or _needs_engine(eqn, invals):
                 return fn(self, eqn, invals)
-            return self.bind(eqn, invals)
+            return self.jax_call(self.bind, eqn, invals)
         core_rule = interpret_rules.get(prim)
         if core_rule is not None:  # Pallas and TPU primitives (values, PRNG, MXU, ...)
-            return list(core_rule(self.ctx, eqn, invals))
+            return self.jax_call(lambda: list(core_rule(self.ctx, eqn, invals)))
         if any(isinstance(x, Buffer) for x in invals):
             raise NotImplementedError(
                 f"TPU interpret mode (pallas-tpu) has no rule for the primitive "
                 f"'{prim.name}' applied to refs"
             )
-        return self.bind(eqn, invals)
+        return self.jax_call(self.bind, eqn, invals)
 
     def bind(self, eqn, invals) -> list:
         prim = eqn.primitive

@@ -28,6 +28,7 @@ from pallas_tpu._src.interpret.fast import (
     run_point,
     usable,
 )
+from pallas_tpu._src.interpret.jax_calls import DeviceCalls
 from pallas_tpu._src.interpret.state import Buffer, Simulation
 from pallas_tpu._src.interpret.sync import SemaphoreRef
 from pallas_tpu._src.memory import MemorySpace, SemaphoreType, canonical_space
@@ -138,8 +139,12 @@ def _warn_pending(sim: Simulation, device: int) -> None:
 
 
 def _run_cores(sim: Simulation, cfg: Config, device: int, axis_env, setup) -> None:
+    calls = DeviceCalls() if sim.num_cores > 1 else None
+
     def run(c):
         core = Core(sim, device, c, axis_env)
+        if calls is not None:
+            core.jax_call = calls
         if cfg.core_axis is not None:
             core.axis_env[cfg.core_axis] = c
         try:
@@ -167,6 +172,7 @@ def _run_cores(sim: Simulation, cfg: Config, device: int, axis_env, setup) -> No
                for c in range(sim.num_cores)]
     for t in threads:
         t.start()
+    calls.serve(threads)
     for t in threads:
         t.join()
     real = [e for e in errors if e is not None and not isinstance(e, S.SimulationAborted)]
@@ -341,7 +347,7 @@ def _run_grid(core: Core, cfg: Config, setup) -> None:
             if prev is None or boxes[k] != prev[k]:
                 _copy_in(core, setup["inputs"][k], boxes[k], kernel_in[k], bm, loop, point)
         if step is not None:
-            run_point(step, point, args)
+            core.jax_call(run_point, step, point, args)
         else:
             core.eval_closed(cfg.jaxpr, args)
         for o, bm in enumerate(out_bms):
@@ -359,7 +365,8 @@ def _boxes_at(core: Core, cfg: Config, setup, point):
     """The HBM box of every block operand at ``point`` (None for HBM operands)."""
     gm = cfg.grid_mapping
     maps = compiled_index_maps(gm, tuple(is_hbm(bm.memory_space) for bm in gm.block_mappings))
-    idxs = maps(np.asarray(point, np.int32), *[b.value for b in setup["prefetch"]])
+    idxs = core.jax_call(maps, np.asarray(point, np.int32),
+                         *[b.value for b in setup["prefetch"]])
     return [None if is_hbm(bm.memory_space) else _block_box(bm, _pads(bm), np.asarray(i))
             for bm, i in zip(gm.block_mappings, idxs)]
 
