@@ -183,3 +183,11 @@ def interpret_mode_config():
     from jax._src import config
 
     return config.pallas_tpu_interpret_mode_context_manager
+
+
+def no_abstract_mesh():
+    """A context with no abstract mesh (eager computations while a ``shard_map`` body is
+    being lowered)."""
+    from jax._src import mesh as mesh_lib
+
+    return mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh)

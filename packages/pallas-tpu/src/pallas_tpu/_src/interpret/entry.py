@@ -94,16 +94,21 @@ def _core_parallel(compiler_params) -> tuple[bool, ...]:
 
 
 def _permutations(grid, parallel, seed) -> tuple:
-    """The visiting order of each parallel grid dimension: a permutation seeded by
-    ``random_seed`` (numpy, so lowering under any trace context is unaffected)."""
-    rng = np.random.default_rng(seed or 0)
+    """The visiting order of each parallel grid dimension: ``jax.random`` permutations
+    seeded by ``random_seed`` (the same orders as upstream), computed eagerly and
+    outside any mesh context (this runs while a ``shard_map`` is being lowered)."""
     out = []
-    for n, par in zip(grid, parallel):
-        if not par:
-            out.append(None)
-            continue
-        n = jc.concrete_or_error(n, "the size of a grid dimension with parallel semantics")
-        out.append(tuple(int(i) for i in rng.permutation(int(n))))
+    with jax.ensure_compile_time_eval(), jc.no_abstract_mesh():
+        key = jax.random.key(seed or 0)
+        for n, par in zip(grid, parallel):
+            if not par:
+                out.append(None)
+                continue
+            n = jc.concrete_or_error(n, "the size of a grid dimension with parallel "
+                                        "semantics")
+            key, sub = jax.random.split(key)
+            out.append(tuple(int(i) for i in np.asarray(
+                jax.random.permutation(sub, jnp.arange(n, dtype=jnp.int32)))))
     return tuple(out)
 
 
