@@ -307,7 +307,8 @@ def test_out_specs_match_a_tuple_out_shape():
     np.testing.assert_array_equal(total, np.sum(np.asarray(x), axis=0, keepdims=True))
 
 
-def test_out_shape_list_returns_a_list():
+def test_out_shape_list_returns_a_tuple_as_upstream():
+    # Upstream's tpu_pallas_test (test_with_unhashable_grid_spec) checks this.
     x = jnp.arange(4, dtype=jnp.float32)
 
     def kernel(x_ref, a_ref, b_ref):
@@ -315,7 +316,7 @@ def test_out_shape_list_returns_a_list():
         b_ref[...] = x_ref[...] + 2
 
     out = pl.pallas_call(kernel, [SDS((4,), jnp.float32)] * 2, interpret=True)(x)
-    assert isinstance(out, list) and len(out) == 2
+    assert isinstance(out, tuple) and len(out) == 2
     np.testing.assert_array_equal(out[1], x + 2)
 
 
@@ -556,3 +557,41 @@ def test_a_kernel_can_be_a_functools_partial():
     out = pl.pallas_call(functools.partial(kernel, offset=5.0), SDS(x.shape, x.dtype),
                          interpret=True)(x)
     np.testing.assert_array_equal(out, x + 5)
+
+
+# --------------------------------------------------------------------------------------
+# Scalar-prefetch operands that are pytrees (as upstream: the fuser passes one tuple of
+# prefetch values per fusion).
+
+
+def test_scalar_prefetch_operands_may_be_pytrees_for_kernel_and_index_maps():
+    x = jnp.arange(4 * 8 * 128, dtype=jnp.float32).reshape(32, 128)
+    starts = (jnp.array([2], jnp.int32), {"row": jnp.array([1], jnp.int32)})
+
+    def kernel(pf_a, pf_b, empty, x_ref, o_ref):
+        assert empty == ()
+        o_ref[...] = x_ref[...] + pf_a[0].astype(jnp.float32) + pf_b["row"][0]
+
+    spec = pl.BlockSpec((8, 128), lambda i, a, b, e: (b["row"][0] + i, 0))
+    out = pl.pallas_call(
+        kernel, jax.ShapeDtypeStruct((16, 128), jnp.float32),
+        grid_spec=pl.PrefetchScalarGridSpec(3, grid=(2,), in_specs=[spec],
+                                            out_specs=pl.BlockSpec((8, 128), lambda i, *_: (i, 0))),
+        interpret=True,
+    )(starts[0], starts[1], (), x)
+    np.testing.assert_array_equal(out, x[8:24] + 3.0)
+
+
+def test_index_maps_ignoring_scalar_prefetch_pass_jax_enable_checks():
+    x = jnp.ones((16, 128), jnp.float32)
+
+    def kernel(s_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[...] + s_ref[0]
+
+    spec = pl.BlockSpec((8, 128), lambda i, s: (i, 0))
+    f = pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       grid_spec=pl.PrefetchScalarGridSpec(1, grid=(2,), in_specs=[spec],
+                                                           out_specs=spec))
+    with jax.enable_checks(True):
+        out = jax.jit(f)(jnp.array([3], jnp.int32), x)
+    np.testing.assert_array_equal(out, 4.0)

@@ -129,7 +129,7 @@ def namedtuple_ops(pallas_call, x, s, b):
 
 @case("pytrees/list_outputs_mixed_specs", tags={"pytrees", "multiple_outputs"},
       inputs=lambda rng: (randn(rng, (16, C)),),
-      reference=lambda x: [x + 1, [x * 2, x.reshape(2, 8, C).max(axis=1, keepdims=True)]])
+      reference=lambda x: (x + 1, [x * 2, x.reshape(2, 8, C).max(axis=1, keepdims=True)]))
 def list_outputs(pallas_call, x):
     """A nested list out_shape whose leaves have different block specs (the kernel gets
     one argument per top-level entry: a ref and a list of refs)."""

@@ -254,6 +254,8 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
                              "grid_names, not both")
         grid_names = named
         grid_spec = dataclasses.replace(grid_spec, grid=grid)
+    if isinstance(out_shape, list):
+        out_shape = tuple(out_shape)  # as upstream: a list of outputs comes back a tuple
     out_avals, out_tree, out_paths = _out_avals(out_shape)
     kname = _kernel_name(kernel, name)
     if isinstance(compiler_params, Mapping) and not isinstance(compiler_params, FrozenParams):

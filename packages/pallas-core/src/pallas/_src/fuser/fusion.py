@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, ParamSpec, TypeVar
 
 import jax
 
+A = ParamSpec("A")
+K = TypeVar("K")
+
 
 @dataclasses.dataclass
-class Fusion:
+class Fusion(Generic[A, K]):
     """A function fused into a kernel: an input fusion produces an operand, an output
     fusion consumes a result. ``in_type`` is ``(args, kwargs)`` of abstract values."""
 
-    func: Callable[..., Any]
+    func: Callable[A, K]
     in_type: tuple[tuple[Any, ...], dict[str, Any]]
     out_type: Any
     strict_mode: bool = True
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: A.args, **kwargs: A.kwargs) -> K:
         return self.func(*args, **kwargs)
 
     @property

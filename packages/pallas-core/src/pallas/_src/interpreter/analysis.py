@@ -34,11 +34,17 @@ def index_table(bm, grid) -> np.ndarray | None:
         return None
     n = math.prod(grid)
     jaxpr = bm.index_map_jaxpr
-    n_extra = len(jaxpr.jaxpr.invars) - len(grid)
+    # The scalar-prefetch refs are unused: evaluate without them (binding a stand-in
+    # would fail JAX's type checks under jax_enable_checks).
+    extra = set(jaxpr.jaxpr.invars[len(grid):])
+    used = [v for e in jaxpr.jaxpr.eqns for v in e.invars] + list(jaxpr.jaxpr.outvars)
+    if any(isinstance(v, jc.Var) and v in extra for v in used):
+        return None
+    grid_only = jaxpr.jaxpr.replace(invars=jaxpr.jaxpr.invars[:len(grid)])
     coords = grid_coords(grid)
 
     def f(*idx):
-        return jax.core.eval_jaxpr(jaxpr.jaxpr, jaxpr.consts, *idx, *([None] * n_extra))
+        return jax.core.eval_jaxpr(grid_only, jaxpr.consts, *idx)
 
     with jax.ensure_compile_time_eval():
         if n == 0:
