@@ -80,6 +80,71 @@ def matmul(x, w, *, block, interpret):
         interpret=interpret)(x, w)
 
 
+def flash_attention(q, k, v, *, block, interpret):
+    """Causal flash-attention forward: per query block, a fori_loop over every key
+    block (online softmax, causal mask per element) reading ``k_ref``/``v_ref``."""
+    h, s, d = q.shape
+    scale = 1.0 / d ** 0.5
+
+    def kernel(q_ref, k_ref, v_ref, o_ref):
+        qi = pl.program_id(1)
+        qb = q_ref[...] * scale
+
+        def body(j, carry):
+            m, l, acc = carry
+            kb = k_ref[pl.ds(j * block, block), :]
+            vb = v_ref[pl.ds(j * block, block), :]
+            sc = jnp.dot(qb, kb.T, precision=HI)
+            rows = qi * block + jax.lax.broadcasted_iota(jnp.int32, sc.shape, 0)
+            cols = j * block + jax.lax.broadcasted_iota(jnp.int32, sc.shape, 1)
+            sc = jnp.where(cols <= rows, sc, -1e30)
+            m_new = jnp.maximum(m, jnp.max(sc, axis=1))
+            p = jnp.exp(sc - m_new[:, None])
+            alpha = jnp.exp(m - m_new)
+            return (m_new, alpha * l + jnp.sum(p, axis=1),
+                    acc * alpha[:, None] + jnp.dot(p, vb, precision=HI))
+
+        init = (jnp.full((block,), -1e30, jnp.float32), jnp.zeros((block,), jnp.float32),
+                jnp.zeros((block, d), jnp.float32))
+        m, l, acc = jax.lax.fori_loop(0, s // block, body, init)
+        o_ref[...] = acc / l[:, None]
+
+    q_spec = pl.BlockSpec((None, block, d), lambda b, i: (b, i, 0))
+    kv_spec = pl.BlockSpec((None, s, d), lambda b, i: (b, 0, 0))
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+                          grid=(h, s // block), in_specs=[q_spec, kv_spec, kv_spec],
+                          out_specs=q_spec, interpret=interpret)(q, k, v)
+
+
+def _attention_ref(q, k, v):
+    s = jnp.einsum("hqd,hkd->hqk", q, k, precision=HI) / q.shape[-1] ** 0.5
+    mask = jnp.tril(jnp.ones(s.shape[1:], bool))
+    return jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(jnp.where(mask, s, -1e30), axis=-1),
+                      v, precision=HI)
+
+
+def masked_softmax(x, *, block_rows, width, interpret):
+    """Row softmax over the first ``width`` lanes, read and written with masked
+    ``pl.load``/``pl.store`` (the Triton pattern for rows narrower than the block)."""
+    def kernel(x_ref, o_ref):
+        col = jax.lax.broadcasted_iota(jnp.int32, x_ref.shape, 1)
+        x = pl.load(x_ref, (slice(None), slice(None)), mask=col < width, other=-jnp.inf)
+        e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
+        o_ref[...] = jnp.zeros_like(o_ref)
+        pl.store(o_ref, e / jnp.sum(e, axis=1, keepdims=True),
+                 (slice(None), slice(None)), mask=col < width)
+
+    spec = pl.BlockSpec((block_rows, x.shape[1]), lambda i: (i, 0))
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          grid=(x.shape[0] // block_rows,), in_specs=[spec],
+                          out_specs=spec, interpret=interpret)(x)
+
+
+def _masked_softmax_ref(x, width):
+    keep = jnp.arange(x.shape[1]) < width
+    return jnp.where(keep, jax.nn.softmax(jnp.where(keep, x, -jnp.inf), axis=-1), 0.0)
+
+
 def _ln_ref(x, g, b):
     mu = jnp.mean(x, axis=-1, keepdims=True)
     var = jnp.mean((x - mu) ** 2, axis=-1, keepdims=True)
@@ -87,10 +152,18 @@ def _ln_ref(x, g, b):
 
 
 def cases(small: bool):
-    key = iter(jax.random.split(jax.random.key(0), 8))
+    key = iter(jax.random.split(jax.random.key(0), 16))
     normal = lambda *s: jax.random.normal(next(key), s, jnp.float32)  # noqa: E731
     r, n, mm, blk = (64, 256, 256, 64) if small else (1024, 1024, 1024, 256)
+    h, sq, d, ab = (2, 128, 32, 32) if small else (4, 1024, 64, 128)
+    w = n - n // 4 - 3
     return [
+        (f"masked softmax {r}x{n} (first {w} lanes), {r // 8} row blocks",
+         functools.partial(masked_softmax, block_rows=8 if small else 128, width=w),
+         lambda x: _masked_softmax_ref(x, w), (normal(r, n),)),
+        (f"causal flash attention fwd h{h} s{sq} d{d}, {ab} blocks, grad wrt q, k, v",
+         functools.partial(flash_attention, block=ab), _attention_ref,
+         (normal(h, sq, d), normal(h, sq, d), normal(h, sq, d))),
         (f"softmax {r}x{n}, {r // 8} row blocks", functools.partial(softmax, block_rows=8 if
                                                                        small else 128),
          lambda x: jax.nn.softmax(x, axis=-1), (normal(r, n),)),

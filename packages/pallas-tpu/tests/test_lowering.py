@@ -214,6 +214,23 @@ def test_64_bit_scalar_prefetch_is_refused(lower_tpu):
         jax.jit(f).trace(jnp.zeros((4,), jnp.int64)).lower(lowering_platforms=("tpu",))
 
 
+def test_ref_reshape_and_bitcast_lower_to_memref_views(lower_tpu, ops):
+    """``ref.reshape(...)`` and ``ref.bitcast(...)`` (ragged paged attention folds its
+    KV pages this way) become ``tpu.memref_reshape`` / ``tpu.memref_bitcast`` views."""
+    def kernel(x_ref, y_ref, o_ref, p_ref):
+        o_ref[...] = x_ref.reshape(16, 128)[...]
+        p_ref[...] = y_ref.bitcast(jnp.float32)[...]
+
+    def f(x, y):
+        return pl.pallas_call(
+            kernel, out_shape=(jax.ShapeDtypeStruct((16, 128), F32),
+                               jax.ShapeDtypeStruct((8, 128), F32)))(x, y)
+
+    _, (m,) = lower_tpu(f, jnp.zeros((2, 8, 128), F32), jnp.zeros((8, 128), jnp.int32))
+    names = ops(m)
+    assert "tpu.memref_reshape" in names and "tpu.memref_bitcast" in names
+
+
 def test_squeezed_block_dims(lower_tpu):
     def kernel(x_ref, o_ref):
         o_ref[...] = x_ref[...] + 1.0

@@ -55,6 +55,9 @@ def apply_transforms(ref: RefVal, flat, tree) -> Window:
     transforms = jax.tree_util.tree_unflatten(tree, flat)
     w = Window(ref)
     for t in transforms:
+        if isinstance(t, (jc.ReshapeTransform, jc.BitcastTransform)):
+            w = Window(_reshaped_or_bitcast(w, t))
+            continue
         if not isinstance(t, jc.NDIndexer):
             raise NotImplementedError(
                 f"ref transform {type(t).__name__} (ref.bitcast/ref.reshape) is not "
@@ -80,6 +83,24 @@ def apply_transforms(ref: RefVal, flat, tree) -> Window:
                 w.sizes[dim] = 1
                 w.dropped[dim] = True
     return w
+
+
+def _reshaped_or_bitcast(w: Window, t) -> RefVal:
+    """``ref.reshape(...)`` / ``ref.bitcast(...)`` of the current window: the window's
+    memref, then ``tpu.memref_reshape`` or ``tpu.memref_bitcast`` (Mosaic checks that the
+    new shape keeps the memory layout's tiling)."""
+    ref = w.ref
+    if _strided(w):
+        raise NotImplementedError("ref.reshape/ref.bitcast of a strided ref view")
+    src = window_memref(w)
+    aval = jc.transform_type([t], jc.ShapedArray(w.shape, ref.dtype))
+    space = T.space_of(ref.space)
+    new_t = T.memref_type(aval.shape, aval.dtype, space)
+    if isinstance(t, jc.ReshapeTransform):
+        new = tpu.memref_reshape(new_t, src)
+    else:
+        new = tpu.memref_bitcast(new_t, src)
+    return RefVal(new, aval.dtype, ref.space, (False,) * len(aval.shape))
 
 
 def _scaled(i, k: int):
