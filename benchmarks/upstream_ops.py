@@ -393,7 +393,7 @@ KERNELS = {
     "tpu/ragged_paged_attention": (tpu_ragged_paged_attention, [(8, 2, 128, 16)]),
     "tpu/all_gather": (tpu_all_gather, [(32, 128)]),
     "gpu/paged_attention": (gpu_paged_attention, [(2, 32, 2, 16, 8, 64),
-                                                  (3, 16, 1, 16, 6, 64)]),
+                                                  (3, 16, 1, 16, 4, 64)]),
 }
 
 
