@@ -103,10 +103,10 @@ def test_loops_conditionals_and_full_reductions_lower():
 
 def test_an_unsupported_primitive_fails_at_trace_time_naming_it_and_the_backend():
     def kernel(x_ref, o_ref):
-        o_ref[...] = jax.lax.cumsum(x_ref[...], axis=1)
+        o_ref[...] = jax.lax.sort(x_ref[...], dimension=1)
 
     f = _call(kernel, _sds((8, 128)))
-    with pytest.raises(MosaicGpuLoweringError, match="mosaic_gpu.*'cumsum'"):
+    with pytest.raises(MosaicGpuLoweringError, match="mosaic_gpu.*'sort'"):
         jax.make_jaxpr(f)(jnp.zeros((8, 128), F32))
 
 
@@ -159,3 +159,18 @@ def test_row_reductions_make_small_arrays_held_by_every_thread():
     k = build(p["jaxpr"], p["grid_mapping"], None, "softmax")
     assert {"reduce_max", "reduce_sum", "broadcast_in_dim"} <= k.primitives
     assert "custom_call @mosaic_gpu_v2" in _lower(f, x)
+
+
+def test_implicit_broadcasts_cumulative_ops_and_concatenation_lower():
+    def kernel(row_ref, col_ref, o_ref, c_ref):
+        row = row_ref[...].astype(jnp.int32)  # (1, 128), computed: read through SMEM
+        o_ref[...] = col_ref[...].astype(jnp.int32) * 1000 + row
+        both = jnp.concatenate([o_ref[...], o_ref[...]], axis=1)
+        c_ref[...] = jax.lax.cumsum(both, axis=1)
+
+    f = _call(kernel, (_sds((8, 128), jnp.int32), _sds((8, 256), jnp.int32)))
+    row, col = jnp.zeros((1, 128), jnp.int8), jnp.zeros((8, 1), jnp.int8)
+    p = _eqn_params(f, row, col)
+    k = build(p["jaxpr"], p["grid_mapping"], None, "mix")
+    assert {"cumsum", "concatenate", "add"} <= k.primitives
+    assert "custom_call @mosaic_gpu_v2" in _lower(f, row, col)

@@ -12,7 +12,8 @@ from pallas_mosaic_gpu._src.compiler_params import CompilerParams
 # grid axes run concurrently on a GPU), atomics and semaphores (not lowered yet).
 CAPABILITIES: frozenset = frozenset({
     "elementwise", "special_functions", "bf16", "f16", "int8", "uint32", "bool", "dot",
-    "multiple_outputs", "sequential_grid", "vmap", "shard_map", "kernels",
+    "multiple_outputs", "sequential_grid", "vmap", "shard_map", "kernels", "reductions",
+    "broadcasting", "pytrees", "fusion",
 })
 
 

@@ -114,6 +114,8 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
                 f"{jc.source_info_summary(eqn)}). It runs with interpret=True.")
         invals = [read(v) for v in eqn.invars]
         try:
+            if getattr(r, "__module__", "").endswith(".rules_arith"):
+                invals = _stretched(lctx, eqn, invals)
             outs = r(lctx, eqn, *invals)
         except MosaicGpuLoweringError:
             raise
@@ -128,3 +130,21 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
         for v, o in zip(eqn.outvars, outs):
             env[v] = o
     return [read(v) for v in jaxpr.outvars]
+
+
+def _stretched(lctx, eqn, invals):
+    """Operands of an elementwise eqn with size-1 dims where the output has more (lax
+    allows that implicitly), broadcast when they are arrays read from a ref."""
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax.experimental.mosaic.gpu import fragmented_array as fa
+
+    from pallas_mosaic_gpu._src.lowering.spill import stretch
+
+    shape = tuple(eqn.outvars[0].aval.shape)
+    out = list(invals)
+    for i, (x, v) in enumerate(zip(invals, eqn.invars)):
+        a = v.aval
+        if (isinstance(x, mgpu.FragmentedArray) and a.shape and tuple(a.shape) != shape
+                and not isinstance(x.layout, fa.WGSplatFragLayout)):
+            out[i] = stretch(lctx, eqn, i, x, a, shape)
+    return out

@@ -197,7 +197,7 @@ def _reduce(op_name):
         if not aval.shape or not axes:
             return x
         full = sorted(axes) == list(range(len(aval.shape)))
-        if not full or isinstance(x, small.Small) or V.kind(aval.dtype) == "b" or (
+        if not full or isinstance(x, small.Small) or aval.dtype != np.float32 or (
                 op_name in ("and", "or")):
             combine = _combine(op_name, aval.dtype)
             et = V.elem_type(aval.dtype)
@@ -267,3 +267,95 @@ def _arg(is_max):
 
 rule(P.argmax_p)(_arg(True))
 rule(P.argmin_p)(_arg(False))
+
+
+def _cumulative(op_name):
+    def lower(lctx, eqn, x):
+        aval, out = eqn.invars[0].aval, eqn.outvars[0].aval
+        axis, reverse = int(eqn.params["axis"]), bool(eqn.params["reverse"])
+        n = aval.shape[axis]
+        combine = _combine(op_name, aval.dtype)
+        init = V.const(_identity(op_name, aval.dtype), V.elem_type(aval.dtype))
+        if isinstance(x, small.Small):
+            m, spilled = None, False
+        else:
+            (m,), spilled = operand_memrefs(lctx, eqn, [x])
+
+        def elem(idx):
+            i = _index(idx[axis])
+            # out[..., i, ...] combines x[..., j, ...] for j <= i (j >= i when reversed)
+            lo, hi = (i, V.const(n, V.index())) if reverse else (
+                V.const(0, V.index()), arith.addi(i, V.const(1, V.index())))
+            loop = scf.ForOp(lo, hi, V.const(1, V.index()), [init])
+            with ir.InsertionPoint(loop.body):
+                src = [_index(k) for k in idx]
+                src[axis] = loop.induction_variable
+                v = small.element(x, src) if m is None else load_element(m, src, aval.dtype)
+                scf.YieldOp([combine(loop.inner_iter_args[0], v)])
+            return loop.results[0]
+
+        res = small.build(tuple(out.shape), out.dtype, elem)
+        if spilled:
+            mgpu.warpgroup_barrier()
+        return res
+
+    return lower
+
+
+rule(P.cumsum_p)(_cumulative("add"))
+rule(P.cumprod_p)(_cumulative("prod"))
+rule(P.cummax_p)(_cumulative("max"))
+rule(P.cummin_p)(_cumulative("min"))
+
+
+@rule(P.concatenate_p)
+def _concatenate(lctx, eqn, *xs):
+    """Each output element read from the operand its index falls in (operands in SMEM,
+    or held whole by every thread)."""
+    dim = int(eqn.params["dimension"])
+    out = eqn.outvars[0].aval
+    avals = [v.aval for v in eqn.invars]
+    bufs = lctx.spill_buffers.get(id(eqn)) or [None] * len(xs)
+    srcs, spilled = [], False
+    for x, a, buf in zip(xs, avals, bufs):
+        if isinstance(x, small.Small):
+            srcs.append(("small", x))
+        elif buf is not None:
+            from pallas_mosaic_gpu._src.lowering.rules_refs import store_view
+
+            store_view(buf, x, a, "smem", sync=False)
+            srcs.append(("smem", buf))
+            spilled = True
+        else:
+            hit = lctx.loaded_from.get(id(x))
+            if hit is None:
+                raise NotImplementedError(f"concatenating a {tuple(a.shape)} value (internal)")
+            srcs.append(("smem", hit[1]))
+    if spilled:
+        mgpu.warpgroup_barrier()
+    offsets = np.cumsum([0] + [a.shape[dim] for a in avals]).tolist()
+
+    def elem(idx):
+        i = _index(idx[dim])
+        value = None
+        for (kind, src), a, lo in reversed(list(zip(srcs, avals, offsets))):
+            local = [_index(k) for k in idx]
+            local[dim] = arith.subi(i, V.const(lo, V.index()))
+            if lo + a.shape[dim] - 1 < 0:
+                continue
+            # clamp so that reads outside this operand stay in bounds (then discarded)
+            local[dim] = arith.minui(local[dim], V.const(a.shape[dim] - 1, V.index()))
+            v = small.element(src, local) if kind == "small" else load_element(
+                src, local, a.dtype)
+            if value is None:
+                value = v
+            else:
+                inside = arith.cmpi(arith.CmpIPredicate.ult, i,
+                                    V.const(lo + a.shape[dim], V.index()))
+                value = arith.select(inside, v, value)
+        return value
+
+    res = small.build(tuple(out.shape), out.dtype, elem)
+    if spilled:
+        mgpu.warpgroup_barrier()
+    return res

@@ -14,6 +14,7 @@ import math
 
 import jax.extend.core as jex
 import jax.extend.core.primitives as P
+import jax.numpy as jnp
 from jax.experimental.mosaic import gpu as mgpu
 
 from pallas_mosaic_gpu._src import jax_compat as jc
@@ -22,7 +23,8 @@ from pallas_mosaic_gpu._src.lowering import values as V
 # Primitives whose first operand is read across the warpgroup (when strided).
 GATHERING = (P.reduce_sum_p, P.reduce_max_p, P.reduce_min_p, P.reduce_prod_p,
              P.reduce_and_p, P.reduce_or_p, P.argmax_p, P.argmin_p, P.transpose_p,
-             P.broadcast_in_dim_p)
+             P.broadcast_in_dim_p, P.cumsum_p, P.cumprod_p, P.cummax_p, P.cummin_p)
+CUMULATIVE = (P.cumsum_p, P.cumprod_p, P.cummax_p, P.cummin_p)
 
 
 def _read_in_place(jaxpr, pos: int, var) -> bool:
@@ -67,11 +69,26 @@ def needs_gather(eqn) -> bool:
         return False
     if p is P.broadcast_in_dim_p:
         return math.prod(eqn.outvars[0].aval.shape) != math.prod(a.shape)
-    if p in (P.argmax_p, P.argmin_p, P.transpose_p):
+    if p in (P.argmax_p, P.argmin_p, P.transpose_p, *CUMULATIVE):
         return True
-    # Full reductions need no SMEM (a warpgroup reduction), except of bools and and/or.
-    return (len(eqn.params["axes"]) != len(a.shape) or V.kind(a.dtype) == "b"
+    # Full reductions of float32 need no SMEM (a warpgroup reduction); others loop.
+    return (len(eqn.params["axes"]) != len(a.shape) or jnp.dtype(a.dtype) != jnp.float32
             or p in (P.reduce_and_p, P.reduce_or_p))
+
+
+def _stretches(eqn) -> bool:
+    """An elementwise eqn with a strided operand that has size-1 dims the output has
+    not (lax broadcasts those implicitly)."""
+    from pallas_mosaic_gpu._src.lowering.engine import RULES
+
+    r = RULES.get(eqn.primitive)
+    if r is None or not getattr(r, "__module__", "").endswith(".rules_arith"):
+        return False
+    if len(eqn.outvars) != 1 or not hasattr(eqn.outvars[0].aval, "shape"):
+        return False
+    out = tuple(eqn.outvars[0].aval.shape)
+    return any(_strided(v.aval) and tuple(v.aval.shape) != out for v in eqn.invars
+               if hasattr(v.aval, "shape"))
 
 
 def spill_buffers(jaxpr) -> list[tuple]:
@@ -82,9 +99,17 @@ def spill_buffers(jaxpr) -> list[tuple]:
         if eqn.primitive is P.dot_general_p:
             found.append((eqn, [None if _in_place(jaxpr, pos, v) else v.aval
                                 for v in eqn.invars]))
+        elif eqn.primitive is P.concatenate_p:
+            found.append((eqn, [v.aval if _strided(v.aval) and not _in_place(jaxpr, pos, v)
+                                else None for v in eqn.invars]))
         elif needs_gather(eqn):
             v = eqn.invars[0]
             found.append((eqn, [None if _in_place(jaxpr, pos, v) else v.aval]))
+        elif _stretches(eqn):
+            out = tuple(eqn.outvars[0].aval.shape)
+            found.append((eqn, [v.aval if _strided(v.aval) and tuple(v.aval.shape) != out
+                                and not _in_place(jaxpr, pos, v) else None
+                                for v in eqn.invars]))
         for sub in jex.jaxprs_in_params(eqn.params):
             found.extend(spill_buffers(getattr(sub, "jaxpr", sub)))
     return found
@@ -111,3 +136,28 @@ def operand_memrefs(lctx, eqn, xs) -> tuple[list, bool]:
     if stored:
         mgpu.warpgroup_barrier()
     return out, stored
+
+
+def stretch(lctx, eqn, i, x, aval, shape):
+    """Operand ``i`` of an elementwise eqn, a strided array, broadcast along its size-1
+    dims to ``shape`` (as lax allows) by reading it from SMEM: where it was loaded from
+    a ref, or the buffer reserved for it."""
+    from pallas_mosaic_gpu._src.lowering import small
+    from pallas_mosaic_gpu._src.lowering.rules_refs import store_view
+
+    buf = (lctx.spill_buffers.get(id(eqn)) or [None] * (i + 1))[i]
+    if buf is not None:
+        store_view(buf, x, aval, "smem")
+        m = buf
+    else:
+        hit = lctx.loaded_from.get(id(x))
+        if hit is None:
+            raise NotImplementedError(
+                f"broadcasting a {tuple(aval.shape)} array to {tuple(shape)} (internal)")
+        m = hit[1]
+    src = tuple(aval.shape)
+    res = small.build(tuple(shape), aval.dtype, lambda idx: load_element(
+        m, [0 if n == 1 else j for n, j in zip(src, idx)], aval.dtype))
+    if buf is not None:
+        mgpu.warpgroup_barrier()
+    return res

@@ -184,8 +184,10 @@ def pointwise(eqn, invals, fn):
     if not out.shape:
         return fn(*(scalar(x, a) for x, a in zip(invals, avals)))
     # Operands with size-1 dims stretch to the output's shape (as lax allows).
-    invals = [small.stretch(x, a, out.shape) if a.shape and tuple(a.shape) != tuple(out.shape)
-              else x for x, a in zip(invals, avals)]
+    shape = tuple(out.shape)
+    invals = [small.stretch(x, a, shape) if a.shape and tuple(a.shape) != shape
+              and tuple(getattr(x, "shape", ())) != shape else x
+              for x, a in zip(invals, avals)]
     avals = [a.update(shape=tuple(out.shape)) if a.shape else a for a in avals]
     if small.is_small(out.shape):
         arrays = [small.to_small(x, a, out.shape) for x, a in zip(invals, avals)]
