@@ -180,21 +180,25 @@ def test_element_dim_in_two_dimensions_with_blocked_other_dim():
 
 def test_bounded_slice_reads_and_writes_ragged_row_ranges():
     x = jnp.arange(8 * 2, dtype=jnp.float32).reshape(8, 2)
-    starts = np.array([0, 3, 5], np.int32)
-    sizes = np.array([3, 2, 3], np.int32)
+    starts = jnp.array([0, 3, 5], jnp.int32)
+    sizes = jnp.array([3, 2, 3], jnp.int32)
     shapes = []
 
-    def index_map(i):
-        return (pl.ds(jnp.asarray(starts)[i], jnp.asarray(sizes)[i]), 0)
+    def index_map(i, starts_ref, sizes_ref):
+        return (pl.ds(starts_ref[i], sizes_ref[i]), 0)
 
-    def kernel(x_ref, o_ref):
+    def kernel(starts_ref, sizes_ref, x_ref, o_ref):
         shapes.append(x_ref.shape)
         o_ref[...] = x_ref[...] * 10 + pl.program_id(0).astype(jnp.float32)
 
     spec = pl.BlockSpec((pl.BoundedSlice(3), 2), index_map)
-    out = _run(kernel, x, (3,), spec, spec)
+    out = pl.pallas_call(
+        kernel, SDS(x.shape, x.dtype), interpret=True,
+        grid_spec=pl.PrefetchScalarGridSpec(num_scalar_prefetch=2, grid=(3,),
+                                            in_specs=[spec], out_specs=spec),
+    )(starts, sizes, x)
     assert shapes == [(3, 2)]
-    segment = np.repeat(np.arange(3), sizes)
+    segment = np.repeat(np.arange(3), np.asarray(sizes))
     np.testing.assert_array_equal(out, np.asarray(x) * 10 + segment[:, None])
 
 

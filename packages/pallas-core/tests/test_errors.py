@@ -68,24 +68,45 @@ def test_index_map_returning_too_few_indices():
     with pytest.raises(ValueError) as info:
         _with_nested_input(pl.BlockSpec((2, 8), lambda i: (i,)))
     msg = str(info.value)
-    _assert_names(msg, "args[1]['w']", "must return 2 values", "returned 1",
+    _assert_names(msg, "Index map function <lambda> at test_errors.py:", "args[1]['w']",
+                  "must return 2 values", "Currently returning 1 values",
                   "Blocked(2), Blocked(8)", "(4, 8)")
 
 
 def test_index_map_returning_too_many_indices():
     with pytest.raises(ValueError) as info:
         _with_nested_input(pl.BlockSpec((2, 8), lambda i: (i, 0, 0)))
-    _assert_names(str(info.value), "args[1]['w']", "must return 2 values", "returned 3",
-                  "(4, 8)")
+    _assert_names(str(info.value), "args[1]['w']", "must return 2 values",
+                  "Currently returning 3 values", "(4, 8)")
 
 
-@pytest.mark.parametrize("index_map", [lambda i, j: (i, 0), lambda: (0, 0)],
-                         ids=["too-many-args", "no-args"])
-def test_index_map_taking_the_wrong_number_of_arguments(index_map):
+@pytest.mark.parametrize("index_map, python", [
+    (lambda i, j: (i, 0), "missing 1 required positional argument: 'j'"),
+    (lambda: (0, 0), "takes 0 positional arguments but 1 was given"),
+], ids=["too-many-args", "no-args"])
+def test_index_map_taking_the_wrong_number_of_arguments(index_map, python):
+    """Python's own message first (as upstream shows it), then the operand and shapes."""
     with pytest.raises(TypeError) as info:
         _with_nested_input(pl.BlockSpec((2, 8), index_map))
-    _assert_names(str(info.value), "args[1]['w']", "must take 1 positional argument",
+    _assert_names(str(info.value), python, "args[1]['w']", "called with 1 positional",
                   "Blocked(2), Blocked(8)", "(4, 8)")
+
+
+@pytest.mark.parametrize("returned, type_str", [(5.0, "float32[]"),
+                                                (jnp.arange(2), "int32[2]")])
+def test_index_map_must_return_integer_scalars(returned, type_str):
+    with pytest.raises(ValueError) as info:
+        _with_nested_input(pl.BlockSpec((2, 8), lambda i: (returned, 0)))
+    _assert_names(str(info.value), "args[1]['w']", "must return integer scalars",
+                  "Output[0] has type", type_str, "(4, 8)")
+
+
+def test_index_map_capturing_an_array_constant():
+    table = np.array([1, 0], np.int32)
+    with pytest.raises(ValueError) as info:
+        _with_nested_input(pl.BlockSpec((2, 8), lambda i: (jnp.asarray(table)[i], 0)))
+    _assert_names(str(info.value), "args[1]['w']", "must not capture constants: [int32[2]]",
+                  "scalar-prefetch")
 
 
 def test_index_map_arity_counts_scalar_prefetch_operands():
@@ -142,17 +163,43 @@ def test_spec_that_is_not_a_blockspec():
 def test_in_specs_count_must_match_the_inputs():
     x = jnp.zeros((4, 8), jnp.float32)
     spec = pl.BlockSpec((2, 8), lambda i: (i, 0))
-    with pytest.raises(ValueError, match="2 inputs .* 1 in_specs"):
+    with pytest.raises(ValueError) as info:
         pl.pallas_call(_two_in_kernel, SDS((4, 8), jnp.float32), grid=(2,), in_specs=[spec],
                        out_specs=spec, interpret=True)(x, x)
+    _assert_names(str(info.value), "Pytree for `in_specs` and `inputs` do not match",
+                  "`in_specs` is a tuple of length 1 but `inputs` is a tuple of length 2",
+                  "args[1]: (4, 8) float32")
+
+
+def test_in_specs_must_have_the_inputs_structure_not_a_prefix_of_it():
+    """As upstream: one BlockSpec does not stand for a whole dict of operands."""
+    x = jnp.zeros((4, 8), jnp.float32)
+    spec = pl.BlockSpec((2, 8), lambda i: (i, 0))
+    with pytest.raises(ValueError, match=r"at \[1\], `in_specs` is a pytree leaf but "
+                                         r"`inputs` is a dict with keys \['w'\]"):
+        pl.pallas_call(_two_in_kernel, SDS((4, 8), jnp.float32), grid=(2,),
+                       in_specs=[spec, spec], out_specs=spec, interpret=True)(x, {"w": x})
+
+
+def test_in_specs_must_be_a_sequence():
+    spec = pl.BlockSpec((2, 8), lambda i: (i, 0))
+    with pytest.raises(ValueError, match="`in_specs` must be a tuple or a list"):
+        pl.pallas_call(_copy_kernel, SDS((4, 8), jnp.float32), in_specs=spec)
 
 
 def test_out_specs_count_must_match_out_shape():
     x = jnp.zeros((4, 8), jnp.float32)
     spec = pl.BlockSpec((2, 8), lambda i: (i, 0))
-    with pytest.raises(ValueError, match="2 outputs but 1 out_specs"):
+    with pytest.raises(ValueError, match="`out_specs` is a tuple of length 1 but `out_shape` "
+                                         "is a tuple of length 2"):
         pl.pallas_call(lambda x, a, b: None, (SDS((4, 8), jnp.float32),) * 2, grid=(2,),
                        in_specs=[spec], out_specs=(spec,), interpret=True)(x)
+
+
+def test_out_shape_given_as_a_list_returns_a_tuple():
+    x = jnp.ones((4, 8), jnp.float32)
+    out = pl.pallas_call(_copy_kernel, [SDS((4, 8), jnp.float32)], interpret=True)(x)
+    assert isinstance(out, tuple) and len(out) == 1
 
 
 @pytest.mark.parametrize("bad", ["a", "2", 1.5, 2.0, None])
@@ -192,7 +239,8 @@ def test_kernel_returning_a_value():
     with pytest.raises(ValueError) as info:
         pl.pallas_call(kernel, SDS((4, 8), jnp.float32), interpret=True)(
             jnp.zeros((4, 8), jnp.float32))
-    _assert_names(str(info.value), "returned a value", "float32[4,8]", "return None")
+    _assert_names(str(info.value), "The kernel function in the pallas_call kernel at",
+                  "should return None", "returns float32[4,8]")
 
 
 @pytest.mark.parametrize("value_shape", [(4,), (3, 8), (8, 4)])
@@ -291,14 +339,18 @@ def test_aliased_operands_must_agree_in_shape_and_dtype():
     with pytest.raises(ValueError) as info:
         pl.pallas_call(_copy_kernel, SDS((4, 8), jnp.int32), input_output_aliases={0: 0},
                        interpret=True)(jnp.zeros((4, 8), jnp.float32))
-    _assert_names(str(info.value), "args[0]", "outputs", "(4, 8) float32", "(4, 8) int32")
+    _assert_names(str(info.value), "the mapping '0:0' referring to input[0] with abstract "
+                  "value float32[4,8] (args[0])", "output[0] with a different abstract value "
+                  "int32[4,8] (outputs)")
 
 
 def test_alias_indices_must_exist():
-    with pytest.raises(ValueError, match="input 3"):
+    with pytest.raises(ValueError, match=r"mapping '3:0' with input index 3 outside the "
+                                         r"range \[0, 1\)"):
         pl.pallas_call(_copy_kernel, SDS((4,), jnp.float32), input_output_aliases={3: 0},
                        interpret=True)(jnp.zeros((4,), jnp.float32))
-    with pytest.raises(ValueError, match="output 2"):
+    with pytest.raises(ValueError, match=r"mapping '0:2' with output index 2 outside the "
+                                         r"range \[0, 1\)"):
         pl.pallas_call(_copy_kernel, SDS((4,), jnp.float32), input_output_aliases={0: 2},
                        interpret=True)(jnp.zeros((4,), jnp.float32))
 

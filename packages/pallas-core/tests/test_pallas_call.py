@@ -122,22 +122,6 @@ def test_in_specs_follow_a_nested_input_pytree():
     np.testing.assert_array_equal(out, a * 3 + 1)
 
 
-def test_a_blockspec_prefix_applies_to_a_whole_subtree():
-    a = jnp.arange(16, dtype=jnp.float32).reshape(2, 8)
-    pair = (jnp.ones((2, 8), jnp.float32), jnp.full((2, 8), 2.0, jnp.float32))
-
-    def kernel(a_ref, pair_refs, o_ref):
-        p, q = pair_refs
-        o_ref[...] = a_ref[...] + p[...] * q[...]
-
-    row = pl.BlockSpec((1, 8), lambda i: (i, 0))
-    out = pl.pallas_call(
-        kernel, SDS((2, 8), jnp.float32), grid=(2,),
-        in_specs=(row, row), out_specs=row, interpret=True,
-    )(a, pair)
-    np.testing.assert_array_equal(out, a + 2)
-
-
 def test_grid_spec_is_equivalent_to_grid_and_specs():
     x = jnp.arange(64, dtype=jnp.float32).reshape(8, 8)
     spec = pl.BlockSpec((2, 8), lambda i: (i, 0))
@@ -200,21 +184,6 @@ def test_scalar_prefetch_arguments_may_be_pytrees_or_none():
                          interpret=True)(order, None, scale, x)
     np.testing.assert_array_equal(out, np.asarray(x)[np.asarray(order)] * 2)
     assert seen == [(None, ["a"])]
-
-
-def test_a_single_blockspec_applies_to_every_input_and_output():
-    x = jnp.arange(16, dtype=jnp.float32).reshape(4, 4)
-    y = jnp.ones((4, 4), jnp.float32)
-
-    def kernel(x_ref, y_ref, a_ref, b_ref):
-        a_ref[...] = x_ref[...] + y_ref[...]
-        b_ref[...] = x_ref[...] - y_ref[...]
-
-    spec = pl.BlockSpec((2, 4), lambda i: (i, 0))
-    a, b = pl.pallas_call(kernel, (SDS(x.shape, x.dtype), SDS(x.shape, x.dtype)), grid=(2,),
-                          in_specs=spec, out_specs=spec, interpret=True)(x, y)
-    np.testing.assert_array_equal(a, x + 1)
-    np.testing.assert_array_equal(b, x - 1)
 
 
 def test_scalar_prefetch_operands_count_in_input_output_aliases():

@@ -191,3 +191,46 @@ def test_cost_estimate_reaches_the_backend_and_scales_under_vmap(operands, recor
     batched = recording_backend.costs[-1]
     assert (batched.flops, batched.transcendentals, batched.bytes_accessed) == (
         3 * cost.flops, 3 * cost.transcendentals, 3 * cost.bytes_accessed)
+
+
+# --------------------------------------------------------------------------------------
+# Shape polymorphism (jax.export with symbolic dimensions)
+
+
+def _copy(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+
+@pytest.mark.parametrize("with_specs", [True, False], ids=["block-specs", "whole-array"])
+def test_blocks_that_depend_on_a_symbolic_dimension_are_an_error_naming_the_operand(
+        with_specs):
+    """As upstream: blocks must be static under shape polymorphism."""
+    def f(x):
+        specs = {}
+        if with_specs:
+            spec = pl.BlockSpec((x.shape[0] // 2, 128), lambda i: (i, 0))
+            specs = dict(grid=(2,), in_specs=[spec], out_specs=spec)
+        return pl.pallas_call(_copy, jax.ShapeDtypeStruct(x.shape, x.dtype), **specs)(x)
+
+    (w,) = export.symbolic_shape("w")
+    with pytest.raises(ValueError, match=r"does not support dynamically-shaped blocks. Block "
+                                         r"spec for args\[0\] has block_shape"):
+        export.export(jax.jit(f))(jax.ShapeDtypeStruct((w, 128), jnp.float32))
+
+
+def test_a_symbolic_grid_is_a_clear_not_implemented_error():
+    def f(x):
+        spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        return pl.pallas_call(_copy, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              grid=(pl.cdiv(x.shape[0], 8),), in_specs=[spec],
+                              out_specs=spec)(x)
+
+    (w,) = export.symbolic_shape("w")
+    with pytest.raises(NotImplementedError, match=r"grid dimension 0 is the symbolic "
+                                                  r"dimension floordiv\(w \+ 7, 8\)"):
+        export.export(jax.jit(f))(jax.ShapeDtypeStruct((w, 128), jnp.float32))
+
+
+def test_cdiv_of_symbolic_dimensions_stays_symbolic():
+    (w,) = export.symbolic_shape("w")
+    assert str(pl.cdiv(w, 8)) == str((w + 7) // 8)

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas._src import api_errors
 from pallas._src import block_spec as bs
 from pallas._src import jax_compat as jc
 from pallas._src.memory import MemoryRef, MemorySpace
@@ -44,6 +45,11 @@ class GridSpec:
         object.__setattr__(self, "grid", tuple(grid))
         if isinstance(self.in_specs, list):
             object.__setattr__(self, "in_specs", tuple(self.in_specs))
+        elif self.in_specs is not bs.no_block_spec and not isinstance(self.in_specs, tuple):
+            raise ValueError(
+                f"`in_specs` must be a tuple or a list. Found: {self.in_specs} (one spec per "
+                f"operand of the kernel, e.g. in_specs=[spec])"
+            )
         if isinstance(self.out_specs, list):
             object.__setattr__(self, "out_specs", tuple(self.out_specs))
         if isinstance(self.scratch_shapes, list):
@@ -179,7 +185,14 @@ def _check_grid(grid) -> tuple[int, ...]:
         if isinstance(g, jax.core.Tracer):
             raise jax.errors.ConcretizationTypeError(
                 g, f"grid dimension {i} is a traced value; pallas-core needs a static grid "
-                f"(Python ints). Got grid={grid!r}."
+                f"(Python ints): dynamic grid bounds are not supported yet. Got "
+                f"grid={grid!r}."
+            )
+        if jc.is_symbolic_dim(g):
+            raise NotImplementedError(
+                f"grid dimension {i} is the symbolic dimension {g} (shape polymorphism); "
+                f"pallas-core needs a static grid: dynamic grid bounds are not supported "
+                f"yet. Got grid={tuple(str(d) for d in grid)}."
             )
         try:
             g = operator.index(g)  # ints, NumPy/JAX integers; never floats or strings
@@ -195,61 +208,52 @@ def _check_grid(grid) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _flatten_specs(specs, tree, what: str):
-    """Broadcasts a BlockSpec pytree prefix over the operands' tree."""
+def _flatten_specs(specs, tree, what: str, operands: str, paths, avals):
+    """One spec per operand leaf; ``specs`` must have the operands' pytree structure
+    (lists and tuples alike), as upstream."""
     if specs is bs.no_block_spec:
         return [bs.no_block_spec] * tree.num_leaves
-    try:
-        return _broadcast_prefix(specs, tree)
-    except ValueError as e:
+    errors = api_errors.tree_mismatches(specs, tree, _is_spec_leaf)
+    if errors:
+        have = ", ".join(f"{p}: {_shape_str(a)}" for p, a in zip(paths, avals)) or "none"
         raise ValueError(
-            f"pallas_call {what} must have the pytree structure of the operands "
-            f"(or a prefix of it): {e}"
-        ) from None
+            api_errors.tree_mismatch_message(what, operands, errors)
+            + f"\n(the operands: {have})"
+        )
+    return jax.tree_util.tree_leaves(specs, is_leaf=_is_spec_leaf)
 
 
 def _is_spec_leaf(x) -> bool:
     return x is None or isinstance(x, (bs.BlockSpec, bs.NoBlockSpec))
 
 
-def _broadcast_prefix(prefix, tree):
-    dummy = jax.tree_util.tree_unflatten(tree, list(range(tree.num_leaves)))
-    out: list[Any] = [None] * tree.num_leaves
-    # A list of specs for a tuple of operands (or the reverse) is fine, as upstream.
-    if isinstance(prefix, (list, tuple)) and isinstance(dummy, (list, tuple)):
-        prefix = type(dummy)(prefix)
-
-    def assign(spec, sub):
-        for leaf in jax.tree_util.tree_leaves(sub):
-            out[leaf] = spec
-
-    jax.tree_util.tree_map(assign, prefix, dummy, is_leaf=_is_spec_leaf)
-    return out
-
-
-def _index_map_arity_error(origin, index_map, n_expected, n_grid, n_prefetch, block_dims,
+def _index_map_arity_error(origin, index_map, n_grid, n_prefetch, block_dims,
                            array_aval) -> TypeError:
-    name = getattr(index_map, "__name__", repr(index_map))
+    """Python's own arity message (as upstream shows it), then what the index map is given."""
+    n_expected = n_grid + n_prefetch
     what = f"{n_grid} grid indices" + (
         f" and {n_prefetch} scalar-prefetch refs" if n_prefetch else ""
     )
-    shape = ", ".join(str(d) for d in block_dims)
     try:
-        params = inspect.signature(index_map).parameters.values()
-        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        takes = f"it takes {sum(p.kind in positional for p in params)}"
-    except (TypeError, ValueError):
-        takes = "its signature does not accept them"
+        index_map(*range(n_expected))  # raises before running the body: arity is checked first
+        python = "its signature does not accept them"
+    except TypeError as e:
+        python = str(e)
     return TypeError(
-        f"index_map {name} for {origin} (block_shape=({shape}), array "
-        f"{_shape_str(array_aval)}) must take {n_expected} positional arguments "
-        f"({what}); {takes}"
+        f"{python}. Index map function {api_errors.func_src_info(index_map)} for {origin} "
+        f"(block_shape={_dims_str(block_dims)}, array {_shape_str(array_aval)}) is called "
+        f"with {n_expected} positional arguments ({what})"
     )
+
+
+def _dims_str(block_dims) -> str:
+    return "(" + ", ".join(str(d) for d in block_dims) + ("," if len(block_dims) == 1 else "") + ")"
 
 
 def _trace_index_map(origin, spec, block_dims, array_aval, grid, prefetch_avals,
                      prefetch_tree=None):
-    """Traces an index map into a jaxpr and checks the number of indices it returns.
+    """Traces an index map into a jaxpr and checks the indices it returns (one integer
+    scalar per block dim) and that it captures no array constants.
 
     ``prefetch_tree`` (a tuple treedef) groups the flat scalar-prefetch refs into the
     scalar-prefetch arguments as the user passed them (pytrees, ``None``), which is how
@@ -267,13 +271,23 @@ def _trace_index_map(origin, spec, block_dims, array_aval, grid, prefetch_avals,
         sig.bind(*range(n_grid + n_pf_args))
     except TypeError:
         raise _index_map_arity_error(
-            origin, index_map, n_grid + n_pf_args, n_grid, n_pf_args, block_dims, array_aval
+            origin, index_map, n_grid, n_pf_args, block_dims, array_aval
         ) from None
     except ValueError:  # builtins without signatures
         pass
 
     idx_avals = [jc.ShapedArray((), jnp.int32)] * n_grid
     pf_avals = [jc.AbstractRef(a, memory_space=None) for a in prefetch_avals]
+    where = f"Index map function {api_errors.func_src_info(index_map)} for {origin}"
+
+    def as_index(i, o):
+        aval = jax.typeof(o) if not isinstance(o, (int, np.integer)) else None
+        if aval is not None and (aval.shape != () or not jnp.issubdtype(aval.dtype, jnp.integer)):
+            raise ValueError(
+                f"{where} must return integer scalars. Output[{i}] has type {aval} "
+                f"(block_shape={_dims_str(block_dims)}, array {_shape_str(array_aval)})."
+            )
+        return jnp.asarray(o, jnp.int32)
 
     def flat_index_map(*args):
         if prefetch_tree is not None:
@@ -283,33 +297,39 @@ def _trace_index_map(origin, spec, block_dims, array_aval, grid, prefetch_avals,
         if not isinstance(out, tuple):
             out = (out,)
         if len(out) != len(block_dims):
-            shape = tuple(str(d) for d in block_dims)
             raise ValueError(
-                f"index_map {getattr(spec.index_map, '__name__', 'index_map')} for {origin} "
-                f"must return {len(block_dims)} values to match block_shape=({', '.join(shape)}) "
-                f"of array {_shape_str(array_aval)}; it returned {len(out)} values"
+                f"{where} must return {len(block_dims)} values to match "
+                f"block_shape={_dims_str(block_dims)} of array {_shape_str(array_aval)}. "
+                f"Currently returning {len(out)} values."
             )
         flat = []
         for i, (o, d) in enumerate(zip(out, block_dims)):
             if isinstance(d, bs.BoundedSlice):
                 if not isinstance(o, jc.Slice):
                     raise ValueError(
-                        f"index_map for {origin} must return pl.ds(start, size) for the "
+                        f"{where} must return pl.ds(start, size) for the "
                         f"BoundedSlice dimension {i}; got {o!r}"
                     )
-                flat += [jnp.asarray(o.start, jnp.int32), jnp.asarray(o.size, jnp.int32)]
+                flat += [as_index(i, o.start), as_index(i, o.size)]
             else:
                 if isinstance(o, jc.Slice):
                     raise ValueError(
-                        f"index_map for {origin} returned a slice for dimension {i}, whose "
+                        f"{where} returned a slice for dimension {i}, whose "
                         f"block dim is {d}; only BoundedSlice dimensions take pl.ds"
                     )
-                flat.append(jnp.asarray(o, jnp.int32))
+                flat.append(as_index(i, o))
         return flat
 
     jaxpr, _, consts = jc.trace_kernel_to_jaxpr(
         flat_index_map, [*idx_avals, *pf_avals], f"index_map for {origin}"
     )
+    arrays = [c for c in consts if np.ndim(c) != 0 or isinstance(c, jax.core.Tracer)]
+    if arrays:
+        shapes = ", ".join(jax.typeof(c).str_short() for c in arrays)
+        raise ValueError(
+            f"{where} must not capture constants: [{shapes}]. Pass them as scalar-prefetch "
+            f"operands (pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=...)) instead."
+        )
     uses_prefetch = _depends_on(jaxpr, range(n_grid, n_grid + n_prefetch))
     return jc.ClosedJaxpr(jaxpr, consts), uses_prefetch
 
@@ -369,6 +389,7 @@ def resolve_block_mapping(origin, spec, array_aval, grid, prefetch_avals,
             f"the spec for {origin} must be a pl.BlockSpec or pl.no_block_spec; got {spec!r}"
         )
     memory_space = None if isinstance(spec, bs.NoBlockSpec) else spec.memory_space
+    _check_static_block(origin, spec, array_aval)
     if isinstance(spec, bs.NoBlockSpec) or spec.block_shape is None:
         block_dims = tuple(bs.Blocked(int(n)) if n else bs.Blocked(1) for n in array_aval.shape)
         whole = True
@@ -402,6 +423,27 @@ def resolve_block_mapping(origin, spec, array_aval, grid, prefetch_avals,
         pipeline_mode=pipeline_mode,
         whole=whole,
         index_map_uses_prefetch=uses_prefetch,
+    )
+
+
+def _check_static_block(origin, spec, array_aval) -> None:
+    """Blocks must have static shapes: under shape polymorphism (``jax.export`` with
+    symbolic dimensions) a block that depends on a symbolic dimension is an error, as
+    upstream; pallas-core has no dynamic-shape export mode yet."""
+    block = getattr(spec, "block_shape", None)
+    if block is None:
+        block = array_aval.shape
+    dims = [getattr(d, "block_size", d) for d in block]
+    if not any(jc.is_symbolic_dim(d) for d in dims):
+        return
+    shape = tuple(str(d) for d in dims)
+    raise ValueError(
+        "shape polymorphism for Pallas does not support dynamically-shaped blocks. "
+        f"Block spec for {origin} has block_shape: {shape} (array shape "
+        f"{tuple(str(d) for d in array_aval.shape)}). Upstream's "
+        "core.pallas_export_experimental(dynamic_shapes=True) context manager, which "
+        "enables dynamic shapes there, is not supported by pallas-core: give the "
+        "block static sizes."
     )
 
 
@@ -450,32 +492,10 @@ def resolve_grid_mapping(
     body_in_avals = in_avals[nsp:]
     body_paths = in_paths[nsp:]
     body_tree = body_args_tree
-    in_specs = grid_spec.in_specs
-    if isinstance(in_specs, list):
-        in_specs = tuple(in_specs)
-    if in_specs is not bs.no_block_spec and isinstance(in_specs, tuple) and (
-        body_tree.num_leaves != 0 or in_specs
-    ):
-        n_top = len(body_tree.children()) if body_tree.children() else body_tree.num_leaves
-        if len(in_specs) != n_top:
-            raise ValueError(
-                f"pallas_call got {n_top} inputs (after {nsp} scalar-prefetch operands) but "
-                f"{len(in_specs)} in_specs; in_specs must match the inputs' pytree structure"
-            )
-    flat_in_specs = _flatten_specs(in_specs, body_tree, "in_specs")
-    out_specs = grid_spec.out_specs
-    if isinstance(out_specs, list):
-        out_specs = tuple(out_specs)
-    if (
-        isinstance(out_specs, tuple)
-        and out_tree.children()
-        and len(out_specs) != len(out_tree.children())
-    ):
-        raise ValueError(
-            f"pallas_call got {len(out_tree.children())} outputs but {len(out_specs)} "
-            f"out_specs; out_specs must match out_shape's pytree structure"
-        )
-    flat_out_specs = _flatten_specs(out_specs, out_tree, "out_specs")
+    flat_in_specs = _flatten_specs(grid_spec.in_specs, body_tree, "`in_specs`", "`inputs`",
+                                   body_paths, body_in_avals)
+    flat_out_specs = _flatten_specs(grid_spec.out_specs, out_tree, "`out_specs`",
+                                    "`out_shape`", out_paths, out_avals)
     mappings = []
     for path, spec, aval in zip(body_paths, flat_in_specs, body_in_avals):
         mappings.append(resolve_block_mapping(path, spec, aval, grid, prefetch_avals,
@@ -499,19 +519,22 @@ def resolve_grid_mapping(
     for i, o in sorted(input_output_aliases.items()):
         if not 0 <= i < n_ops:
             raise ValueError(
-                f"input_output_aliases refers to input {i} but pallas_call has {n_ops} inputs"
+                f"input_output_aliases contains the mapping '{i}:{o}' with input index {i} "
+                f"outside the range [0, {n_ops}) (pallas_call has {n_ops} inputs)"
             )
         if not 0 <= o < len(out_avals):
             raise ValueError(
-                f"input_output_aliases refers to output {o} but pallas_call has "
-                f"{len(out_avals)} outputs"
+                f"input_output_aliases contains the mapping '{i}:{o}' with output index {o} "
+                f"outside the range [0, {len(out_avals)}) (pallas_call has "
+                f"{len(out_avals)} outputs)"
             )
         ia, oa = in_avals[i], out_avals[o]
         if tuple(ia.shape) != tuple(oa.shape) or ia.dtype != oa.dtype:
             raise ValueError(
-                f"input_output_aliases maps {in_paths[i]} ({_shape_str(ia)}) to "
-                f"{out_paths[o]} ({_shape_str(oa)}); aliased operands must have the same "
-                f"shape and dtype"
+                f"input_output_aliases contains the mapping '{i}:{o}' referring to "
+                f"input[{i}] with abstract value {ia.str_short()} ({in_paths[i]}) and "
+                f"output[{o}] with a different abstract value {oa.str_short()} "
+                f"({out_paths[o]}); aliased operands must have the same shape and dtype"
             )
         aliases.append((i, o))
     gm = GridMapping(

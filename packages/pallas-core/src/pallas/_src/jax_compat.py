@@ -49,6 +49,7 @@ get_p = state_primitives.get_p
 swap_p = state_primitives.swap_p
 addupdate_p = state_primitives.addupdate_p
 ShapedArray = core.ShapedArray
+is_symbolic_dim = core.is_symbolic_dim  # a shape-polymorphic dimension (jax.export)
 ClosedJaxpr = core.ClosedJaxpr
 Jaxpr = core.Jaxpr
 Literal = core.Literal

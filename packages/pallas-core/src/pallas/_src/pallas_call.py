@@ -53,6 +53,8 @@ def _is_shape_dtype(x) -> bool:
 
 
 def _out_avals(out_shape) -> tuple[list, Any, list[str]]:
+    if isinstance(out_shape, list):
+        out_shape = tuple(out_shape)  # as upstream: the results come back as a tuple
     leaves, tree = jax.tree_util.tree_flatten_with_path(out_shape)
     avals, paths = [], []
     single = tree.num_leaves == 1 and not jax.tree_util.treedef_children(tree)
@@ -64,7 +66,8 @@ def _out_avals(out_shape) -> tuple[list, Any, list[str]]:
                 f"an array); got {leaf!r} of type {type(leaf).__name__}"
             )
         try:
-            shape = tuple(int(d) for d in leaf.shape)
+            # Symbolic dims (jax.export shape polymorphism) stay symbolic.
+            shape = tuple(d if jc.is_symbolic_dim(d) else int(d) for d in leaf.shape)
             dtype = jnp.dtype(leaf.dtype)
         except TypeError as e:
             raise TypeError(f"out_shape {origin} has an invalid shape or dtype: {e}") from None
@@ -136,8 +139,8 @@ def trace_kernel(kernel: Callable, gm: GridMapping, in_tree_args, out_tree, scra
             result = kernel(*pf, *_splat(in_args), *_splat(out_args), *_splat(scratch_args))
         if result is not None:
             raise KernelTracingError(
-                f"The kernel of pallas_call {name} returned a value ({_short(result)}); "
-                f"kernels must write their results into the output refs and return None"
+                f"The kernel function in the pallas_call {name} should return None. It "
+                f"returns {_short(result)}; kernels write their results into the output refs."
             )
         return []
 

@@ -17,6 +17,8 @@ def cdiv(a, b):
     """Ceiling division ``ceil(a / b)`` for ints and int arrays."""
     if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
         return -(-int(a) // int(b))
+    if all(isinstance(v, (int, np.integer)) or jc.is_symbolic_dim(v) for v in (a, b)):
+        return (a + b - 1) // b  # symbolic dimensions (jax.export) stay symbolic
     return jax.lax.div(a + b - 1, b)
 
 
