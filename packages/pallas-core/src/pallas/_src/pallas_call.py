@@ -53,8 +53,6 @@ def _is_shape_dtype(x) -> bool:
 
 
 def _out_avals(out_shape) -> tuple[list, Any, list[str]]:
-    if isinstance(out_shape, list):
-        out_shape = tuple(out_shape)  # as upstream: the results come back as a tuple
     leaves, tree = jax.tree_util.tree_flatten_with_path(out_shape)
     avals, paths = [], []
     single = tree.num_leaves == 1 and not jax.tree_util.treedef_children(tree)
