@@ -11,6 +11,7 @@ from pallas_mosaic_gpu._src.lowering import (  # noqa: F401 - each module regist
     rules_dot,
     rules_refs,
     rules_shape,
+    unsupported,
 )
 from pallas_mosaic_gpu._src.lowering.call import lower_pallas_call
 from pallas_mosaic_gpu._src.lowering.engine import RULES, MosaicGpuLoweringError

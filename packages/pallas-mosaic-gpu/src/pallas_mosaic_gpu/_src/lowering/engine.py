@@ -15,12 +15,14 @@ import jax.extend.core as jax_core
 import numpy as np
 from jaxlib.mlir import ir
 
+from pallas import plugins
 from pallas_mosaic_gpu._src import jax_compat as jc
 
 BACKEND = "mosaic_gpu"
 
-# primitive object -> rule(lctx, eqn, *invals) -> value or list of values
-RULES: dict = {}
+# The Mosaic GPU lowering table, keyed by primitive object (see pallas.plugins.RuleTable).
+RULES = plugins.RuleTable(
+    "mosaic_gpu lowering", "rule(lctx, eqn, *invals) -> value or list of values")
 
 
 class MosaicGpuLoweringError(NotImplementedError):
@@ -32,12 +34,7 @@ class MosaicGpuLoweringError(NotImplementedError):
 def rule(*prims):
     """Registers the decorated function as the Mosaic GPU lowering rule of ``prims``."""
 
-    def register(f):
-        for p in prims:
-            RULES[p] = f
-        return f
-
-    return register
+    return RULES.register(*prims, owner="pallas_mosaic_gpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,10 +105,12 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
     for eqn in jaxpr.eqns:
         r = RULES.get(eqn.primitive)
         if r is None:
+            why = RULES.unsupported_reason(eqn.primitive)
             raise MosaicGpuLoweringError(
                 f"pallas-mosaic-gpu (backend '{BACKEND}') cannot lower the primitive "
                 f"'{eqn.primitive.name}' to Mosaic GPU yet (kernel {lctx.name}, at "
-                f"{jc.source_info_summary(eqn)}). It runs with interpret=True.")
+                f"{jc.source_info_summary(eqn)})" + (f": {why}" if why else "")
+                + ". It runs with interpret=True.")
         invals = [read(v) for v in eqn.invars]
         try:
             if getattr(r, "__module__", "").endswith(".rules_arith"):

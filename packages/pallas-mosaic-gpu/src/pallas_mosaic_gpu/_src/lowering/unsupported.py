@@ -1,0 +1,29 @@
+"""Core primitives pallas-mosaic-gpu does not lower yet, each with what to do instead
+(quoted in the lowering error). Every primitive of ``pallas.plugins.PRIMITIVES`` has a
+rule or an entry here (tested)."""
+
+from __future__ import annotations
+
+from pallas import plugins
+from pallas_mosaic_gpu._src.lowering.engine import RULES
+
+_INTERPRET = "it runs in GPU interpret mode (interpret=plgpu.InterpretParams())"
+
+RULES.unsupported(plugins.load_p, plugins.swap_p,
+                  reason="pl.load/pl.store (masked loads and stores) are not lowered yet; index "
+                         "refs with ref[...] and pl.ds, or use backend='triton'")
+RULES.unsupported(plugins.run_scoped_p,
+                  reason="pl.run_scoped is not lowered yet; use backend='triton' or "
+                         "interpret=True")
+RULES.unsupported(plugins.semaphore_signal_p, plugins.semaphore_wait_p,
+                  plugins.semaphore_read_p,
+                  reason=f"GPU semaphores are not lowered yet; {_INTERPRET}")
+RULES.unsupported(plugins.debug_print_p, plugins.debug_check_p,
+                  reason="not lowered yet; run the kernel with interpret=True to print "
+                         "or check")
+RULES.unsupported(plugins.delay_p, reason="pl.delay is a TPU feature")
+RULES.unsupported(plugins.core_map_p, plugins.axis_index_p,
+                  reason=f"pl.core_map/plgpu.kernel over a plgpu.Mesh is not lowered yet; "
+                         f"{_INTERPRET}")
+RULES.unsupported(plugins.atomic_rmw_p, plugins.atomic_cas_p,
+                  reason="atomics are not lowered yet; use backend='triton'")
