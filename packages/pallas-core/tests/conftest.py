@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import pallas.plugins
+from pallas._src.pallas_call import lower_with_interpreter
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -64,3 +65,22 @@ def broken_backend(monkeypatch, clean_registry):
     path = _install_fixture_distribution(monkeypatch, "broken_backend")
     yield path
     pallas.plugins.reset()
+
+
+class _RecordingBackend(pallas.plugins.Backend):
+    """Lowers through the interpreter but counts as compiled; records its calls."""
+
+    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost_estimate,
+              name, metadata, out_avals):
+        self.calls.append(dict(name=name, grid=grid_mapping.grid, cost=cost_estimate))
+        return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping)
+
+
+@pytest.fixture
+def compiled_backend(clean_registry):
+    """A backend named ``transforms_test`` that counts as compiled (not interpret) and
+    records each call it lowers (name, grid, cost) in ``.calls``."""
+    b = _RecordingBackend(name="transforms_test", version="0", platforms=("cpu",))
+    b.calls = []
+    pallas.plugins.register_backend(b)
+    return b
