@@ -555,3 +555,22 @@ def test_masked_window_before_the_start_reads_other():
     out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16,), jnp.float32),
                          grid=(1,), interpret=True)(x)
     np.testing.assert_array_equal(out, jnp.concatenate([-jnp.ones(4), x[:12]]))
+
+
+@MODES
+def test_masked_swap_is_a_partial_exchange(interpret):
+    """A masked ``pl.swap`` writes ``val`` where the mask holds and returns the old
+    contents there; where it does not, the ref keeps its contents and ``val`` itself is
+    returned (upstream's discharge: ``where(mask, old, val)``)."""
+    def kernel(x_ref, y_ref, o_ref, old_ref):
+        o_ref[...] = y_ref[...]
+        mask = jnp.arange(16) % 3 == 0
+        old_ref[...] = pl.swap(o_ref, (slice(None),), x_ref[...], mask=mask)
+
+    x = jnp.arange(16, dtype=jnp.float32)
+    y = -x - 1
+    out, old = pl.pallas_call(kernel, out_shape=(SDS((16,), jnp.float32),) * 2,
+                              interpret=interpret)(x, y)
+    mask = np.arange(16) % 3 == 0
+    np.testing.assert_array_equal(out, np.where(mask, x, y))
+    np.testing.assert_array_equal(old, np.where(mask, y, x))

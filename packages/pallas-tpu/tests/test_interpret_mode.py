@@ -242,3 +242,18 @@ def test_logging_mode_prints_semaphore_and_memory_events(capsys):
     assert "waited for" in out and "copied" in out and "allocated" in out
     jax.block_until_ready(_dma_call(_copy_kernel(True))(X))
     assert "TPU interpret mode" not in capsys.readouterr().out
+
+
+def test_masked_swap_returns_val_in_masked_off_lanes():
+    """The simulated TPU's masked swap is the core's partial exchange: the ref takes
+    ``val`` where the mask holds, and the result is ``where(mask, old, val)``."""
+    def kernel(x_ref, y_ref, o_ref, old_ref):
+        o_ref[...] = y_ref[...]
+        mask = jax.lax.broadcasted_iota(jnp.int32, X.shape, 1) % 3 == 0
+        old_ref[...] = pl.swap(o_ref, (slice(None), slice(None)), x_ref[...], mask=mask)
+
+    out, old = pl.pallas_call(kernel, out_shape=(jax.ShapeDtypeStruct(X.shape, X.dtype),) * 2,
+                              interpret=pltpu.InterpretParams())(X, -X)
+    mask = np.arange(128)[None] % 3 == 0
+    np.testing.assert_array_equal(out, np.where(mask, X, -X))
+    np.testing.assert_array_equal(old, np.where(mask, -X, X))

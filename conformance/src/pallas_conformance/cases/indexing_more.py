@@ -1,7 +1,7 @@
 """More indexing: strided pl.ds with dynamic starts and on both axes, chained and dynamic
 ref.at views, masks computed from data, masked loads of integers, masked stores at a
 dynamic offset, edge blocks that overhang one axis only or a 3-D array, and index maps
-that transpose or revisit blocks."""
+that transpose or revisit blocks, and a masked swap's partial exchange."""
 
 from __future__ import annotations
 
@@ -276,3 +276,21 @@ def masked_window_tail(pallas_call, x, y):
 
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype),
                        grid=(pl.cdiv(_TAIL_N, _TAIL_BLK),))(x, y)
+
+
+# --- Masked swap ------------------------------------------------------------------------
+
+@case("indexing/masked_swap_returns_val_where_masked_off", tags={"indexing"},
+      inputs=lambda rng: (randn(rng, (8, C)), randn(rng, (8, C))),
+      reference=lambda x, y: (jnp.where(jnp.arange(C)[None] % 3 == 0, x, y),
+                              jnp.where(jnp.arange(C)[None] % 3 == 0, y, x)))
+def masked_swap(pallas_call, x, y):
+    """A masked ``pl.swap`` is a partial exchange: where the mask holds the ref takes
+    ``val`` and the old contents come back; where it does not, the ref is untouched and
+    ``val`` itself comes back (upstream's semantics; the returned lanes are read)."""
+    def kernel(x_ref, y_ref, o_ref, old_ref):
+        o_ref[...] = y_ref[...]
+        m = _iota((8, C), 1) % 3 == 0
+        old_ref[...] = pl.swap(o_ref, (ALL, ALL), x_ref[...], mask=m)
+
+    return pallas_call(kernel, out_shape=(sds(x.shape, x.dtype), sds(x.shape, x.dtype)))(x, y)

@@ -234,6 +234,8 @@ def store(em: Emitter, ref, transforms, val: Value, *, mask: Value | None = None
     old = None
     if want_old:
         old = load(em, ref, transforms, mask=mask)
+        if mask is not None:
+            old = _exchanged(em, old, val, mask)
     ptr, bmask, shape = _address(em, ref, transforms)
     m = _combine_masks(em, bmask, mask, shape)
     v = literal_operand(val)
@@ -326,7 +328,14 @@ def _local_swap(em, ref: LocalRef, transforms, val: Value, mask):
     elif val.shape != ref.shape:
         new = f"tl.full({list(ref.shape)}, {new}, {tl_dtype(ref.dtype)})"
     em.line(f"{ref.var} = {new}")
-    return old
+    return old if mask is None else _exchanged(em, old, val, mask)
+
+
+def _exchanged(em, old: Value, val: Value, mask: Value) -> Value:
+    """What a masked swap returns: the old contents where it wrote, ``val`` in masked-off
+    lanes (a partial exchange, as upstream's discharge defines it)."""
+    return em.assign(f"tl.where({mask.expr}, {old.expr}, {literal_operand(val)})",
+                     old.shape, old.dtype)
 
 
 def unflatten_transforms(tree, leaves):

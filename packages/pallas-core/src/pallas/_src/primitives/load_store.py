@@ -182,4 +182,6 @@ def _swap_rule(ctx, eqn, invals):
     if cell.init is not None:
         cur = _masked_get(cell.init, idx, tree)
         cell.init = _masked_set(cell.init, jnp.logical_or(cur, mask), idx, tree)
-    return [old]
+    # A partial exchange: masked-off lanes keep the ref's contents and hand ``val``
+    # back unchanged, as upstream's discharge does.
+    return [jnp.where(mask, old, val)]

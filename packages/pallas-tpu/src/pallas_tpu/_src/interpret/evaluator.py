@@ -507,7 +507,7 @@ def _masked_swap_rule(core: Core, eqn, invals):
         old = _discharged_get(core, buf, flat, tree, site)
         new = val if mask is None else np.where(np.asarray(mask), val, old)
         _discharged_set(core, buf, flat, tree, new, site)
-        return [old]
+        return [_exchanged(old, val, mask)]
     if mask is not None and B.out_of_bounds(box, core.bounds(buf)):
         core.access("read", buf, box, site)
         fill = B.uninitialized_value(buf.dtype, core.params.uninitialized_memory)
@@ -516,7 +516,13 @@ def _masked_swap_rule(core: Core, eqn, invals):
         old = core.read(buf, box, site)
     core.write(buf, box, val, site, what="masked swap" if mask is not None else "swap",
                mask=mask)
-    return [old]
+    return [_exchanged(old, val, mask)]
+
+
+def _exchanged(old, val, mask):
+    """What a swap returns: the old contents where it wrote, ``val`` in masked-off lanes
+    (a partial exchange, as upstream's discharge defines it)."""
+    return old if mask is None else np.where(np.asarray(mask), old, val)
 
 
 # -- control flow ------------------------------------------------------------------------

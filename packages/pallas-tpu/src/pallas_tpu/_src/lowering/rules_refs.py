@@ -271,4 +271,7 @@ def _masked_swap(lctx, eqn, ref, val, *rest):
         old = load_window(w, dtype)
     mask = materialize(extra[0], aval_in(eqn, 2 + n)) if eqn.params["has_mask"] else None
     store_window(w, v, dtype, mask=mask)
-    return old if old is not None else v
+    if old is None:
+        return v
+    # A partial exchange: masked-off lanes hand ``val`` back (upstream's semantics).
+    return old if mask is None else arith.select(mask, old, v)
