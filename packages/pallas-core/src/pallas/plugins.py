@@ -51,6 +51,12 @@ from pallas._src.primitives.semaphores import (
     semaphore_signal_p,
     semaphore_wait_p,
 )
+from pallas._src.ref_operands import (
+    RefOperands,
+    ref_and_transforms,
+    ref_operands_end,
+    unpack_ref_operands,
+)
 from pallas._src.registry.backend import LEVELS, Backend
 from pallas._src.registry.boundary import private_core_imports
 from pallas._src.registry.hookspecs import hookimpl, hookspec
@@ -100,4 +106,6 @@ __all__ = [
     "private_core_imports",
     # Backend interpret modes (params objects that run kernels in their own simulator).
     "InterpretMode", "forced_interpret", "forced_interpret_mode", "set_forced_interpret",
+    # Refs (and their ref.at views) packed as primitive operands.
+    "RefOperands", "ref_and_transforms", "ref_operands_end", "unpack_ref_operands",
 ]

@@ -8,14 +8,13 @@ from typing import Any
 import jax
 import numpy as np
 
+from pallas import plugins
 from pallas_mosaic_gpu._src import jax_compat as jc
 
-
-def ref_and_transforms(ref: Any) -> tuple[Any, tuple]:
-    """(base ref, tuple of transforms) of a ref or a ``ref.at[...]`` view."""
-    if isinstance(ref, jc.TransformedRef):
-        return ref.ref, tuple(ref.transforms)
-    return ref, ()
+ref_and_transforms = plugins.ref_and_transforms
+FlatRefs = plugins.RefOperands
+unflatten = plugins.unpack_ref_operands
+spec_end = plugins.ref_operands_end
 
 
 def view_aval(ref: Any):
@@ -34,40 +33,6 @@ def memory_space(ref: Any):
 
 def nbytes(aval) -> int:
     return int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
-
-
-class FlatRefs:
-    """Packs several (transformed) refs, or None, into one operand list."""
-
-    def __init__(self, *refs: Any):
-        self.operands: list = []
-        layout: list = []
-        for r in refs:
-            if r is None:
-                layout.append(None)
-                continue
-            base, transforms = ref_and_transforms(r)
-            flat, tree = jax.tree_util.tree_flatten(transforms)
-            layout.append((len(self.operands), len(flat), tree))
-            self.operands += [base, *flat]
-        self.spec = tuple(layout)
-
-
-def unflatten(spec, operands) -> list:
-    """For each entry of ``spec``: (base, flat transforms, treedef), or None."""
-    out = []
-    for entry in spec:
-        if entry is None:
-            out.append(None)
-            continue
-        pos, n, tree = entry
-        out.append((operands[pos], list(operands[pos + 1: pos + 1 + n]), tree))
-    return out
-
-
-def spec_end(spec) -> int:
-    """The number of operands ``spec`` uses."""
-    return max((e[0] + 1 + e[1] for e in spec if e is not None), default=0)
 
 
 def ref_positions(spec) -> list[int]:

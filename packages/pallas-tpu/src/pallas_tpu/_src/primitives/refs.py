@@ -5,14 +5,12 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from pallas import plugins
 from pallas_tpu._src import jax_compat as jc
 
-
-def ref_and_transforms(ref):
-    """(base ref, tuple of transforms) of a ref or a ``ref.at[...]`` view."""
-    if isinstance(ref, jc.TransformedRef):
-        return ref.ref, tuple(ref.transforms)
-    return ref, ()
+ref_and_transforms = plugins.ref_and_transforms
+unflatten = plugins.unpack_ref_operands
+spec_end = plugins.ref_operands_end
 
 
 def flatten_ref(ref):
@@ -40,41 +38,11 @@ def nbytes(aval) -> int:
     return int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
 
 
-class FlatRefs:
-    """Packs several (transformed) refs into one operand list and unpacks them again."""
+class FlatRefs(plugins.RefOperands):
+    """Packs several (transformed) refs into one operand list (index arrays of indexed
+    DMAs become pytree leaves)."""
 
     def __init__(self, *refs):
-        self.operands: list = []
-        self.layout: list = []  # (base position, number of transform leaves, tree)
-        for r in refs:
-            if r is None:
-                self.layout.append(None)
-                continue
-            base, flat, tree = flatten_ref(r)
-            self.layout.append((len(self.operands), len(flat), tree))
-            self.operands += [base, *flat]
+        from pallas_tpu._src.primitives.dma_indexed import wrap_ref_indices
 
-    @property
-    def spec(self) -> tuple:
-        return tuple(self.layout)
-
-
-def unflatten(spec, operands):
-    """For each entry of ``spec``: (base, flat transforms, tree) or None."""
-    out = []
-    for entry in spec:
-        if entry is None:
-            out.append(None)
-            continue
-        pos, n, tree = entry
-        out.append((operands[pos], list(operands[pos + 1 : pos + 1 + n]), tree))
-    return out
-
-
-def spec_end(spec) -> int:
-    """The number of operands used by ``spec``."""
-    end = 0
-    for entry in spec:
-        if entry is not None:
-            end = max(end, entry[0] + 1 + entry[1])
-    return end
+        super().__init__(*refs, wrap=wrap_ref_indices)
