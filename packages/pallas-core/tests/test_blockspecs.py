@@ -3,6 +3,8 @@ maps, ``no_block_spec``, memory spaces and pipeline modes."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -246,6 +248,32 @@ def test_none_in_in_specs_means_no_block_spec():
     out = pl.pallas_call(kernel, SDS((8,), jnp.float32), grid=(2,), in_specs=[None, spec],
                          out_specs=spec, interpret=True)(jnp.ones(3, jnp.float32), x)
     np.testing.assert_array_equal(out, x + 3)
+
+
+def test_an_absent_operand_takes_a_none_spec_and_reaches_the_kernel_as_none():
+    """``f(a, b, None)`` (upstream's Hopper matmul passes ``c=None``): the ``None``
+    operand is an empty pytree, its spec ``None`` stands for no operand, and the kernel
+    gets ``None`` in its place, as with ``pl.kernel``'s specs built by ``tree_map``."""
+    x = jnp.arange(8, dtype=jnp.float32)
+    spec = pl.BlockSpec((4,), lambda i: (i,))
+
+    def kernel(x_ref, c_ref, o_ref):
+        assert c_ref is None
+        o_ref[...] = x_ref[...] + 1
+
+    out = pl.pallas_call(kernel, SDS((8,), jnp.float32), grid=(2,), in_specs=[spec, None],
+                         out_specs=spec, interpret=True)(x, None)
+    np.testing.assert_array_equal(out, x + 1)
+
+    from pallas.plugins import CoreMesh
+
+    @functools.partial(pl.kernel, out_type=SDS((8,), jnp.float32), mesh=CoreMesh(core=1),
+                       interpret=True)
+    def whole(x_ref, c_ref, o_ref):
+        assert c_ref is None
+        o_ref[...] = x_ref[...] * 2
+
+    np.testing.assert_array_equal(whole(x, None), x * 2)
 
 
 def test_blockspec_without_block_shape_is_the_whole_array():

@@ -1,5 +1,5 @@
 """More operand plumbing: aliasing over a grid and with scalar prefetch, several aliased
-pairs, outputs with different grids of blocks, pytrees with None and namedtuples, scalar
+pairs, outputs with different grids of blocks, pytrees with None (and None operands) and namedtuples, scalar
 prefetch driving a 2-D grid and the output, scratch of several dtypes and nested
 run_scoped."""
 
@@ -143,6 +143,19 @@ def list_outputs(pallas_call, x):
         kernel, out_shape=[sds(x.shape, x.dtype), [sds(x.shape, x.dtype), sds((2, 1, C), x.dtype)]],
         grid=(2,), in_specs=[_spec()],
         out_specs=[_spec(), [_spec(), pl.BlockSpec((None, 1, C), lambda i: (i, 0, 0))]])(x)
+
+
+@case("pytrees/absent_operand_none", tags={"pytrees"},
+      inputs=lambda rng: (randn(rng, (16, C)),), reference=lambda x: x * 3)
+def absent_operand(pallas_call, x):
+    """An operand passed as None (upstream's Hopper matmul passes ``c=None``) with the
+    spec None: no operand, and the kernel gets None in its place."""
+    def kernel(x_ref, c_ref, o_ref):
+        assert c_ref is None
+        o_ref[...] = x_ref[...] * 3
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(2,),
+                       in_specs=[_spec(), None], out_specs=_spec())(x, None)
 
 
 # --- Scalar prefetch --------------------------------------------------------------------

@@ -53,6 +53,8 @@ def _children(x: Any) -> list[tuple[Any, Any]]:
 
 def _differences(path: tuple, a: Any, b: Any,
                  is_leaf: Callable[[Any], bool]) -> Iterator[tuple[tuple, str, str, str]]:
+    if a is None and b is None:
+        return  # an absent operand (an empty pytree) and no spec for it
     a_leaf, b_leaf = _is_leaf_node(a, is_leaf), b is _LEAF
     if a_leaf and b_leaf:
         return
@@ -83,6 +85,22 @@ def tree_mismatches(specs: Any, treedef: Any,
     structure; lists and tuples count as the same kind of node."""
     dummy = jax.tree_util.tree_unflatten(treedef, [_LEAF] * treedef.num_leaves)
     return list(_differences((), specs, dummy, is_leaf))
+
+
+def leaves_up_to(specs: Any, treedef: Any, is_leaf: Callable[[Any], bool]) -> list:
+    """The leaves of ``specs`` (by ``is_leaf``), one per leaf of ``treedef``, once
+    :func:`tree_mismatches` found none: a ``None`` standing for an absent (``None``)
+    operand gives no leaf, as it stands for no operand."""
+    dummy = jax.tree_util.tree_unflatten(treedef, [_LEAF] * treedef.num_leaves)
+
+    def walk(a, b):
+        if b is _LEAF:
+            return [a]
+        if b is None:
+            return []
+        return [x for (_, ca), (_, cb) in zip(_children(a), _children(b)) for x in walk(ca, cb)]
+
+    return walk(specs, dummy)
 
 
 def tree_mismatch_message(what1: str, what2: str, errors: list) -> str:

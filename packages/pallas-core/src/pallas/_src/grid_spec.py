@@ -220,7 +220,7 @@ def _flatten_specs(specs, tree, what: str, operands: str, paths, avals):
             api_errors.tree_mismatch_message(what, operands, errors)
             + f"\n(the operands: {have})"
         )
-    return jax.tree_util.tree_leaves(specs, is_leaf=_is_spec_leaf)
+    return api_errors.leaves_up_to(specs, tree, _is_spec_leaf)
 
 
 def _is_spec_leaf(x) -> bool:
