@@ -8,12 +8,13 @@ from pallas_mosaic_gpu._src.compiler_params import CompilerParams
 
 # Conformance tags whose every case passes at each level this backend provides (lower,
 # and compile where the toolchain is installed); measured by running the catalogue.
+# grad: the backward kernels pallas-core generates lower here (or fall back to XLA).
 # Not claimed although their claimed-tag cases would pass: carry_across_blocks (parallel
 # grid axes run concurrently on a GPU), atomics and semaphores (not lowered yet).
 CAPABILITIES: frozenset = frozenset({
     "elementwise", "special_functions", "bf16", "f16", "int8", "uint32", "bool", "dot",
     "multiple_outputs", "sequential_grid", "vmap", "shard_map", "kernels", "reductions",
-    "broadcasting", "pytrees", "fusion",
+    "broadcasting", "pytrees", "fusion", "grad",
 })
 
 

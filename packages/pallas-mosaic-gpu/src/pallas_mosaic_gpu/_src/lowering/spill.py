@@ -29,12 +29,13 @@ CUMULATIVE = (P.cumsum_p, P.cumprod_p, P.cummax_p, P.cummin_p)
 
 def _read_in_place(jaxpr, pos: int, var) -> bool:
     """Whether ``var`` (an operand of ``jaxpr.eqns[pos]``) was read from a ref by a
-    ``get`` of the same jaxpr with no effect in between."""
+    ``get`` of the same jaxpr with no effect but other reads in between (a JVP kernel
+    reads every primal and tangent block before its first dot)."""
     for i in range(pos - 1, -1, -1):
         e = jaxpr.eqns[i]
         if any(o is var for o in e.outvars):
             return e.primitive is jc.get_p
-        if e.effects:
+        if e.effects and e.primitive is not jc.get_p:
             return False
     return False
 
