@@ -88,3 +88,27 @@ def test_a_forced_mode_applies_to_kernels_written_without_interpret():
     with forced_interpret_mode(mode):
         np.testing.assert_array_equal(jax.jit(f)(x), x + 1)
     assert [s[1] for s in mode.seen] == ["forced"]
+
+
+def _interpret_params_of_kernels(jaxpr) -> list:
+    """The ``interpret`` parameter of every pallas_call in ``jaxpr`` (inner jits too)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            found.append(eqn.params["interpret"])
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found += _interpret_params_of_kernels(sub)
+    return found
+
+
+def test_an_inner_jit_traced_under_a_forced_mode_is_traced_again_outside_it():
+    """A jitted library function (upstream's kernels are ``jax.jit``s) run under a forced
+    mode and then lowered for a real backend must not reuse the forced trace."""
+    mode = Recording()
+    x = jnp.arange(8, dtype=jnp.int32)
+    inner = jax.jit(pl.pallas_call(_add_one, out_shape=x, name="inner"))
+    with forced_interpret_mode(mode):
+        forced = jax.make_jaxpr(lambda v: inner(v))(x).jaxpr
+    plain = jax.make_jaxpr(lambda v: inner(v))(x).jaxpr
+    assert _interpret_params_of_kernels(forced) == [mode]
+    assert _interpret_params_of_kernels(plain) == [False]

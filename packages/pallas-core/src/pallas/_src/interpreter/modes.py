@@ -8,8 +8,9 @@ hands ``core_map`` to it through ``Mesh.discharge_core_map(interpret)``.
 
 ``forced_interpret_mode(params)`` makes every ``pallas_call``/``core_map``/``kernel``
 called in its extent run with ``interpret=params`` (``plgpu.force_gpu_interpret_mode``
-builds on it). The forced params live in a JAX configuration state, so they are part of
-the jit cache key: a function traced before forcing a mode is traced again under it.
+builds on it). The forced params live in a JAX configuration state that is part of the
+jit key and of the trace context: a function traced under a forced mode (or before it)
+is traced again outside it (or under it), inner ``jax.jit``s included.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class InterpretMode(Protocol):
 _forced = jc.config.string_or_object_state(
     name="pallas_forced_interpret_mode", default=None,
     help="Interpret params that every Pallas kernel called meanwhile runs with.",
-    include_in_jit_key=True)
+    include_in_jit_key=True, include_in_trace_context=True)
 
 
 def forced_interpret() -> Any:
