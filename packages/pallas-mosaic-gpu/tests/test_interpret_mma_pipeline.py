@@ -221,3 +221,30 @@ def test_warp_specialized_pipeline_with_outputs():
     np.testing.assert_array_equal(o, x + 1)
     np.testing.assert_array_equal(total, x.reshape(4, 64, 32).sum(0))
     assert not gpu_interpret.get_races().races_found
+
+
+def test_run_state_accumulator_starts_from_its_init_and_wgmma_reads_a_transposed_view():
+    """Upstream's attention kernel: ``pl.run_state(f)(plgpu.ACC.init(acc))`` continues an
+    accumulator in registers, and ``plgpu.transpose_ref`` lets wgmma read K-major tiles."""
+    a, _, _ = _operands(64, 64, 32)
+    bt = jax.random.uniform(jax.random.key(3), (32, 64), jnp.float16)
+    start = jnp.full((64, 32), 0.5, jnp.float32)
+
+    def body(a_gmem, bt_gmem, o_gmem, a_smem, bt_smem, bar):
+        plgpu.copy_gmem_to_smem(a_gmem, a_smem, bar.at[0])
+        plgpu.copy_gmem_to_smem(bt_gmem, bt_smem, bar.at[1])
+        plgpu.barrier_wait(bar.at[0])
+        plgpu.barrier_wait(bar.at[1])
+
+        def step(acc):
+            plgpu.wgmma(acc, a_smem, plgpu.transpose_ref(bt_smem, (1, 0)))
+
+        o_gmem[...] = pl.run_state(step)(plgpu.ACC.init(jnp.full((64, 32), 0.5, jnp.float32)))
+
+    k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 32), jnp.float32),
+                     scratch_types=dict(a_smem=plgpu.SMEM(a.shape, a.dtype),
+                                        bt_smem=plgpu.SMEM(bt.shape, bt.dtype),
+                                        bar=plgpu.Barrier(num_barriers=2)),
+                     interpret=IP(detect_races=True))
+    want = start + jnp.dot(a, bt.T, preferred_element_type=jnp.float32)
+    np.testing.assert_allclose(k(a, bt), want, rtol=1e-5)

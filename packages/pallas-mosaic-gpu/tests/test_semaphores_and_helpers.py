@@ -1,4 +1,5 @@
-"""Semaphores count as in pallas-core (memory_scope is checked); find_swizzle's choice."""
+"""Semaphores count as in pallas-core (memory_scope is checked); find_swizzle's choice;
+layout descriptions (reduced layouts)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,13 @@ def test_memory_scope_is_checked():
     with pytest.raises(ValueError, match="memory_scope='cta'.*'sys', 'gpu'"):
         pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
                        scratch_shapes=[plgpu.SemaphoreType.REGULAR(())], interpret=True)()
+
+
+def test_a_reduced_layout_names_the_layout_and_the_axes_reduced_away():
+    """``Layout.WGMMA.reduce(1)``, as upstream's attention kernel writes its row
+    statistics; a layout cast to it changes no value."""
+    row = plgpu.Layout.WGMMA.reduce(1)
+    assert row == plgpu.Layout.WGMMA.reduce((1,)) and row.axes == (1,)
+    assert row.layout is plgpu.Layout.WGMMA
+    x = jnp.arange(64, dtype=jnp.float32)
+    np.testing.assert_array_equal(jax.jit(lambda v: plgpu.layout_cast(v, row))(x), x)

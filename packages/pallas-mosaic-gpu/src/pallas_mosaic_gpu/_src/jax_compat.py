@@ -8,6 +8,8 @@ source locations.
 
 from __future__ import annotations
 
+import jax
+import numpy as np
 from jax._src import core, effects, source_info_util
 from jax._src.interpreters import mlir
 from jax._src.state import discharge as state_discharge
@@ -19,7 +21,7 @@ __all__ = [
     "AbstractRef", "GpuEffect", "Literal", "NDIndexer", "Primitive", "ReadEffect",
     "ShapedArray", "Slice", "TransformedRef", "WriteEffect", "addupdate_p", "core",
     "get_p", "get_view", "gpu_effect", "mlir", "set_view", "source_site", "swap_p",
-    "transform_type",
+    "ref_type_aval_mappings", "run_state_p", "transform_type", "uninitialized",
 ]
 
 # -- state (Refs) ------------------------------------------------------------------------
@@ -30,20 +32,50 @@ WriteEffect = state_types.WriteEffect
 NDIndexer = state_indexing.NDIndexer
 Slice = state_indexing.Slice
 transform_type = state_types.transform_type
+# run_state's table of ref-like initial values (type -> (ref aval, initial value)).
+ref_type_aval_mappings = state_types._ref_type_aval_mappings
+uninitialized = state_types.uninitialized
+run_state_p = state_discharge.run_state_p
 RefTransposer = getattr(state_types, "RefTransposer", None)
 get_p = state_primitives.get_p
 swap_p = state_primitives.swap_p
 addupdate_p = state_primitives.addupdate_p
 
 
+TransposeTransform = state_types.TransposeTransform
+
+
+def _one(transform):
+    leaves, tree = jax.tree_util.tree_flatten((transform,))
+    return leaves, tree
+
+
 def get_view(value, flat_transforms, tree):
-    """The part of array ``value`` that a ref with these (flattened) transforms sees."""
-    return state_discharge._get_discharge(value, flat_transforms, tree)
+    """The part of array ``value`` that a ref with these (flattened) transforms sees;
+    ``transpose_ref`` views (which JAX's discharge does not apply) permute the dims."""
+    for t in jax.tree_util.tree_unflatten(tree, flat_transforms):
+        if isinstance(t, TransposeTransform):
+            value = jax.numpy.transpose(value, t.permutation)
+        else:
+            value = state_discharge._get_discharge(value, *_one(t))
+    return value
 
 
 def set_view(value, new, flat_transforms, tree):
     """``value`` with the part seen through the transforms replaced by ``new``."""
-    _, out = state_discharge._swap_discharge(value, new, flat_transforms, tree)
+    return _set(value, new, list(jax.tree_util.tree_unflatten(tree, flat_transforms)))
+
+
+def _set(value, new, transforms):
+    if not transforms:
+        return jax.numpy.broadcast_to(new, value.shape).astype(value.dtype)
+    t, rest = transforms[0], transforms[1:]
+    if isinstance(t, TransposeTransform):
+        inner = _set(jax.numpy.transpose(value, t.permutation), new, rest)
+        return jax.numpy.transpose(inner, np.argsort(t.permutation))
+    leaves, one = _one(t)
+    inner = _set(state_discharge._get_discharge(value, leaves, one), new, rest)
+    _, out = state_discharge._swap_discharge(value, inner, leaves, one)
     return out
 
 

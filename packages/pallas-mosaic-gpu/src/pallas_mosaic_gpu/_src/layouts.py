@@ -23,6 +23,19 @@ from pallas_mosaic_gpu._src import jax_compat as jc
 class SomeLayout:
     """Base of the layout descriptions a kernel can name."""
 
+    def reduce(self, axes: int | Sequence[int]) -> SomeLayout:
+        """The layout of a value of this layout with ``axes`` reduced away (e.g. the
+        row statistics of a WGMMA accumulator: ``Layout.WGMMA.reduce(1)``)."""
+        return ReducedLayout(self, (axes,) if isinstance(axes, int) else tuple(axes))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReducedLayout(SomeLayout):
+    """``layout`` with ``axes`` reduced away (only tiled layouts reduce when lowering)."""
+
+    layout: SomeLayout
+    axes: tuple[int, ...]
+
 
 @dataclasses.dataclass(frozen=True)
 class ParameterizedLayout(SomeLayout):

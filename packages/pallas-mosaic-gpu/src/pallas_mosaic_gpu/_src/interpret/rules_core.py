@@ -113,6 +113,30 @@ def _run_scoped(th, eqn, invals):
     return (yield from eval_jaxpr(th, p["jaxpr"], (), [*invals, *bufs]))
 
 
+@register_gpu_rule(jc.run_state_p)
+def _run_state(th, eqn, invals):
+    """``pl.run_state(f)(init)``: ``f`` runs on fresh buffers (an accumulator from
+    ``plgpu.ACC.init(x)`` starts at ``x``); their final values are the results. Refs
+    ``f`` closes over (kernel refs) are passed through as they are."""
+    jaxpr = eqn.params["jaxpr"]
+    given = iter(invals)
+    bufs, fresh = [], []
+    for i, (v, initialized) in enumerate(zip(jaxpr.invars, eqn.params["is_initialized"])):
+        x = next(given) if initialized else None
+        if isinstance(x, Buffer):
+            bufs.append(x)
+            fresh.append(False)
+            continue
+        aval = v.aval
+        value = (jnp.asarray(x, aval.dtype) if initialized else jnp.full(
+            aval.shape, fill_value(aval.dtype, th.launch.params.uninitialized_memory)))
+        bufs.append(Buffer(f"run_state buffer {i}", getattr(aval, "memory_space", None),
+                           value))
+        fresh.append(True)
+    yield from eval_jaxpr(th, jaxpr, (), bufs)
+    return [b.value if new else b for b, new in zip(bufs, fresh)]
+
+
 @register_gpu_rule(debug_print_p)
 def _debug_print(th, eqn, invals):
     print(eqn.params["fmt"].format(*[jax.device_get(x) for x in invals]))

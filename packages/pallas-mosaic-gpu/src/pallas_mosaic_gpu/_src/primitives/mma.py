@@ -81,6 +81,15 @@ class _AccumulatorType(MemoryRef):
 ACC = WGMMAAccumulatorRef
 
 
+def _run_state_initial(ref: WGMMAAccumulatorRef):
+    """``pl.run_state(f)(plgpu.ACC.init(x))``: an accumulator ref starting at ``x``."""
+    return ref.get_memory_ref().get_ref_aval(), (
+        jc.uninitialized if ref._init is UNINITIALIZED else ref._init)
+
+
+jc.ref_type_aval_mappings[WGMMAAccumulatorRef] = _run_state_initial
+
+
 def _dot(a, b, out_dtype):
     if jnp.issubdtype(out_dtype, jnp.floating):
         return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(out_dtype)
