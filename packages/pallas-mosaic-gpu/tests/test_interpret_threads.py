@@ -82,6 +82,33 @@ def test_a_barrier_orders_a_producer_before_its_consumer():
     assert not races()
 
 
+def test_warps_of_a_warp_mesh_wait_on_barriers_other_warps_arrive_on():
+    """``pl.core_map(plgpu.WarpMesh(...))`` inside a kernel: each warp runs as its own
+    task, so warp 0 may wait for what warp 1 produces (a TMA warp and an MMA warp)."""
+    x = jnp.arange(128, dtype=jnp.float32)
+
+    @functools.partial(plgpu.kernel, out_type=x,
+                       scratch_types=dict(smem=plgpu.SMEM(x.shape, x.dtype),
+                                          bar=plgpu.Barrier()),
+                       interpret=IP())
+    def k(x_ref, o_ref, smem, bar):
+        @pl.core_map(plgpu.WarpMesh(axis_name="warp"))
+        def _():
+            warp = jax.lax.axis_index("warp")
+
+            @pl.when(warp == 0)  # runs first in the simulation and must wait
+            def _():
+                plgpu.barrier_wait(bar)
+                o_ref[...] = smem[...] * 2
+
+            @pl.when(warp == 1)
+            def _():
+                smem[...] = x_ref[...] + 1
+                plgpu.barrier_arrive(bar)
+
+    np.testing.assert_array_equal(k(x), (x + 1) * 2)
+
+
 def test_without_the_barrier_the_same_kernel_races():
     x = jnp.arange(8, dtype=jnp.float32)
 

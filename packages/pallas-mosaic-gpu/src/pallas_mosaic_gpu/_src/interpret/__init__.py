@@ -1,4 +1,11 @@
 """GPU interpret mode: Mosaic GPU kernels on CPU with a GPU's concurrency semantics."""
 
 # The rule modules register their GPU-interpret-mode rules when imported.
-from pallas_mosaic_gpu._src.interpret import rules_core, rules_misc, rules_mma, sync, tma  # noqa: F401
+from pallas_mosaic_gpu._src.interpret import (  # noqa: F401
+    rules_core,
+    rules_misc,
+    rules_mma,
+    rules_warps,
+    sync,
+    tma,
+)

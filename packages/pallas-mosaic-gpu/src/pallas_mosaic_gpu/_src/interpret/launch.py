@@ -72,12 +72,16 @@ def _all_eqns(jaxpr):
 
 
 def outer_axis_names(jaxpr, kernel_axes: Sequence[Any]) -> tuple:
-    """Axis names the kernel reads that an enclosing map (``shard_map``) binds."""
+    """Axis names the kernel reads that an enclosing map (``shard_map``) binds: neither
+    the kernel's own nor those of a ``core_map`` inside it (a ``plgpu.WarpMesh``)."""
+    eqns = list(_all_eqns(jaxpr))
+    inner = {n for e in eqns if e.primitive.name == "core_map"
+             for n in getattr(e.params["mesh"], "shape", {})}
     names = []
-    for eqn in _all_eqns(jaxpr):
+    for eqn in eqns:
         if eqn.primitive is axis_index_p:
             n = eqn.params["axis_name"]
-            if n not in kernel_axes and n not in names:
+            if n not in kernel_axes and n not in inner and n not in names:
                 names.append(n)
     return tuple(names)
 
