@@ -49,6 +49,10 @@ TAGS: dict[str, str] = {
                            "output blocks (a running sum over the grid); needs the whole "
                            "grid run in order (TPU and the interpreter; not GPUs, whose "
                            "programs for different output blocks run in parallel)",
+    "dynamic_grid": "grids whose sizes are traced values (computed inside jax.jit), run "
+                    "with program_id/num_programs and index maps as for a static grid; "
+                    "upstream lowers them for TPU only (the sizes become operands of the "
+                    "custom call)",
     "aliasing": "input_output_aliases",
     "multiple_outputs": "several outputs from one pallas_call",
     "pytrees": "pytrees of operands and outputs",

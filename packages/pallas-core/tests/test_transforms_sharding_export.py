@@ -218,7 +218,9 @@ def test_blocks_that_depend_on_a_symbolic_dimension_are_an_error_naming_the_oper
         export.export(jax.jit(f))(jax.ShapeDtypeStruct((w, 128), jnp.float32))
 
 
-def test_a_symbolic_grid_is_a_clear_not_implemented_error():
+def test_a_symbolic_grid_is_a_dynamic_grid_size_operand():
+    """As upstream: a symbolic grid size becomes a dynamic grid bound (the call's first
+    operand); the interpreter cannot run on symbolic shapes, a clear error on CPU."""
     def f(x):
         spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
         return pl.pallas_call(_copy, jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -226,8 +228,12 @@ def test_a_symbolic_grid_is_a_clear_not_implemented_error():
                               out_specs=spec)(x)
 
     (w,) = export.symbolic_shape("w")
-    with pytest.raises(NotImplementedError, match=r"grid dimension 0 is the symbolic "
-                                                  r"dimension floordiv\(w \+ 7, 8\)"):
+    closed = jax.make_jaxpr(f)(jax.ShapeDtypeStruct((w, 128), jnp.float32))
+    (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive is pl.pallas_call_p]
+    assert eqn.params["grid_mapping"].num_dynamic_grid_bounds == 1
+    assert eqn.invars[0].aval.shape == () and eqn.invars[0].aval.dtype == jnp.int32
+    with pytest.raises(NotImplementedError, match=r"interpreter cannot run on arrays with "
+                                                  r"symbolic dimensions"):
         export.export(jax.jit(f))(jax.ShapeDtypeStruct((w, 128), jnp.float32))
 
 

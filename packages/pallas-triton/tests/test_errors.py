@@ -90,3 +90,17 @@ def test_the_error_is_raised_when_lowering_for_cuda_not_later():
     f = pl.pallas_call(_sort, out_shape=SDS(X.shape, X.dtype), backend="triton")
     with pytest.raises(NotImplementedError, match=r"'sort'.*pallas-triton"):
         jax.jit(f).trace(X).lower(lowering_platforms=("cuda",))
+
+
+def test_a_dynamic_grid_is_refused_naming_the_backend_as_upstream():
+    """Upstream's Triton backend has no dynamic grid bounds; neither does this one (the
+    launch grid of XLA's Triton custom call is static)."""
+    def f(n, x):
+        spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        return pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...]),
+                              out_shape=SDS(X.shape, X.dtype), grid=(n,), in_specs=[spec],
+                              out_specs=spec, backend="triton")(x)
+
+    with pytest.raises(NotImplementedError, match=r"dynamic grid bounds not supported in "
+                                                  r"the Triton backend: .*grid \(dynamic,\)"):
+        jax.jit(f).trace(jnp.int32(2), X).lower(lowering_platforms=("cuda",))

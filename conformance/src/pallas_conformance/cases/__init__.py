@@ -9,6 +9,7 @@ from pallas_conformance.cases import (
     control_flow_more,
     dot,
     dot_more,
+    dynamic_grid,
     elementwise,
     elementwise_more,
     fusion,

@@ -9,6 +9,7 @@ by primitive (the interpreter's is :data:`interpret_rules`).
 """
 
 from pallas._src.block_spec import Blocked, BoundedSlice, Element, Squeezed
+from pallas._src.dynamic_grid import dynamic_grid_dim
 from pallas._src.grid_spec import BlockMapping, GridMapping
 from pallas._src.interpreter.analysis import scratch_live_in
 from pallas._src.interpreter.evaluator import Cell, KernelContext, eval_jaxpr
@@ -87,7 +88,7 @@ PRIMITIVES = (
 __all__ = [
     "PRIMITIVES", "atomic_cas_p", "atomic_rmw_p", "BlockMapping", "Blocked", "BoundedSlice",
     "Checks", "Element",
-    "GridMapping", "MemoryRef", "MemorySpace", "SemaphoreSpace", "Squeezed",
+    "GridMapping", "dynamic_grid_dim", "MemoryRef", "MemorySpace", "SemaphoreSpace", "Squeezed",
     "axis_index_p", "core_map_p", "debug_check_p", "debug_print_p", "delay_p",
     "eval_jaxpr", "fresh_cell", "kernel_debug_effect", "interpret_pallas_call", "interpret_rules",
     "is_semaphore_space", "load_p", "lower_with_interpreter", "multiple_of_p",

@@ -76,6 +76,7 @@ BACKEND = TritonBackend(
     levels=("lower", "compile", "emulate"),
     priority=10,
     package="pallas-triton",
+    display_name="Triton",  # errors say e.g. "not supported in the Triton backend"
 )
 
 

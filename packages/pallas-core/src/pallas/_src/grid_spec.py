@@ -20,6 +20,7 @@ import numpy as np
 from pallas._src import api_errors
 from pallas._src import block_spec as bs
 from pallas._src import jax_compat as jc
+from pallas._src.dynamic_grid import dynamic_grid_dim, grid_str, unzip_dynamic_grid
 from pallas._src.memory import MemoryRef, MemorySpace
 
 
@@ -159,8 +160,21 @@ class GridMapping:
         return len(self.scratch_types)
 
     @property
+    def num_dynamic_grid_bounds(self) -> int:
+        """How many grid sizes are dynamic: the first operands of ``pallas_call_p``."""
+        return sum(1 for g in self.grid if g is dynamic_grid_dim)
+
+    @property
     def num_grid_points(self) -> int:
+        if self.num_dynamic_grid_bounds:
+            raise ValueError(f"the grid {self.grid} has dynamic sizes: its number of "
+                             f"points is only known at run time")
         return math.prod(self.grid)
+
+    def runtime_grid(self, bounds) -> tuple:
+        """The grid with each dynamic size replaced by its value from ``bounds``."""
+        it = iter(bounds)
+        return tuple(next(it) if g is dynamic_grid_dim else g for g in self.grid)
 
     def __repr__(self) -> str:
         lines = [f"GridMapping(grid={self.grid}, num_scalar_prefetch={self.num_scalar_prefetch}"]
@@ -179,20 +193,17 @@ def _shape_str(aval) -> str:
     return f"{tuple(aval.shape)} {jnp.dtype(aval.dtype).name}"
 
 
-def _check_grid(grid) -> tuple[int, ...]:
+def _check_grid(grid) -> tuple:
     out = []
     for i, g in enumerate(grid):
-        if isinstance(g, jax.core.Tracer):
-            raise jax.errors.ConcretizationTypeError(
-                g, f"grid dimension {i} is a traced value; pallas-core needs a static grid "
-                f"(Python ints): dynamic grid bounds are not supported yet. Got "
-                f"grid={grid!r}."
-            )
-        if jc.is_symbolic_dim(g):
-            raise NotImplementedError(
-                f"grid dimension {i} is the symbolic dimension {g} (shape polymorphism); "
-                f"pallas-core needs a static grid: dynamic grid bounds are not supported "
-                f"yet. Got grid={tuple(str(d) for d in grid)}."
+        if g is dynamic_grid_dim:
+            out.append(g)
+            continue
+        if isinstance(g, jax.core.Tracer) or jc.is_symbolic_dim(g):
+            _, (bound,) = unzip_dynamic_grid((g,))  # checks the traced value's type
+            raise ValueError(
+                f"pallas_call grid[{i}] = {grid_str(bound)} is dynamic but reached grid "
+                f"resolution unsplit (an internal error: dynamic sizes are operands)"
             )
         try:
             g = operator.index(g)  # ints, NumPy/JAX integers; never floats or strings
@@ -320,9 +331,12 @@ def _trace_index_map(origin, spec, block_dims, array_aval, grid, prefetch_avals,
                 flat.append(as_index(i, o))
         return flat
 
-    jaxpr, _, consts = jc.trace_kernel_to_jaxpr(
-        flat_index_map, [*idx_avals, *pf_avals], f"index_map for {origin}"
-    )
+    from pallas._src.primitives.grid import tracing_grid
+
+    with tracing_grid(grid):  # pl.num_programs of a static axis is its size
+        jaxpr, _, consts = jc.trace_kernel_to_jaxpr(
+            flat_index_map, [*idx_avals, *pf_avals], f"index_map for {origin}"
+        )
     arrays = [c for c in consts if np.ndim(c) != 0 or isinstance(c, jax.core.Tracer)]
     if arrays:
         shapes = ", ".join(jax.typeof(c).str_short() for c in arrays)

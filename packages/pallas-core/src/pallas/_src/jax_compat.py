@@ -50,6 +50,7 @@ swap_p = state_primitives.swap_p
 addupdate_p = state_primitives.addupdate_p
 ShapedArray = core.ShapedArray
 is_symbolic_dim = core.is_symbolic_dim  # a shape-polymorphic dimension (jax.export)
+dimension_as_value = core.dimension_as_value  # a symbolic dimension as an array
 ClosedJaxpr = core.ClosedJaxpr
 Jaxpr = core.Jaxpr
 Literal = core.Literal

@@ -7,6 +7,7 @@ registry for a backend for the platform being lowered (or runs the interpreter w
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import sys
@@ -21,7 +22,14 @@ from pallas._src import block_spec as bs
 from pallas._src import jax_compat as jc
 from pallas._src.compiler_params import CompilerParams, FrozenParams
 from pallas._src.cost import CostEstimate
-from pallas._src.grid_spec import GridMapping, GridSpec, keystr, resolve_grid_mapping
+from pallas._src.grid_spec import (
+    GridMapping,
+    GridSpec,
+    dynamic_grid_dim,
+    keystr,
+    resolve_grid_mapping,
+    unzip_dynamic_grid,
+)
 from pallas._src.interpreter.modes import resolve_interpret
 from pallas._src.registry import registry
 from pallas._src.registry.requests import KernelRequest, LoweringRequest
@@ -255,6 +263,15 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
                              "grid_names, not both")
         grid_names = named
         grid_spec = dataclasses.replace(grid_spec, grid=grid)
+    # Grid sizes known only at run time (traced values inside jit, symbolic dimensions
+    # under jax.export) become the first operands of pallas_call_p, as upstream.
+    static_grid, grid_bounds = unzip_dynamic_grid(grid_spec.grid)
+    if grid_bounds:
+        if grid_names is not None:
+            raise NotImplementedError(
+                f"pallas_call: a named grid with dynamic sizes is not supported (grid "
+                f"names {tuple(grid_names)}); give the named axes static sizes")
+        grid_spec = _with_grid(grid_spec, static_grid)
     if isinstance(out_shape, list):
         out_shape = tuple(out_shape)  # as upstream: a list of outputs comes back a tuple
     out_avals, out_tree, out_paths = _out_avals(out_shape)
@@ -329,13 +346,16 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
         explicit = registry.requested_backend(backend, compiler_params)
         if explicit is not None and not interpret:
             b = registry.get_backend(explicit)
+            if gm.num_dynamic_grid_bounds:
+                _check_dynamic_grid_support(b, gm, kname)
             b.validate(KernelRequest(
                 jaxpr=jaxpr, grid_mapping=gm,
                 compiler_params=registry.resolve_compiler_params(b, compiler_params),
                 name=kname, out_avals=tuple(out_avals), cost_estimate=cost_estimate,
                 metadata=_freeze(metadata)))
         checks = _checks_for(interpret) if interpret else None
-        flat_args = jc.insert_pvary(*flat_args)  # (inside shard_map; else a no-op)
+        bounds = [_grid_bound(b) for b in grid_bounds]
+        flat_args = jc.insert_pvary(*bounds, *flat_args)  # (inside shard_map; else a no-op)
         outs = pallas_call_p.bind(
             *flat_args,
             checks=checks,
@@ -358,6 +378,20 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
     return wrapped
+
+
+def _with_grid(grid_spec, grid):
+    """``grid_spec`` with another grid (GridSpec subclasses have their own __init__)."""
+    new = copy.copy(grid_spec)
+    object.__setattr__(new, "grid", tuple(grid))
+    return new
+
+
+def _grid_bound(b):
+    """A dynamic grid size as the int32 scalar operand that carries it."""
+    if jc.is_symbolic_dim(b):
+        return jc.dimension_as_value(b).astype(jnp.int32)
+    return jnp.asarray(b, jnp.int32)
 
 
 def _split_named_grid(grid):
@@ -453,6 +487,14 @@ def lower_with_interpreter(ctx, *in_nodes, jaxpr, grid_mapping, checks=None):
     """
     from pallas._src.interpreter.grid_runner import interpret_pallas_call
 
+    symbolic = [a for a in (*ctx.avals_in, *ctx.avals_out)
+                if any(jc.is_symbolic_dim(d) for d in getattr(a, "shape", ()))]
+    if symbolic:
+        raise NotImplementedError(
+            f"the Pallas interpreter cannot run on arrays with symbolic dimensions "
+            f"(jax.export shape polymorphism): operand {symbolic[0].str_short()}. Export "
+            f"the kernel for a backend's platform (e.g. platforms=['tpu']), or export "
+            f"with concrete shapes")
     fun = functools.partial(interpret_pallas_call, jaxpr=jaxpr, grid_mapping=grid_mapping,
                             checks=checks)
     # The interpreter computes one device's (or one shard_map instance's) call: it is
@@ -483,6 +525,12 @@ def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compi
               cost_estimate, metadata, backend, out_avals, checks):
     hook = _interpret_hook(interpret)
     if hook is not None:
+        if grid_mapping.num_dynamic_grid_bounds and not getattr(
+                interpret, "supports_dynamic_grid", False):
+            raise NotImplementedError(
+                f"pallas_call {name}: dynamic grid bounds not supported in "
+                f"{type(interpret).__name__} (grid {_grid_repr(grid_mapping)}); use "
+                f"interpret=True (the core interpreter) or static grid sizes")
         return hook(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
                     compiler_params=compiler_params, name=name)
     if interpret:
@@ -494,8 +542,12 @@ def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compi
         b = registry.select_backend(platform, backend, compiler_params)
 
         def rule(ctx, *in_nodes):
+            nb = grid_mapping.num_dynamic_grid_bounds
+            if nb:
+                _check_dynamic_grid_support(b, grid_mapping, name)
             return b.lower(LoweringRequest(
-                ctx=ctx, in_nodes=in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
+                ctx=ctx, in_nodes=in_nodes[nb:], grid_bounds=tuple(in_nodes[:nb]),
+                jaxpr=jaxpr, grid_mapping=grid_mapping,
                 compiler_params=registry.resolve_compiler_params(b, compiler_params),
                 cost_estimate=cost_estimate, name=name, metadata=metadata,
                 out_avals=tuple(out_avals)))
@@ -507,6 +559,23 @@ def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compi
     rules = {p: rule_for(p) for p in platforms}
     return jc.mlir.lower_per_platform(ctx, f"pallas_call {name}", rules, None,
                                       jc.effects.no_effects, *in_nodes)
+
+
+def _grid_repr(gm) -> str:
+    return "(" + ", ".join("dynamic" if g is dynamic_grid_dim else str(g)
+                           for g in gm.grid) + ("," if len(gm.grid) == 1 else "") + ")"
+
+
+def _check_dynamic_grid_support(b, gm, name) -> None:
+    """A backend lowers grids with run-time sizes only if it claims ``dynamic_grid``."""
+    if "dynamic_grid" in b.capabilities or "*" in b.capabilities:
+        return
+    title = getattr(b, "display_name", None) or b.name
+    raise NotImplementedError(
+        f"dynamic grid bounds not supported in the {title} backend: pallas_call {name} "
+        f"has grid {_grid_repr(gm)}, whose dynamic sizes (traced values or symbolic "
+        f"dimensions) backend {b.name!r} does not lower. Use static grid sizes, or "
+        f"a backend that supports them (mosaic_tpu, or interpret=True)")
 
 
 jc.mlir.register_lowering(pallas_call_p, _lowering)

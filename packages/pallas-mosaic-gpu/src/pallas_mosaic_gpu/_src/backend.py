@@ -84,4 +84,5 @@ MOSAIC_GPU = MosaicGpuBackend(
     # backend that lowers.
     priority=0,
     package="pallas-mosaic-gpu",
+    display_name="Mosaic GPU",
 )

@@ -118,4 +118,5 @@ MOSAIC_SPARSECORE = MosaicSparseCoreBackend(
     # plsc.CompilerParams; plain TPU kernels keep mosaic_tpu.
     priority=-10,
     package="pallas-tpu-sparsecore",
+    display_name="Mosaic SparseCore",
 )

@@ -14,6 +14,7 @@ from pallas_tpu._src.compiler_params import CompilerParams
 # listed as not implemented in the README; see the package README.
 CAPABILITIES = frozenset({
     "aliasing", "bf16", "bool", "broadcasting", "carry_across_blocks", "control_flow", "dot",
+    "dynamic_grid",
     "elementwise", "f16", "fusion", "grad", "indexing", "int8", "kernels", "multiple_outputs",
     "pytrees", "reductions", "scalar_prefetch", "scratch", "semaphores", "sequential_grid",
     "shard_map", "uint32", "vmap",
@@ -45,17 +46,24 @@ class MosaicTpuBackend(Backend):
         from pallas_tpu._src.interpret.params import forced_params
 
         platforms = request.ctx.module_context.platforms
+        bounds = tuple(request.grid_bounds)
         if forced_params() is not None:
             # pltpu.force_tpu_interpret_mode(params): the TPU simulation.
+            if bounds:
+                raise NotImplementedError(
+                    f"pallas_call {request.name}: dynamic grid bounds not supported in TPU "
+                    f"interpret mode (pltpu.force_tpu_interpret_mode / "
+                    f"pltpu.InterpretParams) yet; use interpret=True (the core "
+                    f"interpreter) or static grid sizes")
             return forced_params().lower_pallas_call(
-                request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
+                request.ctx, *bounds, *request.in_nodes, jaxpr=request.jaxpr,
                 grid_mapping=request.grid_mapping, compiler_params=request.compiler_params,
                 name=request.name)
         if "tpu" not in platforms:
             # On CPU the kernel runs in the core interpreter
             # with the TPU primitives' rules (registered when pallas_tpu is imported).
             return core_compat.lower_with_interpreter(
-                request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
+                request.ctx, *bounds, *request.in_nodes, jaxpr=request.jaxpr,
                 grid_mapping=request.grid_mapping)
         from pallas_tpu._src.lowering.custom_call import lower_pallas_call
 
@@ -65,7 +73,7 @@ class MosaicTpuBackend(Backend):
             request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
             grid_mapping=request.grid_mapping, compiler_params=params,
             cost_estimate=request.cost_estimate, name=request.name,
-            metadata=request.metadata, out_avals=request.out_avals)
+            metadata=request.metadata, out_avals=request.out_avals, grid_bounds=bounds)
 
     def emulate(self, request: KernelRequest, *args):
         """Runs the generated Mosaic module: lowers the kernel as for a TPU, takes the
@@ -80,8 +88,12 @@ class MosaicTpuBackend(Backend):
         self.validate(dataclasses.replace(request, compiler_params=params))
         config = backend_config(request.jaxpr, request.grid_mapping, params,
                                 request.cost_estimate, request.name or "kernel")
+        # As in the custom call, dynamic grid sizes are the first operands (``args``
+        # starts with them) and alias indices count them.
+        nb = request.grid_mapping.num_dynamic_grid_bounds
         outs = run_custom_call(config, args, [(a.shape, a.dtype) for a in request.out_avals],
-                               tuple(request.grid_mapping.input_output_aliases))
+                               tuple((i + nb, o) for i, o in
+                                     request.grid_mapping.input_output_aliases))
         return [jnp.asarray(o) for o in outs]
 
     def interpret(self, request: KernelRequest, *args):
@@ -115,4 +127,5 @@ MOSAIC_TPU = MosaicTpuBackend(
     levels=("lower", "backend_interpret", "emulate"),
     priority=-1,  # below the interpreter on cpu; the only TPU backend for "tpu"
     package="pallas-tpu",
+    display_name="Mosaic TPU",
 )

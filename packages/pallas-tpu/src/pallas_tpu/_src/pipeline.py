@@ -286,7 +286,8 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
         raise NotImplementedError(
             "emit_pipeline(should_accumulate_out=True) is not implemented yet in "
             "pallas-tpu (backend 'mosaic_tpu')")
-    grid = tuple(int(g) for g in grid)
+    grid = tuple(_grid_size(g) for g in grid)
+    dynamic = any(not isinstance(g, int) for g in grid)
     in_specs, out_specs = _as_list(in_specs), _as_list(out_specs)
 
     def pipeline(*refs, scratches=None, allocations=None, **kw):
@@ -311,7 +312,7 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
                    for i, (s, r) in enumerate(zip(in_specs, ins))]
         out_dims = [_block_dims(s, r.shape, f"output {i}")
                     for i, (s, r) in enumerate(zip(out_specs, outs))]
-        n = math.prod(grid)
+        n = math.prod(grid) if not dynamic else _traced_prod(grid)
         in_allocs, out_allocs = allocations[:len(ins)], allocations[len(ins):]
         in_bufs = [a.window_ref for a in in_allocs]
         out_bufs = [a.window_ref for a in out_allocs]
@@ -322,7 +323,12 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
                                         a.sems.at[slot])
                     for r, s, d, b, a in zip(ins, in_specs, in_dims, in_bufs, in_allocs)]
 
-        if n:
+        if dynamic:
+            @pl.when(n > 0)
+            def _():
+                for c in in_copies(jnp.int32(0), 0):
+                    c.start()
+        elif n:
             for c in in_copies(jnp.int32(0), 0):
                 c.start()
 
@@ -344,9 +350,27 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
                 c.wait()
             return carry
 
-        lax.fori_loop(0, n, step, 0)
+        lax.fori_loop(jnp.int32(0), n, step, 0) if dynamic else lax.fori_loop(0, n, step, 0)
 
     return pipeline
+
+
+def _grid_size(g):
+    """A static size as an int; a traced one (a dynamic grid) as an int32 scalar."""
+    if isinstance(g, jax.core.Tracer):
+        aval = jax.typeof(g)
+        if aval.shape != () or not jnp.issubdtype(aval.dtype, jnp.integer):
+            raise TypeError(f"emit_pipeline grid sizes must be integers; got a traced "
+                            f"{aval.str_short()}")
+        return g.astype(jnp.int32)
+    return int(g)
+
+
+def _traced_prod(grid):
+    n = jnp.int32(1)
+    for g in grid:
+        n = n * g
+    return n
 
 
 def emit_pipeline_with_allocations(body, *, grid: Sequence[int], in_specs=(), out_specs=(),

@@ -74,7 +74,7 @@ class KernelContext:
     """What a kernel evaluation needs beyond its operands.
 
     ``grid_indices`` are the current program ids (int32 scalars, possibly traced),
-    ``grid`` the static grid sizes. ``error`` is a cell holding the first failed
+    ``grid`` the grid sizes (traced int32 scalars where the grid is dynamic). ``error`` is a cell holding the first failed
     check (``None`` when no checks are on).
     """
 

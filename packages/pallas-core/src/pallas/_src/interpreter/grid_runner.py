@@ -69,9 +69,12 @@ def _has_ordered_effects(jaxpr) -> bool:
 class _Plan:
     """Buffers, paddings and index tables of one interpretation."""
 
-    def __init__(self, gm, args, checks: Checks):
+    def __init__(self, gm, args, checks: Checks, grid=None):
         self.gm = gm
         self.checks = checks
+        # The grid being run: gm.grid, with dynamic sizes as traced int32 scalars.
+        self.grid = gm.grid if grid is None else grid
+        self.dynamic = gm.num_dynamic_grid_bounds > 0
         nsp, nin = gm.num_scalar_prefetch, gm.num_inputs
         self.prefetch = list(args[:nsp])
         ins = list(args[nsp : nsp + nin])
@@ -100,7 +103,9 @@ class _Plan:
             pads = B.own_padding(bm)
             self.in_pads.append(pads)
             self.in_bufs.append(B.pad_array(x, pads))
-        self.tables = [analysis.index_table(bm, gm.grid) for bm in gm.block_mappings]
+        # Index tables need every grid point at trace time: none for a dynamic grid.
+        self.tables = [None if self.dynamic else analysis.index_table(bm, gm.grid)
+                       for bm in gm.block_mappings]
         self.starts = [
             None if t is None else analysis.start_table(bm, t)
             for bm, t in zip(gm.block_mappings, self.tables)
@@ -155,7 +160,8 @@ def static_bounds_check(plan: _Plan) -> None:
 def choose_lanes(plan: _Plan, jaxpr, checks: Checks):
     """The grid axes to vectorise, or None to run point by point."""
     gm = plan.gm
-    if checks.any or not checks.vectorize or _has_ordered_effects(jaxpr.jaxpr):
+    if (plan.dynamic or checks.any or not checks.vectorize
+            or _has_ordered_effects(jaxpr.jaxpr)):
         return None
     if gm.num_grid_points <= 1:
         return ()
@@ -263,8 +269,10 @@ def _block_suffix(err, gm) -> str:
 
 def run_sequential(plan: _Plan, jaxpr, checks: Checks):
     gm = plan.gm
-    grid = gm.grid
-    n = gm.num_grid_points
+    grid = plan.grid
+    # A dynamic grid loops to a traced trip count (a while loop); a static one unrolls a
+    # single point or runs a counted loop.
+    n = _grid_size(grid) if plan.dynamic else gm.num_grid_points
     table = error_table_for(jaxpr, gm) if checks.any else None
     track = checks.uninitialized
 
@@ -356,13 +364,28 @@ def run_sequential(plan: _Plan, jaxpr, checks: Checks):
     poss0 = [jnp.zeros((2 * len(bm.block_dims),), jnp.int32) for bm in out_bms]
     carry = (list(plan.out_init), out_masks0, blocks0, mblocks0, poss0,
              [c.state() for c in scratch0], err0)
-    if n == 1:
+    if plan.dynamic:
+        carry = lax.fori_loop(jnp.int32(0), n, body, carry)
+    elif n == 1:
         carry = body(jnp.int32(0), carry)
     elif n > 1:
         carry = lax.fori_loop(0, n, body, carry)
     outs, masks, blocks, mblocks, poss, _, err = carry
-    outs = [write_back(o, outs[o], blocks[o], poss[o]) for o in range(gm.num_outputs)]
+    if plan.dynamic:  # an empty grid wrote nothing: there is no block to write back
+        outs = [lax.cond(n > 0, lambda b, k, o=o: write_back(o, b, k, poss[o]),
+                         lambda b, k: b, outs[o], blocks[o])
+                for o in range(gm.num_outputs)]
+    else:
+        outs = [write_back(o, outs[o], blocks[o], poss[o]) for o in range(gm.num_outputs)]
     return outs, err
+
+
+def _grid_size(grid):
+    """The number of points of a grid with traced sizes (an int32 scalar)."""
+    n = jnp.int32(1)
+    for g in grid:
+        n = n * jnp.asarray(g, jnp.int32)
+    return n
 
 
 def _unravel(t, grid):
@@ -528,11 +551,16 @@ def interpret_pallas_call(*args, jaxpr, grid_mapping, checks: Checks | None = No
     ensure_discovered()  # backends' interpreter rules for their own primitives
     gm = grid_mapping
     checks = Checks() if checks is None else checks
-    plan = _Plan(gm, args, checks)
+    nb = gm.num_dynamic_grid_bounds  # dynamic grid sizes come first
+    grid = gm.runtime_grid([jnp.asarray(b, jnp.int32) for b in args[:nb]])
+    plan = _Plan(gm, args[nb:], checks, grid)
     if checks.bounds:
         static_bounds_check(plan)
     err = jnp.zeros((error_vector_size(gm),), jnp.int32)
-    if gm.num_grid_points == 0:
+    if plan.dynamic:
+        outs, seq_err = run_sequential(plan, jaxpr, checks)
+        err = err if seq_err is None else seq_err
+    elif gm.num_grid_points == 0:
         outs = list(plan.out_init)
     else:
         lanes = choose_lanes(plan, jaxpr, checks)

@@ -44,8 +44,13 @@ def program_id(axis: int):
 
 
 def num_programs(axis: int):
-    """The size of the grid along ``axis`` (an int32 scalar)."""
-    return num_programs_p.bind(axis=_checked_axis(axis, "num_programs"))
+    """The size of the grid along ``axis``: a Python int when the size is static (as
+    upstream), an int32 scalar when it is dynamic (or read outside a traced kernel)."""
+    axis = _checked_axis(axis, "num_programs")
+    grid = _tracing_grid.get()
+    if grid is not None and isinstance(grid[axis], int):
+        return grid[axis]
+    return num_programs_p.bind(axis=axis)
 
 
 @program_id_p.def_abstract_eval
@@ -91,4 +96,4 @@ def _program_id_rule(ctx, eqn, invals):
 def _num_programs_rule(ctx, eqn, invals):
     axis = eqn.params["axis"]
     _check_axis(ctx, axis, "num_programs")
-    return [jnp.int32(ctx.grid[axis])]
+    return [jnp.asarray(ctx.grid[axis], jnp.int32)]  # traced for a dynamic grid

@@ -39,6 +39,7 @@ class Backend:
       priority: used to choose between backends for the same platform (higher wins);
         an int, or a mapping from platform to int (platforms not listed get 0).
       package: the distribution that provides it (named in "not installed" errors).
+      display_name: how errors name the backend (e.g. ``"Triton"``); ``name`` if empty.
     """
 
     name: str
@@ -49,6 +50,7 @@ class Backend:
     levels: tuple[str, ...] = ("lower",)
     priority: int | dict = 0
     package: str = ""
+    display_name: str = ""
 
     def priority_for(self, platform: str) -> int:
         """This backend's priority when choosing a backend for ``platform``."""

@@ -63,10 +63,15 @@ class LoweringRequest(KernelRequest):
       ctx: JAX's ``mlir.LoweringRuleContext`` (``ctx.module_context.platforms`` are the
         platforms being lowered for).
       in_nodes: the operands' MLIR values.
+      grid_bounds: the MLIR values (int32 scalars) of the grid's dynamic sizes, one per
+        ``dynamic_grid_dim`` in ``grid_mapping.grid``, in order; empty for a static grid.
+        Only backends that claim the ``dynamic_grid`` capability receive any. ``ctx``'s
+        ``avals_in`` start with their avals, then those of ``in_nodes``.
     """
 
     ctx: Any  # jax.interpreters.mlir.LoweringRuleContext
     in_nodes: Sequence[Any] = ()
+    grid_bounds: Sequence[Any] = ()
 
     @property
     def kernel(self) -> KernelRequest:

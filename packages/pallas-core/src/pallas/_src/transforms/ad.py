@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas._src import jax_compat as jc
+from pallas._src.dynamic_grid import refuse_dynamic_grid
 from pallas._src.pallas_call import pallas_call_p
 from pallas._src.primitives import debug, load_store
 from pallas._src.primitives.hints import multiple_of_p
@@ -312,6 +313,7 @@ def _nonzero_inputs(tangents, nsp):
 
 
 def _jvp_rule(primals, tangents, **params):
+    refuse_dynamic_grid(params, "Differentiation (jax.jvp)")
     gm, checks = params["grid_mapping"], params["checks"]
     nsp = gm.num_scalar_prefetch
     call = jvp_call(params["jaxpr"], gm, _nonzero_inputs(tangents, nsp), params["out_avals"])
@@ -384,6 +386,7 @@ def _xla_fallback(params, why: str) -> None:
 
 
 def _linearize_rule(is_vjp, nzs, *primals, **params):
+    refuse_dynamic_grid(params, "Differentiation (jax.grad / jax.vjp / jax.linearize)")
     gm = params["grid_mapping"]
     nsp = gm.num_scalar_prefetch
     nz_in = list(nzs[nsp:])

@@ -10,12 +10,14 @@ before, and ``program_id(0) == 0`` still marks the first iteration of an element
   whose index is the batch index: ``(b, *g, *pf) -> (b, *index_map(*g, *pf))``.
 - An unbatched operand keeps its block mapping; its index map ignores ``b``. It is never
   copied per batch element.
+- Dynamic grid sizes (the call's first operands) stay unbatched operands; a symbolic
+  batch size (``jax.export`` shape polymorphism) makes the batch axis dynamic too.
 - Every output is batched. An unbatched input aliased to an output is broadcast first.
 - The kernel jaxpr is rewritten so ``program_id(i)``/``num_programs(i)`` refer to axis
   ``i + 1`` (see :mod:`pallas._src.transforms.grid_axes`); their values are unchanged.
 
 Some cases run as a sequential ``lax.map`` of the unbatched call instead (correct, but
-one call per batch element): batched scalar-prefetch operands (the index maps would
+one call per batch element): batched dynamic grid sizes, batched scalar-prefetch operands (the index maps would
 need batched prefetch refs), a scalar-prefetch operand aliased to an output, and calls
 with interpreter checks on (their error vector is decoded against the unbatched
 kernel).
@@ -31,7 +33,7 @@ from jax import lax
 
 from pallas._src import block_spec as bs
 from pallas._src import jax_compat as jc
-from pallas._src.grid_spec import BlockMapping
+from pallas._src.grid_spec import BlockMapping, dynamic_grid_dim
 from pallas._src.pallas_call import pallas_call_p
 from pallas._src.transforms.grid_axes import shift_grid_axes_closed
 
@@ -132,10 +134,17 @@ def _batch_rule(args, dims, *, jaxpr, grid_mapping, checks, **params):
     (size,) = sizes
     nsp = gm.num_scalar_prefetch
     all_params = dict(params, jaxpr=jaxpr, grid_mapping=gm, checks=checks)
+    # Dynamic grid sizes are the first operands; batched ones (a grid per batch element)
+    # run as a loop of unbatched calls.
+    nb = gm.num_dynamic_grid_bounds
+    if any(d is not jc.not_mapped for d in dims[:nb]):
+        return _loop_fallback(args, dims, size, all_params)
+    bounds, args, dims = list(args[:nb]), list(args[nb:]), list(dims[nb:])
     prefetch_aliased = any(i < nsp for i, _ in gm.input_output_aliases)
     if (any(d is not jc.not_mapped for d in dims[:nsp]) or prefetch_aliased
             or (checks is not None and checks.any)):
-        return _loop_fallback(args, dims, size, all_params)
+        return _loop_fallback([*bounds, *args], [jc.not_mapped] * nb + dims, size,
+                              all_params)
 
     args = [_move_to_front(x, d, size) for x, d in zip(args, dims)]
     batched = [d is not jc.not_mapped for d in dims]
@@ -148,9 +157,13 @@ def _batch_rule(args, dims, *, jaxpr, grid_mapping, checks, **params):
     in_bms = [batch_block_mapping(bm, size, n_grid, batched[nsp + k])
               for k, bm in enumerate(gm.in_block_mappings)]
     out_bms = [batch_block_mapping(bm, size, n_grid, True) for bm in gm.out_block_mappings]
+    # Under shape polymorphism the batch size may be symbolic: a dynamic grid size.
+    symbolic = jc.is_symbolic_dim(size)
+    if symbolic:
+        bounds = [jc.dimension_as_value(size).astype(jnp.int32), *bounds]
     new_gm = dataclasses.replace(
         gm,
-        grid=(size, *gm.grid),
+        grid=(dynamic_grid_dim if symbolic else size, *gm.grid),
         grid_names=None if gm.grid_names is None
         else (BatchAxisName(next(_batch_axis_ids)), *gm.grid_names),
         block_mappings=(*in_bms, *out_bms),
@@ -159,8 +172,9 @@ def _batch_rule(args, dims, *, jaxpr, grid_mapping, checks, **params):
     out_avals = tuple(a.update(shape=(size, *a.shape)) for a in params["out_avals"])
     new_params = dict(params, out_avals=out_avals,
                       compiler_params=_batched_compiler_params(params["compiler_params"]),
-                      cost_estimate=_batched_cost(params["cost_estimate"], size))
-    outs = pallas_call_p.bind(*args, jaxpr=new_jaxpr, grid_mapping=new_gm, checks=checks,
+                      cost_estimate=None if symbolic
+                      else _batched_cost(params["cost_estimate"], size))
+    outs = pallas_call_p.bind(*bounds, *args, jaxpr=new_jaxpr, grid_mapping=new_gm, checks=checks,
                               **new_params)
     return list(outs), [0] * len(outs)
 

@@ -26,11 +26,15 @@ from pallas_tpu._src.executor.types import ExecutorError, elem_and_shape
 MemRefType = ir.MemRefType
 
 
+DYNAMIC = -(2**63)  # MLIR's dynamic size: an iteration bound given as an operand
+
+
 class Machine:
     """Per-run state the ops reach through ``env[0]``: DMAs in flight."""
 
-    def __init__(self):
+    def __init__(self, grid=()):
         self.dmas: list = []
+        self.grid = tuple(grid)  # the grid's sizes for this run (tpu.iteration_bound)
 
     def start_dma(self, data, dst, dst_sem, src_sem) -> None:
         if data.shape != dst.shape:
@@ -147,6 +151,12 @@ def execute(kernel: Kernel, operands, out_shapes, aliases=()) -> list[np.ndarray
     inputs); returns the outputs. ``aliases``: (input index, output index) pairs, indices
     counting the scalar-prefetch operands as inputs, as the custom call does."""
     npf = kernel.num_prefetch
+    # Dynamic iteration bounds (MLIR's dynamic size) come first among the operands.
+    ndyn = sum(1 for n in kernel.grid if n == DYNAMIC)
+    dyn = iter(int(np.asarray(x).reshape(())) for x in operands[:ndyn])
+    grid = tuple(next(dyn) if n == DYNAMIC else n for n in kernel.grid)
+    operands = operands[ndyn:]
+    aliases = tuple((i - ndyn, o) for i, o in aliases)
     hbm_in = [np.array(x) for x in operands]
     outs = []
     alias = dict((o, i) for i, o in aliases)
@@ -172,11 +182,11 @@ def execute(kernel: Kernel, operands, out_shapes, aliases=()) -> list[np.ndarray
     prefetch = [np.array(x) for x in hbm_in[:npf]]
     for p in prefetch:
         p.setflags(write=False)
-    machine = Machine()
+    machine = Machine(grid)
     env = [None] * kernel.nslots
     env[0] = machine
     with np.errstate(all="ignore"):
-        for ids in itertools.product(*[range(n) for n in kernel.grid]):
+        for ids in itertools.product(*[range(n) for n in grid]):
             pid = [np.int32(i) for i in ids]
             refs = []
             for k, w in enumerate(wins):

@@ -18,6 +18,12 @@ def _assume_multiple(o, cc):
     return lambda env, x: (x,)
 
 
+@op("tpu.iteration_bound")
+def _iteration_bound(o, cc):
+    d = ir.IntegerAttr(o.attributes["dim"]).value
+    return lambda env: (np.int32(env[0].grid[d]),)
+
+
 @op("tpu.iota")
 def _iota(o, cc):
     dt, shape = elem_and_shape(o.result.type)

@@ -65,17 +65,23 @@ def backend_config(jaxpr, grid_mapping, compiler_params: CompilerParams, cost_es
 
 
 def lower_pallas_call(ctx, *in_nodes, jaxpr, grid_mapping, compiler_params: CompilerParams,
-                      cost_estimate, name, metadata, out_avals):
+                      cost_estimate, name, metadata, out_avals, grid_bounds=()):
+    """The ``tpu_custom_call``; ``grid_bounds`` (the dynamic grid sizes, i32 scalars)
+    are its first operands, as Mosaic reads dynamic ``iteration_bounds``."""
     gm = grid_mapping
     kernel = build_module(jaxpr, gm, compiler_params, name, mesh_axes=mesh_axes_of(ctx))
     p = compiler_params
+    nb = len(grid_bounds)
+    config = _config_kwargs(kernel, p, cost_estimate)
+    if nb and config["input_memory_spaces"] is not None:
+        config["input_memory_spaces"] = (None,) * nb + tuple(config["input_memory_spaces"])
     return jc.lower_module_to_custom_call(
-        ctx, *in_nodes,
+        ctx, *grid_bounds, *in_nodes,
         module=kernel.module,
         out_type=tuple(out_avals),
         kernel_name=name.split(" ")[0],
-        input_output_aliases=tuple(gm.input_output_aliases),
+        input_output_aliases=tuple((i + nb, o) for i, o in gm.input_output_aliases),
         has_side_effects=side_effect_type(p.has_side_effects),
         metadata=dict(metadata) if metadata else None,
-        **_config_kwargs(kernel, p, cost_estimate),
+        **config,
     )

@@ -1,6 +1,9 @@
 """Builds the Mosaic TPU module of a ``pallas_call``: the kernel ``func.func @main`` with
 its grid and window parameters, and one ``transform_<k>`` function per blocked operand.
 
+A dynamic grid size (``dynamic_grid_dim``) is MLIR's dynamic size in
+``iteration_bounds``; the custom call receives it as an i32 operand before all others.
+
 ``@main`` takes, in order: one i32 per grid dimension (the program ids), the
 scalar-prefetch operands (whole, in SMEM), one memref per input and output (the block
 window in VMEM/SMEM, or the whole array for ``ANY``/``HBM`` operands), and the scratch
@@ -22,6 +25,7 @@ from jaxlib.mosaic.python import tpu
 import pallas as pl
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.compiler_params import ARBITRARY, CORE_PARALLEL, CompilerParams
+from pallas_tpu._src.core_compat import dynamic_grid_dim
 from pallas_tpu._src.enums import LoweringException
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import materialize, to_i32
@@ -186,7 +190,11 @@ def build_module(jaxpr, gm, params: CompilerParams, name: str,
                 lower_jaxpr(lctx, jaxpr.jaxpr, jaxpr.consts, refs)
                 func.ReturnOp([])
             main.attributes["dimension_semantics"] = _semantics_attr(params, gm)
-            main.attributes["iteration_bounds"] = ir.DenseI64ArrayAttr.get(list(gm.grid))
+            # A dynamic grid size is MLIR's dynamic size here; its value is an operand of
+            # the custom call (before all others) and tpu.iteration_bound reads it.
+            main.attributes["iteration_bounds"] = ir.DenseI64ArrayAttr.get(
+                [ir.ShapedType.get_dynamic_size() if g is dynamic_grid_dim else g
+                 for g in gm.grid])
             main.attributes["scalar_prefetch"] = T.i64_attr(gm.num_scalar_prefetch)
             main.attributes["scratch_operands"] = T.i64_attr(len(gm.scratch_types))
             main.attributes["tpu.core_type"] = ir.Attribute.parse("#tpu.core_type<tc>")

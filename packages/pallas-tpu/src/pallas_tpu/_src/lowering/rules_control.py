@@ -10,6 +10,7 @@ from jaxlib.mlir.dialects import arith, memref, scf, vector
 from jaxlib.mosaic.python import tpu
 
 from pallas_tpu._src import core_compat as cc
+from pallas_tpu._src.core_compat import dynamic_grid_dim
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import (
     aval_in,
@@ -38,6 +39,8 @@ def _num_programs(lctx, eqn):
     axis = eqn.params["axis"]
     if not 0 <= axis < len(lctx.grid):
         raise ValueError(f"num_programs({axis}) out of range for a grid of rank {len(lctx.grid)}")
+    if lctx.grid[axis] is dynamic_grid_dim:  # a size given at run time
+        return tpu.iteration_bound(axis)
     return const((), jnp.int32, lctx.grid[axis])
 
 

@@ -1,0 +1,76 @@
+"""Grids whose sizes are known only at run time (dynamic grids).
+
+A grid size may be a traced integer scalar (computed inside ``jit``) or a symbolic
+dimension (``jax.export`` shape polymorphism). Such a size is not part of the grid
+mapping: the mapping's grid holds the :data:`dynamic_grid_dim` marker there, and the
+size itself is an int32 scalar operand of ``pallas_call_p``, before all other operands,
+as upstream. The interpreter loops to the run-time trip count; backends that claim the
+``dynamic_grid`` capability receive the sizes as ``LoweringRequest.grid_bounds``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from pallas._src import jax_compat as jc
+
+
+class DynamicGridDim:
+    """The marker of a grid dimension whose size is only known at run time (a traced
+    int32 scalar, or a symbolic dimension under ``jax.export``): its size is an operand
+    of ``pallas_call_p``, before all others."""
+
+    def __repr__(self) -> str:
+        return "DynamicGridDim"
+
+
+dynamic_grid_dim = DynamicGridDim()
+
+
+def is_dynamic_grid_dim(g) -> bool:
+    return g is dynamic_grid_dim
+
+
+def unzip_dynamic_grid(grid) -> tuple[tuple, tuple]:
+    """Splits a user grid into (grid with ``dynamic_grid_dim`` markers, dynamic sizes).
+
+    A size is dynamic when it is a traced value (e.g. computed inside ``jit``) or a
+    symbolic dimension (shape polymorphism); the sizes keep their order. Static sizes are
+    checked when the grid is resolved; a traced size must be an integer scalar."""
+    static, bounds = [], []
+    for i, g in enumerate(grid):
+        if isinstance(g, jax.core.Tracer):
+            aval = jax.typeof(g)
+            if aval.shape != () or not jnp.issubdtype(aval.dtype, jnp.integer):
+                raise TypeError(
+                    f"pallas_call grid[{i}] is a traced value of type {aval.str_short()}; a "
+                    f"dynamic grid size must be an integer scalar (e.g. int32[]). Got "
+                    f"grid={tuple(grid_str(d) for d in grid)}."
+                )
+            static.append(dynamic_grid_dim)
+            bounds.append(g)
+        elif jc.is_symbolic_dim(g):
+            static.append(dynamic_grid_dim)
+            bounds.append(g)
+        else:
+            static.append(g)
+    return tuple(static), tuple(bounds)
+
+
+def grid_str(d) -> str:
+    if isinstance(d, jax.core.Tracer):
+        return jax.typeof(d).str_short()
+    return str(d) if jc.is_symbolic_dim(d) else repr(d)
+
+
+
+def refuse_dynamic_grid(params, what: str) -> None:
+    """Differentiation of calls with dynamic grid sizes is refused (as upstream)."""
+    gm = params["grid_mapping"]
+    if gm.num_dynamic_grid_bounds:
+        raise NotImplementedError(
+            f"{what} of pallas_call {params['name']!r} with a dynamic grid (sizes known "
+            f"only at run time: {gm.num_dynamic_grid_bounds} of the grid's {len(gm.grid)} "
+            f"dimensions) is not supported; use static grid sizes, or write the "
+            f"derivative with jax.custom_vjp / jax.custom_jvp")
