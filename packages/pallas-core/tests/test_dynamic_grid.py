@@ -186,3 +186,10 @@ def test_differentiating_a_dynamic_grid_call_is_a_clear_error():
 def test_a_named_grid_with_a_dynamic_size_is_a_clear_error():
     with pytest.raises(NotImplementedError, match=r"named grid with dynamic sizes"):
         jax.jit(lambda n: _counting_call((("i", n),))())(jnp.int32(2))
+
+
+def test_the_interpret_backend_runs_a_dynamic_grid_without_interpret_true():
+    f = jax.jit(lambda steps: pl.pallas_call(
+        _count_programs, SDS(SHAPE, jnp.float32), grid=(steps,),
+        out_specs=pl.BlockSpec(SHAPE, lambda i: (0, 0)), backend="interpret")())
+    np.testing.assert_array_equal(f(jnp.int32(5)), np.full(SHAPE, 5.0))

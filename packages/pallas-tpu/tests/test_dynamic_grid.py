@@ -117,3 +117,23 @@ def test_emit_pipeline_runs_a_grid_sized_by_a_value_read_in_the_kernel():
     out = jax.jit(f)(jnp.asarray([3], jnp.int32), x)
     np.testing.assert_array_equal(out[:24], x[:24] * 2)
     np.testing.assert_array_equal(out[24:], x[24:])  # the fourth block is not visited
+
+
+def test_tpu_interpret_mode_runs_a_dynamic_grid_with_parallel_axes():
+    """The sizes reach the simulated TPU with the operands; a parallel axis is visited in
+    a seeded random order, over the run-time size."""
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * (pl.program_id(0) + pl.num_programs(0)).astype(jnp.float32)
+
+    @jax.jit
+    def f(n, x):
+        spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        return pl.pallas_call(
+            kernel, SDS(x.shape, x.dtype), grid=(n,), in_specs=[spec], out_specs=spec,
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+            interpret=pltpu.InterpretParams(random_seed=3))(x)
+
+    x = jnp.ones((32, 128))
+    out = f(jnp.int32(3), x)
+    np.testing.assert_array_equal(out[:24], np.repeat(np.arange(3.0) + 3, 8)[:, None]
+                                  * np.ones((1, 128)))

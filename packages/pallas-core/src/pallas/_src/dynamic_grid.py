@@ -10,6 +10,9 @@ as upstream. The interpreter loops to the run-time trip count; backends that cla
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import jax
 import jax.numpy as jnp
 
@@ -74,3 +77,22 @@ def refuse_dynamic_grid(params, what: str) -> None:
             f"only at run time: {gm.num_dynamic_grid_bounds} of the grid's {len(gm.grid)} "
             f"dimensions) is not supported; use static grid sizes, or write the "
             f"derivative with jax.custom_vjp / jax.custom_jvp")
+
+
+# pl.pallas_export_experimental(dynamic_shapes=True) is active: a jax.export with
+# symbolic shapes that means to keep them (upstream's flag).
+_dynamic_shapes_export: contextvars.ContextVar = contextvars.ContextVar(
+    "pallas_dynamic_shapes_export", default=False)
+
+
+@contextlib.contextmanager
+def dynamic_shapes_export(enabled: bool):
+    token = _dynamic_shapes_export.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _dynamic_shapes_export.reset(token)
+
+
+def dynamic_shapes_export_enabled() -> bool:
+    return _dynamic_shapes_export.get()

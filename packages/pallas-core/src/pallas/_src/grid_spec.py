@@ -20,7 +20,12 @@ import numpy as np
 from pallas._src import api_errors
 from pallas._src import block_spec as bs
 from pallas._src import jax_compat as jc
-from pallas._src.dynamic_grid import dynamic_grid_dim, grid_str, unzip_dynamic_grid
+from pallas._src.dynamic_grid import (
+    dynamic_grid_dim,
+    dynamic_shapes_export_enabled,
+    grid_str,
+    unzip_dynamic_grid,
+)
 from pallas._src.memory import MemoryRef, MemorySpace
 
 
@@ -451,6 +456,13 @@ def _check_static_block(origin, spec, array_aval) -> None:
     if not any(jc.is_symbolic_dim(d) for d in dims):
         return
     shape = tuple(str(d) for d in dims)
+    if dynamic_shapes_export_enabled():
+        raise NotImplementedError(
+            f"pallas_export_experimental(dynamic_shapes=True): pallas-core does not lower "
+            f"dynamically-shaped blocks yet. Block spec for {origin} has block_shape: "
+            f"{shape} (array shape {tuple(str(d) for d in array_aval.shape)}); symbolic "
+            f"grid sizes are supported, so give the block static sizes."
+        )
     raise ValueError(
         "shape polymorphism for Pallas does not support dynamically-shaped blocks. "
         f"Block spec for {origin} has block_shape: {shape} (array shape "

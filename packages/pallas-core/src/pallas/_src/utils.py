@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas._src import jax_compat as jc
+from pallas._src.dynamic_grid import dynamic_shapes_export
 from pallas._src.memory import uninitialized_value
 
 
@@ -72,19 +73,25 @@ def empty_ref_like(x: object):
 
 def lower_as_mlir(f, *args, dynamic_shapes=False, device=None, static_argnames=(),
                   platforms=None, **kwargs) -> str:
-    """The StableHLO text of ``jax.jit(f)`` lowered for ``platforms`` (debugging aid)."""
-    del dynamic_shapes, device
-    traced = jax.jit(f, static_argnames=static_argnames).trace(*args, **kwargs)
-    lowered = traced.lower(lowering_platforms=tuple(platforms) if platforms else None)
-    return lowered.as_text()
+    """The StableHLO module of ``jax.export`` of ``jax.jit(f)`` for ``platforms``
+    (default ``["tpu"]``, as upstream), under ``pallas_export_experimental(dynamic_shapes)``
+    (a debugging aid: no stability guarantee)."""
+    with pallas_export_experimental(dynamic_shapes):
+        jit_kw = {} if device is None else {"device": device}
+        jitted = jax.jit(f, static_argnames=static_argnames, **jit_kw)
+        exported = jax.export.export(jitted, platforms=list(platforms or ["tpu"]))(
+            *args, **kwargs)
+        return exported.mlir_module()
 
 
 @contextlib.contextmanager
 def pallas_export_experimental(dynamic_shapes: bool):
-    """Context for exporting kernels; dynamic shapes are not supported by pallas-core."""
-    if dynamic_shapes:
-        raise NotImplementedError("pallas-core does not export kernels with dynamic shapes")
-    yield
+    """Upstream's switch for exports that keep symbolic dimensions. Symbolic grid sizes
+    are dynamic grid sizes with or without it; with it, a dynamically-shaped block is
+    an error that says pallas-core does not lower such blocks (upstream lowers them to
+    Mosaic with placeholder sizes), instead of asking for the switch."""
+    with dynamic_shapes_export(dynamic_shapes):
+        yield
 
 
 def run_state(f):

@@ -49,12 +49,6 @@ class MosaicTpuBackend(Backend):
         bounds = tuple(request.grid_bounds)
         if forced_params() is not None:
             # pltpu.force_tpu_interpret_mode(params): the TPU simulation.
-            if bounds:
-                raise NotImplementedError(
-                    f"pallas_call {request.name}: dynamic grid bounds not supported in TPU "
-                    f"interpret mode (pltpu.force_tpu_interpret_mode / "
-                    f"pltpu.InterpretParams) yet; use interpret=True (the core "
-                    f"interpreter) or static grid sizes")
             return forced_params().lower_pallas_call(
                 request.ctx, *bounds, *request.in_nodes, jaxpr=request.jaxpr,
                 grid_mapping=request.grid_mapping, compiler_params=request.compiler_params,

@@ -18,8 +18,8 @@ class InterpretBackend(Backend):
     def lower(self, request: LoweringRequest):
         from pallas._src.pallas_call import lower_with_interpreter
 
-        return lower_with_interpreter(request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
-                                      grid_mapping=request.grid_mapping)
+        return lower_with_interpreter(request.ctx, *request.grid_bounds, *request.in_nodes,
+                                      jaxpr=request.jaxpr, grid_mapping=request.grid_mapping)
 
 
 INTERPRET = InterpretBackend(

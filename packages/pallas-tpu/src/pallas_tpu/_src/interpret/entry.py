@@ -154,7 +154,16 @@ def lower_pallas_call(params: InterpretParams, ctx, *in_nodes, jaxpr, grid_mappi
     parallel = _dimension_semantics(compiler_params, len(grid))
     num_cores = params.num_cores_per_device
     core_par = _core_parallel(compiler_params)
-    if any(core_par):
+    dynamic = gm.num_dynamic_grid_bounds > 0
+    if dynamic and any(core_par):
+        raise NotImplementedError(
+            f"TPU interpret mode: pallas_call {name} has a dynamic grid and core_parallel "
+            f"dimension semantics; the cores of a mesh need static grid sizes")
+    if dynamic:
+        # The sizes arrive with the operands: the visiting orders of parallel axes are
+        # drawn when the callback runs (grid.runtime_config).
+        perms = ()
+    elif any(core_par):
         # pl.kernel over a TensorCore mesh: one core per point of the core axes.
         num_cores = int(np.prod([g for g, c in zip(grid, core_par) if c]))
         params = _replace(params, num_cores_or_threads=num_cores)

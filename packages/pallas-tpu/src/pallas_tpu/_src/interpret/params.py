@@ -99,6 +99,9 @@ class InterpretParams:
                 f"got {self.logging_mode!r}"
             )
 
+    # Dynamic grid sizes reach the simulation with the operands (pallas-core checks).
+    supports_dynamic_grid = True
+
     def lower_pallas_call(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params,
                           name=None, **_):
         """Lowers a ``pallas_call`` to TPU interpret mode (called by pallas-core)."""
