@@ -78,7 +78,7 @@ def test_nested_vmap(rng):
 
 def test_num_programs_is_unchanged_under_vmap(xs):
     def kernel(x_ref, o_ref):
-        o_ref[...] = x_ref[...] * pl.num_programs(0).astype(jnp.float32) + (
+        o_ref[...] = x_ref[...] * jnp.float32(pl.num_programs(0)) + (
             pl.program_id(1).astype(jnp.float32))
 
     def f(x):
