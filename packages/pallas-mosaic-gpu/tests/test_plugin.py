@@ -63,3 +63,19 @@ def test_lowering_for_cuda_emits_the_mosaic_gpu_custom_call():
     x = jnp.zeros((8, 128), jnp.float32)
     text = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()
     assert "custom_call @mosaic_gpu_v2" in text
+
+
+def test_a_dynamic_grid_is_refused_naming_the_backend_as_upstream():
+    """Mosaic GPU has no dynamic grid bounds (upstream's neither): a clear trace-time
+    error, never a wrong launch grid."""
+    def f(n, x):
+        spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        return pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...]),
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(n,),
+                              in_specs=[spec], out_specs=spec,
+                              compiler_params=plgpu.CompilerParams())(x)
+
+    with pytest.raises(NotImplementedError, match=r"dynamic grid bounds not supported in "
+                                                  r"the Mosaic GPU backend"):
+        jax.jit(f).trace(jnp.int32(2), jnp.zeros((16, 128), jnp.float32))
+    assert "dynamic_grid" not in pallas.plugins.get_backend("mosaic_gpu").capabilities
