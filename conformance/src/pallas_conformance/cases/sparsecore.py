@@ -1,6 +1,7 @@
 """SparseCore: embedding gathers through indexed DMAs, segment sums by scatter-add with
-repeated indices, indexed DMAs that skip an ignored value, vector gathers/scatters, and
-scalar-subcore control flow.
+repeated indices, indexed DMAs that skip an ignored value, vector gathers/scatters, subcores handing data
+to each other through ``VMEM_SHARED`` across ``subcore_barrier``, and scalar-subcore
+control flow.
 
 The kernels use the SparseCore primitives of ``pallas_tpu_sparsecore`` (``plsc``) and the
 DMAs of ``pallas_tpu``, so these cases are registered only when both are installed; any
@@ -153,6 +154,28 @@ def scalar_running_max(pallas_call, x):
         scratch_shapes=[pltpu.SMEM((n,), x.dtype)])(x)
 
 
+def barrier_exchange(pallas_call, x):
+    """Subcores hand data to each other through VMEM_SHARED: subcore s writes row s
+    (doubled) to a shared buffer, all meet at plsc.subcore_barrier, then subcore s reads
+    the row subcore s+1 wrote."""
+    lanes = x.shape[1]
+
+    def kernel(x_hbm, o_hbm, shared, v):
+        s = _subcore()
+        pltpu.sync_copy(x_hbm.at[s], v)
+        v[...] = v[...] * 2.0
+        pltpu.sync_copy(v, shared.at[s])
+        plsc.subcore_barrier()
+        pltpu.sync_copy(shared.at[(s + 1) % SUBCORES], v)
+        pltpu.sync_copy(v, o_hbm.at[s])
+
+    return pallas_call(
+        kernel, out_shape=sds(x.shape, x.dtype), grid=(1, SUBCORES),
+        in_specs=[ANY], out_specs=ANY,
+        scratch_shapes=[pltpu.VMEM_SHARED(x.shape, x.dtype),
+                        pltpu.VMEM((lanes,), x.dtype)])(x)
+
+
 def _register():
     case("sparsecore/embedding_gather", tags={"sparsecore"},
          inputs=lambda rng: (randn(rng, (VOCAB, DIM)), _ids(rng, BATCH, VOCAB)),
@@ -175,6 +198,9 @@ def _register():
                                          jnp.int32)),
          reference=lambda v, b: jnp.zeros((_lanes() * _lanes(),), jnp.float32)
          .at[b].add(v)[:: _lanes()])(vector_histogram)
+    case("sparsecore/subcore_barrier_exchange", tags={"sparsecore"},
+         inputs=lambda rng: (randn(rng, (SUBCORES, _lanes())),),
+         reference=lambda x: jnp.roll(x * 2.0, -1, axis=0))(barrier_exchange)
     case("sparsecore/scalar_subcore_running_max", tags={"sparsecore"},
          inputs=lambda rng: (jnp.asarray(rng.integers(-50, 50, (2, 16)), jnp.int32),),
          reference=lambda x: jnp.asarray(np.maximum.accumulate(np.asarray(x), axis=1)),

@@ -31,7 +31,12 @@ from pallas._src.interpreter.races import (
     region,
     regions_overlap,
 )
-from pallas._src.interpreter.rules import interpret_rules, register_interpret_rule
+from pallas._src.interpreter.rules import (
+    interpret_rules,
+    interpret_schedules,
+    register_interpret_rule,
+    register_interpret_schedule,
+)
 from pallas._src.jax_compat import axis_index_p
 from pallas._src.memory import MemoryRef, MemorySpace, SemaphoreSpace, is_semaphore_space
 from pallas._src.mesh import CoreMesh, Mesh, core_map_p
@@ -98,6 +103,8 @@ __all__ = [
     "KernelContext", "LEVELS", "Mesh", "PluginLoadWarning", "env_var", "get_backend", "hookimpl",
     "hookspec", "list_backends", "load_failures", "register_backend",
     "register_interpret_rule", "reset", "scratch_live_in", "select_backend",
+    # Backends whose cores cooperate (e.g. SparseCore barriers) schedule kernels themselves.
+    "interpret_schedules", "register_interpret_schedule",
     # Race detection for interpret modes that simulate concurrency (vector clocks).
     "Access", "AccessLog", "Race", "RaceDetector", "RaceReport", "VectorClocks",
     "happens_before", "region", "regions_overlap",

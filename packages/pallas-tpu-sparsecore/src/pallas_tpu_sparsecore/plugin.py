@@ -4,7 +4,7 @@ interpreter rules."""
 
 from __future__ import annotations
 
-from pallas.plugins import hookimpl, register_interpret_rule
+from pallas.plugins import hookimpl, register_interpret_rule, register_interpret_schedule
 from pallas_tpu_sparsecore._src.backend import MOSAIC_SPARSECORE
 
 
@@ -27,6 +27,10 @@ def pallas_interpret_rules():
 
 
 def register_interpret_rules() -> None:
-    """Registers the rules directly, so ``interpret=True`` works before plugin discovery."""
+    """Registers the rules (and the subcore schedule) directly, so ``interpret=True``
+    works before plugin discovery."""
+    from pallas_tpu_sparsecore._src.subcores import schedule
+
     for prim, fn in interpret_rules().items():
         register_interpret_rule(prim)(fn)
+    register_interpret_schedule(schedule)  # subcores meeting at barriers

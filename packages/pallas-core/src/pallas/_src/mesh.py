@@ -78,6 +78,33 @@ class CoreMesh(Mesh):
         return dict(self.axes)
 
 
+def mesh_axes(mesh: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(axis names, axis sizes) of ``mesh``: a :class:`Mesh`, or any object with an
+    ordered ``shape`` mapping of axis name to size (as upstream's meshes have)."""
+    if isinstance(mesh, Mesh):
+        return mesh.axis_names, mesh.sizes
+    shape = getattr(mesh, "shape", None)
+    if not isinstance(shape, Mapping):
+        raise TypeError(f"pl.kernel: mesh must be a pl.Mesh (e.g. plsc.VectorSubcoreMesh, "
+                        f"pltpu.create_tensorcore_mesh(...)) or have a mapping `shape` of "
+                        f"axis name to size; got {type(mesh).__name__} with shape "
+                        f"{shape!r}")
+    return tuple(str(k) for k in shape), tuple(int(v) for v in shape.values())
+
+
+def mesh_backend(mesh: Any) -> str | None:
+    """The backend that runs ``mesh``: its ``backend`` for a :class:`Mesh`; otherwise
+    the installed backend claiming its ``core_type`` (``Backend.core_types``)."""
+    if isinstance(mesh, Mesh):
+        return mesh.backend
+    core_type = getattr(mesh, "core_type", None)
+    if core_type is None:
+        return None
+    from pallas._src.registry.registry import backend_for_core_type
+
+    return backend_for_core_type(core_type)
+
+
 # ------------------------------------------------------------------------------------
 # kernel: a pallas_call whose grid is the mesh and whose operands are whole refs.
 
@@ -106,25 +133,26 @@ def kernel(body: Callable | Any = NOT_SPECIFIED, out_type: object = (), *, mesh:
                                 metadata=metadata)
     from pallas._src.pallas_call import pallas_call_with_axes
 
+    names, sizes = mesh_axes(mesh)
     # A mesh may say how the pallas_call running it is compiled (e.g. a TPU core mesh
     # marks its axis core-parallel, so that interpret modes run one core per point).
-    adjust = getattr(mesh, "kernel_compiler_params", None)
-    if adjust is not None:
-        compiler_params = adjust(compiler_params)
+    if isinstance(mesh, Mesh):
+        compiler_params = mesh.kernel_compiler_params(compiler_params)
+    space = getattr(mesh, "default_memory_space", MemorySpace.ANY)
 
     def run(*args):
-        spec = bs.BlockSpec(memory_space=mesh.default_memory_space)
+        spec = bs.BlockSpec(memory_space=space)
         in_specs = jax.tree_util.tree_map(lambda _: spec, args)
         out_specs = jax.tree_util.tree_map(lambda _: spec, out_type)
         scratch = scratch_types
         if isinstance(scratch, Mapping):
             raise NotImplementedError("pl.kernel with a mapping of scratch_types")
         return pallas_call_with_axes(
-            body, out_type, grid=mesh.sizes, grid_names=mesh.axis_names, in_specs=in_specs,
+            body, out_type, grid=sizes, grid_names=names, in_specs=in_specs,
             out_specs=out_specs, scratch_shapes=tuple(scratch), interpret=interpret,
             compiler_params=compiler_params, cost_estimate=cost_estimate, debug=debug,
             name=name or getattr(body, "__name__", "kernel"), metadata=metadata,
-            backend=None if interpret else mesh.backend, mesh=mesh,
+            backend=None if interpret else mesh_backend(mesh), mesh=mesh,
         )(*args)
 
     return run

@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 
 from pallas.plugins import Backend, KernelRequest, LoweringRequest
-from pallas_tpu import MemorySpace
+from pallas_tpu import CoreType, MemorySpace
 from pallas_tpu import extend as tpx
 from pallas_tpu_sparsecore.__about__ import __version__
 from pallas_tpu_sparsecore._src.compiler_params import CompilerParams, as_params
@@ -52,10 +52,14 @@ class MosaicSparseCoreBackend(Backend):
         if len(gm.grid) not in (1, 2):
             raise NotImplementedError(_NOT_A_MESH.format(grid=tuple(gm.grid)))
         names = tuple(gm.grid_names or ()) or ("cores", "subcores")[:len(gm.grid)]
+        # Operands are whole, in HBM or in the mesh's own default memory space (an
+        # upstream-style mesh object may say e.g. SMEM).
+        mesh_space = getattr(getattr(gm, "mesh", None), "default_memory_space", None)
         for bm in gm.block_mappings:
             whole = tuple(bm.block_shape) == tuple(bm.array_aval.shape)
             space = bm.memory_space
-            in_hbm = space is None or tpx.is_any_space(space) or space is MemorySpace.HBM
+            in_hbm = (space is None or tpx.is_any_space(space) or space is MemorySpace.HBM
+                      or (mesh_space is not None and space is mesh_space))
             if not whole or not in_hbm:
                 raise NotImplementedError(
                     f"the mosaic_sparsecore backend takes kernel operands whole in HBM; "
@@ -119,4 +123,6 @@ MOSAIC_SPARSECORE = MosaicSparseCoreBackend(
     priority=-10,
     package="pallas-tpu-sparsecore",
     display_name="Mosaic SparseCore",
+    # pl.kernel over an upstream-style mesh object picks this backend by its core_type.
+    core_types=(CoreType.SC_VECTOR_SUBCORE, CoreType.SC_SCALAR_SUBCORE),
 )

@@ -8,6 +8,7 @@ option for SparseCore.
 
 from __future__ import annotations
 
+from jax._src import config as _config
 from jax._src import core, effects
 from jax._src import linear_util as lu
 from jax._src import tpu_custom_call as _tcc
@@ -36,6 +37,10 @@ Effect = core.Effect
 JaxprInputEffect = effects.JaxprInputEffect
 positional_effects = core.positional_effects
 convert_constvars_jaxpr = pe.convert_constvars_jaxpr
+
+# Folds operations on concrete values while tracing (the subcore model evaluates what
+# depends only on the subcore's index eagerly, so control flow around barriers is known).
+eager_constant_folding = _config.eager_constant_folding
 
 # The SparseCore memory tiling of the Mosaic custom call (unless TC tiling is asked for).
 SPARSE_CORE_TILING = _tcc.Tiling.SPARSE_CORE

@@ -5,7 +5,9 @@
 ``lax.axis_index(subcore_axis_name)`` say which. A ``ScalarSubcoreMesh`` runs it once
 per SparseCore, on its scalar subcore. Operands arrive whole, in HBM. Both meshes select
 the ``mosaic_sparsecore`` backend. In the interpreter the mesh points run one after the
-other in row-major order (core-major), so results are deterministic.
+other in row-major order (core-major), so results are deterministic; a vector-subcore
+kernel that uses ``subcore_barrier`` or ``VMEM_SHARED`` runs its subcores as coroutines
+that meet at the barriers instead (see ``_src/subcores.py``).
 """
 
 from __future__ import annotations

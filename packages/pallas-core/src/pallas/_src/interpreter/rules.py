@@ -21,3 +21,18 @@ interpret_rules = RuleTable(
 def register_interpret_rule(prim, *, owner: str | None = None) -> Callable[[Rule], Rule]:
     """Decorator: registers ``rule`` as the interpreter rule of ``prim``."""
     return interpret_rules.register(prim, owner=owner)
+
+
+# Schedules: a backend whose cores cooperate in ways the point-by-point grid loop cannot
+# express (e.g. SparseCore subcores meeting at barriers) runs such kernels itself.
+interpret_schedules: list[Callable] = []
+
+
+def register_interpret_schedule(schedule: Callable) -> Callable:
+    """Registers ``schedule(args, *, jaxpr, grid_mapping, checks, errors)``: it returns
+    ``(outputs, error vector or None)`` for a kernel it runs itself, else None (the grid
+    then runs point by point). ``errors`` is the checks' message table (None when no
+    check is on). Registering the same function twice is a no-op."""
+    if schedule not in interpret_schedules:
+        interpret_schedules.append(schedule)
+    return schedule

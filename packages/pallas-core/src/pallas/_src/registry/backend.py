@@ -40,6 +40,10 @@ class Backend:
         an int, or a mapping from platform to int (platforms not listed get 0).
       package: the distribution that provides it (named in "not installed" errors).
       display_name: how errors name the backend (e.g. ``"Triton"``); ``name`` if empty.
+      core_types: the ``core_type`` values of meshes this backend runs (e.g.
+        ``pltpu.CoreType.SC_VECTOR_SUBCORE``): ``pl.kernel`` over a mesh that is not a
+        :class:`~pallas.plugins.Mesh` (an upstream-style mesh object with ``shape`` and
+        ``core_type``) picks its backend by them.
     """
 
     name: str
@@ -51,6 +55,7 @@ class Backend:
     priority: int | dict = 0
     package: str = ""
     display_name: str = ""
+    core_types: tuple = ()
 
     def priority_for(self, platform: str) -> int:
         """This backend's priority when choosing a backend for ``platform``."""

@@ -233,6 +233,20 @@ def get_backend(name: str) -> Backend:
     raise err from err.__cause__
 
 
+def backend_for_core_type(core_type: Any) -> str:
+    """The name of the installed backend whose ``core_types`` include ``core_type``."""
+    _discover()
+    for b in sorted(_state.backends.values(), key=lambda b: b.name):
+        if core_type in b.core_types:
+            return b.name
+    claimed = {str(t): b.name for b in _state.backends.values() for t in b.core_types}
+    known = ", ".join(f"{t} ({n})" for t, n in sorted(claimed.items())) or "none"
+    raise BackendNotFoundError(
+        f"No installed Pallas backend runs meshes of core_type {core_type!r} "
+        f"(core types the installed backends run: {known}). For a SparseCore core type "
+        f"install pallas-tpu-sparsecore.")
+
+
 def env_var(platform: str) -> str:
     return f"PALLAS_BACKEND_{platform.upper()}"
 
