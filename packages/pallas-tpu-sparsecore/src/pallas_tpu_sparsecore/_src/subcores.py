@@ -30,7 +30,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from pallas.plugins import (
@@ -279,7 +278,7 @@ def _static(x, what: str) -> int:
             f"plsc.subcore_barrier under control flow whose {what} depends on array data: "
             f"the interpreter follows barriers under control flow that depends only on "
             f"constants and lax.axis_index")
-    return int(np.asarray(x))
+    return int(x)
 
 
 # ------------------------------------------------------------------------------------
@@ -331,7 +330,7 @@ def run_kernel(args, *, jaxpr, grid_mapping, checks, errors):
                 vshared[k] = core.add_shared(fresh_cell(t, gm.scratch_origins[k], track))
         subcores = []
         for s in range(n_sub):
-            ctx = KernelContext((np.int32(c), np.int32(s)), gm.grid, errors=errors,
+            ctx = KernelContext((c, s), gm.grid, errors=errors,
                                 error_cell=err_cell, check_uninitialized=track,
                                 debug_checks=bool(checks.debug), axis_names=names)
             sub = _Subcore(ctx, s, core)
