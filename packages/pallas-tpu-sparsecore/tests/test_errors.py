@@ -176,3 +176,43 @@ def test_out_of_range_indexed_dma_fails(vector_kernel, lanes):
 def test_sort_key_val_needs_one_register(lanes):
     with pytest.raises(ValueError, match=rf"keys must have shape \({lanes},\)"):
         jax.make_jaxpr(lambda k: plsc.sort_key_val(k, k))(jnp.zeros((2 * lanes,), I32))
+
+
+
+def _indexed_dma(shape, dtype, lanes, interpret):
+    import functools
+
+    import pallas as pl
+
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
+                                  num_subcores=1)
+
+    @functools.partial(pl.kernel, out_type=sds((lanes, 8), F32), mesh=mesh,
+                       interpret=interpret,
+                       scratch_types=[pltpu.VMEM(shape, dtype), pltpu.VMEM((lanes, 8), F32),
+                                      pltpu.SemaphoreType.DMA])
+    def k(t_hbm, i_hbm, o_hbm, iv, rows, sem):
+        pltpu.sync_copy(i_hbm, iv)
+        pltpu.async_copy(t_hbm.at[iv[...]], rows, sem).wait()
+        pltpu.sync_copy(rows, o_hbm)
+
+    return k
+
+
+@pytest.mark.parametrize("dtype", [jnp.int16, jnp.uint32, jnp.int8])
+def test_indexed_dma_indices_of_the_wrong_type(dtype, lanes):
+    # (float indices are JAX's own TypeError at x_hbm.at[idx]; a 2-D index vector is
+    # pltpu's DMA shape-mismatch ValueError)
+    shape = (lanes,)
+    args = (jnp.zeros((32, 8), F32), jnp.zeros(shape, dtype))
+    want = (rf"pltpu.async_copy on SparseCore: the source is indexed .* by a "
+            rf"{jnp.dtype(dtype).name}\[.*valid: one 1-D int32 vector or ref")
+    with pytest.raises(TypeError, match=want):  # lowering for TPU: the backend's check
+        jax.jit(_indexed_dma(shape, dtype, lanes, False)).trace(*args).lower(
+            lowering_platforms=("tpu",))
+    with pytest.raises(TypeError, match=want):  # the interpreter: the same check
+        _indexed_dma(shape, dtype, lanes, True)(*args)
+    # int32 indices pass both
+    np.testing.assert_array_equal(
+        _indexed_dma(shape, I32, lanes, True)(jnp.ones((32, 8), F32), jnp.zeros(shape, I32)),
+        np.ones((lanes, 8)))

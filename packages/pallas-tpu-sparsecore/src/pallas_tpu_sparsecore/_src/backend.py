@@ -67,6 +67,9 @@ class MosaicSparseCoreBackend(Backend):
                     f"{'the default space' if space is None else space} (array "
                     f"{tuple(bm.array_aval.shape)}): use pl.BlockSpec(memory_space=pl.ANY) "
                     f"or pltpu.HBM and copy blocks with pltpu DMAs or pltpu.emit_pipeline")
+        from pallas_tpu_sparsecore._src.dma_checks import check_indexed_dmas
+
+        check_indexed_dmas(request.jaxpr.jaxpr)
         if params.dimension_semantics is not None:
             raise ValueError("SparseCore meshes do not take dimension_semantics= (the mesh "
                              "axes are core_parallel and subcore_parallel)")

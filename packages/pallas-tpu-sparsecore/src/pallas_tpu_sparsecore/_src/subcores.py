@@ -101,7 +101,13 @@ def needs_model(jaxpr, gm) -> bool:
 
 
 def schedule(args, *, jaxpr, grid_mapping, checks, errors):
-    """The interpreter schedule this package registers (``register_interpret_schedule``)."""
+    """The interpreter schedule this package registers (``register_interpret_schedule``);
+    it also checks the indexed DMAs of every SparseCore-mesh kernel first."""
+    from pallas_tpu_sparsecore._src.dma_checks import check_indexed_dmas
+    from pallas_tpu_sparsecore._src.mesh import ScalarSubcoreMesh, VectorSubcoreMesh
+
+    if isinstance(grid_mapping.mesh, (ScalarSubcoreMesh, VectorSubcoreMesh)):
+        check_indexed_dmas(jaxpr.jaxpr)
     if not needs_model(jaxpr, grid_mapping):
         return None
     return run_kernel(args, jaxpr=jaxpr, grid_mapping=grid_mapping, checks=checks,
