@@ -138,6 +138,9 @@ class Value:
     shape: tuple[int, ...]
     dtype: Any
     literal: bool = False
+    # A scan's stacked rows padded to a power of two: only its first ``rows`` rows are
+    # JAX's value (``shape[0]`` is the padded count); only ``scan`` may read it.
+    rows: int | None = None
 
     @property
     def is_scalar(self) -> bool:

@@ -309,14 +309,13 @@ def _loop_results_from_residuals(jaxpr, n_res: int):
 
     def fn(*args):
         env = dict(zip(jaxpr.invars, args))
-        after: dict = {}  # loop result -> (stacked residual, index)
+        after: dict = {}  # loop result -> its value, the last row of a residual
 
         def read(v):
             if isinstance(v, jc.Literal):
                 return v.val
             if v in after:
-                stacked, i = after[v]
-                return env[stacked][i]
+                return after[v]
             return env[v]
 
         for eqn in jaxpr.eqns:
@@ -340,7 +339,7 @@ def _scan_with_known_carries(eqn, read, known, after):
     p = eqn.params
     closed = p["jaxpr"]
     body = closed.jaxpr
-    nc, ncar, length, rev = p["num_consts"], p["num_carry"], p["length"], p["reverse"]
+    nc, ncar, rev = p["num_consts"], p["num_carry"], p["reverse"]
     xs_in = body.invars[nc + ncar:]
     subs = {}  # carry index -> stacked residual operand
     for k in range(ncar):
@@ -355,12 +354,9 @@ def _scan_with_known_carries(eqn, read, known, after):
         return jc.scan_p.bind(*args, **p)
     extra = []
     for k, operand in subs.items():
-        stacked, init = read(operand), read(eqn.invars[nc + k])
-        init = jnp.broadcast_to(init, stacked.shape[1:])[None]
-        shifted = (jnp.concatenate([stacked[1:], init]) if rev
-                   else jnp.concatenate([init, stacked[:-1]]))
-        extra.append(shifted)
-        after[eqn.outvars[k]] = (operand, 0 if rev else length - 1)
+        last, entering = _entering_rows(read(operand), read(eqn.invars[nc + k]), rev)
+        extra.append(entering)
+        after[eqn.outvars[k]] = last
     carry_in = [body.invars[nc + k] for k in subs]
 
     def new_body(*xs):
@@ -385,6 +381,15 @@ def _scan_with_known_carries(eqn, read, known, after):
     if "linear" in p:
         params["linear"] = (*p["linear"], *([False] * len(extra)))
     return jc.scan_p.bind(*args, *extra, **params)
+
+
+def _entering_rows(stacked, init, reverse: bool):
+    """For a loop whose iteration ``t`` leaves the carry ``stacked[t]``: the carry
+    entering each iteration (``init`` for the first one run) and the loop's result (the
+    row of the last one run). Computed by a loop over the rows, not by slicing and
+    concatenating them, so that backends without value slices (Triton) lower it."""
+    init = jnp.broadcast_to(init, stacked.shape[1:]).astype(stacked.dtype)
+    return lax.scan(lambda prev, row: (row, prev), init, stacked, reverse=reverse)
 
 
 # ------------------------------------------------------------------------------------

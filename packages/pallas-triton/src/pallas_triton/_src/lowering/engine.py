@@ -12,6 +12,7 @@ is quoted in the error.
 from __future__ import annotations
 
 import numpy as np
+from jax import lax
 
 from pallas import plugins
 from pallas_triton._src import jax_compat as jc
@@ -97,6 +98,11 @@ def lower_jaxpr(ctx: LoweringContext, jaxpr, consts, args) -> list:
     ctx.used_vars.update(v for v in jaxpr.outvars if not isinstance(v, jc.Literal))
     for eqn in jaxpr.eqns:
         invals = [_read(env, a) for a in eqn.invars]
+        if eqn.primitive not in PASSES_STACKED:
+            try:
+                check_not_padded(invals, f"passed to {eqn.primitive.name!r}")
+            except TritonLoweringError as e:
+                raise _located(e, ctx, eqn) from None
         outs = _lower_eqn(ctx, eqn, invals)
         if len(outs) != len(eqn.outvars):
             raise TritonLoweringError(
@@ -104,6 +110,23 @@ def lower_jaxpr(ctx: LoweringContext, jaxpr, consts, args) -> list:
         for v, o in zip(eqn.outvars, outs):
             env[v] = o
     return [_read(env, v) for v in jaxpr.outvars]
+
+
+#: Primitives whose operands may be a scan's padded stacked results (``Value.rows``):
+#: ``scan`` reads them as rows; calls and ``cond`` hand them to a body, whose uses are
+#: checked in turn (rules_control adds those).
+PASSES_STACKED: set = {lax.scan_p}
+
+
+def check_not_padded(vals, use: str) -> None:
+    """Stacked rows a scan padded to a power of two (``Value.rows``) are read by scans
+    only: any other use would see the padding."""
+    for v in vals:
+        n = getattr(v, "rows", None)
+        if n is not None:
+            raise unsupported(
+                f"the stacked results of a lax.scan of length {n} (not a power of two) "
+                f"{use}", "only another lax.scan may read them; use a power-of-two length")
 
 
 def _lower_eqn(ctx: LoweringContext, eqn, invals) -> list:

@@ -18,11 +18,20 @@ from pallas_triton._src.codegen import (
     typed,
     unsupported,
 )
-from pallas_triton._src.lowering.engine import jaxpr_and_consts, lower_jaxpr, rule
+from pallas_triton._src.lowering.engine import (
+    PASSES_STACKED,
+    check_not_padded,
+    jaxpr_and_consts,
+    lower_jaxpr,
+    rule,
+)
+
+_CALLS = (core_prims.jit_p, core_prims.closed_call_p, core_prims.remat_p,
+          core_prims.custom_jvp_call_p, core_prims.custom_vjp_call_p, core_prims.custom_lin_p)
+PASSES_STACKED.update((*_CALLS, lax.cond_p))
 
 
-@rule(core_prims.jit_p, core_prims.closed_call_p, core_prims.remat_p,
-      core_prims.custom_jvp_call_p, core_prims.custom_vjp_call_p, core_prims.custom_lin_p)
+@rule(*_CALLS)
 def _inline(ctx, eqn, *invals):
     p = eqn.params
     sub = p.get("jaxpr") or p.get("call_jaxpr") or p.get("fun_jaxpr")
@@ -46,6 +55,7 @@ def _carry_vars(ctx, vals) -> list[Value]:
 
 
 def _assign_all(ctx, targets: list[Value], vals: list[Value]) -> None:
+    check_not_padded(vals, "carried by a loop or returned by a cond branch")
     tmps = []
     for v in vals:
         tmps.append(typed(ctx.em, v) if v.literal else v)
@@ -97,21 +107,28 @@ def _cond(ctx, eqn, *invals):
 @rule(lax.scan_p)
 def _scan(ctx, eqn, *invals):
     """``for`` over the carries; ``xs`` rows are selected and ``ys`` rows placed with
-    masks over the leading axis (Triton tensors cannot be indexed by a loop index)."""
+    masks over the leading axis (Triton tensors cannot be indexed by a loop index).
+    Stacked arrays have a power-of-two number of rows (``tl.arange``): for another
+    length they are padded, and only scans may read them (``Value.rows``), such as the
+    loops of a generated backward kernel over the residuals its primal loop saved."""
     p = eqn.params
     nc, ncarry, length = p["num_consts"], p["num_carry"], int(p["length"])
     jaxpr, jconsts = jaxpr_and_consts(p["jaxpr"])
     consts, carry, xs = invals[:nc], invals[nc:nc + ncarry], invals[nc + ncarry:]
     y_avals = [v.aval for v in jaxpr.outvars[ncarry:]]
-    if xs or y_avals:
-        check_pow2((length,), "lax.scan over arrays (its length)")
+    padded = 1 << max(length - 1, 0).bit_length()
+    for x in xs:
+        if isinstance(x, (GlobalRef, LocalRef)) or x.shape[:1] != (padded,):
+            check_pow2((length,), "lax.scan over arrays (its length)")
     em = ctx.em
+    check_not_padded(carry, "carried by a lax.scan")
     carries = _carry_vars(ctx, carry)
     ys = []
     for aval in y_avals:
-        shape = (length, *aval.shape)
-        ys.append(em.assign(f"tl.zeros({list(shape)}, {tl_dtype(aval.dtype)})", shape,
-                            aval.dtype, prefix="ys"))
+        shape = (padded, *aval.shape)
+        y = em.assign(f"tl.zeros({list(shape)}, {tl_dtype(aval.dtype)})", shape,
+                      aval.dtype, prefix="ys")
+        ys.append(Value(y.expr, y.shape, y.dtype, rows=None if padded == length else length))
     it = em.fresh("it")
     em.line(f"for {it} in range(0, {length}):")
     with em.indent():
@@ -120,7 +137,7 @@ def _scan(ctx, eqn, *invals):
         rows = []
         for x in xs:
             rank = len(x.shape)
-            sel = _row_selector(idx, length, rank)
+            sel = _row_selector(idx, padded, rank)
             wide = f"{x.expr}.to(tl.float32)" if dtype_name(x.dtype) == "bfloat16" else x.expr
             zero = "0" if not np.dtype(x.dtype) == np.bool_ else "False"
             rows.append(em.assign(
@@ -128,10 +145,11 @@ def _scan(ctx, eqn, *invals):
                 x.shape[1:], x.dtype))
         outs = lower_jaxpr(ctx, jaxpr, jconsts, [*consts, *carries, *rows])
         new_carry, new_ys = outs[:ncarry], outs[ncarry:]
+        check_not_padded(new_ys, "stacked again by a lax.scan")
         placed = []
         for y, acc in zip(new_ys, ys):
             rank = len(acc.shape)
-            sel = _row_selector(idx, length, rank)
+            sel = _row_selector(idx, padded, rank)
             yv = typed(em, y)
             row = yv.expr if not yv.shape else f"{yv.expr}[None, {', '.join([':'] * len(yv.shape))}]"
             placed.append(Value(f"tl.where({sel}, {row}, {acc.expr})", acc.shape, acc.dtype))
