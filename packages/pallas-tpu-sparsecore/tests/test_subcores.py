@@ -163,3 +163,19 @@ def test_different_values_written_to_one_element_in_one_phase_are_a_race():
     with pytest.raises(pl.InterpreterError, match="two vector subcores wrote different "
                        "values to one element of outputs"):
         _racy(pl.InterpretParams(debug_checks=True))()
+
+
+def test_core_map_under_run_state_meets_at_barriers_too():
+    def run(refs):
+        x_ref, o_ref = refs
+
+        @pl.core_map(mesh(), interpret=True,
+                     scratch_shapes=[pltpu.VMEM_SHARED((N, 8), I32)])
+        def _(shared):
+            s = jax.lax.axis_index("subcore")
+            shared[s] = x_ref[s] * 10 + s
+            plsc.subcore_barrier()
+            o_ref[s] = shared[(s + 1) % N]
+
+    _, out = pl.run_state(run)((X, jnp.zeros((N, 8), I32)))
+    np.testing.assert_array_equal(out, WANT)

@@ -123,3 +123,16 @@ class VectorSubcoreMesh(Mesh):
     @property
     def dimension_semantics(self) -> list:
         return [CORE_PARALLEL, SUBCORE_PARALLEL]
+
+    def discharge_core_map(self, interpret):
+        """``pl.core_map`` over this mesh outside a kernel runs its subcores as
+        coroutines meeting at barriers (``_src/subcores.py``), in the interpreter; a
+        backend interpret mode (e.g. ``pltpu.InterpretParams``) keeps its own."""
+        import pallas as pl
+        from pallas_tpu_sparsecore._src import subcores
+
+        if interpret is not None and not isinstance(interpret, (bool, pl.InterpretParams)):
+            return None
+
+        return lambda in_avals, args, params: subcores.run_core_map(self, in_avals, args,
+                                                                    params)

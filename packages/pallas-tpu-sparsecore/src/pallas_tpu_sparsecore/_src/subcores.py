@@ -1,7 +1,9 @@
 """The interpreter's model of vector subcores that meet at ``plsc.subcore_barrier``.
 
 Used for a ``pl.kernel`` over a ``VectorSubcoreMesh`` whose body calls
-``subcore_barrier`` or allocates ``VMEM_SHARED`` (scratch or ``pl.run_scoped``).
+``subcore_barrier`` or allocates ``VMEM_SHARED`` (scratch or ``pl.run_scoped``), a
+``pallas_call`` over a ``(cores, subcores)`` grid that calls ``subcore_barrier``, and
+``pl.core_map`` over a ``VectorSubcoreMesh`` under ``pl.run_state``.
 
 - The subcores of a SparseCore run as coroutines, scheduled deterministically: each
   runs (subcore 0 first) until it reaches a barrier; when all are there, they go on
@@ -325,35 +327,70 @@ def run_kernel(args, *, jaxpr, grid_mapping, checks, errors):
                           bm.memory_space)
             cell = fresh_cell(t, bm.origin, track)
         outs.append(Shared(cell))
+    layout = [("in", x) for x in ins] + [("shared", b) for b in outs]
+    _run_cores(jaxpr.jaxpr, jaxpr.consts, layout, tuple(gm.grid), names,
+               list(zip(gm.scratch_types, gm.scratch_origins)), checks, errors, err_cell)
+    return [b.base.value for b in outs], (None if err_cell is None else err_cell.value)
+
+
+def _run_cores(jaxpr, consts, layout, grid, names, scratch, checks, errors,
+               err_cell) -> None:
+    """Runs ``jaxpr(*operands, *scratch)`` on every (core, subcore) of ``grid``.
+
+    ``layout`` lists the operands: ``("in", x)`` the same value or cell for every subcore,
+    ``("shared", Shared)`` a buffer every subcore sees through its view. ``scratch`` is
+    ``[(MemoryRef, origin)]``.
+    """
+    n_cores, n_sub = grid
+    track = bool(checks.uninitialized)
     for c in range(n_cores):
         core = _Core()
-        core.shared.extend(outs)
+        core.shared.extend(b for kind, b in layout if kind == "shared")
         smem, vshared = {}, {}
-        for k, t in enumerate(gm.scratch_types):
+        for k, (t, origin) in enumerate(scratch):
             if t.memory_space is MemorySpace.SMEM:
-                smem[k] = fresh_cell(t, gm.scratch_origins[k], track)
+                smem[k] = fresh_cell(t, origin, track)
             elif t.memory_space is MemorySpace.VMEM_SHARED:
-                vshared[k] = core.add_shared(fresh_cell(t, gm.scratch_origins[k], track))
+                vshared[k] = core.add_shared(fresh_cell(t, origin, track))
         subcores = []
         for s in range(n_sub):
-            ctx = KernelContext((c, s), gm.grid, errors=errors,
-                                error_cell=err_cell, check_uninitialized=track,
-                                debug_checks=bool(checks.debug), axis_names=names)
+            ctx = KernelContext((c, s), grid, errors=errors, error_cell=err_cell,
+                                check_uninitialized=track, debug_checks=bool(checks.debug),
+                                axis_names=names)
             sub = _Subcore(ctx, s, core)
-            scratch = []
-            for k, t in enumerate(gm.scratch_types):
+            mine = []
+            for k, (t, origin) in enumerate(scratch):
                 if k in smem:
-                    scratch.append(smem[k])
+                    mine.append(smem[k])
                 elif k in vshared:
-                    scratch.append(vshared[k].view(s))
+                    mine.append(vshared[k].view(s))
                 else:
-                    scratch.append(fresh_cell(t, gm.scratch_origins[k], track))
-            refs = [*ins, *(b.view(s) for b in outs), *scratch]
-            subcores.append((sub, sub.run(jaxpr.jaxpr, jaxpr.consts, refs)))
+                    mine.append(fresh_cell(t, origin, track))
+            refs = [b.view(s) if kind == "shared" else b for kind, b in layout]
+            subcores.append((sub, sub.run(jaxpr, consts, [*refs, *mine])))
         _schedule(c, subcores, core, err_cell)
-        for b in outs:
-            b.views.clear()
-    return [b.base.value for b in outs], (None if err_cell is None else err_cell.value)
+        for kind, b in layout:
+            if kind == "shared":
+                b.views.clear()
+
+
+def run_core_map(mesh, in_avals, args, params):
+    """``pl.core_map`` over a ``VectorSubcoreMesh`` outside a kernel (under
+    ``pl.run_state``), under the same model: the refs it closes over are shared buffers.
+    Returns the refs' new values (None for non-refs)."""
+    from pallas.plugins import Checks
+
+    layout = []
+    for i, (x, aval) in enumerate(zip(args, in_avals)):
+        if isinstance(aval, jc.AbstractRef):
+            layout.append(("shared", Shared(Cell(x, f"core_map operand {i}", None,
+                                                 getattr(aval, "memory_space", None)))))
+        else:
+            layout.append(("in", x))
+    scratch = [(t, f"core_map scratch {i}") for i, t in enumerate(params["scratch_types"])]
+    names, sizes = tuple(mesh.shape), tuple(mesh.shape.values())
+    _run_cores(params["jaxpr"], (), layout, sizes, names, scratch, Checks(), None, None)
+    return [b.base.value if kind == "shared" else None for kind, b in layout]
 
 
 def _schedule(core_index, subcores, core: _Core, err_cell) -> None:
