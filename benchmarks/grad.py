@@ -131,8 +131,8 @@ def masked_softmax(x, *, block_rows, width, interpret):
         x = pl.load(x_ref, (slice(None), slice(None)), mask=col < width, other=-jnp.inf)
         e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
         o_ref[...] = jnp.zeros_like(o_ref)
-        pl.store(o_ref, e / jnp.sum(e, axis=1, keepdims=True),
-                 (slice(None), slice(None)), mask=col < width)
+        pl.store(o_ref, (slice(None), slice(None)),
+                 e / jnp.sum(e, axis=1, keepdims=True), mask=col < width)
 
     spec = pl.BlockSpec((block_rows, x.shape[1]), lambda i: (i, 0))
     return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),

@@ -198,11 +198,26 @@ def test_masked_load_and_store():
         o_ref[...] = jnp.full(o_ref.shape, -1.0)
         mask = jnp.arange(8) < 5
         v = pl.load(x_ref, (pl.ds(0, 8),), mask=mask, other=100.0)
-        pl.store(o_ref, v * 2, (pl.ds(0, 8),), mask=jnp.arange(8) % 2 == 0)
+        pl.store(o_ref, (pl.ds(0, 8),), v * 2, mask=jnp.arange(8) % 2 == 0)
 
     out = _call(kernel, SDS(x.shape, x.dtype), x)
     v = np.where(np.arange(8) < 5, np.arange(8.0), 100.0) * 2
     np.testing.assert_array_equal(out, np.where(np.arange(8) % 2 == 0, v, -1.0))
+
+
+def test_store_takes_the_index_before_the_value_or_writes_the_whole_ref():
+    """pl.store(ref, idx, val) is upstream's generic order (as pl.load/pl.swap);
+    pl.store(ref, val) is pltpu.store/pltriton.store's whole-ref form."""
+    x = jnp.arange(8, dtype=jnp.float32)
+
+    def kernel(x_ref, o_ref, p_ref):
+        pl.store(o_ref, x_ref[...] + 1)
+        pl.store(p_ref, x_ref[...] * 0)
+        pl.store(p_ref, (pl.ds(2, 3),), x_ref[pl.ds(0, 3)], mask=jnp.arange(3) != 1)
+
+    whole, part = _call(kernel, (SDS((8,), jnp.float32),) * 2, x)
+    np.testing.assert_array_equal(whole, np.arange(8) + 1)
+    np.testing.assert_array_equal(part, [0, 0, 0, 0, 2, 0, 0, 0])
 
 
 def test_swap_returns_the_previous_contents():

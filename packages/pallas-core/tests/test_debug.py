@@ -68,6 +68,23 @@ def test_debug_print_formats_values_from_inside_the_kernel(capsys):
     assert "sum=6 first=0" in _printed(capsys)
 
 
+def test_jax_debug_print_of_a_ref_prints_its_current_contents(capsys):
+    """jax.debug.print / jax.debug.callback given refs see their contents at that point."""
+    x = jnp.array([4.2, 2.4], jnp.float32)
+    seen = []
+
+    def kernel(x_ref, o_ref):
+        jax.debug.print("x = {}", x_ref)
+        o_ref[...] = x_ref[...] + 1
+        jax.debug.print("o = {}", o_ref)
+        jax.debug.callback(lambda v: seen.append(np.asarray(v)), o_ref)
+
+    jax.block_until_ready(pl.pallas_call(kernel, SDS(x.shape, x.dtype), interpret=True)(x))
+    text = _printed(capsys)
+    assert "x = [4.2 2.4]" in text and "o = [5.2 3.4]" in text
+    np.testing.assert_allclose(seen[-1], [5.2, 3.4])
+
+
 def test_debug_print_runs_once_per_grid_point_in_grid_order(capsys):
     def kernel(o_ref):
         pl.debug_print("point {} {}", pl.program_id(0), pl.program_id(1))

@@ -86,7 +86,7 @@ def test_masked_stores_differentiate_as_kernels(rng, compiled_backend):
     def kernel(x_ref, o_ref):
         col = jax.lax.broadcasted_iota(jnp.int32, x_ref.shape, 1)
         o_ref[...] = x_ref[...] * 3.0
-        pl.store(o_ref, jnp.tanh(x_ref[...]), (slice(None), slice(None)), mask=col < 3)
+        pl.store(o_ref, (slice(None), slice(None)), jnp.tanh(x_ref[...]), mask=col < 3)
 
     def f(x):
         return pl.pallas_call(kernel, out_shape=SDS(x.shape, x.dtype),

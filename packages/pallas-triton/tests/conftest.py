@@ -188,7 +188,7 @@ def masked_load_store(interpret):
         row = pl.load(x_ref, (pl.ds(pl.program_id(0), 1), slice(None)), mask=(idx < 10)[None],
                       other=-1.0)
         o_ref[...] = jnp.zeros_like(o_ref)
-        pl.store(o_ref, row * 2.0, (pl.ds(0, 1), slice(None)), mask=(idx % 2 == 0)[None])
+        pl.store(o_ref, (pl.ds(0, 1), slice(None)), row * 2.0, mask=(idx % 2 == 0)[None])
 
     f = pl.pallas_call(
         kernel, out_shape=jax.ShapeDtypeStruct((4, 16), jnp.float32), grid=(4,),

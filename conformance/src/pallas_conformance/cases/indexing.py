@@ -159,8 +159,8 @@ def load_store(pallas_call, x):
     def kernel(x_ref, o_ref):
         top = pl.load(x_ref, (pl.ds(0, 8), slice(None)))
         bottom = pl.load(x_ref, (pl.ds(8, 8), slice(None)))
-        pl.store(o_ref, bottom * 2, (pl.ds(0, 8), slice(None)))
-        pl.store(o_ref, top, (pl.ds(8, 8), slice(None)))
+        pl.store(o_ref, (pl.ds(0, 8), slice(None)), bottom * 2)
+        pl.store(o_ref, (pl.ds(8, 8), slice(None)), top)
 
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(x)
 
@@ -199,7 +199,7 @@ def masked_store(pallas_call, x, y):
     """pl.store with mask=: masked-out lanes keep what was there (the aliased input)."""
     def kernel(x_ref, y_ref, o_ref):
         del y_ref
-        pl.store(o_ref, x_ref[...] * 2, (slice(None), slice(None)), mask=_lane_mask(37))
+        pl.store(o_ref, (slice(None), slice(None)), x_ref[...] * 2, mask=_lane_mask(37))
 
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype),
                        input_output_aliases={1: 0})(x, y)
@@ -213,8 +213,8 @@ def masked_store_two(pallas_call, x):
     """Two complementary masked stores fill an output."""
     def kernel(x_ref, o_ref):
         m = _lane_mask(50)
-        pl.store(o_ref, x_ref[...], (slice(None), slice(None)), mask=m)
-        pl.store(o_ref, jnp.full((8, C), 7.0, jnp.float32), (slice(None), slice(None)),
+        pl.store(o_ref, (slice(None), slice(None)), x_ref[...], mask=m)
+        pl.store(o_ref, (slice(None), slice(None)), jnp.full((8, C), 7.0, jnp.float32),
                  mask=jnp.logical_not(m))
 
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(x)

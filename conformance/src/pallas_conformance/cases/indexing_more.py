@@ -128,7 +128,7 @@ def masked_store_data(pallas_call, x):
     def kernel(x_ref, o_ref):
         v = x_ref[...]
         o_ref[...] = jnp.full(v.shape, -1.0, v.dtype)
-        pl.store(o_ref, v * 10, (ALL, ALL), mask=v > 0)
+        pl.store(o_ref, (ALL, ALL), v * 10, mask=v > 0)
 
     spec = pl.BlockSpec((8, C), lambda i: (i, 0))
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(2,), in_specs=[spec],
@@ -145,7 +145,7 @@ def masked_store_dyn(pallas_call, x):
         o_ref[...] = jnp.zeros_like(o_ref)
 
         def body(i, c):
-            pl.store(o_ref, x_ref[...], (pl.ds(pl.multiple_of(i * 8, 8), 8), ALL),
+            pl.store(o_ref, (pl.ds(pl.multiple_of(i * 8, 8), 8), ALL), x_ref[...],
                      mask=_iota((8, C), 1) < 64)
             return c
 
@@ -207,7 +207,7 @@ def edge_masked_store(pallas_call, x):
     def kernel(x_ref, o_ref):
         r = pl.program_id(0) * 8 + _iota((8, C), 0)
         c = pl.program_id(1) * C + _iota((8, C), 1)
-        pl.store(o_ref, jnp.exp(x_ref[...]), (ALL, ALL), mask=(r < rows) & (c < cols))
+        pl.store(o_ref, (ALL, ALL), jnp.exp(x_ref[...]), mask=(r < rows) & (c < cols))
 
     spec = pl.BlockSpec((8, C), lambda i, j: (i, j))
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(3, 2), in_specs=[spec],

@@ -171,7 +171,7 @@ def _masked_tanh(pallas_call, x):
         m = jax.lax.broadcasted_iota(jnp.int32, (8, C), 1) < 100
         o_ref[...] = jnp.zeros_like(o_ref)
         v = pl.load(x_ref, (slice(None), slice(None)), mask=m, other=0.0)
-        pl.store(o_ref, jnp.tanh(v), (slice(None), slice(None)), mask=m)
+        pl.store(o_ref, (slice(None), slice(None)), jnp.tanh(v), mask=m)
 
     spec = pl.BlockSpec((8, C), lambda i: (i, 0))
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(x.shape[0] // 8,),

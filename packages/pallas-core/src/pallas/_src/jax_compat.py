@@ -12,6 +12,7 @@ from jax._src import (
     config,
     core,
     custom_derivatives,
+    debugging,
     dispatch,
     dtypes,
     effects,
@@ -66,6 +67,8 @@ closed_call_p = core.closed_call_p
 custom_jvp_call_p = custom_derivatives.custom_jvp_call_p
 custom_vjp_call_p = custom_derivatives.custom_vjp_call_p
 remat_p = ad_checkpoint.remat_p
+jax_debug_print_p = debugging.debug_print_p  # jax.debug.print (not pallas' debug_print_p)
+debug_callback_p = debugging.debug_callback_p  # jax.debug.callback
 axis_index_p = lax_parallel.axis_index_p
 extend_axis_env_nd = core.extend_axis_env_nd
 
@@ -163,3 +166,17 @@ def register_typecheck(prim, rule) -> None:
 def check_jaxpr(jaxpr) -> None:
     """JAX's type check of ``jaxpr`` (raises on an ill-typed jaxpr)."""
     core.check_jaxpr(jaxpr)
+
+
+# Pretty-printing of jaxprs (pallas/_src/primitives/pretty.py): ref accesses print as
+# `a[i]`, the way JAX prints its own state primitives.
+from jax._src import pretty_printer as _pretty_printer  # noqa: E402
+
+pp = _pretty_printer  # the pretty-printer's documents (text, concat, join)
+
+pp_eqn_rules = core.pp_eqn_rules
+pp_var = core.pp_var
+pp_vars = core.pp_vars
+pp_kv_pairs = core.pp_kv_pairs
+DropVar = core.DropVar
+pp_ref_transforms = state_primitives.pp_ref_transforms

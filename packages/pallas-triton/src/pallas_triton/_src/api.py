@@ -116,4 +116,4 @@ def load(ref, *, mask=None, other=None, cache_modifier: str | None = None,
 
 def store(ref, val, *, mask=None, eviction_policy: str | None = None) -> None:
     """``pl.store`` with Triton's eviction hint (hints do not change values)."""
-    pl.store(ref, val, (), mask=mask, eviction_policy=eviction_policy)
+    pl.store(ref, (), val, mask=mask, eviction_policy=eviction_policy)

@@ -356,3 +356,19 @@ def _custom_jvp_rule(ctx, eqn, invals):
 @register_interpret_rule(jc.custom_vjp_call_p)
 def _custom_vjp_rule(ctx, eqn, invals):
     return eval_closed(ctx, eqn.params["call_jaxpr"], invals)
+
+
+# JAX's own debugging primitives given refs (``jax.debug.print("{}", x_ref)``,
+# ``jax.debug.callback(f, x_ref)``) see the refs' current contents, as upstream's
+# interpreter (which discharges refs to values) prints them.
+
+
+def _debug_of_contents_rule(ctx, eqn, invals):
+    vals = [x.value if isinstance(x, Cell) else x for x in invals]
+    params = eqn.primitive.get_bind_params(eqn.params)
+    subfuns = params.pop("subfuns", ())
+    return list(eqn.primitive.bind(*subfuns, *vals, **params))
+
+
+for _prim in (jc.jax_debug_print_p, jc.debug_callback_p):
+    register_interpret_rule(_prim)(_debug_of_contents_rule)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from pallas._src import jax_compat as jc
 from pallas._src.interpreter.rules import register_interpret_rule
+from pallas._src.primitives.pretty import RefAccess, register_ref_access_printer, transforms_of
 
 atomic_rmw_p = jc.Primitive("atomic_rmw")
 atomic_cas_p = jc.Primitive("atomic_cas")
@@ -106,6 +107,22 @@ def _cas_abstract_eval(ref_aval, cmp_aval, val_aval, *args, tree):
 
 atomic_rmw_p.def_effectful_abstract_eval(_rmw_abstract_eval)
 atomic_cas_p.def_effectful_abstract_eval(_cas_abstract_eval)
+
+
+def _rmw_access(eqn) -> RefAccess:
+    transforms, end = transforms_of(eqn, 2, eqn.params["tree"])
+    mask = [("mask", eqn.invars[end])] if eqn.params["has_mask"] else []
+    return RefAccess(eqn.invars[0], transforms, [eqn.invars[1]], mask)
+
+
+def _cas_access(eqn) -> RefAccess:
+    transforms, _ = transforms_of(eqn, 3, eqn.params["tree"])
+    return RefAccess(eqn.invars[0], transforms, eqn.invars[1:3])
+
+
+# `b = atomic_rmw[op=add] a[:4] v mask=m`, `b = atomic_cas a[i] cmp v`
+register_ref_access_printer(atomic_rmw_p, "op", _rmw_access, hidden=("tree", "has_mask"))
+register_ref_access_printer(atomic_cas_p, "op", _cas_access)
 
 _COMBINE = {
     "add": lambda a, b: a + b,

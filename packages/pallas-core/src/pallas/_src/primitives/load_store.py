@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from pallas._src import jax_compat as jc
 from pallas._src.interpreter.rules import register_interpret_rule
+from pallas._src.primitives.pretty import RefAccess, register_ref_access_printer, transforms_of
 
 load_p = jc.Primitive("masked_load")
 swap_p = jc.Primitive("masked_swap")
@@ -76,8 +77,18 @@ def swap(ref, idx=(), val=None, *, mask: Any = None, eviction_policy: str | None
                        eviction_policy=eviction_policy)
 
 
-def store(ref, val, idx=(), *, mask: Any = None, eviction_policy: str | None = None) -> None:
-    """Writes ``val`` into ``ref`` (optionally ``ref.at[idx]``) where ``mask`` is true."""
+_WHOLE = object()  # store(ref, val): no index given
+
+
+def store(ref, idx, val: Any = _WHOLE, *, mask: Any = None,
+          eviction_policy: str | None = None) -> None:
+    """Writes ``val`` into ``ref.at[idx]`` where ``mask`` is true.
+
+    ``store(ref, idx, val)`` is upstream's generic signature (as ``load``/``swap``);
+    ``store(ref, val)`` writes the whole ref, as ``pltpu.store``/``pltriton.store``.
+    """
+    if val is _WHOLE:
+        idx, val = (), idx
     swap(ref, idx, val, mask=mask, eviction_policy=eviction_policy)
 
 
@@ -100,6 +111,25 @@ def _swap_abstract_eval(ref_aval, val_aval, *args, tree, has_mask, **hints):
 
 load_p.def_effectful_abstract_eval(_load_abstract_eval)
 swap_p.def_effectful_abstract_eval(_swap_abstract_eval)
+
+
+def _load_access(eqn) -> RefAccess:
+    transforms, end = transforms_of(eqn, 1, eqn.params["tree"])
+    extra = iter(eqn.invars[end:])
+    labels = [k for k, on in (("mask", eqn.params["has_mask"]),
+                              ("other", eqn.params["has_other"])) if on]
+    return RefAccess(eqn.invars[0], transforms, keywords=[(k, next(extra)) for k in labels])
+
+
+def _swap_access(eqn) -> RefAccess:
+    transforms, end = transforms_of(eqn, 2, eqn.params["tree"])
+    mask = [("mask", eqn.invars[end])] if eqn.params["has_mask"] else []
+    return RefAccess(eqn.invars[0], transforms, [eqn.invars[1]], mask)
+
+
+# `b <- a[:3,:]`, `a[:3,:] <- v`, `b, a[i] <- a[i], v`, as JAX prints ref[i] (get/swap).
+register_ref_access_printer(load_p, "read", _load_access)
+register_ref_access_printer(swap_p, "write", _swap_access)
 
 
 def _window_indices(idx, tree):

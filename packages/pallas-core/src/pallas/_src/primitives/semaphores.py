@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from pallas._src import jax_compat as jc
 from pallas._src.interpreter.rules import register_interpret_rule
 from pallas._src.primitives.load_store import _ref_and_transforms
+from pallas._src.primitives.pretty import RefAccess, register_ref_access_printer, transforms_of
 
 semaphore_signal_p = jc.Primitive("semaphore_signal")
 semaphore_wait_p = jc.Primitive("semaphore_wait")
@@ -69,6 +70,18 @@ semaphore_wait_p.def_effectful_abstract_eval(lambda *a, **k: ([], {jc.WriteEffec
 semaphore_read_p.def_effectful_abstract_eval(
     lambda *a, **k: (jc.ShapedArray((), jnp.int32), {jc.ReadEffect(0)})
 )
+
+
+def _semaphore_access(eqn) -> RefAccess:
+    """The semaphore (view) and the rest (count, device ids, core index) as operands."""
+    transforms, end = transforms_of(eqn, 1, eqn.params["tree"])
+    return RefAccess(eqn.invars[0], transforms, eqn.invars[end:])
+
+
+# `semaphore_signal[device_id_type=mesh] a[1] inc`, `c = semaphore_read a[...]`
+for _prim in (semaphore_signal_p, semaphore_wait_p, semaphore_read_p):
+    register_ref_access_printer(_prim, "op", _semaphore_access,
+                                hidden=("tree", "device_id_tree", "has_core"))
 
 
 def _view(cell, idx, tree):
