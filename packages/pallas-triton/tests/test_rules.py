@@ -61,3 +61,25 @@ def test_an_error_inside_control_flow_names_the_inner_line_once():
     msg = str(info.value)
     assert re.search(rf"test_rules\.py:{line}\b", msg), msg
     assert msg.count("(lowering ") == 1
+
+
+def test_sharding_annotations_jax_inserts_under_a_mesh_lower_as_no_ops():
+    """Under ``jax.set_mesh`` (as when compiling for a mesh of devices), ``jnp.where`` in
+    a kernel inserts ``reshard``; it annotates, so it lowers to nothing (upstream's
+    RMS norm kernel has one)."""
+    import numpy as np
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+
+    def kernel(x_ref, o_ref):
+        x = x_ref[...]
+        o_ref[...] = jnp.where(x > 0, x, 0.0)
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((256,), jnp.float32),
+                       backend="triton")
+    x = jax.ShapeDtypeStruct((256,), jnp.float32,
+                             sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    with jax.set_mesh(mesh):
+        assert "reshard" in str(jax.make_jaxpr(f)(x))
+        text = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    assert "triton" in text

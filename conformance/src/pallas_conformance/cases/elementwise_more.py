@@ -2,7 +2,7 @@
 (log2/log10, inverse hyperbolics, trunc, round-half-even, isnan/isinf, remainder,
 hypot, copysign, signbit, logaddexp, pow with integer exponents, NaN propagation, jax.nn
 activations, comparisons and integer ops over every dtype, unsigned and wrap-around
-semantics, casts, bitcasts, select_n, clip).
+semantics, casts, bitcasts, select_n, clip), and a kernel traced under a mesh.
 
 Every case runs a (16, 128) array through a grid of two (8, 128) blocks.
 """
@@ -15,7 +15,16 @@ import numpy as np
 from jax import lax
 
 import pallas as pl
-from pallas_conformance.catalogue import Case, dtype_tags, randn, register, sds, short, uniform
+from pallas_conformance.catalogue import (
+    Case,
+    case,
+    dtype_tags,
+    randn,
+    register,
+    sds,
+    short,
+    uniform,
+)
 
 SHAPE = (16, 128)
 BLOCK = (8, 128)
@@ -288,3 +297,23 @@ for _name, _gamma_fn in (("lgamma", lax.lgamma), ("digamma", lax.digamma)):
     _unary(f"{_name}_negative", _gamma_fn, (F32,), domain=_between_negative_poles,
            tags=("special_functions",), tolerance={"float32": (1e-4, 1e-4)},
            what=f"{_name} between the poles of negative arguments")
+
+
+# --- Kernels traced under a mesh ------------------------------------------------------
+
+
+@case("elementwise/where_traced_under_a_mesh", tags={"elementwise"},
+      inputs=lambda rng: (randn(rng, SHAPE),), reference=lambda x: jnp.where(x > 0, x, 0.0))
+def where_under_a_mesh(pallas_call, x):
+    """A kernel traced under a mesh (``jax.set_mesh``, as when compiling for a mesh of
+    devices):
+    ``jnp.where`` then inserts a ``reshard`` annotation into the kernel, which must lower
+    as a no-op (upstream's GPU RMS norm has one)."""
+    def kernel(x_ref, o_ref):
+        v = x_ref[...]
+        o_ref[...] = jnp.where(v > 0, v, 0.0)
+
+    mesh = jax.sharding.AbstractMesh((1,), ("x",))
+    with jax.sharding.use_abstract_mesh(mesh):
+        return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(2,),
+                           in_specs=[_spec()], out_specs=_spec())(x)

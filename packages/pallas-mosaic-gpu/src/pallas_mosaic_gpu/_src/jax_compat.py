@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 from jax._src import core, effects, source_info_util
+from jax._src import pjit as _pjit
 from jax._src.interpreters import mlir
 from jax._src.state import discharge as state_discharge
 from jax._src.state import indexing as state_indexing
@@ -21,7 +22,7 @@ __all__ = [
     "AbstractRef", "GpuEffect", "Literal", "NDIndexer", "Primitive", "ReadEffect",
     "ShapedArray", "Slice", "TransformedRef", "WriteEffect", "addupdate_p", "core",
     "get_p", "get_view", "gpu_effect", "mlir", "set_view", "source_site", "swap_p",
-    "ref_type_aval_mappings", "run_state_p", "transform_type", "uninitialized",
+    "ref_type_aval_mappings", "reshard_p", "run_state_p", "transform_type", "uninitialized",
 ]
 
 # -- state (Refs) ------------------------------------------------------------------------
@@ -36,6 +37,8 @@ transform_type = state_types.transform_type
 ref_type_aval_mappings = state_types._ref_type_aval_mappings
 uninitialized = state_types.uninitialized
 run_state_p = state_discharge.run_state_p
+# A sharding annotation JAX inserts under a mesh (jax.set_mesh); a no-op on a kernel's values.
+reshard_p = _pjit.reshard_p
 RefTransposer = getattr(state_types, "RefTransposer", None)
 get_p = state_primitives.get_p
 swap_p = state_primitives.swap_p

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from jax._src import core, dtypes, effects
 from jax._src import linear_util as lu
+from jax._src import pjit as _pjit
 from jax._src import tpu_custom_call as _tcc
 from jax._src.interpreters import mlir
 from jax._src.interpreters import partial_eval as pe
@@ -23,8 +24,11 @@ __all__ = [
     "AbstractRef", "ClosedJaxpr", "Literal", "NDIndexer", "Primitive", "ShapedArray",
     "Slice", "TransformedRef", "Var", "core", "dtypes", "effects", "get_view",
     "lower_module_to_custom_call", "make_ir_context", "mlir", "set_view",
-    "blocked_fold_in", "blocked_sample_block", "trace_to_jaxpr", "transform_type",
+    "blocked_fold_in", "blocked_sample_block", "reshard_p", "trace_to_jaxpr", "transform_type",
 ]
+
+# A sharding annotation JAX inserts under a mesh (jax.set_mesh); a no-op on a kernel's values.
+reshard_p = _pjit.reshard_p
 
 # -- state (Refs) ------------------------------------------------------------------------
 AbstractRef = state_types.AbstractRef

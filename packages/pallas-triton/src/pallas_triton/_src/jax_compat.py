@@ -6,6 +6,7 @@ change to this file (and the pin in pallas-core), not a hunt through the package
 
 from __future__ import annotations
 
+from jax._src import pjit as _pjit
 from jax._src import source_info_util as _source_info_util
 from jax._src.interpreters import mlir as _mlir
 from jax._src.state import indexing as _indexing
@@ -30,9 +31,11 @@ custom_call = _mlir.custom_call
 get_p = _core_primitives.get_p
 swap_p = _core_primitives.swap_p
 addupdate_p = _state_primitives.addupdate_p
+# A sharding annotation JAX inserts under a mesh (jax.set_mesh); a no-op on a kernel's values.
+reshard_p = _pjit.reshard_p
 broadcast_to_p = _state_primitives.broadcast_to_p
 
-__all__ = ["Literal", "addupdate_p", "broadcast_to_p", "get_p", "source_info_summary",
+__all__ = ["Literal", "addupdate_p", "broadcast_to_p", "get_p", "reshard_p", "source_info_summary",
            "swap_p"]
 
 

@@ -16,6 +16,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, llvm, vector
 from jaxlib.mlir.dialects import math as mmath
 
+from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import rule
 
@@ -366,7 +367,7 @@ def _bitcast(lctx, eqn, x):
         eqn, [x], lambda v: arith.bitcast(_like(v.type, V.elem_type(dst)), v))
 
 
-@rule(P.copy_p, P.stop_gradient_p if hasattr(P, "stop_gradient_p") else P.copy_p)
+@rule(P.copy_p, P.stop_gradient_p, P.sharding_constraint_p, jc.reshard_p)
 def _copy(lctx, eqn, x):
     return x
 

@@ -10,6 +10,7 @@ from jaxlib.mlir.dialects import arith, memref, scf, vector
 from jaxlib.mosaic.python import tpu
 
 from pallas_tpu._src import core_compat as cc
+from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.core_compat import dynamic_grid_dim
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import (
@@ -232,7 +233,8 @@ rule(P.closed_call_p)(_inline("call_jaxpr"))
 rule(P.custom_jvp_call_p)(_inline("call_jaxpr"))
 rule(P.custom_vjp_call_p)(_inline("call_jaxpr"))
 rule(P.remat_p)(_inline("jaxpr"))
-rule(P.stop_gradient_p)(lambda lctx, eqn, x: materialize(x, aval_in(eqn, 0)))
+rule(P.stop_gradient_p, P.sharding_constraint_p, jc.reshard_p)(
+    lambda lctx, eqn, x: materialize(x, aval_in(eqn, 0)))
 
 
 @rule(cc.run_scoped_p)

@@ -8,6 +8,7 @@ import numpy as np
 from jax import lax
 from jax.extend.core import primitives as core_prims
 
+from pallas_triton._src import jax_compat as jc
 from pallas_triton._src.codegen import (
     dtype_name,
     is_bool,
@@ -270,6 +271,7 @@ def _bitcast(ctx, eqn, x):
     return _emit(ctx, eqn, _cast(x, tl_dtype(new), bitcast=True))
 
 
-@value_rule(lax.copy_p, lax.optimization_barrier_p, lax.reduce_precision_p, core_prims.stop_gradient_p)
+@value_rule(lax.copy_p, lax.optimization_barrier_p, lax.reduce_precision_p, core_prims.stop_gradient_p,
+            core_prims.sharding_constraint_p, jc.reshard_p)
 def _identity(ctx, eqn, *xs):
     return list(xs)
