@@ -209,6 +209,7 @@ class AccessLog:
     def __init__(self, name: str):
         self.name = name
         self._entries: list[Access] = []
+        self._clocks: np.ndarray | None = None  # the entries' clocks, one per row
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -217,22 +218,41 @@ class AccessLog:
     def record(self, access: Access) -> list[Race]:
         races = []
         with self._lock:
-            keep = []
-            for prev in self._entries:
+            entries, clocks = self._entries, self._clocks
+            clock = np.asarray(access.clock)
+            if entries and (clocks is None or clocks.shape[1] != clock.shape[0]):
+                clocks = np.stack([np.asarray(e.clock) for e in entries])
+            if entries:
+                # The happens-before relation against every logged access at once.
+                le = (clocks <= clock).all(axis=1)
+                same = (clocks == clock).all(axis=1)
+                before = (le & ~same).tolist()
+                same = same.tolist()
+            else:
+                before = same = []
+            keep, kept = [], []
+            for k, prev in enumerate(entries):
                 conflict = "write" in (prev.kind, access.kind)
-                overlap = regions_overlap(prev.region, access.region)
-                if conflict and overlap and not happens_before(prev.clock, access.clock) and (
-                        not np.array_equal(prev.clock, access.clock)):
+                if conflict and not before[k] and not same[k] and regions_overlap(
+                        prev.region, access.region):
                     races.append(Race(self.name, prev, access))
                 redundant = (
-                    happens_before(prev.clock, access.clock)
+                    before[k]
                     and (access.kind == "write" or prev.kind == "read")
                     and _covers(access.region, prev.region)
                 )
                 if not redundant:
                     keep.append(prev)
+                    kept.append(k)
             keep.append(access)
             self._entries = keep
+            row = clock[None, :]
+            if not entries:
+                self._clocks = row.copy()
+            elif len(kept) == len(entries):
+                self._clocks = np.concatenate([clocks, row])
+            else:
+                self._clocks = np.concatenate([clocks[kept], row])
         return races
 
 

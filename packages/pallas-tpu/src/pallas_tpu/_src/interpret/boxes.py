@@ -61,6 +61,10 @@ class NotABox(Exception):
 
 
 def _as_int(x) -> int:
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, np.ndarray) and x.ndim == 0:
+        return int(x)
     a = np.asarray(x)
     if a.ndim != 0:
         raise NotABox()

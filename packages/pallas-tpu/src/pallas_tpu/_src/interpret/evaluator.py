@@ -25,6 +25,8 @@ from pallas.plugins import (
 )
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.interpret import boxes as B
+from pallas_tpu._src.interpret import scalars
+from pallas_tpu._src.interpret.scalars import Fallback
 from pallas_tpu._src.interpret.state import Buffer, Simulation
 from pallas_tpu._src.memory import MemorySpace
 
@@ -122,7 +124,15 @@ class Core:
         plan = plan_of(jaxpr) if not self.params.skip_floating_point_ops else jaxpr.eqns
         for step in plan:
             if isinstance(step, Segment):
-                outs = self.jax_call(step.fn, *[read(v) for v in step.invars])
+                args = [read(v) for v in step.invars]
+                outs = None
+                if step.scalar is not None:
+                    try:
+                        outs = step.scalar(*args)
+                    except Fallback:
+                        pass
+                if outs is None:
+                    outs = self.jax_call(step.fn, *args)
                 for v, x in zip(step.outvars, outs):
                     env[v] = x
                 continue
@@ -233,6 +243,8 @@ class Segment:
     def __init__(self, eqns, invars, outvars):
         self.eqns, self.invars, self.outvars = eqns, invars, outvars
         self.fn = jax.jit(self._run)
+        # Scalar integer/boolean arithmetic runs in Python, without a dispatch.
+        self.scalar = scalars.plan(eqns, invars, outvars)
 
     def _run(self, *args):
         env = dict(zip(self.invars, args))

@@ -17,6 +17,7 @@ import numpy as np
 
 from pallas.plugins import Cell, KernelContext, eval_jaxpr, load_p, swap_p
 from pallas_tpu._src import jax_compat as jc
+from pallas_tpu._src.interpret import scalars
 from pallas_tpu._src.interpret.evaluator import CF, _sub_jaxprs
 
 # Ref primitives allowed in a compiled body, with the number of value operands between
@@ -98,6 +99,36 @@ def run_point(step, point, buffers) -> None:
     for b, new in zip(buffers, outs):
         if not _hbm(b):
             b.value = np.asarray(new)
+
+
+def scalar_index_maps(gm, skip: tuple):
+    """``f(point) -> [indices of each block mapping]`` evaluated in Python (see
+    :mod:`.scalars`), or None when an index map reads scalar prefetch or does more than
+    scalar integer arithmetic."""
+    key = ("scalar_index_maps", id(gm), skip)
+    hit = _cache.get(key)
+    if hit is not None and hit[0] is gm:
+        return hit[1]
+    nd = len(gm.grid)
+    runs = []
+    for bm, s in zip(gm.block_mappings, skip):
+        if s:
+            runs.append(None)
+            continue
+        j = bm.index_map_jaxpr.jaxpr
+        run = None
+        if not bm.index_map_jaxpr.consts and not j.constvars:
+            run = scalars.plan(j.eqns, j.invars[:nd], j.outvars)
+        if run is None:
+            _cache[key] = (gm, None)
+            return None
+        runs.append(run)
+
+    def f(point):
+        return [_NONE if r is None else r(*point) for r in runs]
+
+    _cache[key] = (gm, f)
+    return f
 
 
 def compiled_index_maps(gm, skip: tuple):

@@ -26,6 +26,7 @@ from pallas_tpu._src.interpret.fast import (
     compiled_body,
     compiled_index_maps,
     run_point,
+    scalar_index_maps,
     usable,
 )
 from pallas_tpu._src.interpret.jax_calls import DeviceCalls
@@ -379,14 +380,31 @@ def _run_grid(core: Core, cfg: Config, setup) -> None:
         prev, boxes = boxes, nxt
 
 
+_statics: dict = {}
+
+
+def _static(gm):
+    """Per grid mapping: which block mappings are HBM operands, and their paddings."""
+    hit = _statics.get(id(gm))
+    if hit is None or hit[0] is not gm:
+        skip = tuple(is_hbm(bm.memory_space) for bm in gm.block_mappings)
+        hit = _statics[id(gm)] = (gm, skip, [_pads(bm) for bm in gm.block_mappings])
+    return hit[1], hit[2]
+
+
 def _boxes_at(core: Core, cfg: Config, setup, point):
     """The HBM box of every block operand at ``point`` (None for HBM operands)."""
     gm = cfg.grid_mapping
-    maps = compiled_index_maps(gm, tuple(is_hbm(bm.memory_space) for bm in gm.block_mappings))
-    idxs = core.jax_call(maps, np.asarray(point, np.int32),
-                         *[b.value for b in setup["prefetch"]])
-    return [None if is_hbm(bm.memory_space) else _block_box(bm, _pads(bm), np.asarray(i))
-            for bm, i in zip(gm.block_mappings, idxs)]
+    skip, pads = _static(gm)
+    fast = scalar_index_maps(gm, skip)
+    if fast is not None:
+        idxs = fast(point)
+    else:
+        maps = compiled_index_maps(gm, skip)
+        idxs = core.jax_call(maps, np.asarray(point, np.int32),
+                             *[b.value for b in setup["prefetch"]])
+    return [None if s else _block_box(bm, p, np.asarray(i))
+            for bm, s, p, i in zip(gm.block_mappings, skip, pads, idxs)]
 
 
 def _copy_in(core, hbm: Buffer, box, buf: Buffer, bm, loop, point) -> None:
