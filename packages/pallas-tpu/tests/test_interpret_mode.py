@@ -257,3 +257,27 @@ def test_masked_swap_returns_val_in_masked_off_lanes():
     mask = np.arange(128)[None] % 3 == 0
     np.testing.assert_array_equal(out, np.where(mask, X, -X))
     np.testing.assert_array_equal(old, np.where(mask, -X, X))
+
+def test_a_dma_of_a_slice_with_a_traced_size_copies_that_many_rows():
+    """``pl.ds(start, size)`` with ``size`` computed in the kernel: the DMA's views have
+    a traced size, resolved when the copy runs (and checked by its wait)."""
+
+    def kernel(n_ref, x_hbm, o_hbm, sem):
+        n = n_ref[0] * 8
+        copy = pltpu.make_async_copy(x_hbm.at[pl.ds(0, n)], o_hbm.at[pl.ds(0, n)], sem)
+        copy.start()
+        copy.wait()
+
+    x = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)
+    params = pltpu.InterpretParams(detect_races=True, uninitialized_memory="zero")
+    for rows in (1, 3):
+        out = pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM),
+                      pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[pltpu.SemaphoreType.DMA], interpret=params,
+        )(jnp.array([rows], jnp.int32), x)
+        np.testing.assert_array_equal(out[:rows * 8], x[:rows * 8])
+        np.testing.assert_array_equal(out[rows * 8:], 0)
+        assert not pti.race_report().races_found

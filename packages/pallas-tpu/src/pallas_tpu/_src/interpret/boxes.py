@@ -99,6 +99,76 @@ def box_of(shape, transforms) -> Box:
     return box
 
 
+class _Leaf:
+    """A placeholder for the ``k``-th flat leaf while learning a transform tree's shape."""
+
+    def __init__(self, k):
+        self.k = k
+
+
+_programs: dict = {}
+
+
+def _spec(x):
+    if isinstance(x, _Leaf):
+        return (True, x.k)
+    if isinstance(x, (int, np.integer)):
+        return (False, int(x))
+    raise NotABox()
+
+
+def _program(tree):
+    """Per ``NDIndexer`` of the transforms of ``tree``: per index ``(slice?, start, size,
+    stride)`` with start/size as ``(is_leaf, leaf position or constant)``; None when a
+    transform is not an indexer (cached per tree)."""
+    try:
+        return _programs[tree]
+    except KeyError:
+        pass
+    prog = []
+    try:
+        leaves = [_Leaf(k) for k in range(tree.num_leaves)]
+        for t in jax.tree_util.tree_unflatten(tree, leaves):
+            if not isinstance(t, jc.NDIndexer):
+                raise NotABox()
+            ops = []
+            for idx in t.indices:
+                if isinstance(idx, jc.Slice):
+                    ops.append((True, _spec(idx.start), _spec(idx.size),
+                                int(idx.stride or 1)))
+                else:
+                    ops.append((False, _spec(idx), None, 1))
+            prog.append(ops)
+    except (NotABox, TypeError, ValueError):
+        prog = None
+    _programs[tree] = prog
+    return prog
+
+
+def fast_box(shape, flat, tree) -> Box | None:
+    """``box_of(shape, unflatten_transforms(flat, tree))`` without building the
+    transforms; None when they are not plain indexers (raises NotABox for a gather)."""
+    if tree is None:
+        return full_box(shape)
+    prog = _program(tree)
+    if prog is None:
+        return None
+    box = list(full_box(shape))
+    for ops in prog:
+        view_dims = [i for i, d in enumerate(box) if not d.squeezed]
+        if len(ops) > len(view_dims):
+            raise NotABox()
+        for b, (is_slice, start, size, stride) in zip(view_dims, ops):
+            d = box[b]
+            i = _as_int(flat[start[1]]) if start[0] else start[1]
+            if is_slice:
+                n = _as_int(flat[size[1]]) if size[0] else size[1]
+                box[b] = Dim(d.start + i * d.step, n, d.step * stride)
+            else:
+                box[b] = Dim(d.start + i * d.step, 1, d.step, squeezed=True)
+    return tuple(box)
+
+
 def unflatten_transforms(flat, tree):
     return tuple(jax.tree_util.tree_unflatten(tree, list(flat))) if tree is not None else ()
 

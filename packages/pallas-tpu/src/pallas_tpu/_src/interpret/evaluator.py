@@ -403,6 +403,12 @@ def site_of(eqn) -> str:
 
 def view(buf: Buffer, flat, tree):
     """(box, None) for a rectangular view of ``buf``, else (None, transforms)."""
+    try:
+        box = B.fast_box(buf.shape, flat, tree)
+    except B.NotABox:
+        box = None
+    if box is not None:
+        return box, None
     transforms = B.unflatten_transforms(flat, tree)
     try:
         return B.box_of(buf.shape, transforms), None

@@ -33,11 +33,20 @@ dma_wait_p.multiple_results = True
 
 def _check_copy(src_ref, dst_ref, what: str) -> None:
     src, dst = R.view_aval(src_ref), R.view_aval(dst_ref)
-    if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype:
+    if not _same_shape(src.shape, dst.shape) or src.dtype != dst.dtype:
         raise ValueError(
             f"{what}: the source ({src.str_short()}) and destination ({dst.str_short()}) "
             f"of a DMA must have the same shape and dtype"
         )
+
+
+def _same_shape(a, b) -> bool:
+    """Whether two view shapes may agree: static sizes must be equal; a size traced by
+    ``pl.ds(start, traced_size)`` is checked by the simulation when the DMA runs."""
+    if len(a) != len(b):
+        return False
+    return all(x is y or not (isinstance(x, int) and isinstance(y, int)) or x == y
+               for x, y in zip(a, b))
 
 
 def _flat_device_id(device_id):
