@@ -258,6 +258,7 @@ def test_masked_swap_returns_val_in_masked_off_lanes():
     np.testing.assert_array_equal(out, np.where(mask, X, -X))
     np.testing.assert_array_equal(old, np.where(mask, -X, X))
 
+
 def test_a_dma_of_a_slice_with_a_traced_size_copies_that_many_rows():
     """``pl.ds(start, size)`` with ``size`` computed in the kernel: the DMA's views have
     a traced size, resolved when the copy runs (and checked by its wait)."""
