@@ -40,6 +40,7 @@ run_state_p = state_discharge.run_state_p
 # A sharding annotation JAX inserts under a mesh (jax.set_mesh); a no-op on a kernel's values.
 reshard_p = _pjit.reshard_p
 RefTransposer = getattr(state_types, "RefTransposer", None)
+TransposeTransform = state_types.TransposeTransform
 get_p = state_primitives.get_p
 swap_p = state_primitives.swap_p
 addupdate_p = state_primitives.addupdate_p

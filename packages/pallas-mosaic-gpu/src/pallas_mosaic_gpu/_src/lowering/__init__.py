@@ -11,6 +11,9 @@ from pallas_mosaic_gpu._src.lowering import (  # noqa: F401 - each module regist
     rules_dot,
     rules_refs,
     rules_shape,
+    rules_tma,
+    rules_wgmma,
+    scoped,
     unsupported,
 )
 from pallas_mosaic_gpu._src.lowering.call import lower_pallas_call

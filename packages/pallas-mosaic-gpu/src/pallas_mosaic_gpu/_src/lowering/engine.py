@@ -52,10 +52,21 @@ class RefVal:
     memref: ir.Value
     dtype: np.dtype
     space: str  # "smem" or "gmem"
+    # SMEM layout transforms (see smem.py): the kernel sees ``logical`` (None: the
+    # memref's shape), stored tiled by ``tiling`` over its minor dims and swizzled.
+    tiling: tuple[int, ...] | None = None
+    swizzle: int | None = None
+    logical: tuple[int, ...] | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
+        if self.logical is not None:
+            return self.logical
         return tuple(ir.MemRefType(self.memref.type).shape)
+
+    @property
+    def transformed(self) -> bool:
+        return self.tiling is not None or self.swizzle is not None
 
 
 @dataclasses.dataclass
@@ -73,6 +84,9 @@ class LoweringContext:
     # id(value) -> (value, memref view) for values read from refs
     loaded_from: dict = dataclasses.field(default_factory=dict)
     uses: set = dataclasses.field(default_factory=set)
+    # (id(run_scoped eqn), j) -> (scoped.Planned, its SMEM memref or mgpu.BarrierRef)
+    scoped: dict = dataclasses.field(default_factory=dict)
+    target: str | None = None  # "sm_90a"/"sm_100a" when known (compile level, env var)
     used_vars: set = dataclasses.field(default_factory=set)
 
     def is_used(self, var) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import re
 
 import jax
@@ -37,8 +38,10 @@ from pallas_mosaic_gpu._src.lowering.engine import (
     lower_jaxpr,
     unsupported,
 )
+from pallas_mosaic_gpu._src.lowering.scoped import plan, plan_type, value
 from pallas_mosaic_gpu._src.lowering.spill import spill_buffers
 
+ENV_TARGET = "PALLAS_MOSAIC_GPU_TARGET"
 MAX_CUDA_GRID_AXES = 3
 REDUCTION_SCRATCH_BYTES = 2048
 
@@ -142,8 +145,14 @@ def _block_slices(lctx, bm, program_ids):
     return tuple(slices)
 
 
-def build(jaxpr, gm, params, name: str) -> Kernel:
-    """Lowers the kernel jaxpr and grid mapping to a Mosaic GPU kernel."""
+def target_of(target: str | None) -> str | None:
+    """The compile target: given, or ``PALLAS_MOSAIC_GPU_TARGET``, or unknown (None)."""
+    return target or os.environ.get(ENV_TARGET) or None
+
+
+def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
+    """Lowers the kernel jaxpr and grid mapping to a Mosaic GPU kernel (for ``target``,
+    ``"sm_90a"``/``"sm_100a"``, when known: target-specific instructions are checked)."""
     if gm.num_scalar_prefetch:
         raise unsupported(name, "scalar prefetch (PrefetchScalarGridSpec)")
     if gm.input_output_aliases:
@@ -163,22 +172,21 @@ def build(jaxpr, gm, params, name: str) -> Kernel:
     by_tma = {k for k in blocked if tma_can_copy(gm.block_mappings[k])}
     bufs = tuple(_sds(_smem_block_shape(gm.block_mappings[k]),
                       gm.block_mappings[k].array_aval.dtype) for k in blocked)
-    scratch = []
-    for origin, t in zip(gm.scratch_origins, gm.scratch_types):
-        space = _space_name(getattr(t, "memory_space", None))
-        if space not in (None, "smem", "any"):
-            raise unsupported(name, f"scratch {origin} in memory space {space}")
-        shape = getattr(t, "shape", None)
-        dtype = getattr(t, "dtype", None)
-        if shape is None or dtype is None:
-            raise unsupported(name, f"scratch {origin} of type {type(t).__name__}")
-        _check_dtype(jax.core.ShapedArray(shape, dtype), f"scratch {origin}", name)
-        scratch.append(_sds(shape, dtype))
+    scratch = [plan_type(t, f"scratch {origin}", name)
+               for origin, t in zip(gm.scratch_origins, gm.scratch_types)]
+    if seq and any(p.kind == "acc" for p in scratch):
+        raise unsupported(name, "a plgpu.ACC scratch with sequential grid axes (the "
+                                "accumulator would have to live across grid steps); "
+                                "allocate it with pl.run_scoped around an emit_pipeline")
+    scoped = plan(jaxpr.jaxpr, name)
     red = _sds((REDUCTION_SCRATCH_BYTES // 4,), jnp.float32)
     spills = spill_buffers(jaxpr.jaxpr)
     entries = {"red": red}
     entries.update({("buf", k): b for k, b in zip(blocked, bufs)})
-    entries.update({("scratch", i): t for i, t in enumerate(scratch)})
+    entries.update({("scratch", i): p.entry for i, p in enumerate(scratch)
+                    if p.entry is not None})
+    entries.update({("scoped", *k): p.entry for k, p in scoped.items()
+                    if p.entry is not None})
     for i, (_, avals) in enumerate(spills):
         entries.update({("spill", i, j): _sds(a.shape, a.dtype)
                         for j, a in enumerate(avals) if a is not None})
@@ -191,14 +199,15 @@ def build(jaxpr, gm, params, name: str) -> Kernel:
         *gmem_refs, smem_refs = refs_and_smem
         ref = {key: smem_refs[i] for key, i in where.items()}
         buf_refs = [ref[("buf", k)] for k in blocked]
-        scratch_refs = [ref[("scratch", i)] for i in range(len(scratch))]
+        scratch_vals = [value(p, ref.get(("scratch", i))) for i, p in enumerate(scratch)]
         red_ref, barriers = ref["red"], ref.get("barriers")
         spill_refs = {id(e): [ref.get(("spill", i, j)) for j in range(len(avals))]
                       for i, (e, avals) in enumerate(spills)}
         lctx = LoweringContext(launch_ctx, tuple(gm.grid), [None] * len(gm.grid), name,
                                approx_math=bool(getattr(params, "approx_math", False)),
                                reduction_scratch=red_ref,
-                               spill_buffers=spill_refs)
+                               spill_buffers=spill_refs, target=target_of(target))
+        lctx.scoped = {k: (p, ref.get(("scoped", *k))) for k, p in scoped.items()}
         for dim, axis in zip((gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z), par):
             lctx.program_ids[axis] = arith.index_cast(V.i32(), gpu.block_id(dim))
         for axis in range(len(gm.grid)):
@@ -228,8 +237,7 @@ def build(jaxpr, gm, params, name: str) -> Kernel:
                     refs.append(RefVal(smem_of[k], jnp.dtype(bm.array_aval.dtype), "smem"))
                 else:
                     refs.append(RefVal(gmem_refs[k], jnp.dtype(bm.array_aval.dtype), "gmem"))
-            for r, t in zip(scratch_refs, scratch):
-                refs.append(RefVal(r, jnp.dtype(t.dtype), "smem"))
+            refs.extend(scratch_vals)
             lower_jaxpr(lctx, jaxpr.jaxpr, jaxpr.consts, refs)
             mgpu.commit_shared()
             stores = [k for k in blocked if k >= gm.num_inputs]

@@ -56,6 +56,38 @@ def _unflatten(flat, specs):
     return out
 
 
+def _accs(args) -> list:
+    """The ``plgpu.ACC`` accumulators among an equation's operands (registers that a
+    loop or branch may replace, so they travel as loop carries and branch results)."""
+    from pallas_mosaic_gpu._src.lowering.scoped import AccVal
+
+    seen, out = set(), []
+    for a in args:
+        if isinstance(a, AccVal) and id(a) not in seen:
+            seen.add(id(a))
+            out.append(a)
+    return out
+
+
+def _acc_regs(accs) -> list:
+    return [r for a in accs for r in a.acc._value.registers.flat]
+
+
+def _set_accs(accs, flat) -> None:
+    from jax.experimental.mosaic import gpu as mgpu
+
+    k = 0
+    for a in accs:
+        v = a.acc._value
+        n = v.registers.size
+        regs = np.empty(v.registers.shape, dtype=object)
+        regs.flat[:] = list(flat[k:k + n])
+        k += n
+        arr = V.FragmentedArray(_registers=regs, _layout=v.layout, _is_signed=v.is_signed)
+        a.acc = mgpu.WGMMAAccumulator(_value=arr, _original_layout=a.acc._original_layout,
+                                      _sync=False)
+
+
 def _inline(lctx, closed, args):
     return lower_jaxpr(lctx, closed.jaxpr, closed.consts, list(args))
 
@@ -87,14 +119,20 @@ def _scan(lctx, eqn, *args):
     consts, init = args[:nc], args[nc:]
     avals = [v.aval for v in eqn.invars[nc:]]
     flat, specs = _flatten(init, avals)
+    accs = _accs(consts)
+    n = len(flat)
     lo, hi, one = (V.const(v, V.index()) for v in (0, length, 1))
-    loop = scf.ForOp(lo, hi, one, flat)
+    loop = scf.ForOp(lo, hi, one, flat + _acc_regs(accs))
     with ir.InsertionPoint(loop.body):
-        carry = _unflatten(list(loop.inner_iter_args), specs)
+        inner = list(loop.inner_iter_args)
+        _set_accs(accs, inner[n:])
+        carry = _unflatten(inner[:n], specs)
         outs = _inline(lctx, closed, [*consts, *carry])
         new, _ = _flatten(outs, avals)
-        scf.YieldOp(new)
-    return _unflatten(list(loop.results), specs)
+        scf.YieldOp(new + _acc_regs(accs))
+    results = list(loop.results)
+    _set_accs(accs, results[n:])
+    return _unflatten(results[:n], specs)
 
 
 @rule(P.while_p)
@@ -104,20 +142,29 @@ def _while(lctx, eqn, *args):
     cconsts, bconsts, init = args[:cn], args[cn:cn + bn], args[cn + bn:]
     avals = [v.aval for v in eqn.invars[cn + bn:]]
     flat, specs = _flatten(init, avals)
+    accs = _accs(bconsts)
+    n = len(flat)
+    flat = flat + _acc_regs(accs)
     types = [v.type for v in flat]
     op = scf.WhileOp(types, flat)
     before = op.before.blocks.append(*types)
     with ir.InsertionPoint(before):
-        carry = _unflatten(list(before.arguments), specs)
+        args_ = list(before.arguments)
+        _set_accs(accs, args_[n:])
+        carry = _unflatten(args_[:n], specs)
         (c,) = _inline(lctx, p["cond_jaxpr"], [*cconsts, *carry])
-        scf.ConditionOp(V.scalar(c, p["cond_jaxpr"].out_avals[0]), list(before.arguments))
+        scf.ConditionOp(V.scalar(c, p["cond_jaxpr"].out_avals[0]), args_)
     after = op.after.blocks.append(*types)
     with ir.InsertionPoint(after):
-        carry = _unflatten(list(after.arguments), specs)
+        args_ = list(after.arguments)
+        _set_accs(accs, args_[n:])
+        carry = _unflatten(args_[:n], specs)
         outs = _inline(lctx, p["body_jaxpr"], [*bconsts, *carry])
         new, _ = _flatten(outs, avals)
-        scf.YieldOp(new)
-    return _unflatten(list(op.results), specs)
+        scf.YieldOp(new + _acc_regs(accs))
+    results = list(op.results)
+    _set_accs(accs, results[n:])
+    return _unflatten(results[:n], specs)
 
 
 @rule(P.cond_p)
@@ -133,6 +180,9 @@ def _cond(lctx, eqn, index, *args):
 def _emit_branches(lctx, idx, branches, args, avals):
     if len(branches) == 1:
         return _inline(lctx, branches[0], args)
+    accs = _accs(args)
+    if accs:
+        return _emit_branches_acc(lctx, idx, branches, args, avals, accs)
     # if idx == 0: branch 0 else: the rest (nested).
     if isinstance(idx.type, ir.IntegerType) and ir.IntegerType(idx.type).width == 1:
         pred = arith.cmpi(arith.CmpIPredicate.eq, idx, V.const(0, idx.type))
@@ -162,6 +212,44 @@ def _emit_branches(lctx, idx, branches, args, avals):
         else:
             scf.YieldOp(emit(lambda: _emit_branches(lctx, nidx, rest, args, avals)))
     return _unflatten(list(if_op.results), specs_holder["specs"])
+
+
+def _emit_branches_acc(lctx, idx, branches, args, avals, accs):
+    """Branches that may replace accumulators: each yields them after its results."""
+    start = _acc_regs(accs)
+    holder = {}
+
+    def emit(i):
+        _set_accs(accs, start)
+        flat, holder["specs"] = _flatten(_emit_one(lctx, idx, i, branches, args, avals),
+                                         avals)
+        return flat + _acc_regs(accs)
+
+    types = _result_types(avals) + [r.type for r in start]
+    pred = _is_zero(idx)
+    if_op = scf.IfOp(pred, types, has_else=True)
+    with ir.InsertionPoint(if_op.then_block):
+        scf.YieldOp(emit(0))
+    with ir.InsertionPoint(if_op.else_block):
+        scf.YieldOp(emit(1))
+    results = list(if_op.results)
+    n = len(results) - len(start)
+    _set_accs(accs, results[n:])
+    return _unflatten(results[:n], holder["specs"])
+
+
+def _is_zero(idx):
+    if isinstance(idx.type, ir.IntegerType) and ir.IntegerType(idx.type).width == 1:
+        return arith.cmpi(arith.CmpIPredicate.eq, idx, V.const(0, idx.type))
+    return arith.cmpi(arith.CmpIPredicate.sle, idx, V.const(0, idx.type))
+
+
+def _emit_one(lctx, idx, i, branches, args, avals):
+    if i == 0 or len(branches) == 2:
+        return _inline(lctx, branches[min(i, len(branches) - 1)], args)
+    is_bool = isinstance(idx.type, ir.IntegerType) and ir.IntegerType(idx.type).width == 1
+    nidx = idx if is_bool else arith.subi(idx, V.const(1, idx.type))
+    return _emit_branches(lctx, nidx, branches[1:], args, avals)
 
 
 def _result_types(avals):

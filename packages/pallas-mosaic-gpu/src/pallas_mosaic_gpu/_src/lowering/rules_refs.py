@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 from jax.experimental.mosaic import gpu as mgpu
+from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, memref, scf
 
@@ -99,6 +100,12 @@ def store_view(m, value, aval, space: str, sync: bool = True):
             for idx in np.ndindex(vals.shape):
                 scalar_store(vals[idx], idx)
             scf.YieldOp([])
+    elif (isinstance(value, mgpu.FragmentedArray) and not is_bool
+          and isinstance(value.layout, fa.TiledLayout)):
+        try:  # e.g. a matmul result in the WGMMA layout
+            value.store_untiled(m)
+        except fa.TransferPlanDerivationError:  # no bank-conflict-free plan: plain stores
+            value.store_untiled(m, optimized=False)
     else:
         arr = V.to_strided(V.array(value, aval))
         if is_bool:
@@ -119,9 +126,31 @@ def _check_space(ref: RefVal, what: str):
             "plgpu.copy_gmem_to_smem, or give it a BlockSpec)")
 
 
+def _tiled_view(ref: RefVal, flat, tree):
+    """The memref of a view of a tiled/swizzled SMEM ref (whole tiles only)."""
+    from pallas_mosaic_gpu._src.lowering import smem
+
+    v = smem.view(ref, flat, tree)
+    if v.tiling is None or len(v.tiling) != 2 or len(v.shape) != 2:
+        raise NotImplementedError(
+            f"reading or writing an SMEM ref with transforms (tiling={ref.tiling}, "
+            f"swizzle={ref.swizzle}) except as a 2D view tiled in two dims")
+    return v
+
+
 @rule(jc.get_p)
 def _get(lctx, eqn, ref, *flat):
+    from pallas_mosaic_gpu._src.lowering import rules_wgmma
+    from pallas_mosaic_gpu._src.lowering.scoped import AccVal
+
+    if isinstance(ref, AccVal):
+        return rules_wgmma.read_acc(ref, flat, eqn.params["tree"])
     _check_space(ref, "reading")
+    if ref.transformed:
+        v = _tiled_view(ref, flat, eqn.params["tree"])
+        return mgpu.FragmentedArray.load_tiled(
+            v.memref, swizzle=v.swizzle or 16, is_signed=V.signed(v.dtype),
+            layout=fa.WGMMA_LAYOUT)
     m = view(ref, flat, eqn.params["tree"])
     out = eqn.outvars[0].aval
     value = load_view(m, out.dtype, out.shape)
@@ -133,7 +162,27 @@ def _get(lctx, eqn, ref, *flat):
 
 @rule(jc.swap_p)
 def _swap(lctx, eqn, ref, value, *flat):
+    from pallas_mosaic_gpu._src.lowering import rules_wgmma
+    from pallas_mosaic_gpu._src.lowering.scoped import AccVal
+
+    if isinstance(ref, AccVal):
+        old = rules_wgmma.read_acc(ref, flat, eqn.params["tree"]) \
+            if lctx.is_used(eqn.outvars[0]) else None
+        rules_wgmma.write_acc(ref, value, eqn.invars[1].aval, flat, eqn.params["tree"])
+        return old
     _check_space(ref, "writing")
+    if ref.transformed:
+        if lctx.is_used(eqn.outvars[0]):
+            raise NotImplementedError("swapping a value into a tiled SMEM ref")
+        v = _tiled_view(ref, flat, eqn.params["tree"])
+        if not isinstance(value, mgpu.FragmentedArray) or not isinstance(
+                value.layout, fa.TiledLayout):
+            raise NotImplementedError(
+                "storing into a tiled/swizzled SMEM ref an array not in the WGMMA layout "
+                "(store a value computed from a plgpu.ACC accumulator)")
+        value.store_tiled(v.memref, swizzle=v.swizzle or 16)
+        mgpu.warpgroup_barrier()
+        return None
     m = view(ref, flat, eqn.params["tree"])
     aval = eqn.invars[1].aval
     old = None

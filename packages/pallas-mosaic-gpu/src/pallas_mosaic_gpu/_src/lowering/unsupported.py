@@ -12,9 +12,6 @@ _INTERPRET = "it runs in GPU interpret mode (interpret=plgpu.InterpretParams())"
 RULES.unsupported(plugins.load_p, plugins.swap_p,
                   reason="pl.load/pl.store (masked loads and stores) are not lowered yet; index "
                          "refs with ref[...] and pl.ds, or use backend='triton'")
-RULES.unsupported(plugins.run_scoped_p,
-                  reason="pl.run_scoped is not lowered yet; use backend='triton' or "
-                         "interpret=True")
 RULES.unsupported(plugins.semaphore_signal_p, plugins.semaphore_wait_p,
                   plugins.semaphore_read_p,
                   reason=f"GPU semaphores are not lowered yet; {_INTERPRET}")

@@ -166,7 +166,11 @@ def to_strided(x: FragmentedArray) -> FragmentedArray:
 def map_registers(fn, arrays: list[FragmentedArray], out_dtype) -> FragmentedArray:
     """Applies ``fn`` (over scalar or vector ``ir.Value``) register by register."""
     layouts = [a.layout for a in arrays if not isinstance(a.layout, fa.WGSplatFragLayout)]
-    if layouts:
+    if layouts and all(isinstance(x, fa.TiledLayout) and x == layouts[0] for x in layouts):
+        # Arrays in one tiled layout (say, WGMMA's) stay in it; splats join them.
+        arrays = [a if a.layout == layouts[0] else FragmentedArray.splat(
+            a.registers.item(), a.shape, layouts[0], is_signed=a.is_signed) for a in arrays]
+    elif layouts:
         arrays = [to_strided(a) for a in arrays]
     layout = arrays[0].layout
     regs = np.empty_like(arrays[0].registers)

@@ -1,0 +1,177 @@
+"""Lowering rules of plgpu's TMA copies, fences and mbarriers.
+
+``copy_gmem_to_smem`` is one TMA load (``LaunchContext.async_copy``) issued by one
+thread of the warpgroup, which also arrives on the barrier expecting the copy's bytes
+(one arrival per copy, the ``num_arrivals`` of ``plgpu.Barrier`` count them); the
+warpgroup first synchronises, so no thread still reads the slot being overwritten.
+``copy_smem_to_gmem`` is a TMA store joining the thread's bulk group;
+``wait_smem_to_gmem`` waits on bulk groups; ``commit_smem`` fences SMEM writes for the
+async proxy. ``barrier_arrive`` is one arrival per warpgroup (after it synchronises);
+``barrier_wait`` waits for the phase this thread has not seen yet.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from jax.experimental.mosaic import gpu as mgpu
+from jax.experimental.mosaic.gpu.launch_context import TileTransform
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, nvvm
+
+from pallas_mosaic_gpu._src.lowering import smem
+from pallas_mosaic_gpu._src.lowering import values as V
+from pallas_mosaic_gpu._src.lowering.engine import Lit, RefVal, rule
+from pallas_mosaic_gpu._src.lowering.scoped import BarrierVal
+from pallas_mosaic_gpu._src.primitives import refs as R
+from pallas_mosaic_gpu._src.primitives.barriers import barrier_arrive_p, barrier_wait_p
+from pallas_mosaic_gpu._src.primitives.copies import (
+    commit_group_p,
+    commit_smem_p,
+    copy_gmem_to_smem_p,
+    copy_smem_to_gmem_p,
+    wait_smem_to_gmem_p,
+)
+
+TMA_MAX_BOX = 256
+
+
+def barrier_at(bar, flat, tree, fn: str):
+    """The single mbarrier ``barrier.at[i]`` selects."""
+    if not isinstance(bar, BarrierVal):
+        raise TypeError(f"plgpu.{fn}: the barrier argument is not a plgpu.Barrier")
+    sel = smem._transforms(flat, tree)
+    ref, n = bar.ref, bar.shape[0]
+    for t in sel:
+        entries = smem._entries(t)
+        if len(entries) != 1 or entries[0][0] != "index":
+            raise NotImplementedError(f"plgpu.{fn}: barrier refs are indexed by one int")
+        i = entries[0][1]
+        if isinstance(i, int) and not 0 <= i < n:
+            raise IndexError(f"plgpu.{fn}: barrier index {i} is out of range for "
+                             f"plgpu.Barrier(num_barriers={n}); valid: 0..{n - 1}")
+        ref, n = ref[i], 1
+    if n != 1:
+        raise ValueError(f"plgpu.{fn}: index the barrier array (num_barriers={n}), e.g. "
+                         "barrier.at[i]")
+    return ref
+
+
+def _check_tma(fn: str, gmem: RefVal, window, dst: RefVal, arg: str):
+    """Trace-time errors for windows TMA cannot move, naming the argument."""
+    full = tuple(ir.MemRefType(gmem.memref.type).shape)
+    size = np.dtype(V.storage_dtype(gmem.dtype)).itemsize
+    name = np.dtype(gmem.dtype).name
+    strides = [math.prod(full[i + 1:]) * size for i in range(len(full))]
+    if any(s % 16 for s in strides[:-1]):
+        raise ValueError(
+            f"plgpu.{fn}: {arg} is a GMEM array of shape {full} {name} whose strides "
+            f"{tuple(strides)} (bytes) are not all multiples of 16 but the minor one; TMA "
+            "needs 16-byte aligned rows (pad the minor dim to a multiple of "
+            f"{16 // math.gcd(16, size)} elements)")
+    shape = smem.window_shape(window)
+    if shape and isinstance(window[-1], mgpu.DynamicSlice) and (shape[-1] * size) % 16:
+        raise ValueError(
+            f"plgpu.{fn}: the {arg} window {shape} of the GMEM array {full} {name} has a "
+            f"minor dim of {shape[-1] * size} bytes; TMA copies blocks whose minor dim is "
+            f"a multiple of 16 bytes ({16 // math.gcd(16, size)} elements of {name})")
+    box = smem.physical_shape(shape, dst.tiling) if dst.tiling else shape
+    if dst.tiling is None and any(d > TMA_MAX_BOX for d in box):
+        raise ValueError(
+            f"plgpu.{fn}: the {arg} window {shape} has a dim over {TMA_MAX_BOX} elements, "
+            f"more than one TMA copy moves; split the copy, or tile the SMEM buffer "
+            f"(plgpu.TilingTransform) so each tile dim is at most {TMA_MAX_BOX}")
+    if len(shape) > 5 and dst.tiling is None:
+        raise ValueError(f"plgpu.{fn}: the {arg} window {shape} has more than 5 dims; TMA "
+                         "copies at most 5")
+
+
+def _copy(lctx, fn, **kwargs):
+    try:
+        lctx.launch_ctx.async_copy(**kwargs)
+    except (ValueError, NotImplementedError) as e:
+        raise ValueError(f"plgpu.{fn}: TMA cannot do this copy: {e}") from e
+
+
+def _transform(d: RefVal):
+    return TileTransform(tuple(d.tiling)) if d.tiling else ()
+
+
+@rule(copy_gmem_to_smem_p)
+def _gmem_to_smem(lctx, eqn, *ops):
+    p = eqn.params
+    (src, sflat, stree), (dst, dflat, dtree), bar = R.unflatten(p["refs"], ops)
+    if p["collective_axes"] or p["leader_tracked"] is not None:
+        raise NotImplementedError(
+            "plgpu.copy_gmem_to_smem with collective_axes/leader_tracked (cluster multicast)")
+    if src.space != "gmem" or dst.space != "smem":
+        raise ValueError("plgpu.copy_gmem_to_smem: src must be a GMEM ref (plgpu.GMEM "
+                         f"memory space) and dst an SMEM ref; got {src.space} -> {dst.space}")
+    window = smem.gmem_window(src, sflat, stree)
+    d = smem.view(dst, dflat, dtree)
+    _check_tma("copy_gmem_to_smem", src, window, d, "src")
+    barrier = barrier_at(*bar, "copy_gmem_to_smem")
+    mgpu.warpgroup_barrier()  # no thread still reads the destination
+    _copy(lctx, "copy_gmem_to_smem", src_ref=src.memref, dst_ref=d.memref, gmem_slice=window,
+          gmem_transform=_transform(d), swizzle=d.swizzle, barrier=barrier,
+          oob_mode=p["oob_mode"])
+    return []
+
+
+@rule(copy_smem_to_gmem_p)
+def _smem_to_gmem(lctx, eqn, *ops):
+    p = eqn.params
+    (src, sflat, stree), (dst, dflat, dtree) = R.unflatten(p["refs"], ops)
+    if src.space != "smem" or dst.space != "gmem":
+        raise ValueError("plgpu.copy_smem_to_gmem: src must be an SMEM ref and dst a GMEM "
+                         f"ref; got {src.space} -> {dst.space}")
+    s = smem.view(src, sflat, stree)
+    window = smem.gmem_window(dst, dflat, dtree)
+    _check_tma("copy_smem_to_gmem", dst, window, s, "dst")
+    pred = mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP)
+    if p["has_predicate"]:
+        user = ops[R.spec_end(p["refs"])]
+        user = V.const(bool(np.asarray(user.val)), ir.IntegerType.get_signless(1)) \
+            if isinstance(user, Lit) else V.scalar(user, None)
+        pred = arith.andi(pred, user)
+    _copy(lctx, "copy_smem_to_gmem", src_ref=s.memref, dst_ref=dst.memref, gmem_slice=window,
+          gmem_transform=_transform(s), swizzle=s.swizzle, arrive=p["commit_group"],
+          predicate=pred, reduction_op=p["reduction_op"])
+    return []
+
+
+@rule(commit_smem_p)
+def _commit_smem(lctx, eqn):
+    mgpu.commit_shared()  # fence.proxy.async + warpgroup barrier
+    return []
+
+
+@rule(commit_group_p)
+def _commit_group(lctx, eqn):
+    nvvm.cp_async_bulk_commit_group()
+    return []
+
+
+@rule(wait_smem_to_gmem_p)
+def _wait_smem_to_gmem(lctx, eqn):
+    lctx.launch_ctx.await_async_copy(eqn.params["n"],
+                                     await_read_only=eqn.params["wait_read_only"])
+    return []
+
+
+@rule(barrier_arrive_p)
+def _barrier_arrive(lctx, eqn, *ops):
+    ((bar, flat, tree),) = R.unflatten(eqn.params["refs"], ops)
+    ref = barrier_at(bar, flat, tree, "barrier_arrive")
+    mgpu.warpgroup_barrier()  # the warpgroup's work before the arrival is done
+    ref.arrive(predicate=mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP))
+    return []
+
+
+@rule(barrier_wait_p)
+def _barrier_wait(lctx, eqn, *ops):
+    ((bar, flat, tree),) = R.unflatten(eqn.params["refs"], ops)
+    ref = barrier_at(bar, flat, tree, "barrier_wait")
+    ref.wait(orders_tensor_core=bar.space.orders_tensor_core)
+    return []

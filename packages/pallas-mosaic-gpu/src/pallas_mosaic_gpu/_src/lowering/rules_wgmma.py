@@ -1,0 +1,129 @@
+"""Lowering rules of Hopper's tensor-core matmul: ``wgmma``, ``wgmma_wait`` and the
+``plgpu.ACC`` accumulator (read with ``acc[...]``, written with ``acc[...] = x``).
+
+``wgmma(acc, a, b)`` is Mosaic GPU's ``wgmma``: ``a`` and ``b`` are SMEM refs tiled by
+``(8, swizzle // itemsize)`` and swizzled (``b`` possibly ``transpose_ref``-ed), or
+``a`` a value in registers; it issues and commits one wgmma group. Reading the
+accumulator gives an array in the WGMMA register layout. ``wgmma`` exists on sm_90a
+only, ``tcgen05_mma`` on sm_100a only: asking for the other is an error naming the
+target.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from jax.experimental.mosaic import gpu as mgpu
+from jax.experimental.mosaic.gpu import fragmented_array as fa
+from jaxlib.mlir.dialects import nvvm
+
+from pallas_mosaic_gpu._src.lowering import smem
+from pallas_mosaic_gpu._src.lowering import values as V
+from pallas_mosaic_gpu._src.lowering.engine import RefVal, rule
+from pallas_mosaic_gpu._src.lowering.scoped import AccVal
+from pallas_mosaic_gpu._src.primitives import refs as R
+from pallas_mosaic_gpu._src.primitives.mma import tcgen05_mma_p, wgmma_p, wgmma_wait_p
+
+HOPPER, BLACKWELL = "sm_90a", "sm_100a"
+
+
+def check_target(lctx, fn: str, want: str) -> None:
+    if lctx.target is not None and lctx.target != want:
+        family = "Hopper" if want == HOPPER else "Blackwell"
+        other = "plgpu.tcgen05_mma with TMEM accumulators" if want == HOPPER else \
+            "plgpu.wgmma with plgpu.ACC accumulators"
+        raise ValueError(
+            f"plgpu.{fn} is a {family}-only instruction ({want}) but kernel {lctx.name} "
+            f"is compiled for {lctx.target}; on {lctx.target} use {other}")
+
+
+def _operand(ref: RefVal, arg: str):
+    """The tiled, swizzled SMEM memref of a wgmma operand, and its swizzle."""
+    if ref.space != "smem":
+        raise ValueError(f"plgpu.wgmma: {arg} must be an SMEM ref, got a {ref.space} ref")
+    itemsize = np.dtype(ref.dtype).itemsize
+    want = "TilingTransform((8, S)), SwizzleTransform(B) with B in (32, 64, 128) and S = " \
+           f"B // {itemsize} (the {np.dtype(ref.dtype).name} elements of one swizzled row)"
+    if ref.swizzle is None or ref.tiling is None or len(ref.tiling) != 2:
+        raise ValueError(
+            f"plgpu.wgmma: {arg} (SMEM {ref.shape} {np.dtype(ref.dtype).name}) must be "
+            f"tiled and swizzled for the tensor cores; give its buffer transforms={want}; "
+            f"got tiling={ref.tiling}, swizzle={ref.swizzle}")
+    s = ref.swizzle // itemsize
+    if sorted(ref.tiling) != sorted((8, s)):
+        raise ValueError(
+            f"plgpu.wgmma: {arg} is tiled by {ref.tiling} with SwizzleTransform"
+            f"({ref.swizzle}); wgmma needs tiles of (8, {s}) for that swizzle ({want})")
+    return ref.memref, ref.swizzle
+
+
+@rule(wgmma_p)
+def _wgmma(lctx, eqn, *ops):
+    check_target(lctx, "wgmma", HOPPER)
+    spec = eqn.params["refs"]
+    (acc, aflat, atree), a, (b, bflat, btree) = R.unflatten(spec, ops)[:3]
+    if not isinstance(acc, AccVal):
+        raise ValueError("plgpu.wgmma: acc must be a plgpu.ACC accumulator allocated with "
+                         "pl.run_scoped")
+    if aflat:
+        raise NotImplementedError("plgpu.wgmma into a slice of an accumulator")
+    bm, swizzle = _operand(smem.view(b, bflat, btree), "b")
+    if a is None:
+        a_val = ops[R.spec_end(spec)]
+        if not isinstance(a_val, mgpu.FragmentedArray) or \
+                a_val.layout != fa.WGMMA_LAYOUT:
+            raise NotImplementedError(
+                "plgpu.wgmma with a in registers needs it in the WGMMA layout (e.g. "
+                "computed from an accumulator); pass an SMEM ref instead")
+        am = a_val
+    else:
+        am, a_swizzle = _operand(smem.view(*a), "a")
+        if a_swizzle != swizzle:
+            raise ValueError(f"plgpu.wgmma: a is swizzled by {a_swizzle} bytes but b by "
+                             f"{swizzle}; both operands need the same SwizzleTransform")
+    acc.acc = mgpu.wgmma(acc.acc, am, bm, swizzle=swizzle)
+    nvvm.wgmma_commit_group_sync_aligned()
+    return []
+
+
+@rule(wgmma_wait_p)
+def _wgmma_wait(lctx, eqn):
+    check_target(lctx, "wgmma_wait", HOPPER)
+    nvvm.wgmma_wait_group_sync_aligned(int(eqn.params["n"]))
+    return []
+
+
+@rule(tcgen05_mma_p)
+def _tcgen05(lctx, eqn, *ops):
+    check_target(lctx, "tcgen05_mma", BLACKWELL)
+    raise NotImplementedError(
+        "plgpu.tcgen05_mma (TMEM accumulators) is not lowered yet; it runs in GPU "
+        "interpret mode (interpret=plgpu.InterpretParams())")
+
+
+def _whole(flat, shape, what):
+    for t in smem._transforms(flat[1], flat[2]) if flat else ():
+        entries = smem._entries(t)
+        if any(e != ("slice", 0, d) for e, d in zip(entries, shape)):
+            raise NotImplementedError(f"{what} a slice of a plgpu.ACC accumulator")
+
+
+def read_acc(acc: AccVal, flat, tree):
+    """``acc[...]``: the accumulator's value (WGMMA layout)."""
+    _whole((None, flat, tree), acc.shape, "reading")
+    return acc.acc.value
+
+
+def write_acc(acc: AccVal, value, aval, flat, tree):
+    """``acc[...] = value`` (an array in the WGMMA layout, or a scalar)."""
+    _whole((None, flat, tree), acc.shape, "writing")
+    if isinstance(value, mgpu.FragmentedArray) and value.layout == fa.WGMMA_LAYOUT:
+        arr = value
+    else:
+        x = V.array(value, aval)
+        if not isinstance(x.layout, fa.WGSplatFragLayout):
+            raise NotImplementedError(
+                "writing a plgpu.ACC accumulator from an array not in the WGMMA layout "
+                "(write a scalar, or a value computed from an accumulator)")
+        arr = mgpu.FragmentedArray.splat(x.registers.item(), acc.shape, fa.WGMMA_LAYOUT,
+                                         is_signed=x.is_signed)
+    acc.acc = mgpu.WGMMAAccumulator.from_registers(arr)

@@ -1,0 +1,150 @@
+"""Buffers a kernel allocates: ``pl.run_scoped`` (and ``plgpu.kernel``'s scratch) and
+``pallas_call`` scratch shapes.
+
+Mosaic GPU takes a kernel's shared memory as one static tree, so every buffer is planned
+before the body is emitted (:func:`plan`): each ``run_scoped`` equation, wherever it is
+nested, gets its own SMEM buffers and mbarriers, initialised once at kernel start (a
+barrier's phase then carries over between iterations of a loop around the scope, as the
+hardware's does). ``plgpu.ACC`` accumulators live in registers (:class:`AccVal`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.extend.core as jex
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.mosaic import gpu as mgpu
+
+from pallas import plugins
+from pallas_mosaic_gpu._src.lowering import smem
+from pallas_mosaic_gpu._src.lowering import values as V
+from pallas_mosaic_gpu._src.lowering.engine import lower_jaxpr, rule
+from pallas_mosaic_gpu._src.memory import AccumulatorSpace, BarrierSpace, MemorySpace
+
+MAX_BARRIERS = 32  # per barrier array (Mosaic GPU tracks phases in one 32-bit word)
+
+
+@dataclasses.dataclass
+class BarrierVal:
+    """An array of mbarriers (``plgpu.Barrier``) in the kernel, or one of them."""
+
+    ref: Any  # mgpu.BarrierRef
+    shape: tuple[int, ...]
+    space: BarrierSpace
+
+
+@dataclasses.dataclass
+class AccVal:
+    """A WGMMA accumulator (``plgpu.ACC``): its current value, replaced by each
+    ``wgmma`` and carried through loops and branches (``rules_control``)."""
+
+    acc: Any  # mgpu.WGMMAAccumulator
+    shape: tuple[int, int]
+    dtype: np.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """One buffer: its entry in the SMEM tree (None: registers) and how the kernel
+    sees it."""
+
+    entry: Any
+    kind: str  # "smem", "barrier" or "acc"
+    shape: tuple[int, ...]
+    dtype: Any
+    tiling: tuple | None = None
+    swizzle: int | None = None
+    space: Any = None
+
+
+def _space(t):
+    return getattr(t, "memory_space", None)
+
+
+def plan_type(t, what: str, kernel: str) -> Planned:
+    """How buffer type ``t`` (a ``MemoryRef``) is allocated; a clear error for types
+    the lowering does not allocate."""
+    space = _space(t)
+    inner = getattr(t, "inner_aval", None)
+    shape = tuple(getattr(t, "shape", None) or getattr(inner, "shape", ()))
+    dtype = getattr(t, "dtype", None) or getattr(inner, "dtype", None)
+    if isinstance(space, BarrierSpace):
+        if space.kind != "barrier":
+            raise _unsupported(kernel, f"{what}: plgpu.ClusterBarrier (clusters)")
+        n = int(np.prod(shape))
+        if len(shape) != 1 or n > MAX_BARRIERS:
+            raise ValueError(
+                f"{what}: plgpu.Barrier(num_barriers={shape if len(shape) > 1 else n}) — "
+                f"the mosaic_gpu lowering takes a 1D array of at most {MAX_BARRIERS} "
+                "barriers; allocate several Barrier scratch entries instead")
+        return Planned(mgpu.Barrier(arrival_count=space.num_arrivals, num_barriers=n),
+                       "barrier", shape, None, space=space)
+    if space is AccumulatorSpace.WGMMA:
+        dt = jnp.dtype(dtype)
+        if dt not in (jnp.float32, jnp.float16, jnp.int32):
+            raise ValueError(f"{what}: plgpu.ACC of dtype {dt.name}; valid: float32, "
+                             "float16, int32")
+        return Planned(None, "acc", shape, dt)
+    if space is MemorySpace.TMEM:
+        raise _unsupported(kernel, f"{what}: plgpu.TMEM buffers (tcgen05, Blackwell)")
+    if str(getattr(space, "name", space) or "").lower() not in ("", "smem", "any"):
+        raise _unsupported(kernel, f"{what} in memory space {space}")
+    if dtype is None:
+        raise _unsupported(kernel, f"{what} of type {type(t).__name__}")
+    dt = jnp.dtype(dtype)
+    if dt.itemsize > 4:
+        raise _unsupported(kernel, f"{what} of dtype {dt.name} (64-bit)")
+    tiling, swizzle = smem.layout(tuple(getattr(t, "transforms", ())), shape, dt,
+                                  f"{what} plgpu.SMEM{shape} {dt.name}")
+    phys = smem.physical_shape(shape, tiling)
+    return Planned(jax.ShapeDtypeStruct(phys, V.storage_dtype(dt)), "smem", shape, dt,
+                   tiling, swizzle)
+
+
+def _unsupported(kernel: str, what: str):
+    from pallas_mosaic_gpu._src.lowering.engine import unsupported
+
+    return unsupported(kernel, what)
+
+
+def plan(jaxpr, kernel: str) -> dict:
+    """``{(id(run_scoped eqn), j): Planned}`` for every ``run_scoped`` in ``jaxpr``."""
+    out: dict = {}
+
+    def walk(j):
+        for eqn in j.eqns:
+            if eqn.primitive is plugins.run_scoped_p:
+                for k, t in enumerate(eqn.params["types"]):
+                    out[(id(eqn), k)] = plan_type(t, f"run_scoped buffer {k}", kernel)
+            for sub in jex.jaxprs_in_params(eqn.params):
+                walk(getattr(sub, "jaxpr", sub))
+
+    walk(jaxpr)
+    return out
+
+
+def value(p: Planned, allocated) -> Any:
+    """The kernel's value for buffer ``p`` (``allocated``: its SMEM memref or BarrierRef)."""
+    if p.kind == "barrier":
+        return BarrierVal(allocated, p.shape, p.space)
+    if p.kind == "acc":
+        m, n = p.shape
+        zero = mgpu.WGMMAAccumulator.zero(m, n, V.elem_type(p.dtype),
+                                          is_signed=True if p.dtype.kind == "i" else None)
+        return AccVal(zero, (m, n), p.dtype)
+    return smem.smem_ref(allocated, p.dtype, p.shape, p.tiling, p.swizzle)
+
+
+@rule(plugins.run_scoped_p)
+def _run_scoped(lctx, eqn, *consts):
+    refs = []
+    for k in range(len(eqn.params["types"])):
+        if (id(eqn), k) not in lctx.scoped:
+            raise NotImplementedError("run_scoped outside the kernel body (not planned)")
+        planned, allocated = lctx.scoped[(id(eqn), k)]
+        refs.append(value(planned, allocated))
+    return lower_jaxpr(lctx, eqn.params["jaxpr"], [], [*consts, *refs])
