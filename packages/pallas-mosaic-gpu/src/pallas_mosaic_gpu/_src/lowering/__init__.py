@@ -14,6 +14,7 @@ from pallas_mosaic_gpu._src.lowering import (  # noqa: F401 - each module regist
     rules_tma,
     rules_wgmma,
     scoped,
+    threads,
     unsupported,
 )
 from pallas_mosaic_gpu._src.lowering.call import lower_pallas_call

@@ -40,6 +40,12 @@ from pallas_mosaic_gpu._src.lowering.engine import (
 )
 from pallas_mosaic_gpu._src.lowering.scoped import plan, plan_type, value
 from pallas_mosaic_gpu._src.lowering.spill import spill_buffers
+from pallas_mosaic_gpu._src.lowering.threads import (
+    grid_axes,
+    own_slice,
+    threads_of,
+    warpgroup,
+)
 
 ENV_TARGET = "PALLAS_MOSAIC_GPU_TARGET"
 MAX_CUDA_GRID_AXES = 3
@@ -160,7 +166,11 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
     if getattr(params, "lowering_semantics", None) is not None and \
             params.lowering_semantics.name != "Lane":
         raise unsupported(name, "LoweringSemantics.Warpgroup")
-    par, seq = split_grid(gm, params)
+    threads = threads_of(gm, name)
+    if getattr(gm, "mesh", None) is not None and hasattr(gm.mesh, "thread_name"):
+        par, seq = grid_axes(gm, threads)
+    else:
+        par, seq = split_grid(gm, params)
     cuda_grid = tuple(gm.grid[i] for i in par) + (1,) * (3 - len(par))
     ins, outs = gm.in_block_mappings, gm.out_block_mappings
     for bm in gm.block_mappings:
@@ -178,8 +188,13 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
         raise unsupported(name, "a plgpu.ACC scratch with sequential grid axes (the "
                                 "accumulator would have to live across grid steps); "
                                 "allocate it with pl.run_scoped around an emit_pipeline")
-    scoped = plan(jaxpr.jaxpr, name)
-    red = _sds((REDUCTION_SCRATCH_BYTES // 4,), jnp.float32)
+    scoped = plan(jaxpr.jaxpr, name, threads)
+    nt = threads.num
+
+    def per_wg(shape):  # a buffer each warpgroup has to itself
+        return (nt, *shape) if nt > 1 else tuple(shape)
+
+    red = _sds(per_wg((REDUCTION_SCRATCH_BYTES // 4,)), jnp.float32)
     spills = spill_buffers(jaxpr.jaxpr)
     entries = {"red": red}
     entries.update({("buf", k): b for k, b in zip(blocked, bufs)})
@@ -188,7 +203,7 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
     entries.update({("scoped", *k): p.entry for k, p in scoped.items()
                     if p.entry is not None})
     for i, (_, avals) in enumerate(spills):
-        entries.update({("spill", i, j): _sds(a.shape, a.dtype)
+        entries.update({("spill", i, j): _sds(per_wg(a.shape), a.dtype)
                         for j, a in enumerate(avals) if a is not None})
     if blocked_in:
         entries["barriers"] = mgpu.Barrier(arrival_count=1, num_barriers=len(blocked_in))
@@ -198,6 +213,10 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
     def body(launch_ctx, *refs_and_smem):
         *gmem_refs, smem_refs = refs_and_smem
         ref = {key: smem_refs[i] for key, i in where.items()}
+        if nt > 1:
+            for key in ref:
+                if key == "red" or key[0] == "spill":
+                    ref[key] = own_slice(ref[key])
         buf_refs = [ref[("buf", k)] for k in blocked]
         scratch_vals = [value(p, ref.get(("scratch", i))) for i, p in enumerate(scratch)]
         red_ref, barriers = ref["red"], ref.get("barriers")
@@ -206,10 +225,13 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
         lctx = LoweringContext(launch_ctx, tuple(gm.grid), [None] * len(gm.grid), name,
                                approx_math=bool(getattr(params, "approx_math", False)),
                                reduction_scratch=red_ref,
-                               spill_buffers=spill_refs, target=target_of(target))
+                               spill_buffers=spill_refs, target=target_of(target),
+                               axis_names=tuple(gm.grid_names or ()))
         lctx.scoped = {k: (p, ref.get(("scoped", *k))) for k, p in scoped.items()}
         for dim, axis in zip((gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z), par):
             lctx.program_ids[axis] = arith.index_cast(V.i32(), gpu.block_id(dim))
+        if threads.axis is not None:
+            lctx.program_ids[threads.axis] = warpgroup()
         for axis in range(len(gm.grid)):
             if lctx.program_ids[axis] is None and axis not in seq:
                 lctx.program_ids[axis] = V.const(0, V.i32())
@@ -257,7 +279,7 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
         mgpu.dialect.register_dialect(ctx)
         try:
             fn = mgpu.as_gpu_kernel(
-                body, cuda_grid, (V.WARPGROUP_SIZE, 1, 1), in_shapes, out_shapes,
+                body, cuda_grid, (V.WARPGROUP_SIZE * nt, 1, 1), in_shapes, out_shapes,
                 tuple(smem), module_name=symbol, kernel_name=symbol)
         except MosaicGpuLoweringError:
             raise

@@ -59,6 +59,22 @@ class Planned:
     tiling: tuple | None = None
     swizzle: int | None = None
     space: Any = None
+    copies: int = 1  # one per warpgroup for per-warpgroup buffers (threads.per_thread)
+
+    def per_warpgroup(self, n: int) -> Planned:
+        """This buffer, once per warpgroup of ``n``."""
+        if n == 1 or self.entry is None:
+            return self
+        if self.kind == "barrier":
+            total = self.entry.num_barriers * n
+            if total > MAX_BARRIERS:
+                raise ValueError(
+                    f"{self.shape[0]} barriers per warpgroup x {n} warpgroups is more than "
+                    f"{MAX_BARRIERS}; allocate them with collective_axes=<thread axis>")
+            entry = dataclasses.replace(self.entry, num_barriers=total)
+        else:
+            entry = jax.ShapeDtypeStruct((n, *self.entry.shape), self.entry.dtype)
+        return dataclasses.replace(self, entry=entry, copies=n)
 
 
 def _space(t):
@@ -111,15 +127,20 @@ def _unsupported(kernel: str, what: str):
     return unsupported(kernel, what)
 
 
-def plan(jaxpr, kernel: str) -> dict:
+def plan(jaxpr, kernel: str, threads=None) -> dict:
     """``{(id(run_scoped eqn), j): Planned}`` for every ``run_scoped`` in ``jaxpr``."""
+    from pallas_mosaic_gpu._src.lowering.threads import Threads, per_thread
+
+    threads = threads or Threads()
     out: dict = {}
 
     def walk(j):
         for eqn in j.eqns:
             if eqn.primitive is plugins.run_scoped_p:
+                n = threads.num if per_thread(eqn, threads) else 1
                 for k, t in enumerate(eqn.params["types"]):
-                    out[(id(eqn), k)] = plan_type(t, f"run_scoped buffer {k}", kernel)
+                    out[(id(eqn), k)] = plan_type(
+                        t, f"run_scoped buffer {k}", kernel).per_warpgroup(n)
             for sub in jex.jaxprs_in_params(eqn.params):
                 walk(getattr(sub, "jaxpr", sub))
 
@@ -129,6 +150,12 @@ def plan(jaxpr, kernel: str) -> dict:
 
 def value(p: Planned, allocated) -> Any:
     """The kernel's value for buffer ``p`` (``allocated``: its SMEM memref or BarrierRef)."""
+    from pallas_mosaic_gpu._src.lowering import threads
+
+    if p.copies > 1 and p.kind == "barrier":
+        allocated = threads.own_barriers(allocated, p.shape[0])
+    elif p.copies > 1 and p.kind == "smem":
+        allocated = threads.own_slice(allocated)
     if p.kind == "barrier":
         return BarrierVal(allocated, p.shape, p.space)
     if p.kind == "acc":
