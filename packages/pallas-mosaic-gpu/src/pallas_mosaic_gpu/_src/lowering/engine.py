@@ -31,6 +31,12 @@ class MosaicGpuLoweringError(NotImplementedError):
     ``interpret=True``."""
 
 
+class KernelError(ValueError):
+    """Bad input found while lowering, which Mosaic GPU cannot take (a block TMA cannot
+    copy, an operand layout wgmma cannot read, an instruction the target lacks): the
+    message names the argument and what would be valid. Raised at trace time, as is."""
+
+
 def rule(*prims):
     """Registers the decorated function as the Mosaic GPU lowering rule of ``prims``."""
 
@@ -131,7 +137,7 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
             if getattr(r, "__module__", "").endswith(".rules_arith"):
                 invals = _stretched(lctx, eqn, invals)
             outs = r(lctx, eqn, *invals)
-        except MosaicGpuLoweringError:
+        except (MosaicGpuLoweringError, KernelError):
             raise
         except (NotImplementedError, ValueError, TypeError, IndexError) as e:
             raise MosaicGpuLoweringError(

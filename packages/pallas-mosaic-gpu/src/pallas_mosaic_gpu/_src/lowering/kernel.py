@@ -182,13 +182,14 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
     by_tma = {k for k in blocked if tma_can_copy(gm.block_mappings[k])}
     bufs = tuple(_sds(_smem_block_shape(gm.block_mappings[k]),
                       gm.block_mappings[k].array_aval.dtype) for k in blocked)
-    scratch = [plan_type(t, f"scratch {origin}", name)
+    target = target_of(target)
+    scratch = [plan_type(t, f"scratch {origin}", name, target)
                for origin, t in zip(gm.scratch_origins, gm.scratch_types)]
     if seq and any(p.kind == "acc" for p in scratch):
         raise unsupported(name, "a plgpu.ACC scratch with sequential grid axes (the "
                                 "accumulator would have to live across grid steps); "
                                 "allocate it with pl.run_scoped around an emit_pipeline")
-    scoped = plan(jaxpr.jaxpr, name, threads)
+    scoped = plan(jaxpr.jaxpr, name, threads, target)
     nt = threads.num
 
     def per_wg(shape):  # a buffer each warpgroup has to itself
@@ -225,7 +226,7 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
         lctx = LoweringContext(launch_ctx, tuple(gm.grid), [None] * len(gm.grid), name,
                                approx_math=bool(getattr(params, "approx_math", False)),
                                reduction_scratch=red_ref,
-                               spill_buffers=spill_refs, target=target_of(target),
+                               spill_buffers=spill_refs, target=target,
                                axis_names=tuple(gm.grid_names or ()))
         lctx.scoped = {k: (p, ref.get(("scoped", *k))) for k, p in scoped.items()}
         for dim, axis in zip((gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z), par):

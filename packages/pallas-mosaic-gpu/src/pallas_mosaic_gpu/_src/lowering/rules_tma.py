@@ -22,7 +22,7 @@ from jaxlib.mlir.dialects import arith, nvvm
 
 from pallas_mosaic_gpu._src.lowering import smem
 from pallas_mosaic_gpu._src.lowering import values as V
-from pallas_mosaic_gpu._src.lowering.engine import Lit, RefVal, rule
+from pallas_mosaic_gpu._src.lowering.engine import KernelError, Lit, RefVal, rule
 from pallas_mosaic_gpu._src.lowering.scoped import BarrierVal
 from pallas_mosaic_gpu._src.primitives import refs as R
 from pallas_mosaic_gpu._src.primitives.barriers import barrier_arrive_p, barrier_wait_p
@@ -49,11 +49,11 @@ def barrier_at(bar, flat, tree, fn: str):
             raise NotImplementedError(f"plgpu.{fn}: barrier refs are indexed by one int")
         i = entries[0][1]
         if isinstance(i, int) and not 0 <= i < n:
-            raise IndexError(f"plgpu.{fn}: barrier index {i} is out of range for "
+            raise KernelError(f"plgpu.{fn}: barrier index {i} is out of range for "
                              f"plgpu.Barrier(num_barriers={n}); valid: 0..{n - 1}")
         ref, n = ref[i], 1
     if n != 1:
-        raise ValueError(f"plgpu.{fn}: index the barrier array (num_barriers={n}), e.g. "
+        raise KernelError(f"plgpu.{fn}: index the barrier array (num_barriers={n}), e.g. "
                          "barrier.at[i]")
     return ref
 
@@ -65,25 +65,25 @@ def _check_tma(fn: str, gmem: RefVal, window, dst: RefVal, arg: str):
     name = np.dtype(gmem.dtype).name
     strides = [math.prod(full[i + 1:]) * size for i in range(len(full))]
     if any(s % 16 for s in strides[:-1]):
-        raise ValueError(
+        raise KernelError(
             f"plgpu.{fn}: {arg} is a GMEM array of shape {full} {name} whose strides "
             f"{tuple(strides)} (bytes) are not all multiples of 16 but the minor one; TMA "
             "needs 16-byte aligned rows (pad the minor dim to a multiple of "
             f"{16 // math.gcd(16, size)} elements)")
     shape = smem.window_shape(window)
     if shape and isinstance(window[-1], mgpu.DynamicSlice) and (shape[-1] * size) % 16:
-        raise ValueError(
+        raise KernelError(
             f"plgpu.{fn}: the {arg} window {shape} of the GMEM array {full} {name} has a "
             f"minor dim of {shape[-1] * size} bytes; TMA copies blocks whose minor dim is "
             f"a multiple of 16 bytes ({16 // math.gcd(16, size)} elements of {name})")
     box = smem.physical_shape(shape, dst.tiling) if dst.tiling else shape
     if dst.tiling is None and any(d > TMA_MAX_BOX for d in box):
-        raise ValueError(
+        raise KernelError(
             f"plgpu.{fn}: the {arg} window {shape} has a dim over {TMA_MAX_BOX} elements, "
             f"more than one TMA copy moves; split the copy, or tile the SMEM buffer "
             f"(plgpu.TilingTransform) so each tile dim is at most {TMA_MAX_BOX}")
     if len(shape) > 5 and dst.tiling is None:
-        raise ValueError(f"plgpu.{fn}: the {arg} window {shape} has more than 5 dims; TMA "
+        raise KernelError(f"plgpu.{fn}: the {arg} window {shape} has more than 5 dims; TMA "
                          "copies at most 5")
 
 
@@ -91,7 +91,7 @@ def _copy(lctx, fn, **kwargs):
     try:
         lctx.launch_ctx.async_copy(**kwargs)
     except (ValueError, NotImplementedError) as e:
-        raise ValueError(f"plgpu.{fn}: TMA cannot do this copy: {e}") from e
+        raise KernelError(f"plgpu.{fn}: TMA cannot do this copy: {e}") from e
 
 
 def _transform(d: RefVal):
@@ -106,7 +106,7 @@ def _gmem_to_smem(lctx, eqn, *ops):
         raise NotImplementedError(
             "plgpu.copy_gmem_to_smem with collective_axes/leader_tracked (cluster multicast)")
     if src.space != "gmem" or dst.space != "smem":
-        raise ValueError("plgpu.copy_gmem_to_smem: src must be a GMEM ref (plgpu.GMEM "
+        raise KernelError("plgpu.copy_gmem_to_smem: src must be a GMEM ref (plgpu.GMEM "
                          f"memory space) and dst an SMEM ref; got {src.space} -> {dst.space}")
     window = smem.gmem_window(src, sflat, stree)
     d = smem.view(dst, dflat, dtree)
@@ -124,7 +124,7 @@ def _smem_to_gmem(lctx, eqn, *ops):
     p = eqn.params
     (src, sflat, stree), (dst, dflat, dtree) = R.unflatten(p["refs"], ops)
     if src.space != "smem" or dst.space != "gmem":
-        raise ValueError("plgpu.copy_smem_to_gmem: src must be an SMEM ref and dst a GMEM "
+        raise KernelError("plgpu.copy_smem_to_gmem: src must be an SMEM ref and dst a GMEM "
                          f"ref; got {src.space} -> {dst.space}")
     s = smem.view(src, sflat, stree)
     window = smem.gmem_window(dst, dflat, dtree)

@@ -18,7 +18,7 @@ from jaxlib.mlir.dialects import nvvm
 
 from pallas_mosaic_gpu._src.lowering import smem
 from pallas_mosaic_gpu._src.lowering import values as V
-from pallas_mosaic_gpu._src.lowering.engine import RefVal, rule
+from pallas_mosaic_gpu._src.lowering.engine import KernelError, RefVal, rule
 from pallas_mosaic_gpu._src.lowering.scoped import AccVal
 from pallas_mosaic_gpu._src.primitives import refs as R
 from pallas_mosaic_gpu._src.primitives.mma import tcgen05_mma_p, wgmma_p, wgmma_wait_p
@@ -31,7 +31,7 @@ def check_target(lctx, fn: str, want: str) -> None:
         family = "Hopper" if want == HOPPER else "Blackwell"
         other = "plgpu.tcgen05_mma with TMEM accumulators" if want == HOPPER else \
             "plgpu.wgmma with plgpu.ACC accumulators"
-        raise ValueError(
+        raise KernelError(
             f"plgpu.{fn} is a {family}-only instruction ({want}) but kernel {lctx.name} "
             f"is compiled for {lctx.target}; on {lctx.target} use {other}")
 
@@ -39,18 +39,18 @@ def check_target(lctx, fn: str, want: str) -> None:
 def _operand(ref: RefVal, arg: str):
     """The tiled, swizzled SMEM memref of a wgmma operand, and its swizzle."""
     if ref.space != "smem":
-        raise ValueError(f"plgpu.wgmma: {arg} must be an SMEM ref, got a {ref.space} ref")
+        raise KernelError(f"plgpu.wgmma: {arg} must be an SMEM ref, got a {ref.space} ref")
     itemsize = np.dtype(ref.dtype).itemsize
     want = "TilingTransform((8, S)), SwizzleTransform(B) with B in (32, 64, 128) and S = " \
            f"B // {itemsize} (the {np.dtype(ref.dtype).name} elements of one swizzled row)"
     if ref.swizzle is None or ref.tiling is None or len(ref.tiling) != 2:
-        raise ValueError(
+        raise KernelError(
             f"plgpu.wgmma: {arg} (SMEM {ref.shape} {np.dtype(ref.dtype).name}) must be "
             f"tiled and swizzled for the tensor cores; give its buffer transforms={want}; "
             f"got tiling={ref.tiling}, swizzle={ref.swizzle}")
     s = ref.swizzle // itemsize
     if sorted(ref.tiling) != sorted((8, s)):
-        raise ValueError(
+        raise KernelError(
             f"plgpu.wgmma: {arg} is tiled by {ref.tiling} with SwizzleTransform"
             f"({ref.swizzle}); wgmma needs tiles of (8, {s}) for that swizzle ({want})")
     return ref.memref, ref.swizzle
@@ -62,7 +62,7 @@ def _wgmma(lctx, eqn, *ops):
     spec = eqn.params["refs"]
     (acc, aflat, atree), a, (b, bflat, btree) = R.unflatten(spec, ops)[:3]
     if not isinstance(acc, AccVal):
-        raise ValueError("plgpu.wgmma: acc must be a plgpu.ACC accumulator allocated with "
+        raise KernelError("plgpu.wgmma: acc must be a plgpu.ACC accumulator allocated with "
                          "pl.run_scoped")
     if aflat:
         raise NotImplementedError("plgpu.wgmma into a slice of an accumulator")
@@ -78,7 +78,7 @@ def _wgmma(lctx, eqn, *ops):
     else:
         am, a_swizzle = _operand(smem.view(*a), "a")
         if a_swizzle != swizzle:
-            raise ValueError(f"plgpu.wgmma: a is swizzled by {a_swizzle} bytes but b by "
+            raise KernelError(f"plgpu.wgmma: a is swizzled by {a_swizzle} bytes but b by "
                              f"{swizzle}; both operands need the same SwizzleTransform")
     acc.acc = mgpu.wgmma(acc.acc, am, bm, swizzle=swizzle)
     nvvm.wgmma_commit_group_sync_aligned()

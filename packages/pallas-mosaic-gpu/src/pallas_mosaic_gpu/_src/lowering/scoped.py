@@ -22,7 +22,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from pallas import plugins
 from pallas_mosaic_gpu._src.lowering import smem
 from pallas_mosaic_gpu._src.lowering import values as V
-from pallas_mosaic_gpu._src.lowering.engine import lower_jaxpr, rule
+from pallas_mosaic_gpu._src.lowering.engine import KernelError, lower_jaxpr, rule
 from pallas_mosaic_gpu._src.memory import AccumulatorSpace, BarrierSpace, MemorySpace
 
 MAX_BARRIERS = 32  # per barrier array (Mosaic GPU tracks phases in one 32-bit word)
@@ -68,7 +68,7 @@ class Planned:
         if self.kind == "barrier":
             total = self.entry.num_barriers * n
             if total > MAX_BARRIERS:
-                raise ValueError(
+                raise KernelError(
                     f"{self.shape[0]} barriers per warpgroup x {n} warpgroups is more than "
                     f"{MAX_BARRIERS}; allocate them with collective_axes=<thread axis>")
             entry = dataclasses.replace(self.entry, num_barriers=total)
@@ -81,7 +81,7 @@ def _space(t):
     return getattr(t, "memory_space", None)
 
 
-def plan_type(t, what: str, kernel: str) -> Planned:
+def plan_type(t, what: str, kernel: str, target: str | None = None) -> Planned:
     """How buffer type ``t`` (a ``MemoryRef``) is allocated; a clear error for types
     the lowering does not allocate."""
     space = _space(t)
@@ -93,7 +93,7 @@ def plan_type(t, what: str, kernel: str) -> Planned:
             raise _unsupported(kernel, f"{what}: plgpu.ClusterBarrier (clusters)")
         n = int(np.prod(shape))
         if len(shape) != 1 or n > MAX_BARRIERS:
-            raise ValueError(
+            raise KernelError(
                 f"{what}: plgpu.Barrier(num_barriers={shape if len(shape) > 1 else n}) — "
                 f"the mosaic_gpu lowering takes a 1D array of at most {MAX_BARRIERS} "
                 "barriers; allocate several Barrier scratch entries instead")
@@ -102,10 +102,15 @@ def plan_type(t, what: str, kernel: str) -> Planned:
     if space is AccumulatorSpace.WGMMA:
         dt = jnp.dtype(dtype)
         if dt not in (jnp.float32, jnp.float16, jnp.int32):
-            raise ValueError(f"{what}: plgpu.ACC of dtype {dt.name}; valid: float32, "
+            raise KernelError(f"{what}: plgpu.ACC of dtype {dt.name}; valid: float32, "
                              "float16, int32")
         return Planned(None, "acc", shape, dt)
     if space is MemorySpace.TMEM:
+        if target is not None and target != "sm_100a":
+            raise KernelError(
+                f"{what}: plgpu.TMEM (tensor memory, for tcgen05_mma) is Blackwell-only "
+                f"(sm_100a) but kernel {kernel} is compiled for {target}; on {target} use "
+                "plgpu.wgmma with a plgpu.ACC accumulator")
         raise _unsupported(kernel, f"{what}: plgpu.TMEM buffers (tcgen05, Blackwell)")
     if str(getattr(space, "name", space) or "").lower() not in ("", "smem", "any"):
         raise _unsupported(kernel, f"{what} in memory space {space}")
@@ -127,7 +132,7 @@ def _unsupported(kernel: str, what: str):
     return unsupported(kernel, what)
 
 
-def plan(jaxpr, kernel: str, threads=None) -> dict:
+def plan(jaxpr, kernel: str, threads=None, target: str | None = None) -> dict:
     """``{(id(run_scoped eqn), j): Planned}`` for every ``run_scoped`` in ``jaxpr``."""
     from pallas_mosaic_gpu._src.lowering.threads import Threads, per_thread
 
@@ -140,7 +145,7 @@ def plan(jaxpr, kernel: str, threads=None) -> dict:
                 n = threads.num if per_thread(eqn, threads) else 1
                 for k, t in enumerate(eqn.params["types"]):
                     out[(id(eqn), k)] = plan_type(
-                        t, f"run_scoped buffer {k}", kernel).per_warpgroup(n)
+                        t, f"run_scoped buffer {k}", kernel, target).per_warpgroup(n)
             for sub in jex.jaxprs_in_params(eqn.params):
                 walk(getattr(sub, "jaxpr", sub))
 

@@ -21,7 +21,7 @@ from jaxlib.mlir.dialects import arith
 
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.lowering import values as V
-from pallas_mosaic_gpu._src.lowering.engine import Lit, RefVal
+from pallas_mosaic_gpu._src.lowering.engine import KernelError, Lit, RefVal
 from pallas_mosaic_gpu._src.transforms import SwizzleTransform, TilingTransform
 
 
@@ -32,21 +32,21 @@ def layout(transforms, shape, dtype, what: str) -> tuple[tuple | None, int | Non
     for t in transforms:
         if isinstance(t, TilingTransform):
             if tiling is not None:
-                raise ValueError(f"{what}: at most one TilingTransform, got {transforms}")
+                raise KernelError(f"{what}: at most one TilingTransform, got {transforms}")
             if len(t.tiling) > len(shape):
-                raise ValueError(f"{what}: tiling {t.tiling} has more dims than shape {shape}")
+                raise KernelError(f"{what}: tiling {t.tiling} has more dims than shape {shape}")
             tiling = t.tiling
         elif isinstance(t, SwizzleTransform):
             swizzle = t.swizzle
         else:
-            raise ValueError(
+            raise KernelError(
                 f"{what}: transform {t!r} is not supported for SMEM by the mosaic_gpu "
                 "lowering; valid: plgpu.TilingTransform and plgpu.SwizzleTransform")
     if swizzle is not None:
         minor = tiling[-1] if tiling is not None else shape[-1]
         row = minor * np.dtype(dtype).itemsize
         if row != swizzle:
-            raise ValueError(
+            raise KernelError(
                 f"{what}: SwizzleTransform({swizzle}) needs rows of {swizzle} bytes, but the "
                 f"minor {'tile' if tiling else 'dim'} is {minor} x {np.dtype(dtype).name} = "
                 f"{row} bytes; use a minor tile of {swizzle // np.dtype(dtype).itemsize} "
@@ -108,7 +108,7 @@ def _entries(indexer):
 def _div(x, t: int, what: str):
     if isinstance(x, int):
         if x % t:
-            raise ValueError(f"{what}: offset {x} is not a multiple of the tile ({t})")
+            raise KernelError(f"{what}: offset {x} is not a multiple of the tile ({t})")
         return x // t
     return arith.divui(x, V.const(t, V.index()))
 
@@ -147,7 +147,7 @@ def _index(ref: RefVal, entries) -> RefVal:
             continue
         t = tiling[d - n_lead]
         if e[0] == "index" or e[2] % t:
-            raise ValueError(
+            raise KernelError(
                 f"an SMEM ref tiled by {tiling} (logical shape {shape}) can only be sliced "
                 f"in whole tiles along its tiled dims; dim {d} got "
                 f"{'an index' if e[0] == 'index' else f'a window of {e[2]}'}")
