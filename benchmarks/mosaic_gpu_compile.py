@@ -1,0 +1,218 @@
+"""Mosaic GPU code generation: pallas-mosaic-gpu's kernels against the same kernels
+written with upstream's ``jax.experimental.pallas.mosaic_gpu``.
+
+Both are compiled through the same compile-only pipeline (a compile-only CUDA device for
+sm_90a, Mosaic GPU's passes, PTX and ptxas, with Mosaic GPU's dumps) in one process.
+Per kernel: registers, spill bytes (ptxas), SMEM (the dynamic shared memory the module
+declares), PTX instruction mix (wgmma, TMA ``cp``, ``bar``, ``mbarrier``, ``ld``/``st``)
+and trace+lower+compile seconds (median of ``--repeat`` runs, fresh trace each run;
+Mosaic GPU's own module cache is defeated by changing nothing, so later runs measure
+trace+lower plus a cached compile for both sides alike).
+
+Kernels (f16, 256x512 @ 512x256, 128x128x64 blocks, 2 pipeline slots):
+
+* ``matmul``: ``pallas_call`` over (M/bm, N/bn) with GMEM operands, ``emit_pipeline``
+  over K of swizzled (8, 64)-tiled SMEM blocks, ``wgmma`` into a ``plgpu.ACC``,
+  ``wgmma_wait(0)`` per step; the f16 tile stored through an SMEM output block.
+* ``matmul_ws``: the same with ``plgpu.kernel`` over 2 warpgroups and
+  ``emit_pipeline_warp_specialized`` (one memory warpgroup, one compute warpgroup).
+
+Run from the repository root::
+
+    python benchmarks/mosaic_gpu_compile.py [--repeat 3]
+
+Progress goes to stderr, the Markdown table to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+M, K, N, BM, BN, BK, SLOTS = 256, 512, 256, 128, 128, 64, 2
+
+
+def kernels(pl, plgpu, backend_kw):
+    """The two kernels written against ``pl``/``plgpu`` (ours or upstream's)."""
+    tr = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+    def matmul(x, y):
+        def kernel(x_gmem, y_gmem, o_smem):
+            mi, ni = pl.program_id(0), pl.program_id(1)
+
+            def with_acc(acc):
+                def step(_, xs, ys):
+                    plgpu.wgmma(acc, xs, ys)
+                    plgpu.wgmma_wait(0)
+
+                plgpu.emit_pipeline(
+                    step, grid=(K // BK,), max_concurrent_steps=SLOTS,
+                    in_specs=[plgpu.BlockSpec((BM, BK), lambda kk: (mi, kk), transforms=tr),
+                              plgpu.BlockSpec((BK, BN), lambda kk: (kk, ni), transforms=tr)],
+                )(x_gmem, y_gmem)
+                o_smem[...] = acc[...].astype(o_smem.dtype)
+
+            pl.run_scoped(with_acc, plgpu.ACC((BM, BN), jnp.float32))
+
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((M, N), x.dtype), grid=(M // BM, N // BN),
+            in_specs=[pl.BlockSpec(memory_space=plgpu.GMEM)] * 2,
+            out_specs=pl.BlockSpec((BM, BN), lambda i, j: (i, j)), **backend_kw)(x, y)
+
+    def matmul_ws(x, y):
+        def kernel(x_gmem, y_gmem, o_gmem, o_smem):
+            mi, ni = jax.lax.axis_index("m"), jax.lax.axis_index("n")
+
+            def step(_, xs, ys, acc):
+                plgpu.wgmma(acc, xs, ys)
+                plgpu.wgmma_wait(0)
+                return acc
+
+            def compute(eval_pipeline):
+                def with_acc(acc):
+                    eval_pipeline(acc)
+                    o_smem[...] = acc[...].astype(o_smem.dtype)
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[pl.ds(mi * BM, BM),
+                                                              pl.ds(ni * BN, BN)])
+                    plgpu.wait_smem_to_gmem(0)
+
+                pl.run_scoped(with_acc, plgpu.ACC((BM, BN), jnp.float32))
+
+            plgpu.emit_pipeline_warp_specialized(
+                step, grid=(K // BK,), memory_registers=40, wg_axis="wg", num_compute_wgs=1,
+                max_concurrent_steps=SLOTS, compute_context=compute,
+                in_specs=[plgpu.BlockSpec((BM, BK), lambda kk: (mi, kk), transforms=tr),
+                          plgpu.BlockSpec((BK, BN), lambda kk: (kk, ni), transforms=tr)],
+            )(x_gmem, y_gmem)
+
+        return plgpu.kernel(kernel, out_shape=jax.ShapeDtypeStruct((M, N), x.dtype),
+                            grid=(M // BM, N // BN), grid_names=("m", "n"), num_threads=2,
+                            thread_name="wg",
+                            scratch_shapes=[plgpu.SMEM((BM, BN), x.dtype)])(x, y)
+
+    return {"matmul": matmul, "matmul_ws": matmul_ws}
+
+
+def _device():
+    from jax.experimental import topologies
+
+    from pallas_mosaic_gpu import compiler
+
+    topo = topologies.get_topology_desc(platform="cuda",
+                                        target_config=compiler.target_config("sm_90a"),
+                                        topology="1x1x1")
+    return topo.devices[0]
+
+
+def compile_one(f, args, dev, root):
+    """(seconds, ptxas report, ptx, smem bytes) of compiling ``f`` for ``dev``."""
+    mesh = jax.sharding.Mesh(np.array([dev]), ("d",))
+    shd = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    sds = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=shd) for a in args]
+    with tempfile.TemporaryDirectory() as dump:
+        env = {"MOSAIC_GPU_CUDA_ROOT": root, "MOSAIC_GPU_DUMP_PTX": "1",
+               "MOSAIC_GPU_DUMP_PTXAS": "1", "MOSAIC_GPU_DUMP_TO": dump,
+               "PATH": os.path.join(root, "bin") + os.pathsep + os.environ["PATH"]}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            t0 = time.perf_counter()
+            with jax.default_device(dev):
+                lowered = jax.jit(f, in_shardings=shd, out_shardings=shd).trace(
+                    *sds).lower(lowering_platforms=("cuda",))
+                lowered.compile()
+            secs = time.perf_counter() - t0
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        rep = "".join(open(p).read() for p in sorted(glob.glob(f"{dump}/*.ptxas")))
+        ptx = "".join(open(p).read() for p in sorted(glob.glob(f"{dump}/*.ptx")))
+    m = re.search(r"\.extern \.shared .*|dynamic_shared_memory_size\D*(\d+)", lowered.as_text())
+    del m
+    return secs, rep, ptx
+
+
+def mix(ptx: str) -> dict:
+    counts = {}
+    for m in re.finditer(r"^\s+(?:@!?%p\w+\s+)?([a-z][a-z0-9_]*)[.\s;]", ptx, re.M):
+        counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    return counts
+
+
+def smem_of(text: str) -> int:
+    sizes = [int(s) for s in re.findall(r"smem_bytes\D{0,6}(\d+)", text)]
+    return max(sizes) if sizes else -1
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    from jax.experimental import pallas as upl
+    from jax.experimental.pallas import mosaic_gpu as uplgpu
+
+    import pallas as pl
+    import pallas_mosaic_gpu as plgpu
+    from pallas_mosaic_gpu import compiler
+
+    root = compiler.find_toolchain()
+    dev = _device()
+    kx, ky = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (M, K), jnp.float32).astype(jnp.float16)
+    y = jax.random.normal(ky, (K, N), jnp.float32).astype(jnp.float16)
+    sides = {"upstream": kernels(upl, uplgpu, {}),
+             "ours": kernels(pl, plgpu, {"backend": "mosaic_gpu"})}
+    rows = []
+    for name in ("matmul", "matmul_ws"):
+        res = {}
+        for side, ks in sides.items():
+            print(f"{name} / {side} ...", file=sys.stderr)
+            times, rep, ptx = [], "", ""
+            for _ in range(a.repeat):
+                s, r, p = compile_one(ks[name], (x, y), dev, root)
+                times.append(s)
+                rep, ptx = (r or rep), (p or ptx)
+            regs = re.search(r"Used (\d+) registers", rep)
+            sp = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep)
+            smem = re.search(r"\.shared \.align \d+ \.b8 \w+\[(\d+)\]", ptx)
+            res[side] = dict(regs=int(regs.group(1)) if regs else -1,
+                             spills=int(sp.group(1)) + int(sp.group(2)) if sp else 0,
+                             mix=mix(ptx), secs=statistics.median(times),
+                             first=times[0], smem=smem.group(1) if smem else "dyn")
+        rows.append((name, res))
+    keys = ("wgmma", "cp", "bar", "mbarrier", "ld", "st", "fma")
+    print("| kernel | side | registers | spill bytes | " + " | ".join(keys)
+          + " | first compile s | median s |")
+    print("|---|---|---|---|" + "---|" * len(keys) + "---|---|")
+    for name, res in rows:
+        for side in ("upstream", "ours"):
+            r = res[side]
+            print(f"| {name} | {side} | {r['regs']} | {r['spills']} | "
+                  + " | ".join(str(r["mix"].get(k, 0)) for k in keys)
+                  + f" | {r['first']:.2f} | {r['secs']:.2f} |")
+        u, o = res["upstream"], res["ours"]
+        print(f"| {name} | ours/upstream | {o['regs'] / max(u['regs'], 1):.2f} | | "
+              + " | ".join(f"{o['mix'].get(k, 0) / max(u['mix'].get(k, 0), 1):.2f}"
+                           for k in keys)
+              + f" | {o['first'] / u['first']:.2f} | {o['secs'] / u['secs']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
