@@ -120,7 +120,7 @@ def _device():
 
 
 def compile_one(f, args, dev, root):
-    """(seconds, ptxas report, ptx, smem bytes) of compiling ``f`` for ``dev``."""
+    """(seconds, ptxas report, ptx) of compiling ``f`` for ``dev``."""
     mesh = jax.sharding.Mesh(np.array([dev]), ("d",))
     shd = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     sds = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=shd) for a in args]
