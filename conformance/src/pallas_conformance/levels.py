@@ -25,7 +25,8 @@ Levels, in order:
     interpreter's results. Skipped when the machine has no such device.
 
 Statuses: ``pass``, ``fail``, ``unsupported`` (the backend does not claim every tag of
-the case, or does not provide the level) and ``skipped`` (the machine cannot reach the
+the case, does not provide the level, or raises ``pallas.plugins.LevelUnsupportedError``
+for this kernel at this level) and ``skipped`` (the machine cannot reach the
 level).
 """
 
@@ -328,6 +329,10 @@ class CaseRunner:
             status, detail = self._run(case, level)
         except Unreachable as e:
             status, detail = SKIPPED, str(e)
+        except pallas.plugins.LevelUnsupportedError as e:
+            # The backend cannot take this kernel at this level (say, an op its emulator
+            # does not execute): not a pass, and not wrong numbers either.
+            status, detail = UNSUPPORTED, _describe(e)
         except Exception as e:  # noqa: BLE001 - every failure is reported, not raised
             status, detail = FAIL, _describe(e)
         return Result(case.name, level, status, detail, time.perf_counter() - t0)

@@ -63,7 +63,7 @@ from pallas._src.ref_operands import (
     ref_operands_end,
     unpack_ref_operands,
 )
-from pallas._src.registry.backend import LEVELS, Backend
+from pallas._src.registry.backend import LEVELS, Backend, LevelUnsupportedError
 from pallas._src.registry.boundary import private_core_imports
 from pallas._src.registry.hookspecs import hookimpl, hookspec
 from pallas._src.registry.registry import (
@@ -100,7 +100,7 @@ __all__ = [
     "num_programs_p", "pallas_call_p", "program_id_p", "run_scoped_p",
     "semaphore_read_p", "semaphore_signal_p", "semaphore_wait_p", "swap_p",
     "Backend", "BackendLoadError", "BackendNotFoundError", "Cell", "CoreMesh", "ENTRY_POINT_GROUP",
-    "KernelContext", "LEVELS", "Mesh", "PluginLoadWarning", "env_var", "get_backend", "hookimpl",
+    "KernelContext", "LEVELS", "LevelUnsupportedError", "Mesh", "PluginLoadWarning", "env_var", "get_backend", "hookimpl",
     "hookspec", "list_backends", "load_failures", "register_backend",
     "register_interpret_rule", "reset", "scratch_live_in", "select_backend",
     # Backends whose cores cooperate (e.g. SparseCore barriers) schedule kernels themselves.

@@ -19,15 +19,16 @@ CAPABILITIES: frozenset = frozenset({
 
 
 def _levels() -> tuple[str, ...]:
-    """``lower``, plus ``compile`` when ptxas, libdevice and the CUDA plugin are here."""
+    """``lower`` and ``emulate``, plus ``compile`` when ptxas, libdevice and the CUDA
+    plugin are here."""
     from pallas_mosaic_gpu._src.compile import ToolchainMissingError, _check_plugin, find_toolchain
 
     try:
         _check_plugin()
         find_toolchain()
     except ToolchainMissingError:
-        return ("lower",)
-    return ("lower", "compile")
+        return ("lower", "emulate")
+    return ("lower", "compile", "emulate")
 
 
 class MosaicGpuBackend(Backend):
@@ -48,6 +49,15 @@ class MosaicGpuBackend(Backend):
 
         build(request.jaxpr, request.grid_mapping, params(request.compiler_params),
               request.name or "kernel")
+
+    def emulate(self, request: KernelRequest, *args):
+        """Runs the generated code: builds the kernel as for a GPU and executes the
+        Mosaic GPU module its custom call carries with :mod:`pallas_mosaic_gpu.emulate`."""
+        from pallas_mosaic_gpu._src.emulate import emulate_kernel
+
+        return emulate_kernel(request.jaxpr, request.grid_mapping,
+                              params(request.compiler_params), request.name or "kernel",
+                              args, request.out_avals)
 
     def compile(self, request: KernelRequest):
         """Compiles on a compile-only device; ``request.options["target"]``: ``"sm_90a"``

@@ -13,6 +13,14 @@ from pallas._src.registry.requests import KernelRequest, LoweringRequest
 LEVELS = ("lower", "compile", "backend_interpret", "emulate", "execute")
 
 
+class LevelUnsupportedError(NotImplementedError):
+    """Raised by a backend's ``compile``/``emulate``/``interpret`` for a kernel it cannot
+    take at that level although it claims its features (e.g. an op its emulator does not
+    execute yet). The conformance suite reports the case ``unsupported`` at that level,
+    with this error's message, instead of failed; it must never stand for wrong numbers.
+    """
+
+
 @dataclasses.dataclass
 class Backend:
     """A Pallas backend: what it is, what it claims, and how it lowers.

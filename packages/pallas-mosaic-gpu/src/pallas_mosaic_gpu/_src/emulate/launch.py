@@ -1,0 +1,102 @@
+"""Runs a Mosaic GPU module: its host function (TMA descriptors, the launch) and, at
+``gpu.launch``, each CUDA block's threads, over operands placed in the flat memory."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.extend.core as jex
+import numpy as np
+from jaxlib.mlir import ir
+
+from pallas_mosaic_gpu._src.emulate import (  # noqa: F401 - each module registers ops
+    ops_arith,
+    ops_async,
+    ops_gpu,
+    ops_llvm,
+    ops_math,
+    ops_memref,
+    ops_scf,
+    ops_vector,
+)
+from pallas_mosaic_gpu._src.emulate.engine import Compiler, Machine, Plan, run
+from pallas_mosaic_gpu._src.emulate.memory import Memory
+from pallas_mosaic_gpu._src.emulate.types import EmulationUnsupported
+
+
+def module_of(kernel) -> ir.Module:
+    """The MLIR module a built kernel hands to Mosaic GPU's custom call (the ``module``
+    parameter of the ``mosaic_gpu_p`` equation its function binds)."""
+    closed = jax.make_jaxpr(kernel.fn)(*kernel.in_shapes)
+
+    def find(jaxpr):
+        for e in jaxpr.eqns:
+            if "module" in e.params and e.primitive.name.startswith("mosaic_gpu"):
+                return e.params["module"]
+            for sub in jex.jaxprs_in_params(e.params):
+                found = find(sub)
+                if found is not None:
+                    return found
+        return None
+
+    module = find(closed.jaxpr)
+    if module is None:
+        raise RuntimeError(f"kernel {kernel.name} binds no Mosaic GPU custom call")
+    return module
+
+
+class CompiledModule:
+    """A module compiled to plans: its host function's, holding the launch's."""
+
+    def __init__(self, module: ir.Module):
+        self.compiler = Compiler(module)
+        main = [f for f in module.body.operations if f.operation.name == "func.func"
+                and "llvm.emit_c_interface" in f.operation.attributes]
+        if len(main) != 1:
+            raise EmulationUnsupported("a Mosaic GPU module without exactly one entry point")
+        self.main: Plan = self.compiler.region(main[0].operation.regions[0])
+
+
+def compile_module(module: ir.Module) -> CompiledModule:
+    """Compiles every op of the module's entry point; raises
+    :class:`EmulationUnsupported` naming the first op the executor does not know."""
+    with module.context:
+        return CompiledModule(module)
+
+
+def execute(compiled: CompiledModule, operands: Sequence[np.ndarray],
+            out_shapes: Sequence[tuple]) -> list[np.ndarray]:
+    """Runs the kernel on ``operands``; returns its outputs (``(shape, dtype)`` each)."""
+    mem = Memory()
+    m = Machine(mem, compiled.compiler)
+    ins = [mem.put(np.ascontiguousarray(x), f"operand {i}") for i, x in enumerate(operands)]
+    outs = [mem.alloc(int(np.prod(s)) * np.dtype(d).itemsize, f"result {i}")
+            for i, (s, d) in enumerate(out_shapes)]
+    buffers = mem.put(np.asarray(ins + outs, np.int64), "buffer table")
+    env = m.env = [None] * compiled.compiler.nslots
+    with np.errstate(all="ignore"):
+        run(compiled.main, m, env, [np.zeros(1, np.int64), np.asarray([buffers], np.int64)])
+    return [mem.read(p, tuple(s), d) for p, (s, d) in zip(outs, out_shapes)]
+
+
+def run_kernel(kernel, operands: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Runs a built kernel (``lowering.build``) on ``operands`` (its ``in_shapes``)."""
+    compiled = compile_module(module_of(kernel))
+    return execute(compiled, operands, [(s.shape, s.dtype) for s in kernel.out_shapes])
+
+
+def emulate_kernel(jaxpr, grid_mapping, compiler_params, name: str, args: Sequence,
+                   out_avals: Sequence) -> list:
+    """The ``emulate`` level of one ``pallas_call``: builds the kernel as the lowering
+    does (bool operands travel as int8) and executes its module on ``args``."""
+    import jax.numpy as jnp
+
+    from pallas_mosaic_gpu._src.lowering import build
+
+    kernel = build(jaxpr, grid_mapping, compiler_params, name)
+    compiled = compile_module(module_of(kernel))
+    operands = [np.asarray(a).astype(s.dtype) for a, s in zip(args, kernel.in_shapes)]
+    outs = execute(compiled, operands, [(s.shape, s.dtype) for s in kernel.out_shapes])
+    return [jnp.asarray(o.astype(a.dtype) if o.dtype != a.dtype else o)
+            for o, a in zip(outs, out_avals)]

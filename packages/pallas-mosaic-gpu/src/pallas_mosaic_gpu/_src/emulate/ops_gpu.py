@@ -1,0 +1,205 @@
+"""``gpu`` ops (the launch, thread/block ids, dynamic SMEM, barriers), ``nvvm`` warp
+ops (``elect.sync``, ``shfl.sync``) and fences, and ``builtin`` casts."""
+
+from __future__ import annotations
+
+import numpy as np
+from jaxlib.mlir import ir
+
+from pallas_mosaic_gpu._src.emulate.engine import int_array_attr, op, run, uniform
+from pallas_mosaic_gpu._src.emulate.memref import MemRef, from_struct, to_struct
+from pallas_mosaic_gpu._src.emulate.types import EmulationUnsupported
+
+WARP = 32
+SMEM_FILL = 0xFF  # SMEM starts as garbage (NaN for floats): reading unwritten SMEM shows
+
+
+def _dim(o) -> int:
+    return "xyz".index(str(o.attributes["dimension"]).split()[-1].rstrip(">"))
+
+
+@op("gpu.launch")
+def _launch(o, cc):
+    seg = int_array_attr(o.attributes["operandSegmentSizes"])
+    if any(seg[7:10]):
+        raise EmulationUnsupported("gpu.launch with a cluster (clusters of CUDA blocks)")
+    body = cc.region(o.regions[0])
+    nasync = seg[0]
+
+    def run_launch(m, *xs):
+        grid = [uniform(x, m, "the grid size") for x in xs[nasync:nasync + 3]]
+        block = [uniform(x, m, "the block size") for x in xs[nasync + 3:nasync + 6]]
+        smem = uniform(xs[-1], m, "the SMEM size") if seg[10] else 0
+        threads = block[0] * block[1] * block[2]
+        t = np.arange(threads, dtype=np.int64)
+        tid = (t % block[0], t // block[0] % block[1], t // (block[0] * block[1]))
+        saved = (m.threads, m.thread_id, m.block_id, m.block_dim, m.grid_dim, m.mask)
+        m.threads, m.thread_id, m.mask = threads, tid, None
+        m.block_dim, m.grid_dim = tuple(block), tuple(grid)
+        try:
+            for z in range(grid[2]):
+                for y in range(grid[1]):
+                    for x in range(grid[0]):
+                        bid = tuple(np.asarray([v], np.int64) for v in (x, y, z))
+                        m.block_id = bid
+                        m.smem = m.memory.alloc(smem, f"SMEM of block {(x, y, z)}",
+                                                fill=SMEM_FILL)
+                        m.smem_size = smem
+                        m.mbarriers = {}
+                        g = [np.asarray([v], np.int64) for v in grid]
+                        b = [np.asarray([v], np.int64) for v in block]
+                        run(body, m, m.env, [*bid, *tid, *g, *b])
+                        m.memory.free(m.smem)
+        finally:
+            m.threads, m.thread_id, m.block_id, m.block_dim, m.grid_dim, m.mask = saved
+        return (None,) * len(o.results)
+
+    return run_launch
+
+
+@op("gpu.thread_id")
+def _thread_id(o, cc):
+    d = _dim(o)
+
+    def run_(m):
+        return (m.thread_id[d],)
+
+    return run_
+
+
+@op("gpu.block_id")
+def _block_id(o, cc):
+    d = _dim(o)
+
+    def run_(m):
+        return (m.block_id[d],)
+
+    return run_
+
+
+@op("gpu.block_dim")
+def _block_dim(o, cc):
+    d = _dim(o)
+
+    def run_(m):
+        return (np.asarray([m.block_dim[d]], np.int64),)
+
+    return run_
+
+
+@op("gpu.grid_dim")
+def _grid_dim(o, cc):
+    d = _dim(o)
+
+    def run_(m):
+        return (np.asarray([m.grid_dim[d]], np.int64),)
+
+    return run_
+
+
+@op("gpu.dynamic_shared_memory")
+def _dynamic_shared_memory(o, cc):
+    def run_(m):
+        p = np.asarray([m.smem], np.int64)
+        one = np.ones(1, np.int64)
+        return (MemRef(p, p, np.zeros(1, np.int64), [np.asarray([m.smem_size], np.int64)],
+                       [one], np.dtype(np.int8)),)
+
+    return run_
+
+
+@op("gpu.barrier", "nvvm.barrier0")
+def _barrier(o, cc):
+    def run_(m):
+        if m.mask is not None and not m.mask.all():
+            raise EmulationUnsupported("a block barrier in divergent code")
+
+    return run_
+
+
+@op("nvvm.fence.mbarrier.init", "nvvm.fence.proxy", "nvvm.fence.proxy.acquire",
+    "nvvm.fence.proxy.release", "gpu.dealloc")
+def _fence(o, cc):
+    # Every access completes before the next op starts: fences order nothing more.
+    def run_(m, *xs):
+        return None
+
+    return run_
+
+
+@op("nvvm.elect.sync")
+def _elect(o, cc):
+    def run_(m):
+        active = np.ones(m.threads, bool) if m.mask is None else m.mask
+        out = np.zeros(m.threads, bool)
+        for w in range(0, m.threads, WARP):
+            lanes = np.nonzero(active[w:w + WARP])[0]
+            if lanes.size:
+                out[w + lanes[0]] = True
+        return (out,)
+
+    return run_
+
+
+@op("nvvm.shfl.sync")
+def _shfl(o, cc):
+    kind = str(o.attributes["kind"]).split()[-1].rstrip(">")
+    if kind not in ("idx", "up", "down", "bfly"):
+        raise EmulationUnsupported(f"nvvm.shfl.sync kind {kind}")
+    pred_result = len(o.results[0].type.__str__()) and "struct" in str(o.results[0].type)
+    if pred_result:
+        raise EmulationUnsupported("nvvm.shfl.sync returning a predicate")
+
+    def run_(m, mask, val, b, c):
+        n = m.threads
+        lane = np.arange(n) % WARP
+        base = np.arange(n) - lane
+        b = np.broadcast_to(np.asarray(b, np.int64).reshape(-1), (n,))
+        c = np.broadcast_to(np.asarray(c, np.int64).reshape(-1), (n,))
+        segmask = (c >> 8) & 0x1F
+        max_lane = (lane & segmask) | (c & 0x1F & ~segmask)
+        min_lane = lane & segmask
+        if kind == "up":
+            j = lane - b
+            ok = j >= max_lane
+        elif kind == "down":
+            j = lane + b
+            ok = j <= max_lane
+        elif kind == "bfly":
+            j = lane ^ b
+            ok = j <= max_lane
+        else:
+            j = min_lane | (b & 0x1F & ~segmask)
+            ok = j <= max_lane
+        j = np.where(ok, j, lane)
+        val = np.asarray(val)
+        val = np.broadcast_to(val, (n,) + val.shape[1:])
+        return (val[base + j],)
+
+    return run_
+
+
+@op("builtin.unrealized_conversion_cast")
+def _unrealized_cast(o, cc):
+    src, dst = str(o.operands[0].type), o.results[0].type
+    if isinstance(dst, ir.MemRefType) and src.startswith("!llvm.struct"):
+        def run_(m, x):
+            return (from_struct(x, dst),)
+    elif isinstance(o.operands[0].type, ir.MemRefType) and str(dst).startswith("!llvm.struct"):
+        def run_(m, x):
+            return (to_struct(x),)
+    elif str(dst) == "!gpu.async.token":
+        def run_(m, x):
+            return (None,)
+    elif src.startswith("!llvm.array") and str(dst).startswith("!llvm.ptr"):
+        # Kernel parameters passed by value (TMA descriptors): the device reads them
+        # from parameter memory, here a region holding the bytes.
+        def run_(m, x):
+            x = np.asarray(x)
+            key = (id(o), x.tobytes())
+            if key not in m.cache:
+                m.cache[key] = m.memory.put(x[0].view(np.uint8), "kernel parameters")
+            return (np.asarray([m.cache[key]], np.int64),)
+    else:
+        raise EmulationUnsupported(f"builtin.unrealized_conversion_cast from {src} to {dst}")
+    return run_
