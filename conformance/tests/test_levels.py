@@ -110,3 +110,22 @@ def test_explicit_interpret_capabilities_replace_the_default(monkeypatch):
     assert interpreter_claims() == {"elementwise", "dot"}
     res = CaseRunner(None).run(get_case("reductions/sum_axis1_2d_f32"), "interpret")
     assert res.status == UNSUPPORTED and "reductions" in res.detail
+
+
+def test_a_level_the_backend_cannot_take_for_a_kernel_is_unsupported_not_failed(
+        fake_backends):
+    class Partial(Backend):
+        def lower(self, request):
+            return pallas.plugins.lower_with_interpreter(
+                request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
+                grid_mapping=request.grid_mapping)
+
+        def emulate(self, request, *args):
+            raise pallas.plugins.LevelUnsupportedError("op 'foo.bar' is not executed")
+
+    b = Partial(name="partial_emu", version="0", platforms=("cpu",),
+                capabilities=frozenset({"elementwise"}), levels=("lower", "emulate"))
+    pallas.plugins.register_backend(b)
+    res = CaseRunner(b).run(get_case("elementwise/add_f32"), "emulate")
+    assert res.status == UNSUPPORTED
+    assert "foo.bar" in res.detail
