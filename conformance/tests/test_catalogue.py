@@ -33,7 +33,6 @@ from pallas_conformance import (
 )
 from pallas_conformance.levels import interpreter_claims
 
-
 # (backend, level) pairs run on one case per claimed tag unless PALLAS_CONFORMANCE_FULL=1:
 # executing Mosaic GPU's generated code takes ~1 s a case on CPU (~7 min for all of them).
 SAMPLED = {("mosaic_gpu", "emulate")}
