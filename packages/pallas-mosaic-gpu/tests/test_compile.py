@@ -3,13 +3,14 @@ compile-only sm_90a device, and report what ptxas made of them."""
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import pytest
 
 import pallas as pl
 from pallas_mosaic_gpu import compiler
-from pallas_mosaic_gpu._src import compile as compile_impl
 
 F32 = jnp.float32
 
@@ -42,15 +43,14 @@ def test_a_kernel_compiles_to_sm90a_and_reports_its_resources():
     mix = k.instruction_mix()
     assert mix.get("cp", 0) > 0  # the TMA copies (cp.async.bulk.tensor)
     assert not k.uses_wgmma and not k.uses_tcgen05
+    # nvdisasm (pip package nvidia-cuda-nvdisasm) lists the cubin's SASS, when installed.
+    if os.path.isfile(os.path.join(compiler.find_toolchain(), "bin", "nvdisasm")):
+        assert ".target\tsm_90a" in k.sass and "EXIT" in k.sass
+    else:
+        assert k.sass == ""
     # Compiling the same kernel again is served from the cache, with the same report.
     (again,) = compiler.compile(_kernel(), x, x)
     assert again.ptxas_report == k.ptxas_report
-
-
-def test_a_missing_toolchain_names_the_pip_packages(monkeypatch):
-    monkeypatch.setattr(compile_impl, "_candidate_roots", lambda: ["/nonexistent"])
-    with pytest.raises(compiler.ToolchainMissingError, match="pip install nvidia-cuda-nvcc"):
-        compiler.find_toolchain()
 
 
 def test_unknown_targets_are_refused():

@@ -21,10 +21,10 @@ CAPABILITIES: frozenset = frozenset({
 def _levels() -> tuple[str, ...]:
     """``lower`` and ``emulate``, plus ``compile`` when ptxas, libdevice and the CUDA
     plugin are here."""
-    from pallas_mosaic_gpu._src.compile import ToolchainMissingError, _check_plugin, find_toolchain
+    from pallas_mosaic_gpu._src.toolchain import ToolchainMissingError, check_plugin, find_toolchain
 
     try:
-        _check_plugin()
+        check_plugin()
         find_toolchain()
     except ToolchainMissingError:
         return ("lower", "emulate")

@@ -7,10 +7,9 @@ PTX and ptxas' report, from which registers, spills and the instruction mix are 
 Mosaic GPU fixes the target architecture for the life of a process: one process
 compiles for one target (``PALLAS_MOSAIC_GPU_TARGET``).
 
-ptxas and libdevice come from the pip packages ``nvidia-cuda-nvcc`` and ``nvidia-nvvm``
-(those ``jax[cuda13]`` uses; extra ``compile`` of this package) or a CUDA toolkit in
-``/usr/local/cuda``. Without them the level fails with an error saying what to install,
-before XLA is asked to compile (XLA aborts the process when libdevice is missing).
+ptxas and libdevice come from pip packages (extra ``compile`` of this package) or a CUDA
+toolkit: see ``toolchain``, which finds them, and says what to install when they are
+missing, before XLA is asked to compile (XLA aborts the process without libdevice).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import functools
 import glob
 import os
 import re
-import sys
 import tempfile
 import time
 
@@ -28,6 +26,11 @@ import jax
 import numpy as np
 
 from pallas_mosaic_gpu._src.lowering import build
+from pallas_mosaic_gpu._src.toolchain import (  # noqa: F401 - re-exported
+    ToolchainMissingError,
+    check_plugin,
+    find_toolchain,
+)
 
 TARGETS = ("sm_90a", "sm_100a")
 DEFAULT_TARGET = "sm_90a"
@@ -40,10 +43,6 @@ _DEVICES = {
     "sm_100a": dict(name="NVIDIA B200", major=10, cores=148, mem=191554125824,
                     l2=132120576, clock=1.965),
 }
-
-
-class ToolchainMissingError(RuntimeError):
-    """ptxas or libdevice cannot be found for the compile level."""
 
 
 def target_config(target: str) -> str:
@@ -75,51 +74,10 @@ def target_config(target: str) -> str:
     ])
 
 
-def _candidate_roots() -> list[str]:
-    roots = []
-    for env in ("MOSAIC_GPU_CUDA_ROOT", "CUDA_ROOT"):
-        if os.environ.get(env):
-            roots.append(os.environ[env])
-    for p in sys.path:  # the pip packages nvidia-cuda-nvcc / nvidia-nvvm
-        roots.append(os.path.join(p, "nvidia", "cu13"))
-    roots += ["/usr/local/cuda", "/opt/cuda"]
-    return roots
-
-
-def _has_toolchain(root: str) -> bool:
-    return (os.path.isfile(os.path.join(root, "bin", "ptxas"))
-            and os.path.isfile(os.path.join(root, "nvvm", "libdevice", "libdevice.10.bc")))
-
-
-def find_toolchain() -> str:
-    """A CUDA root holding ``bin/ptxas`` and ``nvvm/libdevice/libdevice.10.bc``."""
-    for root in _candidate_roots():
-        if _has_toolchain(root):
-            return root
-    raise ToolchainMissingError(
-        "the Mosaic GPU compile level needs ptxas and libdevice, found in none of "
-        f"{_candidate_roots()}. Install them from pip: `pip install nvidia-cuda-nvcc "
-        "nvidia-nvvm` (or `pip install pallas-mosaic-gpu[compile]`), or a CUDA toolkit "
-        "in /usr/local/cuda.")
-
-
-def _check_plugin():
-    import importlib.util
-
-    try:
-        found = importlib.util.find_spec("jax_plugins.xla_cuda13") is not None
-    except ImportError:
-        found = False
-    if not found:
-        raise ToolchainMissingError(
-            "the Mosaic GPU compile level needs the CUDA plugin: "
-            "`pip install jax-cuda13-plugin==0.10.2` (extra `cuda` of pallas-mosaic-gpu)")
-
-
 @functools.cache
 def device(target: str):
     """A compile-only CUDA device for ``target`` (``sm_90a`` or ``sm_100a``)."""
-    _check_plugin()
+    check_plugin()
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
     from jax.experimental import topologies
 
@@ -141,6 +99,7 @@ class CompiledKernel:
     ptx: str
     ptxas_report: str
     seconds: float  # lowering + Mosaic GPU passes + ptxas
+    sass: str = ""  # nvdisasm's listing of the cubin ("" without nvdisasm)
 
     @property
     def uses_wgmma(self) -> bool:
@@ -196,7 +155,8 @@ def compile_kernel(jaxpr, grid_mapping, compiler_params, *, name: str = "kernel"
         saved = {k: os.environ.get(k) for k in [*env, "MOSAIC_GPU_DUMP_TO", "PATH"]}
         os.environ.update(env, MOSAIC_GPU_DUMP_TO=dump, PATH=path)
         try:
-            lowered.compile()
+            # XLA gets the same root, or it would look for libdevice where JAX guessed.
+            lowered.compile(compiler_options={"xla_gpu_cuda_data_dir": root})
         finally:
             for k, v in saved.items():
                 if v is None:
@@ -207,6 +167,7 @@ def compile_kernel(jaxpr, grid_mapping, compiler_params, *, name: str = "kernel"
         sym = kernel.name
         report = _read(os.path.join(dump, f"{sym}*.ptxas"))
         ptx = _read(os.path.join(dump, f"{sym}*.ptx"))
+        sass = _read(os.path.join(dump, f"{sym}*.sass*"))
     regs = re.search(r"Used (\d+) registers", report)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     if regs is None:
@@ -216,7 +177,7 @@ def compile_kernel(jaxpr, grid_mapping, compiler_params, *, name: str = "kernel"
         spill_stores=int(spills.group(1)) if spills else 0,
         spill_loads=int(spills.group(2)) if spills else 0,
         smem_bytes=kernel.smem_bytes, ptx=ptx, ptxas_report=report,
-        seconds=seconds)
+        seconds=seconds, sass=sass)
     return out
 
 
