@@ -14,6 +14,9 @@ installs, no hatch, no workspace):
    Then the demo (``examples/quickstart.py``) and ``pallas-conformance`` for the
    interpreter and each installed backend at its CPU levels, on a subset of the catalogue
    chosen to cover what a broken or missing dependency would break (see ``SUBSET``).
+   Last, ``tools/toolchain_check.py`` on that environment: with every CUDA toolkit of the
+   machine hidden, Mosaic GPU compiles from the pip toolchain alone, and, once the nvidia
+   packages are uninstalled, says which to install (needs root; skipped otherwise).
 
 Exits non-zero on the first failure, naming the step.
 """
@@ -29,13 +32,16 @@ import sys
 import tempfile
 import time
 
+import toolchain_check  # beside this script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Packages whose name matches one of these must not come with ``pip install pallas-core``.
 HEAVY = ("triton", "nvidia-", "jax-cuda", "torch")
 
-# Extras that let a backend reach its CPU levels (lowering for cuda needs the CUDA plugin).
-EXTRAS = {"pallas-triton": "cuda", "pallas-mosaic-gpu": "cuda"}
+# Extras that let a backend reach its CPU levels (lowering for cuda needs the CUDA plugin;
+# Mosaic GPU's compile level also needs ptxas, libdevice and nvdisasm from pip).
+EXTRAS = {"pallas-triton": "cuda", "pallas-mosaic-gpu": "compile"}
 
 # The conformance subset the wheel check runs per backend: the whole-kernel cases, the
 # export round trips (serialisation needs flatbuffers), the transformation cases (jvp,
@@ -152,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             run(f"pallas-conformance --backend {name}",
                 [cli, "--backend", name, "--quiet", *subset], env=env(), cwd=work)
+        toolchain_check.check(py)  # last: it uninstalls the nvidia packages
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
