@@ -13,6 +13,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import export
 
 import pallas as pl
@@ -119,21 +120,48 @@ def test_emit_pipeline_runs_a_grid_sized_by_a_value_read_in_the_kernel():
     np.testing.assert_array_equal(out[24:], x[24:])  # the fourth block is not visited
 
 
-def test_tpu_interpret_mode_runs_a_dynamic_grid_with_parallel_axes():
-    """The sizes reach the simulated TPU with the operands; a parallel axis is visited in
-    a seeded random order, over the run-time size."""
+def test_tpu_interpret_mode_runs_a_dynamic_arbitrary_axis_after_a_static_parallel_one():
+    """The dynamic size reaches the simulated TPU with the operands; the static parallel
+    axis is still visited in a seeded random order, split across the cores."""
     def kernel(x_ref, o_ref):
-        o_ref[...] = x_ref[...] * (pl.program_id(0) + pl.num_programs(0)).astype(jnp.float32)
+        @pl.when(pl.program_id(1) == 0)
+        def _():
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        o_ref[...] += x_ref[...] * (pl.program_id(0) + pl.num_programs(1)).astype(
+            jnp.float32)
 
     @jax.jit
     def f(n, x):
-        spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
         return pl.pallas_call(
-            kernel, SDS(x.shape, x.dtype), grid=(n,), in_specs=[spec], out_specs=spec,
-            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
-            interpret=pltpu.InterpretParams(random_seed=3))(x)
+            kernel, SDS((16, 128), x.dtype), grid=(2, n),
+            in_specs=[pl.BlockSpec((8, 128), lambda i, j: (j, 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i, j: (i, 0)),
+            compiler_params=pltpu.CompilerParams(
+                dimension_semantics=("parallel", "arbitrary")),
+            interpret=pltpu.InterpretParams(random_seed=3, num_cores_or_threads=2))(x)
 
     x = jnp.ones((32, 128))
-    out = f(jnp.int32(3), x)
-    np.testing.assert_array_equal(out[:24], np.repeat(np.arange(3.0) + 3, 8)[:, None]
-                                  * np.ones((1, 128)))
+    out = f(jnp.int32(3), x)  # rows 0..23 of x summed, times (i + 3), per output block i
+    np.testing.assert_array_equal(out[:8], np.full((8, 128), 3.0 * 3))
+    np.testing.assert_array_equal(out[8:], np.full((8, 128), 3.0 * 4))
+
+
+def test_tpu_interpret_mode_refuses_a_dynamic_size_on_a_parallel_axis():
+    """As upstream: a parallel axis is visited in an order drawn at trace time, so its
+    size must be static. JAX's ConcretizationTypeError names the axis and the way out."""
+    def kernel(o_ref):
+        o_ref[0] = 42.0
+
+    @jax.jit
+    def f(n):
+        return pl.pallas_call(
+            kernel, SDS((1,), jnp.float32), grid=(n,), in_specs=[],
+            out_specs=pl.BlockSpec((1,), lambda _: (0,)),
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+            interpret=pltpu.InterpretParams())()
+
+    with pytest.raises(jax.errors.ConcretizationTypeError,
+                       match=r"(?s)grid dimension 0 of pallas_call .*parallel semantics.*"
+                             r"'arbitrary'"):
+        f(jnp.int32(3))

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas.plugins import load_p, run_scoped_p, swap_p
+from pallas.plugins import dynamic_grid_dim, load_p, run_scoped_p, swap_p
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.interpret.grid import Config, is_hbm, run_device
 from pallas_tpu._src.interpret.params import InterpretParams
@@ -93,6 +93,23 @@ def _core_parallel(compiler_params) -> tuple[bool, ...]:
     return tuple(str(getattr(s, "value", s)) == "core_parallel" for s in sem)
 
 
+def _dynamic_parallel_bounds(grid, parallel) -> list[tuple[int, int]]:
+    """(operand index of the size, grid dimension) of each dynamic grid size on a
+    parallel dimension (the dynamic sizes are the call's first operands, in order)."""
+    out, b = [], 0
+    for dim, (g, par) in enumerate(zip(grid, parallel)):
+        if g is dynamic_grid_dim:
+            if par:
+                out.append((b, dim))
+            b += 1
+    return out
+
+
+def _semantics_str(compiler_params) -> str:
+    sem = getattr(compiler_params, "dimension_semantics", None) or ()
+    return repr(tuple(str(getattr(s, "value", s)) for s in sem))
+
+
 def _permutations(grid, parallel, seed) -> tuple:
     """The visiting order of each parallel grid dimension: ``jax.random`` permutations
     seeded by ``random_seed`` (the same orders as upstream), computed eagerly and
@@ -101,7 +118,7 @@ def _permutations(grid, parallel, seed) -> tuple:
     with jax.ensure_compile_time_eval(), jc.no_abstract_mesh():
         key = jax.random.key(seed or 0)
         for n, par in zip(grid, parallel):
-            if not par:
+            if not par or n is dynamic_grid_dim:  # dynamic: refused in lower_pallas_call
                 out.append(None)
                 continue
             n = jc.concrete_or_error(n, "the size of a grid dimension with parallel "
@@ -159,11 +176,8 @@ def lower_pallas_call(params: InterpretParams, ctx, *in_nodes, jaxpr, grid_mappi
         raise NotImplementedError(
             f"TPU interpret mode: pallas_call {name} has a dynamic grid and core_parallel "
             f"dimension semantics; the cores of a mesh need static grid sizes")
-    if dynamic:
-        # The sizes arrive with the operands: the visiting orders of parallel axes are
-        # drawn when the callback runs (grid.runtime_config).
-        perms = ()
-    elif any(core_par):
+    dynamic_parallel = _dynamic_parallel_bounds(grid, parallel)
+    if any(core_par):
         # pl.kernel over a TensorCore mesh: one core per point of the core axes.
         num_cores = int(np.prod([g for g, c in zip(grid, core_par) if c]))
         params = _replace(params, num_cores_or_threads=num_cores)
@@ -176,7 +190,18 @@ def lower_pallas_call(params: InterpretParams, ctx, *in_nodes, jaxpr, grid_mappi
                  mesh_axes=axes, num_cores=num_cores, grid_mapping=gm,
                  parallel=parallel, permutations=perms)
     out_avals = [bm.array_aval for bm in gm.out_block_mappings]
-    fun = lambda *args: _callback(cfg, out_avals, args)  # noqa: E731
+
+    def fun(*args):
+        for b, dim in dynamic_parallel:
+            # Raises JAX's ConcretizationTypeError (as upstream): the bound is a tracer.
+            jc.concrete_or_error(args[b], (
+                f"the size of grid dimension {dim} of pallas_call {name or 'kernel'}, "
+                f"which has parallel semantics (dimension_semantics="
+                f"{_semantics_str(compiler_params)}). TPU interpret mode visits a parallel "
+                f"dimension in a random order drawn when the kernel is traced, so its size "
+                f"must be static; give a dynamic size 'arbitrary' semantics instead."))
+        return _callback(cfg, out_avals, args)
+
     plain = ctx.replace(avals_in=[_plain(a) for a in ctx.avals_in],
                         avals_out=[_plain(a) for a in ctx.avals_out])
     return jc.mlir.lower_fun(fun, multiple_results=True)(plain, *in_nodes)

@@ -116,19 +116,16 @@ def run_device(cfg: Config, device: int, axis_coords, *args) -> list[np.ndarray]
 
 def runtime_config(cfg: Config, args) -> tuple[Config, tuple]:
     """For a dynamic grid, whose sizes are the first operands: the config with the grid
-    made concrete (and the parallel axes' visiting orders drawn, seeded by
-    ``random_seed``), and the remaining operands. A static grid's config is returned as
-    it is."""
+    made concrete, and the remaining operands. (Dynamic sizes are only allowed on
+    non-parallel dimensions, so the visiting orders were drawn at trace time.) A static
+    grid's config is returned as it is."""
     gm = cfg.grid_mapping
     nb = gm.num_dynamic_grid_bounds
     if not nb:
         return cfg, args
     grid = gm.runtime_grid([int(np.asarray(b)) for b in args[:nb]])
-    rng = np.random.default_rng(cfg.params.random_seed or 0)
-    perms = tuple(tuple(int(i) for i in rng.permutation(n)) if par else None
-                  for n, par in zip(grid, cfg.parallel))
     gm = dataclasses.replace(gm, grid=grid)
-    return dataclasses.replace(cfg, grid_mapping=gm, permutations=perms), args[nb:]
+    return dataclasses.replace(cfg, grid_mapping=gm), args[nb:]
 
 
 def _make_sim(cfg: Config) -> Simulation:
