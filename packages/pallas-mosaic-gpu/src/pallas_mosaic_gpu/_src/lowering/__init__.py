@@ -9,6 +9,7 @@ from pallas_mosaic_gpu._src.lowering import (  # noqa: F401 - each module regist
     rules_arith,
     rules_control,
     rules_dot,
+    rules_layout,
     rules_refs,
     rules_shape,
     rules_tma,

@@ -95,16 +95,25 @@ class LoweringContext:
     target: str | None = None  # "sm_90a"/"sm_100a" when known (compile level, env var)
     axis_names: tuple = ()  # the grid's axis names (a mesh kernel's axes)
     used_vars: set = dataclasses.field(default_factory=set)
+    # "lane" or "warpgroup" (CompilerParams.lowering_semantics, see kernel.semantics_of)
+    semantics: str = "lane"
 
     def is_used(self, var) -> bool:
         return var in self.used_vars
 
 
-def unsupported(lctx_or_name, what: str) -> MosaicGpuLoweringError:
+def kernel_desc(lctx_or_name) -> str:
+    """``kernel <name>``, and its lowering semantics when not the default (Lane)."""
     name = getattr(lctx_or_name, "name", lctx_or_name)
+    if getattr(lctx_or_name, "semantics", "lane") == "warpgroup":
+        return f"kernel {name} (LoweringSemantics.Warpgroup)"
+    return f"kernel {name}"
+
+
+def unsupported(lctx_or_name, what: str) -> MosaicGpuLoweringError:
     return MosaicGpuLoweringError(
-        f"pallas-mosaic-gpu (backend '{BACKEND}') cannot lower {what} in kernel {name} "
-        f"yet. It runs with interpret=True.")
+        f"pallas-mosaic-gpu (backend '{BACKEND}') cannot lower {what} in "
+        f"{kernel_desc(lctx_or_name)} yet. It runs with interpret=True.")
 
 
 def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
@@ -129,7 +138,7 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
             why = RULES.unsupported_reason(eqn.primitive)
             raise MosaicGpuLoweringError(
                 f"pallas-mosaic-gpu (backend '{BACKEND}') cannot lower the primitive "
-                f"'{eqn.primitive.name}' to Mosaic GPU yet (kernel {lctx.name}, at "
+                f"'{eqn.primitive.name}' to Mosaic GPU yet ({kernel_desc(lctx)}, at "
                 f"{jc.source_info_summary(eqn)})" + (f": {why}" if why else "")
                 + ". It runs with interpret=True.")
         invals = [read(v) for v in eqn.invars]
@@ -142,7 +151,7 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
         except (NotImplementedError, ValueError, TypeError, IndexError) as e:
             raise MosaicGpuLoweringError(
                 f"pallas-mosaic-gpu (backend '{BACKEND}') failed to lower the primitive "
-                f"'{eqn.primitive.name}' in kernel {lctx.name} (at "
+                f"'{eqn.primitive.name}' in {kernel_desc(lctx)} (at "
                 f"{jc.source_info_summary(eqn)}): {type(e).__name__}: {e}") from e
         lctx.uses.add(eqn.primitive.name)
         if not eqn.primitive.multiple_results:

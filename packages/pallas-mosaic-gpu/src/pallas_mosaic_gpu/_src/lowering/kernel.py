@@ -156,6 +156,23 @@ def target_of(target: str | None) -> str | None:
     return target or os.environ.get(ENV_TARGET) or None
 
 
+def semantics_of(params) -> str:
+    """``"lane"`` or ``"warpgroup"``: how the kernel asked to be read
+    (``CompilerParams.lowering_semantics``). A kernel is the same warpgroup-level array
+    program under both, which is what this engine lowers (arrays held by the
+    warpgroup, scalars uniform across it); upstream differs only in how it gets there
+    (``FragmentedArray`` rules against the ``mosaic_gpu`` dialect and layout
+    inference), so both lower here alike. See docs/mosaic-gpu.md."""
+    sem = getattr(params, "lowering_semantics", None)
+    name = getattr(sem, "name", sem)
+    if name in (None, "Lane"):
+        return "lane"
+    if name == "Warpgroup":
+        return "warpgroup"
+    raise ValueError(f"plgpu.CompilerParams(lowering_semantics={sem!r}): expected "
+                     "plgpu.LoweringSemantics.Lane or plgpu.LoweringSemantics.Warpgroup")
+
+
 def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
     """Lowers the kernel jaxpr and grid mapping to a Mosaic GPU kernel (for ``target``,
     ``"sm_90a"``/``"sm_100a"``, when known: target-specific instructions are checked)."""
@@ -163,9 +180,7 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
         raise unsupported(name, "scalar prefetch (PrefetchScalarGridSpec)")
     if gm.input_output_aliases:
         raise unsupported(name, "input_output_aliases")
-    if getattr(params, "lowering_semantics", None) is not None and \
-            params.lowering_semantics.name != "Lane":
-        raise unsupported(name, "LoweringSemantics.Warpgroup")
+    semantics = semantics_of(params)
     threads = threads_of(gm, name)
     if getattr(gm, "mesh", None) is not None and hasattr(gm.mesh, "thread_name"):
         par, seq = grid_axes(gm, threads)
@@ -227,7 +242,8 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
                                approx_math=bool(getattr(params, "approx_math", False)),
                                reduction_scratch=red_ref,
                                spill_buffers=spill_refs, target=target,
-                               axis_names=tuple(gm.grid_names or ()))
+                               axis_names=tuple(gm.grid_names or ()),
+                               semantics=semantics)
         lctx.scoped = {k: (p, ref.get(("scoped", *k))) for k, p in scoped.items()}
         for dim, axis in zip((gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z), par):
             lctx.program_ids[axis] = arith.index_cast(V.i32(), gpu.block_id(dim))
