@@ -1,5 +1,6 @@
 """The Mosaic GPU examples in ``examples/``: GPU interpret mode matches plain JAX, they
-lower to ``mosaic_gpu_v2``, and the pipelined matmul compiles to wgmma for sm_90a."""
+lower to ``mosaic_gpu_v2``, and the pipelined matmul compiles to wgmma for sm_90a (the
+Blackwell one to tcgen05 for sm_100a: ``test_lowering_tcgen05.py``)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def _load(name):
 
 
 @pytest.mark.parametrize("name,fn", [("mosaic_gpu_matmul", "matmul"),
-                                     ("mosaic_gpu_matmul_ws", "matmul_ws")])
+                                     ("mosaic_gpu_matmul_ws", "matmul_ws"),
+                                     ("mosaic_gpu_matmul_blackwell", "matmul")])
 def test_matmul_interprets_like_jnp_dot_and_lowers(name, fn):
     ex = _load(name)
     f = getattr(ex, fn)

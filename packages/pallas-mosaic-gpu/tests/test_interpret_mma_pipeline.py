@@ -55,7 +55,8 @@ def test_wgmma_accumulates_a_matmul_of_smem_tiles(interpret):
     k = _single_thread(body, jax.ShapeDtypeStruct((64, 32), jnp.float32),
                        dict(a_smem=plgpu.SMEM(a.shape, a.dtype),
                             b_smem=plgpu.SMEM(b.shape, b.dtype),
-                            bar=plgpu.Barrier(num_barriers=2)), interpret)
+                            bar=plgpu.Barrier(num_barriers=2, orders_tensor_core=True)),
+                       interpret)
     np.testing.assert_allclose(k(a, b), 2 * expected, rtol=1e-5)
 
 
@@ -192,7 +193,8 @@ def test_tcgen05_mma_into_tmem_arrives_on_its_barrier(interpret):
                        dict(a_smem=plgpu.SMEM(a.shape, a.dtype),
                             b_smem=plgpu.SMEM(b.shape, b.dtype),
                             acc=plgpu.TMEM((128, 64), jnp.float32),
-                            bar=plgpu.Barrier(num_barriers=2)), interpret)
+                            bar=plgpu.Barrier(num_barriers=2, orders_tensor_core=True)),
+                       interpret)
     np.testing.assert_allclose(k(a, b), 2 * expected, rtol=1e-5)
 
 

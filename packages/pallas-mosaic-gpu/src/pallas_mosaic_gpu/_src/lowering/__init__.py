@@ -12,6 +12,7 @@ from pallas_mosaic_gpu._src.lowering import (  # noqa: F401 - each module regist
     rules_layout,
     rules_refs,
     rules_shape,
+    rules_tcgen05,
     rules_tma,
     rules_wgmma,
     scoped,

@@ -318,6 +318,8 @@ def _aligned(entries: dict):
     for key, e in entries.items():
         if isinstance(e, mgpu.Barrier):
             size = 8 * e.num_barriers
+        elif isinstance(e, mgpu.TMEM):
+            size = 4  # the TMEM address Mosaic GPU's allocation writes to SMEM
         else:
             size = int(np.prod(e.shape)) * jnp.dtype(e.dtype).itemsize
         pad = (-off) % SMEM_ALIGNMENT

@@ -17,7 +17,7 @@ from jaxlib.mlir.dialects import arith, memref, scf
 
 import pallas.plugins as pp
 from pallas_mosaic_gpu._src import jax_compat as jc
-from pallas_mosaic_gpu._src.lowering import small
+from pallas_mosaic_gpu._src.lowering import small, tmem
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import Lit, RefVal, rule
 
@@ -145,6 +145,8 @@ def _get(lctx, eqn, ref, *flat):
 
     if isinstance(ref, AccVal):
         return rules_wgmma.read_acc(ref, flat, eqn.params["tree"])
+    if isinstance(ref, tmem.TmemVal):
+        return tmem.load(ref, flat, eqn.params["tree"], eqn.outvars[0].aval)
     _check_space(ref, "reading")
     if ref.transformed:
         v = _tiled_view(ref, flat, eqn.params["tree"])
@@ -169,6 +171,11 @@ def _swap(lctx, eqn, ref, value, *flat):
         old = rules_wgmma.read_acc(ref, flat, eqn.params["tree"]) \
             if lctx.is_used(eqn.outvars[0]) else None
         rules_wgmma.write_acc(ref, value, eqn.invars[1].aval, flat, eqn.params["tree"])
+        return old
+    if isinstance(ref, tmem.TmemVal):
+        old = tmem.load(ref, flat, eqn.params["tree"], eqn.invars[1].aval) \
+            if lctx.is_used(eqn.outvars[0]) else None
+        tmem.store(ref, flat, eqn.params["tree"], value, eqn.invars[1].aval)
         return old
     _check_space(ref, "writing")
     if ref.transformed:

@@ -165,7 +165,8 @@ def _barrier_arrive(lctx, eqn, *ops):
     ((bar, flat, tree),) = R.unflatten(eqn.params["refs"], ops)
     ref = barrier_at(bar, flat, tree, "barrier_arrive")
     mgpu.warpgroup_barrier()  # the warpgroup's work before the arrival is done
-    ref.arrive(predicate=mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP))
+    ref.arrive(predicate=mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP),
+               orders_tensor_core=bar.space.orders_tensor_core)
     return []
 
 

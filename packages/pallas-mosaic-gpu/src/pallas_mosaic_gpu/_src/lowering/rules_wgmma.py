@@ -21,7 +21,7 @@ from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import KernelError, RefVal, rule
 from pallas_mosaic_gpu._src.lowering.scoped import AccVal
 from pallas_mosaic_gpu._src.primitives import refs as R
-from pallas_mosaic_gpu._src.primitives.mma import tcgen05_mma_p, wgmma_p, wgmma_wait_p
+from pallas_mosaic_gpu._src.primitives.mma import wgmma_p, wgmma_wait_p
 
 HOPPER, BLACKWELL = "sm_90a", "sm_100a"
 
@@ -36,23 +36,24 @@ def check_target(lctx, fn: str, want: str) -> None:
             f"is compiled for {lctx.target}; on {lctx.target} use {other}")
 
 
-def _operand(ref: RefVal, arg: str):
-    """The tiled, swizzled SMEM memref of a wgmma operand, and its swizzle."""
-    if ref.space != "smem":
-        raise KernelError(f"plgpu.wgmma: {arg} must be an SMEM ref, got a {ref.space} ref")
+def operand(ref: RefVal, arg: str, fn: str = "wgmma"):
+    """The tiled, swizzled SMEM memref of a wgmma/tcgen05_mma operand, and its swizzle."""
+    if not isinstance(ref, RefVal) or ref.space != "smem":
+        space = ref.space if isinstance(ref, RefVal) else type(ref).__name__
+        raise KernelError(f"plgpu.{fn}: {arg} must be an SMEM ref, got a {space} ref")
     itemsize = np.dtype(ref.dtype).itemsize
     want = "TilingTransform((8, S)), SwizzleTransform(B) with B in (32, 64, 128) and S = " \
            f"B // {itemsize} (the {np.dtype(ref.dtype).name} elements of one swizzled row)"
     if ref.swizzle is None or ref.tiling is None or len(ref.tiling) != 2:
         raise KernelError(
-            f"plgpu.wgmma: {arg} (SMEM {ref.shape} {np.dtype(ref.dtype).name}) must be "
+            f"plgpu.{fn}: {arg} (SMEM {ref.shape} {np.dtype(ref.dtype).name}) must be "
             f"tiled and swizzled for the tensor cores; give its buffer transforms={want}; "
             f"got tiling={ref.tiling}, swizzle={ref.swizzle}")
     s = ref.swizzle // itemsize
     if sorted(ref.tiling) != sorted((8, s)):
         raise KernelError(
-            f"plgpu.wgmma: {arg} is tiled by {ref.tiling} with SwizzleTransform"
-            f"({ref.swizzle}); wgmma needs tiles of (8, {s}) for that swizzle ({want})")
+            f"plgpu.{fn}: {arg} is tiled by {ref.tiling} with SwizzleTransform"
+            f"({ref.swizzle}); {fn} needs tiles of (8, {s}) for that swizzle ({want})")
     return ref.memref, ref.swizzle
 
 
@@ -66,7 +67,7 @@ def _wgmma(lctx, eqn, *ops):
                          "pl.run_scoped")
     if aflat:
         raise NotImplementedError("plgpu.wgmma into a slice of an accumulator")
-    bm, swizzle = _operand(smem.view(b, bflat, btree), "b")
+    bm, swizzle = operand(smem.view(b, bflat, btree), "b")
     if a is None:
         a_val = ops[R.spec_end(spec)]
         if not isinstance(a_val, mgpu.FragmentedArray) or \
@@ -76,7 +77,7 @@ def _wgmma(lctx, eqn, *ops):
                 "computed from an accumulator); pass an SMEM ref instead")
         am = a_val
     else:
-        am, a_swizzle = _operand(smem.view(*a), "a")
+        am, a_swizzle = operand(smem.view(*a), "a")
         if a_swizzle != swizzle:
             raise KernelError(f"plgpu.wgmma: a is swizzled by {a_swizzle} bytes but b by "
                              f"{swizzle}; both operands need the same SwizzleTransform")
@@ -90,14 +91,6 @@ def _wgmma_wait(lctx, eqn):
     check_target(lctx, "wgmma_wait", HOPPER)
     nvvm.wgmma_wait_group_sync_aligned(int(eqn.params["n"]))
     return []
-
-
-@rule(tcgen05_mma_p)
-def _tcgen05(lctx, eqn, *ops):
-    check_target(lctx, "tcgen05_mma", BLACKWELL)
-    raise NotImplementedError(
-        "plgpu.tcgen05_mma (TMEM accumulators) is not lowered yet; it runs in GPU "
-        "interpret mode (interpret=plgpu.InterpretParams())")
 
 
 def _whole(flat, shape, what):

@@ -53,7 +53,7 @@ class Planned:
     sees it."""
 
     entry: Any
-    kind: str  # "smem", "barrier" or "acc"
+    kind: str  # "smem", "barrier", "acc" or "tmem"
     shape: tuple[int, ...]
     dtype: Any
     tiling: tuple | None = None
@@ -65,6 +65,11 @@ class Planned:
         """This buffer, once per warpgroup of ``n``."""
         if n == 1 or self.entry is None:
             return self
+        if self.kind == "tmem":
+            raise KernelError(
+                f"plgpu.TMEM{self.shape} allocated by each of {n} warpgroups: TMEM belongs "
+                "to the whole block in the mosaic_gpu lowering; allocate it with "
+                "collective_axes=<thread axis> (or as plgpu.kernel scratch)")
         if self.kind == "barrier":
             total = self.entry.num_barriers * n
             if total > MAX_BARRIERS:
@@ -106,12 +111,9 @@ def plan_type(t, what: str, kernel: str, target: str | None = None) -> Planned:
                              "float16, int32")
         return Planned(None, "acc", shape, dt)
     if space is MemorySpace.TMEM:
-        if target is not None and target != "sm_100a":
-            raise KernelError(
-                f"{what}: plgpu.TMEM (tensor memory, for tcgen05_mma) is Blackwell-only "
-                f"(sm_100a) but kernel {kernel} is compiled for {target}; on {target} use "
-                "plgpu.wgmma with a plgpu.ACC accumulator")
-        raise _unsupported(kernel, f"{what}: plgpu.TMEM buffers (tcgen05, Blackwell)")
+        from pallas_mosaic_gpu._src.lowering import tmem
+
+        return tmem.plan_tmem(t, shape, dtype, what, kernel, target)
     if str(getattr(space, "name", space) or "").lower() not in ("", "smem", "any"):
         raise _unsupported(kernel, f"{what} in memory space {space}")
     if dtype is None:
@@ -163,6 +165,10 @@ def value(p: Planned, allocated) -> Any:
         allocated = threads.own_slice(allocated)
     if p.kind == "barrier":
         return BarrierVal(allocated, p.shape, p.space)
+    if p.kind == "tmem":
+        from pallas_mosaic_gpu._src.lowering.tmem import TmemVal
+
+        return TmemVal(allocated, p.shape, p.dtype, bool(p.entry.collective))
     if p.kind == "acc":
         m, n = p.shape
         zero = mgpu.WGMMAAccumulator.zero(m, n, V.elem_type(p.dtype),

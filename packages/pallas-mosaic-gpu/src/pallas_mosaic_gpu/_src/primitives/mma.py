@@ -143,11 +143,36 @@ def tcgen05_mma(acc: Any, a: Any, b: Any, barrier: Any = None, *, a_scale: Any =
             "plgpu.tcgen05_mma with a_scale/b_scale/a_sparse_metadata is not supported by "
             "pallas-mosaic-gpu's interpreters yet")
     _check_mma("tcgen05_mma", R.view_aval(acc), R.view_aval(a), R.view_aval(b))
+    _check_spaces(acc, a, b)
     if barrier is not None:
-        check_barrier(barrier, "tcgen05_mma")
+        check_tensor_core_barrier(barrier, "tcgen05_mma")
     refs = R.FlatRefs(acc, a, b, barrier)
     tcgen05_mma_p.bind(*refs.operands, jnp.asarray(accumulate, jnp.bool_), refs=refs.spec,
                        collective_axis=collective_axis)
+
+
+def _check_spaces(acc, a, b) -> None:
+    """Upstream's memory-space rules for ``tcgen05_mma`` (acc TMEM, a SMEM/TMEM, b SMEM),
+    where a ref's space is known."""
+    from pallas_mosaic_gpu._src.memory import MemorySpace
+
+    for arg, ref, ok in (("acc", acc, ("tmem",)), ("a", a, ("smem", "tmem")),
+                         ("b", b, ("smem",))):
+        space = R.memory_space(ref)
+        if isinstance(space, MemorySpace) and space.value not in ok:
+            raise ValueError(
+                f"plgpu.tcgen05_mma: {arg} is a {space.value.upper()} ref; it must be a "
+                f"{'/'.join(s.upper() for s in ok)} ref")
+
+
+def check_tensor_core_barrier(barrier, fn: str) -> None:
+    """A barrier tcgen05 operations arrive on must order the tensor core (upstream's
+    rule), so that waiting on it also fences their TMEM writes."""
+    space = check_barrier(barrier, fn)
+    if not space.orders_tensor_core:
+        raise ValueError(
+            f"plgpu.{fn}: MMA barrier must have orders_tensor_core set to True "
+            "(plgpu.Barrier(..., orders_tensor_core=True))")
 
 
 def _mma_effects(*avals, refs, **_):

@@ -16,7 +16,6 @@ import jax
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.layouts import layout_cast
 from pallas_mosaic_gpu._src.primitives import refs as R
-from pallas_mosaic_gpu._src.primitives.barriers import check_barrier
 
 copy_smem_to_tmem_p = jc.Primitive("mgpu_copy_smem_to_tmem")
 copy_smem_to_tmem_p.multiple_results = True
@@ -70,7 +69,9 @@ def tcgen05_commit_arrive(barrier: Any, collective_axis: str | None = None) -> N
         raise NotImplementedError(
             "plgpu.tcgen05_commit_arrive(collective_axis=...) (CTA pairs) is not supported "
             "by pallas-mosaic-gpu's interpreters yet")
-    check_barrier(barrier, "tcgen05_commit_arrive")
+    from pallas_mosaic_gpu._src.primitives.mma import check_tensor_core_barrier
+
+    check_tensor_core_barrier(barrier, "tcgen05_commit_arrive")
     refs = R.FlatRefs(barrier)
     tcgen05_commit_arrive_p.bind(*refs.operands, refs=refs.spec)
 
