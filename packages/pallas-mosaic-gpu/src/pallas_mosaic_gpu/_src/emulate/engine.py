@@ -19,7 +19,8 @@ from pallas_mosaic_gpu._src.emulate.types import EmulationUnsupported
 
 # op name -> builder(op, compiler) -> fn(machine, *operands) -> tuple | None
 OPS: dict[str, Callable] = {}
-TERMINATORS = ("scf.yield", "func.return", "gpu.terminator", "llvm.return")
+TERMINATORS = ("scf.yield", "scf.condition", "func.return", "gpu.terminator",
+               "llvm.return")
 
 
 def op(*names: str):
@@ -50,6 +51,23 @@ class Machine:
         self.tma_descriptors: list[dict] = []
         self.cache: dict = {}
         self.env: list = []  # every SSA value's slot (slots are unique per value)
+        self.block = None  # the block's warpgroup scheduler (sched.Block) in gpu.launch
+        self.group = 0  # this machine's warpgroup in the block
+        self.smem = self.smem_size = 0
+        self.pending: dict = {}  # per-block state of async units (bulk groups)
+
+    def fork(self, thread_ids: np.ndarray) -> Machine:
+        """A machine for some threads of the current block (a warpgroup): its own
+        values and lane mask, the block's memory, SMEM, barriers and descriptors."""
+        f = Machine.__new__(Machine)
+        f.__dict__.update(self.__dict__)
+        t = np.asarray(thread_ids, np.int64)
+        bx, by, _ = self.block_dim
+        f.threads = len(t)
+        f.thread_id = (t % bx, t // bx % by, t // (bx * by))
+        f.mask = None
+        f.env = list(self.env)  # values defined outside the launch stay visible
+        return f
 
     def active(self, pred=None) -> np.ndarray | None:
         """The lanes that execute a side effect: active and (if given) predicated."""

@@ -19,6 +19,7 @@ from pallas_mosaic_gpu._src.emulate import (  # noqa: F401 - each module registe
     ops_memref,
     ops_scf,
     ops_vector,
+    ops_wgmma,
 )
 from pallas_mosaic_gpu._src.emulate.engine import Compiler, Machine, Plan, run
 from pallas_mosaic_gpu._src.emulate.memory import Memory

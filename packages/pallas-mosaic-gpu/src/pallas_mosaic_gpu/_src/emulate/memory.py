@@ -32,9 +32,10 @@ class Memory:
         self._regions: list[Region] = []
         self._next = _START
 
-    def alloc(self, nbytes: int, name: str, fill: int = 0) -> int:
-        """A new region of ``nbytes`` (filled with ``fill``); returns its address."""
-        base = self._next
+    def alloc(self, nbytes: int, name: str, fill: int = 0, align: int = 4096) -> int:
+        """A new region of ``nbytes`` (filled with ``fill``) at an address that is a
+        multiple of ``align``; returns its address."""
+        base = -(-self._next // align) * align
         data = np.full(max(int(nbytes), 1), fill, np.uint8)
         self._bases.append(base)
         self._regions.append(Region(base, data, name))

@@ -1,11 +1,15 @@
-"""TMA copies, mbarriers and the host runtime's TMA descriptors.
+"""TMA copies, mbarriers, bulk async-groups and the host runtime's TMA descriptors.
 
 A copy is issued by each active lane whose predicate holds (normally one elected
-thread) and completes at once: a load signals its bytes to its mbarrier, as TMA does;
-``commit.group``/``wait_group`` have nothing left to wait for. An mbarrier completes
-its phase when every expected arrival has happened and its transaction count is zero;
-a wait on a phase that has not completed when every thread reaches it can never
-complete (the threads run in lockstep) and is reported as a deadlock.
+thread) and completes as late as the hardware allows, so code that reads a copy's
+destination before waiting for it sees stale data: a load reads GMEM when issued and
+lands in SMEM (signalling its bytes to its mbarrier, as TMA does) only when some thread
+waits on that mbarrier or the block ends; a store joins the issuing thread's open bulk
+async-group and reads SMEM and writes GMEM only when ``cp.async.bulk.wait_group``
+waits for its committed group, or at the end of the block. An mbarrier completes its
+phase when every expected arrival has happened and its transaction count is zero; a
+warpgroup waiting on a phase that has not completed lets the others run
+(:mod:`sched`), and a wait no one can satisfy any more is a deadlock.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from pallas_mosaic_gpu._src.emulate.engine import int_array_attr, op
+from pallas_mosaic_gpu._src.emulate.ops_llvm import asm
 from pallas_mosaic_gpu._src.emulate.types import EmulationError, EmulationUnsupported
 
 _MAGIC = 0x314D54555047_4D  # the first 8 bytes of a descriptor written here
@@ -72,16 +77,23 @@ def _func_call(o, cc):
 
 
 def _swizzle(offsets: np.ndarray, swizzle: int) -> np.ndarray:
-    """SMEM byte offsets under TMA's swizzle (16-byte chunks XOR the 128-byte row)."""
+    """SMEM byte addresses under a swizzle of ``swizzle`` bytes: bits 4.. (the 16-byte
+    chunk) XOR bits 7.. (the 128-byte row), as many bits as the swizzle has chunks."""
     if swizzle in (0, 16):
         return offsets
     mask = swizzle // 16 - 1
     return offsets ^ (((offsets >> 7) & mask) << 4)
 
 
+def _swizzle_at(addr: int, offsets: np.ndarray, swizzle: int) -> np.ndarray:
+    """The SMEM addresses of a box at ``addr``: TMA swizzles the address bits
+    themselves (the SMEM window starts at a 256 KiB boundary here)."""
+    return _swizzle(addr + offsets, swizzle)
+
+
 def _box(desc, coords):
     """For each element of the box (row-major), its GMEM address and whether it lies
-    inside the tensor, and its SMEM byte offset."""
+    inside the tensor, and its SMEM byte offset before swizzling."""
     rank, es = len(desc["sizes"]), desc["esize"]
     window = desc["window"]
     idx = np.indices(window).reshape(rank, -1).astype(np.int64)
@@ -89,7 +101,7 @@ def _box(desc, coords):
     g = idx + start
     inside = np.all((g >= 0) & (g < np.asarray(desc["sizes"])[:, None]), axis=0)
     gaddr = desc["base"] + (g * np.asarray(desc["strides"])[:, None]).sum(0) * es
-    soff = _swizzle(np.arange(idx.shape[1], dtype=np.int64) * es, desc["swizzle"])
+    soff = np.arange(idx.shape[1], dtype=np.int64) * es  # swizzled by the caller
     return gaddr, inside, soff, es
 
 
@@ -113,10 +125,31 @@ def _tma_load(o, cc):
             if inside.any():
                 data[inside] = m.memory.gather(_bytes(gaddr[inside], es), np.uint8).reshape(
                     -1, es)
-            m.memory.scatter(_bytes(_lane(dst, i) + soff, es), data.reshape(-1))
-            complete_tx(m, _lane(mbar, i), len(gaddr) * es)
+            addr, bar = _lane(dst, i), _lane(mbar, i)
+            _state(m, bar)  # the barrier exists when the copy is issued
+            landing = (_bytes(_swizzle_at(addr, soff, desc["swizzle"]), es), data.reshape(-1),
+                       bar, len(gaddr) * es)
+            m.pending.setdefault(("load", bar), []).append(landing)
 
     return run
+
+
+def land_loads(m, bar: int) -> None:
+    """Lands the TMA loads in flight that signal the mbarrier at ``bar``."""
+    for addrs, data, b, nbytes in m.pending.pop(("load", bar), ()):
+        m.memory.scatter(addrs, data)
+        complete_tx(m, b, nbytes)
+
+
+def flush_async(m) -> None:
+    """The end of a block: every copy still in flight completes."""
+    for key in [k for k in m.pending if k[0] == "load"]:
+        land_loads(m, key[1])
+    for key in [k for k in m.pending if k[0] == "store"]:
+        groups = m.pending.pop(key)
+        for g in groups["committed"] + [groups["open"]]:
+            for copy in g:
+                copy()
 
 
 @op("nvvm.cp.async.bulk.tensor.global.shared.cta")
@@ -133,17 +166,48 @@ def _tma_store(o, cc):
         for i in m.lanes(_pred(o, xs)):
             desc = _descriptor(m, _lane(desc_ptr, i))
             gaddr, inside, soff, es = _box(desc, [_lane(c, i) for c in coords])
-            data = m.memory.gather(_bytes(_lane(src, i) + soff, es), np.uint8).reshape(-1, es)
-            if inside.any():
-                m.memory.scatter(_bytes(gaddr[inside], es), data[inside].reshape(-1))
+            saddr = _bytes(_swizzle_at(_lane(src, i), soff, desc["swizzle"]), es)
+
+            def copy(gaddr=gaddr, inside=inside, saddr=saddr, es=es):
+                data = m.memory.gather(saddr, np.uint8).reshape(-1, es)
+                if inside.any():
+                    m.memory.scatter(_bytes(gaddr[inside], es), data[inside].reshape(-1))
+
+            _bulk_groups(m, i)["open"].append(copy)
 
     return run
 
 
-@op("nvvm.cp.async.bulk.commit.group", "nvvm.cp.async.bulk.wait_group")
-def _bulk_group(o, cc):
-    def run(m, *xs):
-        return None
+def _bulk_groups(m, lane: int) -> dict:
+    """The bulk async-groups of a thread: its open group and the committed ones."""
+    key = ("store", m.group, lane)
+    if key not in m.pending:
+        m.pending[key] = dict(open=[], committed=[])
+    return m.pending[key]
+
+
+@op("nvvm.cp.async.bulk.commit.group")
+def _bulk_commit(o, cc):
+    def run(m):
+        for i in m.lanes():
+            g = _bulk_groups(m, int(i))
+            if g["open"]:
+                g["committed"].append(g["open"])
+                g["open"] = []
+
+    return run
+
+
+@op("nvvm.cp.async.bulk.wait_group")
+def _bulk_wait(o, cc):
+    n = int(ir.IntegerAttr(o.attributes["group"]).value)
+
+    def run(m):
+        for i in m.lanes():
+            g = _bulk_groups(m, int(i))
+            while len(g["committed"]) > n:
+                for copy in g["committed"].pop(0):
+                    copy()
 
     return run
 
@@ -210,16 +274,51 @@ def _mbarrier_arrive(o, cc):
 
 @op("nvvm.mbarrier.try_wait.parity", "nvvm.mbarrier.try_wait.parity.shared")
 def _mbarrier_wait(o, cc):
+    """Waits until the phase of the given parity has completed (NVVM lowers the op
+    to a loop around ``try_wait``)."""
     def run(m, addr, parity, *rest):
+        waits = {}
         for i in m.lanes():
-            st = _state(m, _lane(addr, i))
-            if st["phase"] % 2 == _lane(parity, i) % 2:
-                raise EmulationError(
-                    f"deadlock: thread {i} waits on phase parity {_lane(parity, i) % 2} of "
-                    f"the mbarrier at {_lane(addr, i):#x}, which every thread has reached "
-                    f"and which can no longer complete ({st['pending']} arrivals and "
-                    f"{st['tx']} transaction bytes outstanding)")
+            waits.setdefault(_lane(addr, i), set()).add(_lane(parity, i) % 2)
+        for a, parities in waits.items():
+            if len(parities) > 1:
+                raise EmulationUnsupported("threads of a warpgroup waiting on different "
+                                           "phases of one mbarrier")
+            st = _state(m, a)
+            p = parities.pop()
+
+            def done(a=a, st=st, p=p):
+                land_loads(m, a)
+                return st["phase"] % 2 != p
+
+            def what(a=a, st=st, p=p):
+                return (f"phase parity {p} of the mbarrier at {a:#x} ({st['pending']} "
+                        f"arrivals and {st['tx']} transaction bytes outstanding)")
+
+            m.block.wait_until(m, done, what)
         if o.results:
             return (np.ones(1, bool),)
+
+    return run
+
+
+def arrive(m, addr: int, count: int = 1) -> None:
+    """``count`` arrivals on the mbarrier at ``addr``."""
+    st = _state(m, addr)
+    for _ in range(count):
+        _arrive(st)
+
+
+@asm(r"@\$(\d+) mbarrier\.arrive(?:\.release)?(?:\.cta)?\.shared(?:::cta)?\.b64 "
+     r"\$0, \[\$(\d+)\], (\d+);")
+def _arrive_asm(o, match):
+    """Mosaic GPU's predicated arrival (``mbarrier.arrive.release ... [addr], count``)."""
+    pred_i, addr_i, count = int(match.group(1)) - 1, int(match.group(2)) - 1, \
+        int(match.group(3))
+
+    def run(m, *xs):
+        for i in m.lanes(xs[pred_i]):
+            arrive(m, _lane(xs[addr_i], i), count)
+        return (np.zeros(1, np.int64),)
 
     return run

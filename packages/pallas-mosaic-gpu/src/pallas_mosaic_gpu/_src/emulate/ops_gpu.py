@@ -8,10 +8,13 @@ from jaxlib.mlir import ir
 
 from pallas_mosaic_gpu._src.emulate.engine import int_array_attr, op, run, uniform
 from pallas_mosaic_gpu._src.emulate.memref import MemRef, from_struct, to_struct
+from pallas_mosaic_gpu._src.emulate.ops_async import flush_async
+from pallas_mosaic_gpu._src.emulate.sched import WARPGROUP, Block
 from pallas_mosaic_gpu._src.emulate.types import EmulationUnsupported
 
 WARP = 32
 SMEM_FILL = 0xFF  # SMEM starts as garbage (NaN for floats): reading unwritten SMEM shows
+SMEM_WINDOW = 1 << 18  # the shared window's address bits a descriptor keeps
 
 
 def _dim(o) -> int:
@@ -31,24 +34,33 @@ def _launch(o, cc):
         block = [uniform(x, m, "the block size") for x in xs[nasync + 3:nasync + 6]]
         smem = uniform(xs[-1], m, "the SMEM size") if seg[10] else 0
         threads = block[0] * block[1] * block[2]
-        t = np.arange(threads, dtype=np.int64)
-        tid = (t % block[0], t // block[0] % block[1], t // (block[0] * block[1]))
+        # Warpgroups run as coroutines (sched.py); a block of another size is one group.
+        size = WARPGROUP if threads % WARPGROUP == 0 else threads
         saved = (m.threads, m.thread_id, m.block_id, m.block_dim, m.grid_dim, m.mask)
-        m.threads, m.thread_id, m.mask = threads, tid, None
         m.block_dim, m.grid_dim = tuple(block), tuple(grid)
+        g = [np.asarray([v], np.int64) for v in grid]
+        b = [np.asarray([v], np.int64) for v in block]
         try:
             for z in range(grid[2]):
                 for y in range(grid[1]):
                     for x in range(grid[0]):
                         bid = tuple(np.asarray([v], np.int64) for v in (x, y, z))
                         m.block_id = bid
+                        # SMEM at a 256 KiB boundary: its addresses' low 18 bits are
+                        # offsets in the block's shared window (wgmma descriptors).
                         m.smem = m.memory.alloc(smem, f"SMEM of block {(x, y, z)}",
-                                                fill=SMEM_FILL)
+                                                fill=SMEM_FILL, align=SMEM_WINDOW)
                         m.smem_size = smem
                         m.mbarriers = {}
-                        g = [np.asarray([v], np.int64) for v in grid]
-                        b = [np.asarray([v], np.int64) for v in block]
-                        run(body, m, m.env, [*bid, *tid, *g, *b])
+                        m.pending = {}
+                        groups = [m.fork(np.arange(i, i + size))
+                                  for i in range(0, threads, size)]
+
+                        def body_of(gm, bid=bid):
+                            run(body, gm, gm.env, [*bid, *gm.thread_id, *g, *b])
+
+                        Block(groups).run(body_of)
+                        flush_async(m)
                         m.memory.free(m.smem)
         finally:
             m.threads, m.thread_id, m.block_id, m.block_dim, m.grid_dim, m.mask = saved
@@ -110,15 +122,17 @@ def _dynamic_shared_memory(o, cc):
 
 @op("gpu.barrier", "nvvm.barrier0")
 def _barrier(o, cc):
+    """``__syncthreads``: barrier 0, for every thread of the block."""
     def run_(m):
-        if m.mask is not None and not m.mask.all():
-            raise EmulationUnsupported("a block barrier in divergent code")
+        bx, by, bz = m.block_dim
+        m.block.barrier(m, 0, bx * by * bz, "the block barrier (gpu.barrier)")
 
     return run_
 
 
 @op("nvvm.fence.mbarrier.init", "nvvm.fence.proxy", "nvvm.fence.proxy.acquire",
-    "nvvm.fence.proxy.release", "gpu.dealloc")
+    "nvvm.fence.proxy.release", "gpu.dealloc", "nvvm.setmaxregister",
+    "nvvm.wgmma.fence.aligned")
 def _fence(o, cc):
     # Every access completes before the next op starts: fences order nothing more.
     def run_(m, *xs):

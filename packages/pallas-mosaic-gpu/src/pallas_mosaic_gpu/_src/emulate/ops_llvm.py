@@ -3,6 +3,8 @@ integer arithmetic, the inline assembly Mosaic GPU emits and libdevice calls."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from jaxlib.mlir import ir
 
@@ -73,9 +75,9 @@ def _read(m, addr, t: str):
     _, _, kind, parts = llvm_layout(t)
     if kind == "scalar":
         return m.memory.gather(addr, parts, m.mask)
-    if kind == "array" and llvm_layout(parts[1])[2] == "scalar":
+    if kind == "vector" or (kind == "array" and llvm_layout(parts[1])[2] == "scalar"):
         n, elem = parts
-        dt = llvm_layout(elem)[3]
+        dt = elem if kind == "vector" else llvm_layout(elem)[3]
         addrs = np.asarray(addr, np.int64)[:, None] + np.arange(n) * dt.itemsize
         return m.memory.gather(addrs, dt, None if m.mask is None else m.mask[:, None])
     raise EmulationUnsupported(f"llvm.load of {t}")
@@ -99,9 +101,9 @@ def _store(o, cc):
     def run(m, v, addr):
         if kind == "scalar":
             m.memory.scatter(addr, np.asarray(v, parts), m.mask)
-        elif kind == "array":
+        elif kind in ("array", "vector"):
             n, elem = parts
-            dt = llvm_layout(elem)[3]
+            dt = elem if kind == "vector" else llvm_layout(elem)[3]
             addrs = np.asarray(addr, np.int64)[:, None] + np.arange(n) * dt.itemsize
             m.memory.scatter(addrs, np.asarray(v, dt),
                              None if m.mask is None else m.mask[:, None])
@@ -180,26 +182,72 @@ def _extractvalue(o, cc):
     return run
 
 
-def _barrier_sync(m, *xs):
-    if m.mask is not None and not m.mask.all():
-        raise EmulationUnsupported("bar.sync in divergent code (some threads skip it)")
+def _named_barrier(m, bar, count):
+    """``bar.sync id, n``: the active threads arrive at named barrier ``id``, which
+    releases once ``n`` threads of the block have arrived."""
+    bar = int(np.asarray(bar).reshape(-1)[0]) if bar is not None else 0
+    m.block.barrier(m, bar, count, f"named barrier {bar} (bar.sync)")
 
 
 _ASM = {
-    "bar.sync $0, 128;": lambda m, *xs: _barrier_sync(m, *xs),
     "max.NaN.f32 $0, $1, $2;": lambda m, a, b: np.maximum(a, b),
     "min.NaN.f32 $0, $1, $2;": lambda m, a, b: np.minimum(a, b),
 }
+
+# Inline PTX recognised by pattern: (regex over the stripped text, builder(o, match)
+# returning fn(machine, *operands) -> the op's results as a tuple, or None).
+ASM_PATTERNS: list = []
+
+
+def asm(pattern: str):
+    """Registers the builder of the inline PTX that fully matches ``pattern``."""
+    def deco(builder):
+        ASM_PATTERNS.append((re.compile(pattern, re.S), builder))
+        return builder
+
+    return deco
+
+
+@asm(r"bar\.sync \$0, (\d+);")
+def _bar_sync(o, match):
+    count = int(match.group(1))
+    return lambda m, bar: _named_barrier(m, bar, count)
+
+
+@asm(r"")
+def _register_barrier(o, match):
+    """An empty statement whose outputs are tied to its inputs (Mosaic GPU's
+    optimisation barrier): the outputs are the inputs."""
+    cons = ir.StringAttr(o.attributes["constraints"]).value.split(",")
+    nout = sum(c.startswith("=") for c in cons)
+    ties = [cons.index(str(j)) - nout if str(j) in cons else None for j in range(nout)]
+    if None in ties:
+        raise EmulationUnsupported(f"an empty inline asm with untied outputs ({cons})")
+
+    def run(m, *xs):
+        outs = tuple(xs[t] for t in ties)
+        return (outs if nout > 1 else outs[0],)
+
+    return run
 
 
 @op("llvm.inline_asm")
 def _inline_asm(o, cc):
     text = ir.StringAttr(o.attributes["asm_string"]).value
+    has_result = len(o.results) and str(o.results[0].type) != "!llvm.void"
     f = _ASM.get(text)
     if f is None:
+        for pattern, builder in ASM_PATTERNS:
+            match = pattern.fullmatch(text.strip())
+            if match:
+                fn = builder(o, match)
+                if not len(o.results):
+                    return lambda m, *xs: (fn(m, *xs), None)[1]
+                if not has_result:
+                    return lambda m, *xs: (fn(m, *xs), (None,))[1]
+                return fn
         raise EmulationUnsupported(f"the Mosaic GPU executor does not implement inline "
                                    f"PTX {text!r}")
-    has_result = len(o.results) and str(o.results[0].type) != "!llvm.void"
     dt = dtype_of(o.results[0].type) if has_result else None
 
     def run(m, *xs):

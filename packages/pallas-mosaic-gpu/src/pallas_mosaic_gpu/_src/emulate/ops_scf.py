@@ -1,7 +1,8 @@
-"""``scf`` control flow, SIMT style: a loop whose bounds differ between threads runs
-until the last thread is done, each iteration with the threads still in it; an ``if`` whose condition differs between threads runs both branches, each
-with the threads that take it (the others' stores are masked off), and merges the
-results per thread."""
+"""``scf`` control flow, SIMT style: a loop whose bounds (or, for ``scf.while``, whose
+condition) differ between threads runs until the last thread is done, each iteration
+with the threads still in it; an ``if`` whose condition differs between threads runs
+both branches, each with the threads that take it (the others' stores are masked off),
+and merges the results per thread."""
 
 from __future__ import annotations
 
@@ -93,3 +94,33 @@ def _merge(sel, a, b):
     a, b = np.asarray(a), np.asarray(b)
     sel = sel.reshape((-1,) + (1,) * (max(a.ndim, b.ndim) - 1))
     return np.where(sel, a, b)
+
+
+@op("scf.while")
+def _while(o, cc):
+    before = cc.region(o.regions[0])  # ends in scf.condition(cond) values
+    after = cc.region(o.regions[1])
+
+    def run_while(m, *init):
+        n = m.threads
+        saved = m.mask
+        live = np.ones(n, bool) if saved is None else saved
+        carried, results = list(init), None
+        try:
+            while True:
+                cond, *vals = run(before, m, m.env, carried)
+                c = np.broadcast_to(np.asarray(cond, bool).reshape(-1), (n,))
+                leaving = live & ~c
+                if leaving.any():
+                    results = vals if results is None else \
+                        [_merge(leaving, v, r) for v, r in zip(vals, results)]
+                live = live & c
+                if not live.any():
+                    return tuple(results)
+                m.mask = None if live.all() and saved is None else live
+                new = run(after, m, m.env, vals)
+                carried = [_merge(live, a, b) for a, b in zip(new, vals)]
+        finally:
+            m.mask = saved
+
+    return run_while

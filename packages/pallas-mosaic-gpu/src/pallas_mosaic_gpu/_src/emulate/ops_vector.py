@@ -136,3 +136,42 @@ def _fma(o, cc):
         return (np.asarray(a) * b + c,)
 
     return run
+
+
+@op("vector.shuffle")
+def _shuffle(o, cc):
+    """Elements of ``v1 ++ v2`` (both rank 1, or along their leading dim) at ``mask``."""
+    mask = int_array_attr(o.attributes["mask"])
+
+    def run(m, a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        n = _lanes(a, b)
+        both = np.concatenate([np.broadcast_to(a, (n,) + a.shape[1:]),
+                               np.broadcast_to(b, (n,) + b.shape[1:])], axis=1)
+        return (both[:, mask],)
+
+    return run
+
+
+@op("llvm.insertelement", "llvm.extractelement")
+def _llvm_element(o, cc):
+    """LLVM's dynamic-position insert into / extract from a rank-1 vector."""
+    insert = o.name == "llvm.insertelement"
+
+    def pos(p):
+        p = np.asarray(p).reshape(-1)
+        if not (p == p[0]).all():
+            raise EmulationUnsupported(f"{o.name} at per-thread positions")
+        return int(p[0])
+
+    def run_insert(m, v, x, p):
+        v = np.asarray(v)
+        n = _lanes(v, np.asarray(x).reshape(-1))
+        out = np.array(np.broadcast_to(v, (n,) + v.shape[1:]))
+        out[:, pos(p)] = np.asarray(x).reshape(-1)
+        return (out,)
+
+    def run_extract(m, v, p):
+        return (np.asarray(v)[:, pos(p)],)
+
+    return run_insert if insert else run_extract

@@ -94,6 +94,13 @@ def llvm_layout(s: str):
     s = _strip_llvm(s)
     if s.startswith("ptr") or s == "index":
         return 8, 8, "scalar", ADDR
+    if s.startswith("vector<"):
+        m = re.fullmatch(r"vector<(\d+)x(\w+)>", s)
+        if m is None:
+            raise EmulationUnsupported(f"the Mosaic GPU executor has no layout for {s}")
+        n, dt = int(m.group(1)), _scalar_dtype(m.group(2))
+        size = n * dt.itemsize
+        return size, 1 << (size - 1).bit_length(), "vector", (n, dt)
     if s.startswith("array<"):
         m = re.fullmatch(r"array<(\d+)\s*x\s*(.+)>", s)
         n, elem = int(m.group(1)), m.group(2)
