@@ -38,6 +38,7 @@ from pallas_mosaic_gpu._src.lowering.engine import (
     lower_jaxpr,
     unsupported,
 )
+from pallas_mosaic_gpu._src.lowering.infer import wgmma_buffers, wgmma_transforms
 from pallas_mosaic_gpu._src.lowering.scoped import plan, plan_type, value
 from pallas_mosaic_gpu._src.lowering.spill import spill_buffers
 from pallas_mosaic_gpu._src.lowering.threads import (
@@ -198,13 +199,20 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
     bufs = tuple(_sds(_smem_block_shape(gm.block_mappings[k]),
                       gm.block_mappings[k].array_aval.dtype) for k in blocked)
     target = target_of(target)
+    scratch_types = list(gm.scratch_types)
+    inferred: set = set()
+    if semantics == "warpgroup":  # SMEM layouts follow from their uses (see infer.py)
+        top, inferred = wgmma_buffers(jaxpr.jaxpr)
+        first = len(jaxpr.jaxpr.invars) - len(scratch_types)
+        scratch_types = [wgmma_transforms(t) if jaxpr.jaxpr.invars[first + i] in top else t
+                         for i, t in enumerate(scratch_types)]
     scratch = [plan_type(t, f"scratch {origin}", name, target)
-               for origin, t in zip(gm.scratch_origins, gm.scratch_types)]
+               for origin, t in zip(gm.scratch_origins, scratch_types)]
     if seq and any(p.kind == "acc" for p in scratch):
         raise unsupported(name, "a plgpu.ACC scratch with sequential grid axes (the "
                                 "accumulator would have to live across grid steps); "
                                 "allocate it with pl.run_scoped around an emit_pipeline")
-    scoped = plan(jaxpr.jaxpr, name, threads, target)
+    scoped = plan(jaxpr.jaxpr, name, threads, target, inferred)
     nt = threads.num
 
     def per_wg(shape):  # a buffer each warpgroup has to itself

@@ -2,7 +2,7 @@
 dynamic ``pl.ds`` windows, integer indices), ``pl.program_id`` and ``pl.num_programs``.
 
 A load of a window with at least one dimension becomes a warpgroup array read from
-SMEM; a store writes one back and then synchronises the warpgroup, since the threads
+SMEM (or straight from GMEM: a GMEM ref reads in place); a store writes one back and then synchronises the warpgroup, since the threads
 that read an SMEM element later need not be the ones that wrote it.
 """
 
@@ -147,7 +147,8 @@ def _get(lctx, eqn, ref, *flat):
         return rules_wgmma.read_acc(ref, flat, eqn.params["tree"])
     if isinstance(ref, tmem.TmemVal):
         return tmem.load(ref, flat, eqn.params["tree"], eqn.outvars[0].aval)
-    _check_space(ref, "reading")
+    # A GMEM ref is read in place by every thread (say, group sizes or offsets in a
+    # GMEM operand of a plgpu.kernel): the same loads as from SMEM, from global memory.
     if ref.transformed:
         v = _tiled_view(ref, flat, eqn.params["tree"])
         return mgpu.FragmentedArray.load_tiled(

@@ -9,6 +9,8 @@ and are not lowered yet.
 
 from __future__ import annotations
 
+import math
+
 import jax.extend.core.primitives as P
 import numpy as np
 from jax.experimental.mosaic import gpu as mgpu
@@ -359,3 +361,75 @@ def _concatenate(lctx, eqn, *xs):
     if spilled:
         mgpu.warpgroup_barrier()
     return res
+
+
+def _contiguous_registers(x, starts, out_shape):
+    """The registers of ``x[starts : starts + out_shape]`` when that window is one
+    contiguous run of ``x``'s strided layout that starts and ends on register
+    boundaries with the same vector width (say, whole rows of a row-major array);
+    None otherwise."""
+    shape = tuple(x.shape)
+    d = next((i for i, (n, m) in enumerate(zip(shape, out_shape)) if n != m), len(shape))
+    # Dims before the first partial one must be single elements (or the window is not
+    # contiguous); the partial one may be any range, later ones must be whole.
+    if d < len(shape) and any(n != m for n, m in zip(shape[d + 1:], out_shape[d + 1:])):
+        return None
+    if any(m != 1 for m in out_shape[:d]) and d < len(shape):
+        return None
+    strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    off = sum(s * st for s, st in zip(starts, strides))
+    size = math.prod(out_shape)
+    x = V.to_strided(x)
+    vec = x.layout.vec_size
+    chunk = V.WARPGROUP_SIZE * vec
+    try:
+        out_layout = V.strided_layout(tuple(out_shape))
+    except NotImplementedError:
+        return None
+    if out_layout.vec_size != vec or off % chunk or size % chunk:
+        return None
+    regs = np.empty(out_layout.registers_shape(tuple(out_shape)), dtype=object)
+    regs.flat[:] = list(x.registers.flat)[off // chunk:(off + size) // chunk]
+    return V.FragmentedArray(_registers=regs, _layout=out_layout, _is_signed=x.is_signed)
+
+
+@rule(P.slice_p)
+def _slice(lctx, eqn, x):
+    """``lax.slice`` (``x[a:b, c:d]`` of a value): tile-aligned windows of an array in a
+    tiled layout (say, an epilogue tile of a WGMMA accumulator) and contiguous runs of
+    a strided one keep their registers; splats, small arrays and literals are rebuilt.
+    Other windows would need an exchange through SMEM and are refused."""
+    aval, out = eqn.invars[0].aval, eqn.outvars[0].aval
+    starts = tuple(int(s) for s in eqn.params["start_indices"])
+    limits = tuple(int(s) for s in eqn.params["limit_indices"])
+    steps = tuple(int(s) for s in (eqn.params["strides"] or (1,) * len(starts)))
+    window = tuple(slice(s, e, st) for s, e, st in zip(starts, limits, steps))
+    shape = tuple(out.shape)
+    if isinstance(x, Lit):
+        return Lit(np.asarray(x.val)[window] if np.ndim(x.val) else x.val, out)
+    if isinstance(x, small.Small):
+        return small.build(shape, out.dtype, lambda idx: small.element(
+            x, [s + i * st for s, i, st in zip(starts, idx, steps)]))
+    if isinstance(x.layout, fa.WGSplatFragLayout):
+        value = x.registers.item()
+        return small.to_small(value, out.update(shape=()), shape) if small.is_small(shape) \
+            else V.splat(value, shape, out.dtype)
+    if small.is_small(shape):
+        raise NotImplementedError(
+            f"slicing {shape} out of a warpgroup array of shape {tuple(aval.shape)} (a "
+            "result whose size is not a multiple of 128 would have to gather across "
+            "threads)")
+    if all(st == 1 for st in steps):
+        if isinstance(x.layout, fa.TiledLayout):
+            try:
+                return x[tuple(slice(s, e) for s, e in zip(starts, limits))]
+            except ValueError:
+                pass  # not aligned to the layout's tiles: try the strided layout
+        got = _contiguous_registers(x, starts, shape)
+        if got is not None:
+            return got
+    raise NotImplementedError(
+        f"slicing [{', '.join(f'{s}:{e}' + (f':{st}' if st != 1 else '') for s, e, st in zip(starts, limits, steps))}] "
+        f"out of a {tuple(aval.shape)} array (lowered: windows aligned to the tiles of a "
+        "WGMMA-layout array, e.g. an accumulator's epilogue tiles, and runs of whole rows "
+        "of a strided one)")

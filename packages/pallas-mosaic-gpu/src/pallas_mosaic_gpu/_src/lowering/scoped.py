@@ -134,8 +134,12 @@ def _unsupported(kernel: str, what: str):
     return unsupported(kernel, what)
 
 
-def plan(jaxpr, kernel: str, threads=None, target: str | None = None) -> dict:
-    """``{(id(run_scoped eqn), j): Planned}`` for every ``run_scoped`` in ``jaxpr``."""
+def plan(jaxpr, kernel: str, threads=None, target: str | None = None,
+         infer: frozenset | set = frozenset()) -> dict:
+    """``{(id(run_scoped eqn), j): Planned}`` for every ``run_scoped`` in ``jaxpr``;
+    the buffers in ``infer`` get the layout ``wgmma`` needs when declared without one
+    (Warpgroup semantics, see :mod:`infer`)."""
+    from pallas_mosaic_gpu._src.lowering.infer import wgmma_transforms
     from pallas_mosaic_gpu._src.lowering.threads import Threads, per_thread
 
     threads = threads or Threads()
@@ -146,6 +150,8 @@ def plan(jaxpr, kernel: str, threads=None, target: str | None = None) -> dict:
             if eqn.primitive is plugins.run_scoped_p:
                 n = threads.num if per_thread(eqn, threads) else 1
                 for k, t in enumerate(eqn.params["types"]):
+                    if (id(eqn), k) in infer:
+                        t = wgmma_transforms(t)
                     out[(id(eqn), k)] = plan_type(
                         t, f"run_scoped buffer {k}", kernel, target).per_warpgroup(n)
             for sub in jex.jaxprs_in_params(eqn.params):

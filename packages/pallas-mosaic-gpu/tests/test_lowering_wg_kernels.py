@@ -1,0 +1,89 @@
+"""What upstream's Warpgroup-semantics kernels (``hopper_matmul_mgpu``, ``ragged_dot_mgpu``)
+need from the lowering: slices of register arrays (an accumulator's epilogue tiles),
+scalars read straight from GMEM (group sizes), and, under Warpgroup semantics only,
+SMEM layouts inferred for ``wgmma`` operands declared without transforms."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import pallas as pl
+import pallas_mosaic_gpu as plgpu
+from pallas_mosaic_gpu._src.lowering import MosaicGpuLoweringError
+
+pytest.importorskip("jax_plugins.xla_cuda13", reason="lowering for cuda needs jax-cuda13-plugin")
+
+F16, F32 = jnp.float16, jnp.float32
+WG = plgpu.LoweringSemantics.Warpgroup
+
+
+def _lower(f, *args) -> str:
+    return jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _scaled_matmul_tile(semantics=WG, interpret=False):
+    """o = (a @ b)[:, 32:64] * scale[1]: wgmma on SMEM buffers declared without
+    transforms, a GMEM scalar, and an epilogue tile sliced out of the accumulator."""
+
+    def kernel(scale_gmem, a_gmem, b_gmem, o_gmem):
+        def body(a, b, bar, acc, o):
+            plgpu.copy_gmem_to_smem(a_gmem, a, bar.at[0])
+            plgpu.copy_gmem_to_smem(b_gmem, b, bar.at[0])
+            plgpu.barrier_wait(bar.at[0])
+            plgpu.wgmma(acc, a, b)
+            plgpu.wgmma_wait(0)
+            tile = (acc[...] * scale_gmem[1])[:, 32:64]
+            o[...] = tile.astype(F16)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o, o_gmem)
+            plgpu.wait_smem_to_gmem(0)
+
+        pl.run_scoped(body, plgpu.SMEM((64, 64), F16), plgpu.SMEM((64, 64), F16),
+                      plgpu.Barrier(num_arrivals=2), plgpu.ACC((64, 64)),
+                      plgpu.SMEM((64, 32), F16))
+
+    return plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((64, 32), F16),
+                        compiler_params=plgpu.CompilerParams(lowering_semantics=semantics),
+                        interpret=plgpu.InterpretParams() if interpret else False)
+
+
+def _operands():
+    a = jax.random.normal(jax.random.key(0), (64, 64), F32).astype(F16)
+    b = jax.random.normal(jax.random.key(1), (64, 64), F32).astype(F16)
+    return jnp.asarray([1.0, 0.5], F32), a, b
+
+
+def test_wgmma_buffers_without_transforms_get_them_inferred_under_warpgroup_semantics():
+    scale, a, b = _operands()
+    assert "custom_call @mosaic_gpu_v2" in _lower(_scaled_matmul_tile(), scale, a, b)
+    got = _scaled_matmul_tile(interpret=True)(scale, a, b)
+    want = (jnp.dot(a, b, preferred_element_type=F32)[:, 32:64] * 0.5).astype(F16)
+    assert jnp.allclose(got.astype(F32), want.astype(F32), rtol=2e-2, atol=5e-2)
+
+
+def test_under_lane_semantics_wgmma_buffers_must_declare_their_layout():
+    with pytest.raises(ValueError, match=r"wgmma: b .*must be tiled and swizzled"):
+        _lower(_scaled_matmul_tile(plgpu.LoweringSemantics.Lane), *_operands())
+
+
+def _rows(window, shape=(16, 128)):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...][window] * 2.0
+
+    out = jax.ShapeDtypeStruct(jnp.zeros(shape)[window].shape, F32)
+    return pl.pallas_call(kernel, out_shape=out,
+                          compiler_params=plgpu.CompilerParams(lowering_semantics=WG))
+
+
+def test_whole_register_runs_of_a_strided_array_slice_in_registers():
+    x = jnp.arange(16 * 128, dtype=F32).reshape(16, 128)
+    assert "custom_call @mosaic_gpu_v2" in _lower(_rows(slice(8, 16)), x)
+
+
+def test_slices_that_would_gather_across_threads_are_refused_naming_the_window():
+    x = jnp.zeros((16, 128), F32)
+    with pytest.raises(MosaicGpuLoweringError,
+                       match=r"'slice'.*slicing \[3:11, 0:128\] out of a \(16, 128\) array"):
+        _lower(_rows(slice(3, 11)), x)
