@@ -1,0 +1,67 @@
+"""TPU interpret mode on several devices under ``shard_map``.
+
+Runs in a subprocess: ``--xla_force_host_platform_device_count`` must be set before JAX
+initialises its CPU backend, which in this process has already happened.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+_RING = textwrap.dedent('''
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    import pallas as pl
+    import pallas_tpu as pltpu
+
+    n = jax.device_count()
+    assert n == 8, jax.devices()
+    mesh = jax.make_mesh((n,), ("x",))
+    rows = 64  # 128 KiB of f32 per device: XLA hands such operands over asynchronously
+
+    def kernel(x_ref, o_ref, send, recv):
+        right = jax.lax.rem(jax.lax.axis_index("x") + 1, n)
+        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=(right,),
+                                            device_id_type=pl.DeviceIdType.MESH)
+        copy.start()
+        copy.wait()
+
+    def permute(x):
+        return pl.pallas_call(
+            kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA],
+            interpret=pltpu.InterpretParams(detect_races=True))(x)
+
+    x = jnp.arange(n * rows * 512, dtype=jnp.float32).reshape(n * rows, 512)
+    x = jax.device_put(x, NamedSharding(mesh, P("x")))
+    f = jax.jit(jax.shard_map(permute, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                              check_vma=False))
+    np.testing.assert_array_equal(np.asarray(f(x)), np.roll(np.asarray(x), rows, axis=0))
+    from pallas_tpu import interpret
+    assert not interpret.races.races_found
+    print("ok ring")
+''')
+
+
+def test_eight_devices_with_large_operands_permute_around_a_ring():
+    """Every device's callback joins one simulation and waits for the others; the
+    operands (large enough that XLA hands them over asynchronously) reach the simulation
+    without a round trip through a JAX device that the waiting callbacks occupy (which
+    used to hang all eight)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    try:
+        proc = subprocess.run([sys.executable, "-c", _RING], env=env, capture_output=True,
+                              text=True, timeout=240)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"the eight devices hung: {e.stdout}\n{e.stderr}") from None
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok ring" in proc.stdout, proc.stdout + proc.stderr
