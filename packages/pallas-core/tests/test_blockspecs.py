@@ -309,6 +309,31 @@ def test_memory_space_is_the_kernel_refs_memory_space():
     np.testing.assert_array_equal(out, x)
 
 
+def test_a_block_without_memory_space_is_a_default_space_ref():
+    # As upstream: the backend picks where DEFAULT blocks live; the type says so.
+    x = jnp.arange(8, dtype=jnp.float32)
+    types = []
+
+    def kernel(x_ref, o_ref):
+        types.append(jax.typeof(x_ref))
+        o_ref[...] = x_ref[...]
+
+    out = pl.pallas_call(kernel, SDS(x.shape, x.dtype),
+                         in_specs=[pl.BlockSpec((8,), lambda: (0,))], interpret=True)(x)
+    assert types[0].memory_space is pl.MemorySpace.DEFAULT
+    assert types[0].str_short() == "Ref<default>{float32[8]}"
+    np.testing.assert_array_equal(out, x)
+
+
+def test_passing_a_block_ref_to_a_jax_primitive_names_its_type():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jax.lax.sin(x_ref)
+
+    with pytest.raises(ValueError, match=r"Attempting to pass a Ref Ref<default>"
+                                         r"\{float32\[8\]\} to a primitive: sin"):
+        pl.pallas_call(kernel, SDS((8,), jnp.float32), interpret=True)(jnp.zeros(8))
+
+
 def test_memory_ref_helpers_carry_shape_dtype_and_space():
     m = pl.ANY((8, 128), jnp.float32)
     assert isinstance(m, pl.MemoryRef)

@@ -36,7 +36,7 @@ def test_debug_prints_the_kernel_jaxpr_and_the_grid_mapping(capsys):
     text = _printed(capsys)
     # the kernel jaxpr: ref-typed inputs, the multiply and the store
     assert "The kernel jaxpr for pallas_call scale_kernel" in text
-    assert "Ref{f32[1,8]}" in text
+    assert "Ref<default>{f32[1,8]}" in text
     assert "mul" in text and "<-" in text
     # the grid mapping: grid, operands by path, array shapes and block dims
     assert "The grid mapping for pallas_call scale_kernel" in text

@@ -112,9 +112,11 @@ class BlockMapping:
 
     @property
     def ref_aval(self):
-        return jc.AbstractRef(
-            jc.ShapedArray(self.ref_shape, self.array_aval.dtype), memory_space=self.memory_space
-        )
+        """The kernel's ref type; a block with no memory space is in ``MemorySpace.DEFAULT``
+        (the backend decides), so it prints ``Ref<default>{...}`` as upstream."""
+        space = MemorySpace.DEFAULT if self.memory_space is None else self.memory_space
+        return jc.AbstractRef(jc.ShapedArray(self.ref_shape, self.array_aval.dtype),
+                              memory_space=space)
 
     @property
     def has_partial_blocks(self) -> bool:

@@ -172,11 +172,11 @@ def _backward_call(n, known, ct_touts, params, L: JvpLayout):
     # primal scratch, then one cotangent buffer per (program-local) tangent scratch
     scr0 = list(gm.scratch_types)
     local = ([MemoryRef(jc.ShapedArray(bm.ref_shape, bm.array_aval.dtype),
-                        bm.ref_aval.memory_space) for bm in pout_bms]
+                        bm.memory_space) for bm in pout_bms]
              + [MemoryRef(jc.ShapedArray(bm.ref_shape, bm.array_aval.dtype),
-                          bm.ref_aval.memory_space) for bm in tout_bms]
+                          bm.memory_space) for bm in tout_bms]
              + [MemoryRef(jc.ShapedArray(bm.ref_shape, bm.array_aval.dtype),
-                          bm.ref_aval.memory_space)
+                          bm.memory_space)
                 for j, bm in enumerate(gm.in_block_mappings[npi:]) if j != n])
     pf_avals = [jc.AbstractRef(a, memory_space=None) for a in gm.prefetch_avals]
     avals = [*pf_avals, *(bm.ref_aval for bm in pin_bms), *(bm.ref_aval for bm in ctt_bms),

@@ -21,6 +21,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import scf
 from jaxlib.mosaic.python import tpu
 
+import pallas as pl
 from pallas.plugins import eval_jaxpr
 from pallas_tpu import MemorySpace
 from pallas_tpu import extend as tpx
@@ -79,6 +80,8 @@ def fetch_and_add(x_ref, value, *, subcore_id) -> jax.Array:
     if view.dtype != jnp.int32:
         raise TypeError(f"{fn}: x_ref must hold int32; got {jnp.dtype(view.dtype).name}")
     space = getattr(jax.typeof(base), "memory_space", None)
+    if space is pl.MemorySpace.DEFAULT:  # a block with no memory space: the backend's pick
+        space = None
     if space is not None and space is not MemorySpace.SMEM:
         raise ValueError(f"{fn}: x_ref must be in SMEM (pltpu.SMEM); got {space}")
     value = jnp.asarray(value, jnp.int32)
