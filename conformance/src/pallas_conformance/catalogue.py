@@ -53,6 +53,10 @@ TAGS: dict[str, str] = {
                     "with program_id/num_programs and index maps as for a static grid; "
                     "upstream lowers them for TPU only (the sizes become operands of the "
                     "custom call)",
+    "dynamic_shapes": "jax.export with symbolic dimensions under "
+                      "pl.pallas_export_experimental(dynamic_shapes=True): grids and block "
+                      "shapes computed from the symbolic shapes, kernels slicing by symbolic "
+                      "sizes; the exported function is called on concrete shapes",
     "aliasing": "input_output_aliases",
     "multiple_outputs": "several outputs from one pallas_call",
     "pytrees": "pytrees of operands and outputs",

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import pallas as pl
+import pallas.plugins  # noqa: F401 - pl.plugins
 
 SDS = jax.ShapeDtypeStruct
 
@@ -96,9 +97,9 @@ def test_jax_export_round_trip(interpret):
     np.testing.assert_array_equal(restored.call(x, x), 2 * x)
 
 
-def test_pallas_export_experimental_keeps_refusing_dynamically_shaped_blocks():
+def test_pallas_export_experimental_switches_on_dynamically_shaped_blocks():
     """Without the switch a symbolic block asks for it (upstream's ValueError); with it,
-    the block is a NotImplementedError of pallas-core's (symbolic grids work either way)."""
+    the whole-array block of symbolic size exports and runs on any size."""
     def f(x):
         return pl.pallas_call(_copy_kernel, SDS(x.shape, x.dtype), interpret=True)(x)
 
@@ -106,10 +107,29 @@ def test_pallas_export_experimental_keeps_refusing_dynamically_shaped_blocks():
     arg = SDS((w,), jnp.float32)
     with pytest.raises(ValueError, match="pallas_export_experimental"):
         jax.export.export(jax.jit(f))(arg)
-    with pytest.raises(NotImplementedError, match=r"does not lower dynamically-shaped "
-                                                  r"blocks yet. Block spec for args\[0\]"):
+    with pl.pallas_export_experimental(dynamic_shapes=True):
+        exported = jax.export.export(jax.jit(f))(arg)
+    for n in (1, 5):
+        x = jnp.arange(n, dtype=jnp.float32)
+        np.testing.assert_array_equal(exported.call(x), x)
+
+
+def test_a_backend_without_dynamic_shapes_refuses_symbolic_blocks(clean_registry):
+    class Static(pl.plugins.Backend):
+        def lower(self, request):
+            raise AssertionError("not reached: the core refuses first")
+
+    pl.plugins.register_backend(Static(name="static_only", version="0", platforms=("cpu",),
+                                       capabilities=frozenset({"export"})))
+
+    def f(x):
+        return pl.pallas_call(_copy_kernel, SDS(x.shape, x.dtype), backend="static_only")(x)
+
+    (w,) = jax.export.symbolic_shape("w")
+    with pytest.raises(NotImplementedError, match=r"dynamic shapes not supported in the "
+                                                  r"static_only backend: .* operand args\[0\]"):
         with pl.pallas_export_experimental(dynamic_shapes=True):
-            jax.export.export(jax.jit(f))(arg)
+            jax.export.export(jax.jit(f))(SDS((w,), jnp.float32))
 
 
 def test_run_state_runs_a_function_on_refs():

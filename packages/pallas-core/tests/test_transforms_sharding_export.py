@@ -202,9 +202,10 @@ def _copy(x_ref, o_ref):
 
 
 @pytest.mark.parametrize("with_specs", [True, False], ids=["block-specs", "whole-array"])
-def test_blocks_that_depend_on_a_symbolic_dimension_are_an_error_naming_the_operand(
+def test_symbolic_blocks_without_the_dynamic_shapes_switch_are_an_error_naming_the_operand(
         with_specs):
-    """As upstream: blocks must be static under shape polymorphism."""
+    """As upstream: blocks must be static under shape polymorphism unless the export
+    runs under pl.pallas_export_experimental(dynamic_shapes=True)."""
     def f(x):
         specs = {}
         if with_specs:
@@ -214,27 +215,68 @@ def test_blocks_that_depend_on_a_symbolic_dimension_are_an_error_naming_the_oper
 
     (w,) = export.symbolic_shape("w")
     with pytest.raises(ValueError, match=r"does not support dynamically-shaped blocks. Block "
-                                         r"spec for args\[0\] has block_shape"):
+                                         r"spec for args\[0\] has block_shape.*"
+                                         r"pallas_export_experimental\(dynamic_shapes=True\)"):
         export.export(jax.jit(f))(jax.ShapeDtypeStruct((w, 128), jnp.float32))
 
 
-def test_a_symbolic_grid_is_a_dynamic_grid_size_operand():
+def _export_and_call(f, sym_shape, *shapes, dynamic_shapes=False):
+    """Exports ``f`` (CPU, interpret=True inside) for ``sym_shape``; calls it on arrays
+    of each concrete shape; returns [(x, f(x))]."""
+    with pl.pallas_export_experimental(dynamic_shapes):
+        exp = export.export(jax.jit(f))(jax.ShapeDtypeStruct(sym_shape, jnp.float32))
+    out = []
+    for shape in shapes:
+        x = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
+        out.append((x, exp.call(x)))
+    return out
+
+
+def test_a_symbolic_grid_is_a_dynamic_grid_size_operand_and_runs_once_exported():
     """As upstream: a symbolic grid size becomes a dynamic grid bound (the call's first
-    operand); the interpreter cannot run on symbolic shapes, a clear error on CPU."""
+    operand); the exported interpreter runs to the size of the array it is called on."""
     def f(x):
         spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
         return pl.pallas_call(_copy, jax.ShapeDtypeStruct(x.shape, x.dtype),
                               grid=(pl.cdiv(x.shape[0], 8),), in_specs=[spec],
-                              out_specs=spec)(x)
+                              out_specs=spec, interpret=True)(x)
 
     (w,) = export.symbolic_shape("w")
     closed = jax.make_jaxpr(f)(jax.ShapeDtypeStruct((w, 128), jnp.float32))
     (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive is pl.pallas_call_p]
     assert eqn.params["grid_mapping"].num_dynamic_grid_bounds == 1
     assert eqn.invars[0].aval.shape == () and eqn.invars[0].aval.dtype == jnp.int32
-    with pytest.raises(NotImplementedError, match=r"interpreter cannot run on arrays with "
-                                                  r"symbolic dimensions"):
-        export.export(jax.jit(f))(jax.ShapeDtypeStruct((w, 128), jnp.float32))
+    for x, y in _export_and_call(f, (w, 128), (16, 128), (20, 128)):  # 20: a ragged edge
+        np.testing.assert_array_equal(y, x)
+
+
+def test_symbolic_block_shapes_run_in_the_interpreter_once_exported():
+    """Dynamic-shape export: blocks of half the (symbolic) array in each dimension."""
+    def f(x):
+        block = (x.shape[0] // 2, x.shape[1] // 2)
+        spec = pl.BlockSpec(block, lambda i, j: (i, j))
+        return pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 2),
+                              jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2, 2),
+                              in_specs=[spec], out_specs=spec, interpret=True)(x)
+
+    w, h = export.symbolic_shape("w, h")
+    for x, y in _export_and_call(f, (w, h), (16, 24), (6, 10), dynamic_shapes=True):
+        np.testing.assert_array_equal(y, x * 2)
+
+
+def test_a_kernel_may_slice_its_refs_by_a_symbolic_size():
+    def kernel(x_ref, o_ref):
+        half = pl.cdiv(x_ref.shape[0], 2)
+        assert half == o_ref.shape[0]
+        o_ref[...] = x_ref[:half] + x_ref.shape[0]  # a dimension used as a value, too
+
+    def f(x):
+        out = jax.ShapeDtypeStruct((pl.cdiv(x.shape[0], 2), 128), x.dtype)
+        return pl.pallas_call(kernel, out, interpret=True)(x)
+
+    (m,) = export.symbolic_shape("m")
+    for x, y in _export_and_call(f, (m, 128), (7, 128), (2, 128), dynamic_shapes=True):
+        np.testing.assert_array_equal(y, x[: (len(x) + 1) // 2] + len(x))
 
 
 def test_cdiv_of_symbolic_dimensions_stays_symbolic():

@@ -1,4 +1,5 @@
-"""Dynamic grids: grid sizes that are traced values (computed inside ``jax.jit``).
+"""Dynamic grids: grid sizes that are traced values (computed inside ``jax.jit``); and
+dynamic shapes: grids and blocks computed from symbolic dimensions (``jax.export``).
 
 The number of programs is an int32 input of the case, so every level traces it: the
 grid runs to that run-time count, ``num_programs`` returns it, and index maps and
@@ -7,6 +8,7 @@ grid runs to that run-time count, ``num_programs`` returns it, and index maps an
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 import pallas as pl
@@ -66,3 +68,29 @@ def index_map_reads_num_programs(pallas_call, n, x):
         kernel, out_shape=sds((16, 2 * C), x.dtype), grid=(n, 2),
         in_specs=[pl.BlockSpec((8, C), lambda i, j: (rows - pl.num_programs(0) + i, j))],
         out_specs=pl.BlockSpec((8, C), lambda i, j: (i, j)))(x)
+
+
+def _halves_plus_rows(pallas_call, x):
+    """A (2, 2) grid of blocks of half the array in each dimension; each block adds the
+    array's (symbolic) number of rows: a dimension used as a value in the kernel."""
+    block = (x.shape[0] // 2, x.shape[1] // 2)
+    spec = pl.BlockSpec(block, lambda i, j: (i, j))
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + jnp.asarray(2 * x_ref.shape[0]).astype(x_ref.dtype)
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(2, 2),
+                       in_specs=[spec], out_specs=spec)(x)
+
+
+@case("dynamic_shapes/symbolic_blocks", tags={"dynamic_shapes", "export"},
+      inputs=lambda rng: (randn(rng, (32, 2 * C)),),
+      reference=lambda x: x + x.shape[0])
+def symbolic_blocks(pallas_call, x):
+    """Exported for shapes (16 * a, 256 * b) with blocks of half of each, then called on
+    a (32, 256) array: the blocks are (16, 128) at run time."""
+    a, b = jax.export.symbolic_shape("a, b")
+    with pl.pallas_export_experimental(dynamic_shapes=True):
+        exp = jax.export.export(jax.jit(lambda v: _halves_plus_rows(pallas_call, v)))(
+            jax.ShapeDtypeStruct((16 * a, 2 * C * b), x.dtype))
+    return exp.call(x)

@@ -126,6 +126,10 @@ def canonicalize_block_dim(dim: Any) -> BlockDim:
         return dim
     if hasattr(dim, "__index__"):
         return Blocked(int(dim))
+    from pallas._src.jax_compat import is_symbolic_dim
+
+    if is_symbolic_dim(dim):  # jax.export shape polymorphism (dynamic-shape export)
+        return Blocked(dim)
     raise TypeError(
         f"a block dimension must be an int, None, pl.Blocked, pl.Element, pl.Squeezed or "
         f"pl.BoundedSlice; got {dim!r} of type {type(dim).__name__}"

@@ -1,4 +1,5 @@
-"""Grids whose sizes are known only at run time (dynamic grids).
+"""Grids whose sizes are known only at run time (dynamic grids), and blocks whose
+shapes are symbolic (``jax.export`` with ``pl.pallas_export_experimental``).
 
 A grid size may be a traced integer scalar (computed inside ``jit``) or a symbolic
 dimension (``jax.export`` shape polymorphism). Such a size is not part of the grid
@@ -6,6 +7,11 @@ mapping: the mapping's grid holds the :data:`dynamic_grid_dim` marker there, and
 size itself is an int32 scalar operand of ``pallas_call_p``, before all other operands,
 as upstream. The interpreter loops to the run-time trip count; backends that claim the
 ``dynamic_grid`` capability receive the sizes as ``LoweringRequest.grid_bounds``.
+
+Under ``pallas_export_experimental(dynamic_shapes=True)`` block shapes may be symbolic
+too (e.g. ``(x.shape[0] // 2, 128)``): the kernel is traced on refs of symbolic shape,
+the interpreter slices blocks of symbolic size, and backends that claim
+``dynamic_shapes`` lower them (Mosaic TPU with placeholder sizes, as upstream).
 """
 
 from __future__ import annotations
@@ -96,3 +102,20 @@ def dynamic_shapes_export(enabled: bool):
 
 def dynamic_shapes_export_enabled() -> bool:
     return _dynamic_shapes_export.get()
+
+
+def check_symbolic_block(origin: str, block_shape, array_aval) -> None:
+    """A block shape (``None``: the whole array) with a symbolic dimension needs
+    ``pl.pallas_export_experimental(dynamic_shapes=True)``; otherwise it is upstream's
+    error, naming the operand."""
+    block = array_aval.shape if block_shape is None else block_shape
+    dims = [getattr(d, "block_size", d) for d in block]
+    if dynamic_shapes_export_enabled() or not any(jc.is_symbolic_dim(d) for d in dims):
+        return
+    raise ValueError(
+        "shape polymorphism for Pallas does not support dynamically-shaped blocks. "
+        f"Block spec for {origin} has block_shape: {tuple(str(d) for d in dims)} (array "
+        f"shape {tuple(str(d) for d in array_aval.shape)}). If this is intentional, use "
+        f"the pl.pallas_export_experimental(dynamic_shapes=True) context manager to "
+        f"enable dynamic shapes; otherwise give the block static sizes."
+    )

@@ -21,8 +21,8 @@ from pallas._src import api_errors
 from pallas._src import block_spec as bs
 from pallas._src import jax_compat as jc
 from pallas._src.dynamic_grid import (
+    check_symbolic_block,
     dynamic_grid_dim,
-    dynamic_shapes_export_enabled,
     grid_str,
     unzip_dynamic_grid,
 )
@@ -119,6 +119,11 @@ class BlockMapping:
                               memory_space=space)
 
     @property
+    def symbolic(self) -> bool:
+        """Whether the array or block has a symbolic dimension (``jax.export``)."""
+        return any(map(jc.is_symbolic_dim, (*self.array_aval.shape, *self.block_shape)))
+
+    @property
     def has_partial_blocks(self) -> bool:
         """True when some Blocked dim does not divide its array dim (edge blocks)."""
         return any(
@@ -153,6 +158,9 @@ class GridMapping:
     scratch_origins: tuple
     input_output_aliases: tuple  # ((input index among all operands, output index), ...)
     mesh: Any = None  # the mesh of pl.kernel (grid = its axes), for backends that need it
+    # Per dynamic grid size: its symbolic dimension under jax.export (None when traced),
+    # so a backend can tell where a dimension variable comes from.
+    grid_bound_dims: tuple = ()
 
     @property
     def in_block_mappings(self) -> tuple:
@@ -376,6 +384,8 @@ def _check_block_dims(origin, block_dims, array_aval, block_shape_in):
         )
     for i, (d, n) in enumerate(zip(block_dims, shape)):
         size = d.block_size
+        if jc.is_symbolic_dim(size) or jc.is_symbolic_dim(n):
+            continue  # symbolic (jax.export): >= 1 by construction, checked at run time
         if not isinstance(size, (int, np.integer)) or size <= 0:
             raise ValueError(
                 f"Block shape for {origin} (= {tuple(block_shape_in)!r}) has a non-positive "
@@ -410,9 +420,10 @@ def resolve_block_mapping(origin, spec, array_aval, grid, prefetch_avals,
             f"the spec for {origin} must be a pl.BlockSpec or pl.no_block_spec; got {spec!r}"
         )
     memory_space = None if isinstance(spec, bs.NoBlockSpec) else spec.memory_space
-    _check_static_block(origin, spec, array_aval)
+    check_symbolic_block(origin, getattr(spec, "block_shape", None), array_aval)
     if isinstance(spec, bs.NoBlockSpec) or spec.block_shape is None:
-        block_dims = tuple(bs.Blocked(int(n)) if n else bs.Blocked(1) for n in array_aval.shape)
+        block_dims = tuple(bs.Blocked(n if jc.is_symbolic_dim(n) else int(n) or 1)
+                           for n in array_aval.shape)
         whole = True
         index_map = None
         pipeline_mode = None if isinstance(spec, bs.NoBlockSpec) else spec.pipeline_mode
@@ -444,34 +455,6 @@ def resolve_block_mapping(origin, spec, array_aval, grid, prefetch_avals,
         pipeline_mode=pipeline_mode,
         whole=whole,
         index_map_uses_prefetch=uses_prefetch,
-    )
-
-
-def _check_static_block(origin, spec, array_aval) -> None:
-    """Blocks must have static shapes: under shape polymorphism (``jax.export`` with
-    symbolic dimensions) a block that depends on a symbolic dimension is an error, as
-    upstream; pallas-core has no dynamic-shape export mode yet."""
-    block = getattr(spec, "block_shape", None)
-    if block is None:
-        block = array_aval.shape
-    dims = [getattr(d, "block_size", d) for d in block]
-    if not any(jc.is_symbolic_dim(d) for d in dims):
-        return
-    shape = tuple(str(d) for d in dims)
-    if dynamic_shapes_export_enabled():
-        raise NotImplementedError(
-            f"pallas_export_experimental(dynamic_shapes=True): pallas-core does not lower "
-            f"dynamically-shaped blocks yet. Block spec for {origin} has block_shape: "
-            f"{shape} (array shape {tuple(str(d) for d in array_aval.shape)}); symbolic "
-            f"grid sizes are supported, so give the block static sizes."
-        )
-    raise ValueError(
-        "shape polymorphism for Pallas does not support dynamically-shaped blocks. "
-        f"Block spec for {origin} has block_shape: {shape} (array shape "
-        f"{tuple(str(d) for d in array_aval.shape)}). Upstream's "
-        "core.pallas_export_experimental(dynamic_shapes=True) context manager, which "
-        "enables dynamic shapes there, is not supported by pallas-core: give the "
-        "block static sizes."
     )
 
 

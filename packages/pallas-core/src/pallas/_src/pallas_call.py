@@ -311,6 +311,9 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
             axes = list(zip(grid_names, gm.grid))
         if mesh is not None:
             gm = dataclasses.replace(gm, mesh=mesh)
+        if grid_bounds:
+            gm = dataclasses.replace(gm, grid_bound_dims=tuple(
+                b if jc.is_symbolic_dim(b) else None for b in grid_bounds))
         with jc.extend_axis_env_nd(axes), debug_checks_requested(wants_checks):
             jaxpr = trace_kernel(kernel, gm, body_tree, out_tree, scratch_tree, kname,
                                  pf_tree)
@@ -487,14 +490,6 @@ def lower_with_interpreter(ctx, *in_nodes, jaxpr, grid_mapping, checks=None):
     """
     from pallas._src.interpreter.grid_runner import interpret_pallas_call
 
-    symbolic = [a for a in (*ctx.avals_in, *ctx.avals_out)
-                if any(jc.is_symbolic_dim(d) for d in getattr(a, "shape", ()))]
-    if symbolic:
-        raise NotImplementedError(
-            f"the Pallas interpreter cannot run on arrays with symbolic dimensions "
-            f"(jax.export shape polymorphism): operand {symbolic[0].str_short()}. Export "
-            f"the kernel for a backend's platform (e.g. platforms=['tpu']), or export "
-            f"with concrete shapes")
     fun = functools.partial(interpret_pallas_call, jaxpr=jaxpr, grid_mapping=grid_mapping,
                             checks=checks)
     # The interpreter computes one device's (or one shard_map instance's) call: it is
@@ -545,6 +540,7 @@ def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compi
             nb = grid_mapping.num_dynamic_grid_bounds
             if nb:
                 _check_dynamic_grid_support(b, grid_mapping, name)
+            _check_dynamic_shapes_support(b, grid_mapping, name)
             return b.lower(LoweringRequest(
                 ctx=ctx, in_nodes=in_nodes[nb:], grid_bounds=tuple(in_nodes[:nb]),
                 jaxpr=jaxpr, grid_mapping=grid_mapping,
@@ -576,6 +572,21 @@ def _check_dynamic_grid_support(b, gm, name) -> None:
         f"has grid {_grid_repr(gm)}, whose dynamic sizes (traced values or symbolic "
         f"dimensions) backend {b.name!r} does not lower. Use static grid sizes, or "
         f"a backend that supports them (mosaic_tpu, or interpret=True)")
+
+
+def _check_dynamic_shapes_support(b, gm, name) -> None:
+    """A backend lowers symbolic shapes (``jax.export``) only if it claims
+    ``dynamic_shapes``."""
+    sym = [bm for bm in gm.block_mappings if bm.symbolic]
+    if not sym or {"dynamic_shapes", "*"} & set(b.capabilities):
+        return
+    bm = sym[0]
+    raise NotImplementedError(
+        f"dynamic shapes not supported in the {getattr(b, 'display_name', None) or b.name} "
+        f"backend: pallas_call {name} operand {bm.origin} has symbolic dimensions (array "
+        f"{bm.array_aval.str_short()}, block {tuple(str(d) for d in bm.block_shape)}), "
+        f"which backend {b.name!r} does not lower. Export with concrete shapes, or use a "
+        f"backend that supports them (mosaic_tpu, or interpret=True)")
 
 
 jc.mlir.register_lowering(pallas_call_p, _lowering)

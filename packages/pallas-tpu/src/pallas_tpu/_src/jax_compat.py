@@ -48,6 +48,12 @@ get_p = _state_primitives.get_p
 swap_p = _state_primitives.swap_p
 addupdate_p = _state_primitives.addupdate_p
 
+# Shape polymorphism: the variables of symbolic dimensions, and a dimension as a value.
+from jax._src.export import shape_poly as _shape_poly  # noqa: E402
+
+all_dim_vars = _shape_poly.all_dim_vars
+dim_as_value_p = _shape_poly.dim_as_value_p
+
 # jnp.tile's primitive (not in jax.extend.core.primitives).
 from jax._src.lax import lax as _lax  # noqa: E402
 

@@ -13,6 +13,7 @@ import numpy as np
 from jax import lax
 
 from pallas._src import block_spec as bs
+from pallas._src.jax_compat import is_symbolic_dim
 from pallas._src.memory import uninitialized_value
 
 
@@ -20,7 +21,10 @@ def own_padding(bm) -> tuple[tuple[int, int], ...]:
     """The (lo, hi) padding a mapping needs so every in-range block fits."""
     pads = []
     for d, n in zip(bm.block_dims, bm.array_aval.shape):
-        if isinstance(d, bs.Blocked):
+        if isinstance(d, bs.Blocked) and is_symbolic_dim(d.block_size):
+            # A symbolic block may be of size 0 (no division by it): room for one block.
+            pads.append((0, 0 if d.block_size == n else d.block_size))
+        elif isinstance(d, bs.Blocked):
             pads.append((0, -(-n // d.block_size) * d.block_size - n))
         elif isinstance(d, bs.Element):
             pads.append(tuple(d.padding))

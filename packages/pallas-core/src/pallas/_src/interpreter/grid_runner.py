@@ -74,7 +74,9 @@ class _Plan:
         self.checks = checks
         # The grid being run: gm.grid, with dynamic sizes as traced int32 scalars.
         self.grid = gm.grid if grid is None else grid
-        self.dynamic = gm.num_dynamic_grid_bounds > 0
+        # Run-time grid sizes or symbolic shapes (jax.export): no trace-time index tables.
+        self.dynamic = gm.num_dynamic_grid_bounds > 0 or any(
+            bm.symbolic for bm in gm.block_mappings)
         nsp, nin = gm.num_scalar_prefetch, gm.num_inputs
         self.prefetch = list(args[:nsp])
         ins = list(args[nsp : nsp + nin])

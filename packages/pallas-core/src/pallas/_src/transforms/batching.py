@@ -167,6 +167,7 @@ def _batch_rule(args, dims, *, jaxpr, grid_mapping, checks, **params):
         grid_names=None if gm.grid_names is None
         else (BatchAxisName(next(_batch_axis_ids)), *gm.grid_names),
         block_mappings=(*in_bms, *out_bms),
+        grid_bound_dims=(size, *gm.grid_bound_dims) if symbolic else gm.grid_bound_dims,
     )
     new_jaxpr = shift_grid_axes_closed(jaxpr, 1)
     out_avals = tuple(a.update(shape=(size, *a.shape)) for a in params["out_avals"])

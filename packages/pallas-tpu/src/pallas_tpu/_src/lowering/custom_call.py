@@ -5,6 +5,7 @@ from __future__ import annotations
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.compiler_params import CompilerParams, SideEffectType
 from pallas_tpu._src.lowering.kernel import build_module
+from pallas_tpu._src.lowering.symbolic import annotate
 
 
 def side_effect_type(value):
@@ -73,6 +74,9 @@ def lower_pallas_call(ctx, *in_nodes, jaxpr, grid_mapping, compiler_params: Comp
     p = compiler_params
     nb = len(grid_bounds)
     config = _config_kwargs(kernel, p, cost_estimate)
+    with kernel.context:  # how the TPU runtime specialises symbolic dimensions, if any
+        annotate(kernel.module, kernel.placeholders, ctx.avals_in,
+                 tuple(gm.grid_bound_dims) or (None,) * nb)
     if nb and config["input_memory_spaces"] is not None:
         config["input_memory_spaces"] = (None,) * nb + tuple(config["input_memory_spaces"])
     return jc.lower_module_to_custom_call(

@@ -30,6 +30,7 @@ from pallas_tpu._src.enums import LoweringException
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import materialize, to_i32
 from pallas_tpu._src.lowering.engine import Lit, LoweringContext, RefVal, lower_jaxpr
+from pallas_tpu._src.lowering.symbolic import Placeholders, placeholders, static_shape
 from pallas_tpu._src.memory import MemorySpace, is_any_space
 
 
@@ -42,6 +43,7 @@ class MosaicKernel:
     input_memory_spaces: tuple
     output_memory_spaces: tuple
     primitives: frozenset
+    placeholders: Placeholders | None = None  # of symbolic dimensions (jax.export)
 
 
 def new_context() -> ir.Context:
@@ -147,9 +149,10 @@ def _semantics_attr(params: CompilerParams, gm) -> ir.ArrayAttr:
 
 def build_module(jaxpr, gm, params: CompilerParams, name: str,
                  mesh_axes: tuple = ()) -> MosaicKernel:
-    """Lowers the kernel jaxpr and grid mapping to a verified Mosaic TPU module."""
+    """Lowers the kernel jaxpr and grid mapping to a verified Mosaic TPU module; symbolic
+    dimensions (dynamic-shape export) become placeholders (see ``symbolic``)."""
     ctx = new_context()
-    with ctx, ir.Location.unknown():
+    with ctx, ir.Location.unknown(), placeholders(True) as env:
         module = ir.Module.create()
         with ir.InsertionPoint(module.body):
             prefetch_types = [T.memref_type(a.shape, a.dtype, MemorySpace.SMEM)
@@ -164,7 +167,7 @@ def build_module(jaxpr, gm, params: CompilerParams, name: str,
                 tname = _emit_transform(k, bm, gm, prefetch_types, name, mesh_axes)
                 wp = {
                     "transform_indices": ir.FlatSymbolRefAttr.get(tname),
-                    "window_bounds": ir.DenseI64ArrayAttr.get(list(bm.block_shape)),
+                    "window_bounds": ir.DenseI64ArrayAttr.get(static_shape(bm.block_shape)),
                 }
                 if uses_element_window(bm):
                     wp["window_kind"] = _element_window_attr(bm)
@@ -209,7 +212,8 @@ def build_module(jaxpr, gm, params: CompilerParams, name: str,
     spaces = [_custom_call_space(b[2]) for b in block_args]
     nin = gm.num_inputs
     in_spaces = tuple([jc.CustomCallMemorySpace.SMEM] * gm.num_scalar_prefetch + spaces[:nin])
-    return MosaicKernel(module, ctx, in_spaces, tuple(spaces[nin:]), frozenset(lctx.uses))
+    return MosaicKernel(module, ctx, in_spaces, tuple(spaces[nin:]), frozenset(lctx.uses),
+                        env)
 
 
 def _custom_call_space(space):

@@ -23,6 +23,7 @@ from pallas_tpu._src.lowering.common import (
     operands,
     rule,
 )
+from pallas_tpu._src.lowering.symbolic import static_dim
 
 # ------------------------------------------------------------------------------------------
 # Elementwise arithmetic.
@@ -352,6 +353,13 @@ def _cumulative(lctx, eqn, x):
         v = combine(v, arith.select(inside, rolled, identity))
         shift *= 2
     return v
+
+
+@rule(jc.dim_as_value_p)
+def _dim_as_value(lctx, eqn):
+    """A dimension used as a value (``x.shape[0] * 2``): its size, or its placeholder
+    under dynamic-shape export (see ``symbolic``)."""
+    return const((), aval_out(eqn).dtype, static_dim(eqn.params["dim"]))
 
 
 @rule(P.iota_p)

@@ -24,6 +24,7 @@ from pallas_tpu._src.lowering.common import (
     to_index,
 )
 from pallas_tpu._src.lowering.engine import Lit, RefVal
+from pallas_tpu._src.lowering.symbolic import static_dim
 from pallas_tpu._src.memory import MemorySpace
 
 # ------------------------------------------------------------------------------------------
@@ -73,7 +74,7 @@ def apply_transforms(ref: RefVal, flat, tree) -> Window:
             scale = w.strides[dim]
             if isinstance(idx, jc.Slice):
                 w.starts[dim] = _add(w.starts[dim], _scaled(idx.start, scale))
-                w.sizes[dim] = int(idx.size)
+                w.sizes[dim] = static_dim(idx.size)
                 w.strides[dim] = scale * int(idx.stride)
             else:
                 if isinstance(idx, ir.Value) and isinstance(idx.type, ir.VectorType) or (

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxlib.mlir import ir
 
+from pallas_tpu._src.lowering.symbolic import static_shape
 from pallas_tpu._src.memory import MemorySpace, SemaphoreType, canonical_space
 
 
@@ -34,7 +35,7 @@ def value_type(shape, dtype) -> ir.Type:
     """Rank-0 values are scalars; others are vectors."""
     if len(shape) == 0:
         return elem_type(dtype)
-    return ir.VectorType.get(list(shape), elem_type(dtype))
+    return ir.VectorType.get(static_shape(shape), elem_type(dtype))
 
 
 def aval_type(aval) -> ir.Type:
@@ -86,9 +87,10 @@ def is_semaphore(space) -> bool:
 
 def memref_type(shape, dtype, space) -> ir.MemRefType:
     if is_semaphore(space):
-        return ir.MemRefType.get(list(shape), semaphore_elem(space),
+        return ir.MemRefType.get(static_shape(shape), semaphore_elem(space),
                                  memory_space=memory_space_attr(MemorySpace.SEMAPHORE))
-    return ir.MemRefType.get(list(shape), elem_type(dtype), memory_space=memory_space_attr(space))
+    return ir.MemRefType.get(static_shape(shape), elem_type(dtype),
+                             memory_space=memory_space_attr(space))
 
 
 def splat_attr(vtype, value, dtype) -> ir.Attribute:
