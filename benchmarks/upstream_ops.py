@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIM = os.path.join(ROOT, "..", "shared", "tools", "upstream_shim", "conftest.py")
@@ -370,11 +371,43 @@ def tpu_all_gather(shape):
 # forced, with a 4-SM grid (upstream has no way to run them on a CPU).
 
 
+class _Device:
+    """A stand-in device with ``n`` SMs (``core_count``), for the SM-count look-ups."""
+
+    def __init__(self, n):
+        self.core_count = n
+
+
+class _JaxWithDevices(types.ModuleType):
+    """``jax`` as one kernel module sees it, with ``jax.devices()`` a list of devices
+    of ``n`` SMs (the module reads ``jax.devices()[0].core_count``)."""
+
+    def __init__(self, jax, n):
+        super().__init__("jax")
+        self._jax, self._n = jax, n
+
+    def devices(self, *a, **kw):
+        return [_Device(self._n)]
+
+    def __getattr__(self, name):
+        return getattr(self._jax, name)
+
+
 def _sms(n):
-    """Patches the SM count the persistent kernels read (the harness's knob, not theirs)."""
-    from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu
+    """Patches the SM count the persistent kernels read (the harness's knob, not theirs):
+    ``get_num_sms()``, ``backend.get_default_device().core_count`` and
+    ``jax.devices()[0].core_count`` (a CPU device has none)."""
+    import jax
+    from jax.experimental.pallas.ops.gpu import (
+        hopper_matmul_mgpu,
+        hopper_mixed_type_matmul_mgpu,
+        transposed_ragged_dot_mgpu,
+    )
 
     hopper_matmul_mgpu.get_num_sms = lambda: n
+    hopper_mixed_type_matmul_mgpu.backend = types.SimpleNamespace(
+        get_default_device=lambda: _Device(n))
+    transposed_ragged_dot_mgpu.jax = _JaxWithDevices(jax, n)
 
 
 def mgpu_hopper_matmul(shape):
@@ -393,6 +426,23 @@ def mgpu_hopper_matmul(shape):
 
     return f, (a, b), lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32), \
         "mgpu:sm_90a"
+
+
+def mgpu_hopper_mixed_matmul(shape):
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.gpu import hopper_mixed_type_matmul_mgpu as hm
+
+    m, k, n = shape
+    a = jax.random.randint(_keys(2)[0], (m, k), -8, 8, jnp.int8)
+    b = jax.random.uniform(_keys(2)[1], (k, n), jnp.float16, -1, 1)
+    cfg = hm.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2)
+
+    def f(a, b, interpret):
+        del interpret  # forced by the worker
+        return hm.mixed_matmul_kernel(a, b, out_dtype=jnp.float16, config=cfg)
+
+    return f, (a, b), lambda a, b: hm.reference(a, b, out_dtype=jnp.float16), "mgpu:sm_90a"
 
 
 def mgpu_attention(shape):
@@ -451,6 +501,26 @@ def mgpu_ragged_dot(shape):
     return f, (lhs, rhs), ref, "mgpu:sm_90a"
 
 
+def mgpu_transposed_ragged_dot(shape):
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.gpu import transposed_ragged_dot_mgpu as td
+
+    k, m, n, groups = shape
+    lhs = jax.random.normal(_keys(2)[0], (k, m), jnp.float16)
+    rhs = jax.random.normal(_keys(2)[1], (k, n), jnp.float16)
+    sizes = jnp.asarray([k // groups + (k % groups if i == 0 else 0) for i in range(groups)],
+                        jnp.int32)
+
+    def f(lhs, rhs, interpret):
+        del interpret  # forced by the worker
+        return td.transposed_ragged_dot(lhs, rhs, group_sizes=sizes, block_m=64, block_n=64,
+                                        block_k=64, max_concurrent_steps=2, grid_block_n=1)
+
+    return f, (lhs, rhs), lambda lhs, rhs: td.ref_transposed_ragged_dot(lhs, rhs, sizes), \
+        "mgpu:sm_90a"
+
+
 KERNELS = {
     "gpu/softmax": (gpu_softmax, [(64, 256), (100, 300)]),
     "gpu/layer_norm": (gpu_norm, [(4, 16, 256), (3, 10, 300)]),
@@ -484,7 +554,11 @@ KERNELS = {
     "gpu/hopper_matmul_mgpu": (mgpu_hopper_matmul, [(256, 256, 256), (384, 128, 256)]),
     "gpu/attention_mgpu": (mgpu_attention, [(1, 128, 2, 64)]),
     "gpu/blackwell_matmul_mgpu": (mgpu_blackwell_matmul, [(256, 256, 256)]),
-    "gpu/ragged_dot_mgpu": (mgpu_ragged_dot, [(256, 128, 128, 2)]),
+    "gpu/ragged_dot_mgpu": (mgpu_ragged_dot, [(256, 128, 128, 2), (200, 128, 128, 3)]),
+    "gpu/hopper_mixed_type_matmul_mgpu": (mgpu_hopper_mixed_matmul, [(256, 256, 256),
+                                                                    (384, 128, 256)]),
+    "gpu/transposed_ragged_dot_mgpu": (mgpu_transposed_ragged_dot, [(256, 128, 128, 2),
+                                                                    (320, 128, 64, 3)]),
 }
 
 

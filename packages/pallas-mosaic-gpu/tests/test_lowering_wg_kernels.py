@@ -87,3 +87,57 @@ def test_slices_that_would_gather_across_threads_are_refused_naming_the_window()
     with pytest.raises(MosaicGpuLoweringError,
                        match=r"'slice'.*slicing \[3:11, 0:128\] out of a \(16, 128\) array"):
         _lower(_rows(slice(3, 11)), x)
+
+
+def _sum_of_first_blocks(interpret=False):
+    """The sum of the first ``n[0]`` (64, 128) blocks of x: an emit_pipeline whose grid
+    is read from GMEM in the kernel (a traced step count), over a view that overhangs
+    the array (only in-bounds blocks are fetched), as transposed_ragged_dot_mgpu's."""
+
+    def kernel(n_gmem, x_gmem, o_gmem, acc):
+        acc[...] = jnp.zeros_like(acc)
+
+        def step(_, x_smem):
+            acc[...] += x_smem[...]
+
+        start = n_gmem[1] * 64
+        plgpu.emit_pipeline(step, grid=(n_gmem[0],),
+                            in_specs=[plgpu.BlockSpec((64, 128), lambda i: (i, 0))],
+                            max_concurrent_steps=2)(x_gmem.at[pl.ds(start, 256)])
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(acc, o_gmem)
+        plgpu.wait_smem_to_gmem(0)
+
+    return plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((64, 128), F32),
+                        scratch_types=[plgpu.SMEM((64, 128), F32)],
+                        compiler_params=plgpu.CompilerParams(lowering_semantics=WG),
+                        interpret=plgpu.InterpretParams() if interpret else False)
+
+
+def test_emit_pipeline_over_a_traced_number_of_steps_lowers_and_interprets():
+    x = jnp.arange(256 * 128, dtype=F32).reshape(256, 128) / 1024
+    n = jnp.asarray([2, 1], jnp.int32)  # 2 blocks, from row 64 on
+    assert "custom_call @mosaic_gpu_v2" in _lower(_sum_of_first_blocks(), n, x)
+    got = _sum_of_first_blocks(interpret=True)(n, x)
+    assert jnp.allclose(got, x[64:128] + x[128:192])
+
+
+def test_an_iota_cast_to_the_wgmma_layout_lines_up_with_a_wgmma_layout_load():
+    tr = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+    def kernel(x_gmem, o_gmem):
+        def body(buf, bar):
+            plgpu.copy_gmem_to_smem(x_gmem, buf, bar.at[0])
+            plgpu.barrier_wait(bar.at[0])
+            rows = plgpu.layout_cast(jax.lax.broadcasted_iota(jnp.int32, (64, 64), 0),
+                                     plgpu.Layout.WGMMA)
+            buf[...] = buf[...] * (rows >= 8).astype(F16)  # both in the WGMMA layout
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(buf, o_gmem)
+            plgpu.wait_smem_to_gmem(0)
+
+        pl.run_scoped(body, plgpu.SMEM((64, 64), F16, transforms=tr), plgpu.Barrier())
+
+    f = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((64, 64), F16),
+                     compiler_params=plgpu.CompilerParams(lowering_semantics=WG))
+    assert "custom_call @mosaic_gpu_v2" in _lower(f, jnp.ones((64, 64), F16))

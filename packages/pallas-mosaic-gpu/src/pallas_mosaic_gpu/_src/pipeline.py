@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 import pallas as pl
@@ -109,10 +111,17 @@ def fori_with_refs(n: int, body: Callable[[Any, Any], Any], carry: Any) -> Any:
     return merge(values)
 
 
+def _static(grid) -> bool:
+    """Whether every grid dim is a Python/numpy int (not a traced value)."""
+    return all(isinstance(g, (int, np.integer)) for g in grid)
+
+
 def _index_invariant(spec, grid) -> bool:
     """True if ``spec``'s index map gives the same block at every step of ``grid``."""
     if spec.index_map is None:
         return True
+    if not _static(grid):  # a traced grid: assume the block moves
+        return False
     points = list(itertools.product(*(range(int(g)) for g in grid)))
     if len(points) > 4096:
         return False
@@ -151,8 +160,11 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
         raise ValueError("max_concurrent_steps must be greater than all delay_release values,"
                          f" but max_concurrent_steps={max_concurrent_steps} and "
                          f"delay_release_levels={delays}.")
+    # A grid dim may be a traced value (a per-group step count read in the kernel); the
+    # ring then has max_concurrent_steps slots and fetches only steps that exist.
     num_steps = math.prod(grid)
-    slots = max(1, min(max_concurrent_steps, num_steps))
+    static = _static(grid)
+    slots = max(1, min(max_concurrent_steps, num_steps)) if static else max_concurrent_steps
     specs = (*in_specs, *out_specs)
 
     def pipeline(*gmem_refs):
@@ -194,7 +206,10 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
                   if k >= n_in and b is not None and invariant[k]]
 
         for s in range(slots):
-            fetch(jnp.int32(s))
+            if static:
+                fetch(jnp.int32(s))
+            else:
+                pl.when(s < num_steps)(functools.partial(fetch, jnp.int32(s)))
 
         def step_fn(step, carry):
             slot = lax.rem(step, jnp.int32(slots))

@@ -71,51 +71,84 @@ def _scalar(x) -> int | None:
     return int(a) if a.ndim == 0 else None
 
 
-def access_region(shape, flat, tree) -> tuple[Region, bool]:
-    """The box of a buffer of ``shape`` that a ref with these transforms touches, and
-    whether it lies within the buffer. Views that are not strided boxes (gathers,
-    reshapes, bitcasts) touch the whole buffer, conservatively."""
+def _composed(shape, flat, tree):
+    """``ref.at[...]`` indexers composed onto the buffer: (per base dim: a fixed index
+    or (offset, stride, size)), or None for views that are not strided boxes (gathers,
+    reshapes, bitcasts, traced offsets). An intermediate view may overhang the buffer
+    (``x.at[pl.ds(start, k)]`` of which only an in-bounds block is used): only the
+    composed box is what the access touches."""
     transforms = jax.tree_util.tree_unflatten(tree, flat) if tree is not None else ()
     # Each view dim maps to a base dim: (base dim, offset, stride, size).
     view = [(d, 0, 1, int(n)) for d, n in enumerate(shape)]
     fixed: dict[int, int] = {}
-    in_bounds = True
     for t in transforms:
         if not isinstance(t, jc.NDIndexer):
-            return whole(shape), True
+            return None
         new_view = []
-        for (d, off, stride, size), idx in zip(view, t.indices):
+        for (d, off, stride, _), idx in zip(view, t.indices):
             if isinstance(idx, jc.Slice):
                 start, n, step = _scalar(idx.start), int(idx.size), int(idx.stride)
                 if start is None:
-                    return whole(shape), True
-                if start < 0 or (n and start + (n - 1) * step >= size):
-                    in_bounds = False
+                    return None
                 new_view.append((d, off + start * stride, stride * step, n))
             else:
                 i = _scalar(idx)
                 if i is None:  # an index array (gather)
-                    return whole(shape), True
-                if not 0 <= i < size:
-                    in_bounds = False
+                    return None
                 fixed[d] = off + i * stride
         view = new_view + view[len(t.indices):]
-    dims = []
     by_base = {d: (off, stride, n) for d, off, stride, n in view}
-    for d, n in enumerate(shape):
-        if d in fixed:
-            dims.append((fixed[d], fixed[d] + 1, 1))
-        elif d in by_base:
-            off, stride, size = by_base[d]
-            if size == 0:
-                dims.append((off, off, 1))
-            elif stride > 0:
-                dims.append((off, off + (size - 1) * stride + 1, stride))
-            else:
-                dims.append((0, int(n), 1))
+    if any(stride <= 0 for _, stride, _ in by_base.values()):
+        return None
+    return [fixed[d] if d in fixed else by_base[d] for d in range(len(shape))]
+
+
+def access_region(shape, flat, tree) -> tuple[Region, bool]:
+    """The box of a buffer of ``shape`` that a ref with these transforms touches, and
+    whether it lies within the buffer. Views that are not strided boxes (gathers,
+    reshapes, bitcasts) touch the whole buffer, conservatively."""
+    dims_of = _composed(shape, flat, tree)
+    if dims_of is None:
+        return whole(shape), True
+    dims, ok = [], True
+    for n, d in zip(shape, dims_of):
+        if isinstance(d, int):
+            ok &= 0 <= d < n
+            dims.append((d, d + 1, 1))
         else:
-            dims.append((0, int(n), 1))
-    return tuple(dims), in_bounds
+            off, stride, size = d
+            end = off + (size - 1) * stride + 1 if size else off
+            ok &= size == 0 or (off >= 0 and end <= n)
+            dims.append((off, end, stride))
+    return tuple(dims), bool(ok)
+
+
+def box_index(shape, flat, tree) -> tuple | None:
+    """The basic numpy index of the in-bounds box a ref view touches (fixed dims as
+    ints), or None where ``jc.get_view``/``jc.set_view`` must apply the transforms."""
+    dims_of = _composed(shape, flat, tree)
+    region, ok = access_region(shape, flat, tree)
+    if dims_of is None or not ok:
+        return None
+    return tuple(d if isinstance(d, int) else slice(s, e, p)
+                 for d, (s, e, p) in zip(dims_of, region))
+
+
+def get_view(buf, flat, tree):
+    """The part of ``buf``'s value a ref view reads."""
+    idx = box_index(buf.shape, flat, tree)
+    return jc.get_view(buf.value, flat, tree) if idx is None else buf.value[idx]
+
+
+def set_view(buf, new, flat, tree):
+    """``buf``'s value with the part a ref view sees replaced by ``new``."""
+    idx = box_index(buf.shape, flat, tree)
+    if idx is None:
+        return jc.set_view(buf.value, jnp.asarray(new, buf.value.dtype), flat, tree)
+    value = jnp.asarray(buf.value)
+    part = value[idx]
+    return value.at[idx].set(jnp.broadcast_to(jnp.asarray(new, buf.value.dtype),
+                                                  part.shape))
 
 
 def describe_region(region: Region) -> str:

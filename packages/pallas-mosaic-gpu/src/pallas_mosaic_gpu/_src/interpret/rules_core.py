@@ -24,6 +24,8 @@ from pallas_mosaic_gpu._src.interpret.memory import (
     access_region,
     describe_region,
     fill_value,
+    get_view,
+    set_view,
 )
 
 
@@ -40,7 +42,7 @@ def read(th, buf: Buffer, flat, tree):
     """The value a ref view reads (logged; bounds-checked)."""
     region, ok = _region(th, buf, flat, tree, "read")
     th.access(buf, "read", region)
-    value = jc.get_view(buf.value, flat, tree)
+    value = jc.get_view(buf.value, flat, tree) if not ok else get_view(buf, flat, tree)
     if not ok:  # out_of_bounds_reads="uninitialized": the fill value, not clamped data
         value = jnp.full(value.shape, fill_value(value.dtype,
                                                  th.launch.params.uninitialized_memory))
@@ -50,7 +52,7 @@ def read(th, buf: Buffer, flat, tree):
 def write(th, buf: Buffer, flat, tree, value) -> None:
     region, _ = _region(th, buf, flat, tree, "write")
     th.access(buf, "write", region)
-    buf.value = jc.set_view(buf.value, jnp.asarray(value, buf.value.dtype), flat, tree)
+    buf.value = set_view(buf, value, flat, tree)
 
 
 @register_gpu_rule(jc.get_p)

@@ -11,11 +11,13 @@ The data moves when the copy is issued.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-
-from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
-from pallas_mosaic_gpu._src.interpret.memory import access_region, describe_region
+from pallas_mosaic_gpu._src.interpret.memory import (
+    access_region,
+    describe_region,
+    get_view,
+    set_view,
+)
 from pallas_mosaic_gpu._src.interpret.sync import arrive, barrier_of
 from pallas_mosaic_gpu._src.primitives import copies as C
 from pallas_mosaic_gpu._src.primitives import refs as R
@@ -43,12 +45,12 @@ def _copy(th, src, dst, unit, combine=None):
     (sbuf, sflat, stree), (dbuf, dflat, dtree) = src, dst
     sreg = _checked_region(th, sbuf, sflat, stree, "source")
     dreg = _checked_region(th, dbuf, dflat, dtree, "destination")
-    data = jc.get_view(sbuf.value, sflat, stree)
+    data = get_view(sbuf, sflat, stree)
     if combine is not None:
-        data = combine(jc.get_view(dbuf.value, dflat, dtree), data)
+        data = combine(get_view(dbuf, dflat, dtree), data)
     th.access(sbuf, "read", sreg, unit=unit)
     th.access(dbuf, "write", dreg, unit=unit)
-    dbuf.value = jc.set_view(dbuf.value, jnp.asarray(data, dbuf.value.dtype), dflat, dtree)
+    dbuf.value = set_view(dbuf, data, dflat, dtree)
 
 
 @register_gpu_rule(C.copy_gmem_to_smem_p)

@@ -97,6 +97,8 @@ class LoweringContext:
     used_vars: set = dataclasses.field(default_factory=set)
     # "lane" or "warpgroup" (CompilerParams.lowering_semantics, see kernel.semantics_of)
     semantics: str = "lane"
+    # var -> the plgpu layout a ``layout_cast`` of it asks for (see rules_layout.py)
+    layout_hints: dict = dataclasses.field(default_factory=dict)
 
     def is_used(self, var) -> bool:
         return var in self.used_vars
@@ -131,6 +133,9 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
         env[v] = a
     for eqn in jaxpr.eqns:
         lctx.used_vars.update(v for v in eqn.invars if not isinstance(v, jax_core.Literal))
+        if eqn.primitive.name == "mgpu_layout_cast" and \
+                not isinstance(eqn.invars[0], jax_core.Literal):
+            lctx.layout_hints[eqn.invars[0]] = eqn.params["new_layout"]
     lctx.used_vars.update(v for v in jaxpr.outvars if not isinstance(v, jax_core.Literal))
     for eqn in jaxpr.eqns:
         r = RULES.get(eqn.primitive)

@@ -21,6 +21,7 @@ from jaxlib.mlir.dialects import arith, scf, vector
 from pallas_mosaic_gpu._src.lowering import small
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import Lit, rule
+from pallas_mosaic_gpu._src.lowering.rules_layout import hinted_layout
 from pallas_mosaic_gpu._src.lowering.spill import load_element, operand_memrefs
 
 
@@ -117,9 +118,16 @@ def _scalar_of(x):
 def _iota(lctx, eqn):
     out = eqn.outvars[0].aval
     dim = int(eqn.params["dimension"])
-    layout = V.strided_layout(tuple(out.shape))
-    return V.FragmentedArray.broadcasted_iota(
-        V.elem_type(out.dtype), tuple(out.shape), dim, layout, is_signed=V.signed(out.dtype))
+    ty, shape = V.elem_type(out.dtype), tuple(out.shape)
+    hint = hinted_layout(lctx, eqn.outvars[0], shape)  # created in a cast's layout
+    if isinstance(hint, fa.TiledLayout):
+        try:
+            return V.FragmentedArray.broadcasted_iota(ty, shape, dim, hint,
+                                                      is_signed=V.signed(out.dtype))
+        except (NotImplementedError, ValueError):
+            pass  # a shape the layout does not tile: strided, like any other iota
+    return V.FragmentedArray.broadcasted_iota(ty, shape, dim, V.strided_layout(shape),
+                                              is_signed=V.signed(out.dtype))
 
 
 def _combine(op_name, dtype):
