@@ -69,9 +69,10 @@ def test_warpgroup_semantics_compute_what_lane_semantics_compute():
 @pytest.mark.parametrize("semantics", [LANE, WG], ids=["lane", "warpgroup"])
 def test_layout_casts_loads_and_iotas_with_a_layout_change_no_value(semantics):
     def kernel(x_ref, o_ref):
-        x = plgpu.load(x_ref, (), layout=plgpu.Layout.WG_STRIDED((64, 128), vec_size=2))
-        rows = plgpu.broadcasted_iota(F32, (64, 128), 0, layout=plgpu.Layout.WGMMA)
-        o_ref[...] = plgpu.layout_cast(x + rows, plgpu.Layout.WGMMA)
+        strided = plgpu.Layout.WG_STRIDED((64, 128), vec_size=2)
+        x = plgpu.load(x_ref, (), layout=strided)
+        rows = plgpu.broadcasted_iota(F32, (64, 128), 0, layout=strided)
+        o_ref[...] = plgpu.layout_cast(x + rows, strided)
 
     def f(interpret):
         return pl.pallas_call(
