@@ -9,7 +9,7 @@ race detector records.
 
 from __future__ import annotations
 
-import dataclasses
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -17,8 +17,9 @@ import numpy as np
 from pallas_tpu._src import jax_compat as jc
 
 
-@dataclasses.dataclass(frozen=True)
-class Dim:
+class Dim(NamedTuple):
+    """One dimension of a box (a tuple: built at every access, so it must be cheap)."""
+
     start: int
     count: int
     step: int = 1
@@ -30,10 +31,17 @@ class Dim:
 
 
 Box = tuple[Dim, ...]
+_full_boxes: dict = {}
 
 
 def full_box(shape) -> Box:
-    return tuple(Dim(0, int(n)) for n in shape)
+    try:
+        return _full_boxes[shape]
+    except (KeyError, TypeError):
+        box = tuple(Dim(0, int(n)) for n in shape)
+        if isinstance(shape, tuple):
+            _full_boxes[shape] = box
+        return box
 
 
 def box_shape(box: Box) -> tuple[int, ...]:
@@ -61,6 +69,8 @@ class NotABox(Exception):
 
 
 def _as_int(x) -> int:
+    if type(x) is int:
+        return x
     if isinstance(x, (int, np.integer)):
         return int(x)
     if isinstance(x, np.ndarray) and x.ndim == 0:
@@ -121,10 +131,9 @@ def _program(tree):
     """Per ``NDIndexer`` of the transforms of ``tree``: per index ``(slice?, start, size,
     stride)`` with start/size as ``(is_leaf, leaf position or constant)``; None when a
     transform is not an indexer (cached per tree)."""
-    try:
-        return _programs[tree]
-    except KeyError:
-        pass
+    hit = _programs.get(id(tree))  # by identity: hashing a treedef is slow
+    if hit is not None and hit[0] is tree:
+        return hit[1]
     prog = []
     try:
         leaves = [_Leaf(k) for k in range(tree.num_leaves)]
@@ -141,7 +150,7 @@ def _program(tree):
             prog.append(ops)
     except (NotABox, TypeError, ValueError):
         prog = None
-    _programs[tree] = prog
+    _programs[id(tree)] = (tree, prog)  # keeps the tree alive while its id is a key
     return prog
 
 
@@ -154,8 +163,12 @@ def fast_box(shape, flat, tree) -> Box | None:
     if prog is None:
         return None
     box = list(full_box(shape))
+    first = True
     for ops in prog:
-        view_dims = [i for i, d in enumerate(box) if not d.squeezed]
+        # Before the first indexer no dimension is squeezed.
+        view_dims = range(len(box)) if first else [
+            i for i, d in enumerate(box) if not d.squeezed]
+        first = False
         if len(ops) > len(view_dims):
             raise NotABox()
         for b, (is_slice, start, size, stride) in zip(view_dims, ops):
@@ -163,9 +176,9 @@ def fast_box(shape, flat, tree) -> Box | None:
             i = _as_int(flat[start[1]]) if start[0] else start[1]
             if is_slice:
                 n = _as_int(flat[size[1]]) if size[0] else size[1]
-                box[b] = Dim(d.start + i * d.step, n, d.step * stride)
+                box[b] = Dim(d.start + i * d.step, n, d.step * stride, False)
             else:
-                box[b] = Dim(d.start + i * d.step, 1, d.step, squeezed=True)
+                box[b] = Dim(d.start + i * d.step, 1, d.step, True)
     return tuple(box)
 
 

@@ -267,8 +267,8 @@ _plans: dict = {}
 
 def _is_plain(eqn) -> bool:
     prim = eqn.primitive
-    if eqn.effects or prim in interpret_rules or (prim in RULES and prim not in _CONTROL):
-        return False
+    if eqn.effects or (prim not in _CONTROL and (prim in interpret_rules or prim in RULES)):
+        return False  # control flow over plain values (jnp's jitted helpers) is plain
     if any(isinstance(getattr(v, "aval", None), jc.AbstractRef) for v in eqn.invars):
         return False
     return not any(jaxpr_needs_engine(j) for j in _sub_jaxprs(eqn))
@@ -550,7 +550,7 @@ def _exchanged(old, val, mask):
 def _cond_rule(core: Core, eqn, invals):
     index, *ops = invals
     branches = eqn.params["branches"]
-    i = int(np.clip(int(np.asarray(index)), 0, len(branches) - 1))
+    i = min(max(int(index), 0), len(branches) - 1)
     return core.eval_closed(branches[i], ops)
 
 

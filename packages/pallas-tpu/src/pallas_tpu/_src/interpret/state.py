@@ -77,7 +77,13 @@ class Semaphore:
         self.tasks: dict = collections.defaultdict(collections.deque)
 
     def flat(self, index) -> int:
-        return int(np.ravel_multi_index(index, self.shape)) if self.shape else 0
+        out = 0
+        for i, n in zip(index, self.shape):
+            if not 0 <= i < n:
+                raise ValueError(f"index {tuple(index)} is out of bounds for semaphore "
+                                 f"{self.name} of shape {self.shape}")
+            out = out * n + int(i)
+        return out
 
 
 class Simulation:

@@ -13,6 +13,8 @@ as upstream does); a semaphore carries the clocks of its signals to its waiters.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from pallas import DeviceIdType
@@ -209,7 +211,7 @@ class Dma:
         self.dst_sem, self.dst_core, self.dst_flat = dst_sem, dst_core, dst_flat
         self.src_sem, self.src_flat = src_sem, src_flat
         shape = B.box_shape(src_box)
-        self.nbytes = int(np.prod(shape, dtype=np.int64)) * src.dtype.itemsize
+        self.nbytes = math.prod(shape) * src.dtype.itemsize
         self.data = None
         self.state = "started"
         sim.dma_count += 1
@@ -345,7 +347,7 @@ def _dma_wait_rule(core: Core, eqn, invals):
     (sem, mf, mt), src, dst = R.unflatten(p["refs"], invals[:end])
     ref_for_size = dst if p["kind"] == "recv" else src
     box = _box(ref_for_size[0], ref_for_size[1], ref_for_size[2], "view")
-    nbytes = int(np.prod(B.box_shape(box), dtype=np.int64)) * ref_for_size[0].dtype.itemsize
+    nbytes = math.prod(B.box_shape(box)) * ref_for_size[0].dtype.itemsize
     run_random_dmas(core)
     wait(core, sem.sem, sem_index(sem, mf, mt), nbytes, True,
          f"DMA semaphore {sem.origin} (wait at {site_of(eqn)})")
