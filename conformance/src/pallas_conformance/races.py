@@ -107,7 +107,9 @@ def _remote_copy_without_semaphore(kit, racy):
     x = jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
     fn = jax.jit(jax.shard_map(call, mesh=mesh, in_specs=spec, out_specs=spec,
                                check_vma=False))
-    expected = None if racy else jnp.roll(x.reshape(n, 8, C), 1, axis=0).reshape(8 * n, C)
+    # Device d's block lands on device d + 1 (computed on the host: x is sharded).
+    expected = None if racy else np.roll(np.asarray(x).reshape(n, 8, C), 1, axis=0).reshape(
+        8 * n, C)
     return fn, (x,), expected
 
 

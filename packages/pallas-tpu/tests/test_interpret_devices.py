@@ -48,10 +48,17 @@ _RING = textwrap.dedent('''
     from pallas_tpu import interpret
     assert not interpret.races.races_found
     print("ok ring")
+
+    from pallas.plugins import get_backend
+    from pallas_conformance.races import RACE_CASES, run_race_case
+    case = next(c for c in RACE_CASES if c.name == "races/remote_copy_without_semaphore")
+    tpu = get_backend("mosaic_tpu")
+    print("remote copy race reported:", run_race_case(case, tpu, racy=True))
+    print("race-free twin reported:", run_race_case(case, tpu, racy=False))
 ''')
 
 
-def test_eight_devices_with_large_operands_permute_around_a_ring():
+def test_eight_devices_permute_around_a_ring_and_report_a_planted_remote_race():
     """Every device's callback joins one simulation and waits for the others; the
     operands (large enough that XLA hands them over asynchronously) reach the simulation
     without a round trip through a JAX device that the waiting callbacks occupy (which
@@ -65,3 +72,7 @@ def test_eight_devices_with_large_operands_permute_around_a_ring():
         raise AssertionError(f"the eight devices hung: {e.stdout}\n{e.stderr}") from None
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok ring" in proc.stdout, proc.stdout + proc.stderr
+    # The conformance suite's planted remote-copy race (and its twin) on a real ring of
+    # eight devices: in the suite's own (one-device) run, the copy goes to itself.
+    assert "remote copy race reported: True" in proc.stdout, proc.stdout + proc.stderr
+    assert "race-free twin reported: False" in proc.stdout, proc.stdout + proc.stderr

@@ -15,6 +15,7 @@ a wait/acquire joins (elementwise max) that clock into the waiter's.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Literal
@@ -193,6 +194,10 @@ class Race:
                 f"  {self.second.describe()}")
 
 
+_SMALL_LOG = 8  # logs up to this long are compared in Python, longer ones with numpy
+_le = operator.le
+
+
 class AccessLog:
     """The accesses of one buffer that may still race with future ones.
 
@@ -210,6 +215,7 @@ class AccessLog:
         self.name = name
         self._entries: list[Access] = []
         self._clocks: np.ndarray | None = None  # the entries' clocks, one per row
+        self._tuples: list[tuple] = []  # or, for a short log, as tuples
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -220,16 +226,23 @@ class AccessLog:
         with self._lock:
             entries, clocks = self._entries, self._clocks
             clock = np.asarray(access.clock)
-            if entries and (clocks is None or clocks.shape[1] != clock.shape[0]):
-                clocks = np.stack([np.asarray(e.clock) for e in entries])
-            if entries:
+            if len(entries) <= _SMALL_LOG:
+                # Few entries: comparing Python tuples beats numpy's per-call overhead.
+                cur = tuple(clock.tolist())
+                olds = self._tuples
+                if len(olds) != len(entries) or (olds and len(olds[0]) != len(cur)):
+                    olds = [tuple(np.asarray(e.clock).tolist()) for e in entries]
+                same = [o == cur for o in olds]
+                before = [not sm and all(map(_le, o, cur)) for o, sm in zip(olds, same)]
+            else:
+                cur = None
+                if clocks is None or clocks.shape != (len(entries), clock.shape[0]):
+                    clocks = np.stack([np.asarray(e.clock) for e in entries])
                 # The happens-before relation against every logged access at once.
                 le = (clocks <= clock).all(axis=1)
                 same = (clocks == clock).all(axis=1)
                 before = (le & ~same).tolist()
                 same = same.tolist()
-            else:
-                before = same = []
             keep, kept = [], []
             for k, prev in enumerate(entries):
                 conflict = "write" in (prev.kind, access.kind)
@@ -246,13 +259,13 @@ class AccessLog:
                     kept.append(k)
             keep.append(access)
             self._entries = keep
-            row = clock[None, :]
-            if not entries:
-                self._clocks = row.copy()
-            elif len(kept) == len(entries):
-                self._clocks = np.concatenate([clocks, row])
+            if cur is not None:
+                self._tuples = [olds[k] for k in kept] + [cur]
+                self._clocks = None
             else:
-                self._clocks = np.concatenate([clocks[kept], row])
+                self._tuples = []
+                rows = clocks if len(kept) == len(entries) else clocks[kept]
+                self._clocks = np.concatenate([rows, clock[None, :]])
         return races
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pallas.plugins import Cell, RaceDetector, RaceReport, VectorClocks
+from pallas.plugins import Access, Cell, RaceDetector, RaceReport, VectorClocks
 from pallas_tpu._src.interpret import boxes as B
 
 
@@ -163,8 +163,6 @@ class Simulation:
     # -- race detection ---------------------------------------------------------------
     def record(self, thread: int, clock, kind: str, buf: Buffer, box, site: str,
                who: str) -> None:
-        from pallas.plugins import Access
-
         access = Access(thread, clock, kind, B.region(box), site, who)
         self.detector.record(buf.key, access, name=_buffer_name(buf))
 
