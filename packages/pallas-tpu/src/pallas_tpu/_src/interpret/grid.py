@@ -215,13 +215,20 @@ def _pads(bm):
     return pads
 
 
-def _hbm_buffer(sim, key, value, pads, name, uninit):
-    value = np.asarray(value)
-    shape = tuple(lo + n + hi for (lo, hi), n in zip(pads, value.shape))
-    storage = B.uninitialized_array(shape, value.dtype, uninit)
-    storage[tuple(slice(lo, lo + n) for (lo, _), n in zip(pads, value.shape))] = value
+def _hbm_buffer(sim, key, value, pads, name, uninit, aval=None):
+    """An HBM buffer holding ``value`` (or, with ``value=None``, uninitialised memory of
+    ``aval``'s shape) inside ``pads``."""
+    if value is not None:
+        value = np.asarray(value)
+    logical_shape = value.shape if value is not None else tuple(aval.shape)
+    dtype = value.dtype if value is not None else np.dtype(aval.dtype)
+    shape = tuple(lo + n + hi for (lo, hi), n in zip(pads, logical_shape))
+    storage = B.uninitialized_array(shape, dtype, uninit)
+    logical = tuple(slice(lo, lo + n) for (lo, _), n in zip(pads, logical_shape))
+    if value is not None:
+        storage[logical] = value
     buf = Buffer(storage, shape, name, MemorySpace.HBM, key, uninit)
-    buf.logical = tuple(slice(lo, lo + n) for (lo, _), n in zip(pads, value.shape))
+    buf.logical = logical
     return buf
 
 
@@ -257,10 +264,9 @@ def _setup_pallas_call(sim: Simulation, cfg: Config, device: int, args) -> dict:
             out_bufs.append(in_bufs[aliases[o]])
             continue
         key = ("output", o, device, None)
-        init = B.uninitialized_array(bm.array_aval.shape, bm.array_aval.dtype,
-                                     p.uninitialized_memory)
-        out_bufs.append(sim.buffer(key, lambda init=init, bm=bm, key=key: _hbm_buffer(
-            sim, key, init, _pads(bm), bm.origin, p.uninitialized_memory)))
+        out_bufs.append(sim.buffer(key, lambda bm=bm, key=key: _hbm_buffer(
+            sim, key, None, _pads(bm), bm.origin, p.uninitialized_memory,
+            bm.array_aval)))
     return {"prefetch": pre, "inputs": in_bufs, "outputs": out_bufs,
             "results": [_Result(b) for b in out_bufs], "aliases": aliases}
 
