@@ -10,6 +10,7 @@ pytest plugin report them as ``unsupported``); a level the machine cannot reach 
 installed backend). A (backend, level) in :data:`SAMPLED` is too slow to run on every
 claimed case in CI: there, one case per claimed tag (of those with the fewest tags, the
 first by name) stands for it;
+the GPU cases (tags in :data:`SAMPLED_TAGS`) are sampled so at every level;
 ``PALLAS_CONFORMANCE_FULL=1`` runs them all (the CLI always does).
 """
 
@@ -36,6 +37,10 @@ from pallas_conformance.levels import interpreter_claims
 # (backend, level) pairs run on one case per claimed tag unless PALLAS_CONFORMANCE_FULL=1:
 # executing Mosaic GPU's generated code takes ~1 s a case on CPU (~7 min for all of them).
 SAMPLED = {("mosaic_gpu", "emulate")}
+# Cases carrying one of these tags (the GPU cases, whose reference runs in GPU interpret
+# mode, seconds each) are sampled the same way at every (backend, level), the interpreter
+# level included, unless PALLAS_CONFORMANCE_FULL=1.
+SAMPLED_TAGS = frozenset({"warpgroups", "tma_pipelines", "wgmma"})
 
 
 def _sample(cases, claims) -> set[str]:
@@ -54,6 +59,10 @@ def _params():
     params = []
     full = os.environ.get("PALLAS_CONFORMANCE_FULL", "") not in ("", "0")
     cases = all_cases()
+    if not full:
+        heavy = [c for c in cases if c.tags & SAMPLED_TAGS]
+        keep = _sample(heavy, SAMPLED_TAGS)
+        cases = [c for c in cases if not c.tags & SAMPLED_TAGS or c.name in keep]
     for c in cases:
         if c.tags <= interpreter_claims():
             params.append(pytest.param("interpret", "interpret", c.name,

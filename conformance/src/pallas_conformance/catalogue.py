@@ -69,6 +69,18 @@ TAGS: dict[str, str] = {
                         "second-to-last one neither a multiple of 8 nor full (TPU's tiling "
                         "rule); cases about odd shapes carry it, the rest use aligned blocks",
     "special_functions": "the gamma family (lgamma, digamma) inside kernels",
+    "warpgroups": "GPU warpgroup semantics (pallas_mosaic_gpu): plgpu.kernel meshes of several "
+                  "warpgroups per block that specialise on lax.axis_index of the thread axis "
+                  "and wait for each other on barriers; scratch shared by the block or "
+                  "per warpgroup; registered only when pallas-mosaic-gpu is installed",
+    "tma_pipelines": "GPU TMA copies with mbarrier pipelines (pallas_mosaic_gpu): "
+                     "copy_gmem_to_smem/copy_smem_to_gmem, barrier_wait/arrive over several "
+                     "phases, commit_smem, bulk groups waited with wait_smem_to_gmem, "
+                     "plgpu.emit_pipeline; registered only when pallas-mosaic-gpu is installed",
+    "wgmma": "Hopper tensor-core matmuls (pallas_mosaic_gpu): plgpu.wgmma from SMEM tiled "
+             "(8, swizzle // itemsize) and swizzled into plgpu.ACC accumulators, operands "
+             "transposed with transpose_ref, warp-specialised pipelines; registered only "
+             "when pallas-mosaic-gpu is installed",
     "bf16": "bfloat16 operands",
     "f16": "float16 operands",
     "int8": "int8 operands",
@@ -182,6 +194,14 @@ def get_case(name: str) -> Case:
 
 # ------------------------------------------------------------------------------------
 # Helpers for writing cases.
+
+
+def call_options(pallas_call) -> dict:
+    """The keyword arguments the suite bound a case's ``pallas_call`` to:
+    ``{"interpret": True}`` at level ``interpret``, ``{"backend": NAME}`` at a backend's
+    levels. For cases that build a kernel with a backend's own entry point (say
+    ``plgpu.kernel`` over a mesh of warpgroups) in the same mode."""
+    return dict(getattr(pallas_call, "keywords", {}))
 
 
 def sds(shape, dtype) -> jax.ShapeDtypeStruct:

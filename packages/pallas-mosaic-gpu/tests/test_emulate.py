@@ -52,6 +52,41 @@ def test_a_subtract_lowered_as_an_add_fails_at_emulate():
     assert "differ" in r.detail
 
 
+_GPU_RUNNER = {}
+
+
+def _emulate_gpu_case(case_name: str):
+    """A GPU case at emulate; one runner, so GPU interpret mode's expected numbers are
+    computed once per case."""
+    if "runner" not in _GPU_RUNNER:
+        _GPU_RUNNER["runner"] = levels.CaseRunner(pallas.plugins.get_backend("mosaic_gpu"))
+    return _GPU_RUNNER["runner"].run(catalogue.get_case(case_name), "emulate")
+
+
+def test_a_subtract_lowered_as_an_add_fails_a_tma_pipeline_case_at_emulate():
+    # (without the fault the case passes at emulate: conformance/tests/test_catalogue.py)
+    with RULES.overridden(lax.sub_p, lambda rule: RULES[lax.add_p]):
+        r = _emulate_gpu_case("gpu/tma_emit_pipeline_sub")
+    assert r.status == "fail"
+    assert "differ" in r.detail
+
+
+def test_a_wgmma_issued_twice_fails_the_wgmma_case_at_emulate():
+    from pallas_mosaic_gpu._src.primitives.mma import wgmma_p
+
+    def twice(rule):
+        def faulty(lctx, eqn, *ops):
+            rule(lctx, eqn, *ops)
+            return rule(lctx, eqn, *ops)
+
+        return faulty
+
+    with RULES.overridden(wgmma_p, twice):
+        r = _emulate_gpu_case("gpu/wgmma_matmul_f16_swizzle128")
+    assert r.status == "fail"
+    assert "differ" in r.detail
+
+
 def test_a_blocked_kernel_runs_every_cuda_block_through_tma():
     def body(x_ref, y_ref, o_ref):
         o_ref[...] = jnp.exp(x_ref[...]) - y_ref[...] * 2.0

@@ -13,6 +13,7 @@ from pallas_conformance.cases import (
     elementwise,
     elementwise_more,
     fusion,
+    gpu,
     indexing,
     indexing_more,
     kernels,

@@ -15,6 +15,9 @@ CAPABILITIES: frozenset = frozenset({
     "elementwise", "special_functions", "bf16", "f16", "int8", "uint32", "bool", "dot",
     "multiple_outputs", "sequential_grid", "vmap", "shard_map", "kernels", "reductions",
     "broadcasting", "pytrees", "fusion", "grad",
+    # plgpu's own primitives (conformance cases/gpu.py): warpgroup meshes, TMA + mbarrier
+    # pipelines, wgmma from swizzled SMEM.
+    "warpgroups", "tma_pipelines", "wgmma",
 })
 
 

@@ -1,0 +1,321 @@
+"""GPU kernels written with the primitives of ``pallas_mosaic_gpu`` (``plgpu``):
+warpgroups of one block that specialise and wait for each other, TMA copies with
+mbarrier pipelines and bulk async-groups, and ``wgmma`` matmuls from swizzled SMEM tiles.
+
+They are registered only when pallas-mosaic-gpu is installed, and run for a backend
+that claims their tags (``warpgroups``, ``tma_pipelines``, ``wgmma``). The expected
+numbers are GPU interpret mode's: at level ``interpret`` the suite binds the case to
+``interpret=True``, which these cases turn into ``plgpu.InterpretParams()`` (every
+thread of every block concurrently, with GPU memory and barrier semantics), compared
+with the plain-JAX reference; a backend's levels are then compared with those numbers.
+Kernels over a mesh of warpgroups are ``plgpu.kernel``s (a ``pallas_call`` has one
+warpgroup per block), bound to the same mode through :func:`call_options`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+import pallas as pl
+from pallas.plugins import LevelUnsupportedError
+from pallas_conformance.catalogue import call_options, case, randn, sds
+
+plgpu = None
+try:  # the Mosaic GPU frontend; without it there are no GPU cases
+    import pallas_mosaic_gpu as plgpu
+except ImportError:  # pragma: no cover - depends on the installed packages
+    pass
+
+GMEM_SPEC = None if plgpu is None else pl.BlockSpec(memory_space=plgpu.GMEM)
+TOL16 = {"float16": (2e-2, 2e-2), "bfloat16": (5e-2, 5e-2)}
+
+
+def _mode(pallas_call) -> dict:
+    """``interpret=plgpu.InterpretParams()`` (GPU interpret mode) when the suite asks for
+    the interpreter, else the backend the suite bound."""
+    kw = call_options(pallas_call)
+    if kw.get("interpret"):
+        return dict(interpret=plgpu.InterpretParams())
+    return dict(backend=kw.get("backend"))
+
+
+def _kernel(pallas_call, body, out_type, **kw):
+    """``plgpu.kernel`` in the mode the suite bound ``pallas_call`` to. A mesh of
+    warpgroups runs on the mosaic_gpu backend or in GPU interpret mode; any other
+    backend cannot take it (reported unsupported, never run elsewhere)."""
+    mode = _mode(pallas_call)
+    if mode.get("backend") not in (None, "mosaic_gpu"):
+        raise LevelUnsupportedError(
+            f"a plgpu.kernel over a mesh of warpgroups runs on the mosaic_gpu backend (or "
+            f"in GPU interpret mode), not on backend {mode['backend']!r}")
+    return plgpu.kernel(body, out_type=out_type, interpret=mode.get("interpret"), **kw)
+
+
+def _swizzled(dtype, swizzle: int) -> tuple:
+    """The SMEM layout wgmma reads: tiles of (8, one swizzled row), swizzled."""
+    return (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+            plgpu.SwizzleTransform(swizzle))
+
+
+# --- warpgroups -------------------------------------------------------------------------
+
+
+def producer_consumer(pallas_call, x):
+    """Two warpgroups of one block: warpgroup 0 loads the tile with TMA, adds 1 and
+    arrives on a barrier; warpgroup 1 waits on it, doubles the tile into its own buffer
+    and stores it with TMA."""
+
+    def body(x_gmem, o_gmem, tile, out, loaded, ready):
+        wg = jax.lax.axis_index("wg")
+
+        @pl.when(wg == 1)
+        def _():
+            plgpu.barrier_wait(ready.at[0])
+            out[...] = tile[...] * 2.0
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(out, o_gmem)
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == 0)
+        def _():
+            plgpu.copy_gmem_to_smem(x_gmem, tile, loaded.at[0])
+            plgpu.barrier_wait(loaded.at[0])
+            tile[...] = tile[...] + 1.0
+            plgpu.barrier_arrive(ready.at[0])
+
+    return _kernel(pallas_call, body, sds(x.shape, x.dtype), num_threads=2, thread_name="wg",
+                   scratch_types=[plgpu.SMEM(x.shape, x.dtype), plgpu.SMEM(x.shape, x.dtype),
+                                  plgpu.Barrier(num_barriers=1),
+                                  plgpu.Barrier(num_barriers=1)])(x)
+
+
+def rows_per_warpgroup(pallas_call, x):
+    """A grid of 2 blocks x 2 warpgroups: each warpgroup copies its own 8 rows of the
+    block's 16 into its slot of a block-wide buffer, squares them and stores them back;
+    ``lax.axis_index`` of the grid and thread axes."""
+    rows = x.shape[0] // 4
+
+    def body(x_gmem, o_gmem):
+        wg = jax.lax.axis_index("wg")
+        part = pl.ds((jax.lax.axis_index("b") * 2 + wg) * rows, rows)
+
+        def scoped(bufs, bars):
+            buf = bufs.at[wg]
+            plgpu.copy_gmem_to_smem(x_gmem.at[part], buf, bars.at[wg])
+            plgpu.barrier_wait(bars.at[wg])
+            buf[...] = buf[...] * buf[...] - 1.0
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(buf, o_gmem.at[part])
+            plgpu.wait_smem_to_gmem(0)
+
+        pl.run_scoped(scoped, plgpu.SMEM((2, rows, x.shape[1]), x.dtype),
+                      plgpu.Barrier(num_barriers=2), collective_axes="wg")
+
+    return _kernel(pallas_call, body, sds(x.shape, x.dtype), grid=(2,), grid_names=("b",),
+                   num_threads=2, thread_name="wg")(x)
+
+
+# --- TMA pipelines ----------------------------------------------------------------------
+
+
+def pipeline_sub(pallas_call, x, y):
+    """``plgpu.emit_pipeline`` over a (2, 2) grid of (16, 128) blocks of GMEM operands:
+    TMA loads into a two-slot ring per operand, x - y, TMA stores of the output blocks."""
+    bm, bn = 16, 128
+
+    def kernel(x_gmem, y_gmem, o_gmem):
+        def step(_, x_smem, y_smem, o_smem):
+            o_smem[...] = x_smem[...] - y_smem[...]
+
+        spec = plgpu.BlockSpec((bm, bn), lambda i, j: (i, j))
+        plgpu.emit_pipeline(step, grid=(x.shape[0] // bm, x.shape[1] // bn),
+                            in_specs=[spec, spec], out_specs=[spec],
+                            max_concurrent_steps=2)(x_gmem, y_gmem, o_gmem)
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype),
+                       in_specs=[GMEM_SPEC, GMEM_SPEC], out_specs=GMEM_SPEC,
+                       **_mode(pallas_call))(x, y)
+
+
+def double_buffered_sum(pallas_call, x):
+    """A hand-written double-buffered loop: while block k is summed, block k + 1 is
+    already in flight into the other slot; each slot's barrier goes through one phase
+    per use, so the waits alternate parities."""
+    bm, n = 8, x.shape[0] // 8
+
+    def kernel(x_gmem, o_ref):
+        def scoped(slots, bars):
+            def fetch(k):
+                plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(k * bm, bm)], slots.at[k % 2],
+                                        bars.at[k % 2])
+
+            fetch(0)
+            o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+
+            @pl.loop(0, n)
+            def _(k):
+                @pl.when(k + 1 < n)
+                def _():
+                    fetch(k + 1)
+
+                plgpu.barrier_wait(bars.at[k % 2])
+                o_ref[...] += slots[k % 2]
+
+        pl.run_scoped(scoped, plgpu.SMEM((2, bm, x.shape[1]), x.dtype),
+                      plgpu.Barrier(num_barriers=2))
+
+    return pallas_call(kernel, out_shape=sds((bm, x.shape[1]), x.dtype),
+                       in_specs=[GMEM_SPEC], **_mode(pallas_call))(x)
+
+
+def bulk_group_stores(pallas_call, x):
+    """Output rows stored by TMA from two SMEM slots in turn: before a slot is
+    rewritten, ``wait_smem_to_gmem(1, wait_read_only=True)`` waits for the older bulk
+    group (the store that read it); the last ones are waited for at the end."""
+    bm, n = 8, x.shape[0] // 8
+
+    def kernel(x_ref, o_gmem):
+        def scoped(slots):
+            @pl.loop(0, n)
+            def _(k):
+                slot = slots.at[k % 2]
+                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+                slot[...] = x_ref[pl.ds(k * bm, bm), :] * (k + 1).astype(x.dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(slot, o_gmem.at[pl.ds(k * bm, bm)])
+
+            plgpu.wait_smem_to_gmem(0)
+
+        pl.run_scoped(scoped, plgpu.SMEM((2, bm, x.shape[1]), x.dtype))
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), out_specs=GMEM_SPEC,
+                       **_mode(pallas_call))(x)
+
+
+# --- wgmma ------------------------------------------------------------------------------
+
+
+def _wgmma_matmul(pallas_call, x, y, *, swizzle, transpose_b=False, bk=64):
+    """``x @ y`` (or ``x @ y.T`` with ``transpose_b``) in (64, N) output tiles: the K
+    blocks are pipelined into swizzled SMEM and accumulated with wgmma."""
+    m, k = x.shape
+    n = y.shape[0] if transpose_b else y.shape[1]
+    bm, bn = 64, n
+    bk = min(bk, swizzle // jnp.dtype(x.dtype).itemsize)
+    t = _swizzled(x.dtype, swizzle)
+
+    def kernel(x_gmem, y_gmem, o_ref):
+        mi = pl.program_id(0)
+
+        def with_acc(acc):
+            def step(_, x_smem, y_smem):
+                b = plgpu.transpose_ref(y_smem, (1, 0)) if transpose_b else y_smem
+                plgpu.wgmma(acc, x_smem, b)
+                plgpu.wgmma_wait(0)
+
+            y_spec = plgpu.BlockSpec((bn, bk), lambda kk: (0, kk), transforms=t) \
+                if transpose_b else plgpu.BlockSpec((bk, bn), lambda kk: (kk, 0), transforms=t)
+            plgpu.emit_pipeline(
+                step, grid=(k // bk,), max_concurrent_steps=2,
+                in_specs=[plgpu.BlockSpec((bm, bk), lambda kk: (mi, kk), transforms=t),
+                          y_spec])(x_gmem, y_gmem)
+            o_ref[...] = acc[...]
+
+        pl.run_scoped(with_acc, plgpu.ACC((bm, bn), jnp.float32))
+
+    return pallas_call(kernel, out_shape=sds((m, n), jnp.float32), grid=(m // bm,),
+                       in_specs=[GMEM_SPEC, GMEM_SPEC],
+                       out_specs=pl.BlockSpec((bm, bn), lambda i: (i, 0)),
+                       **_mode(pallas_call))(x, y)
+
+
+def wgmma_matmul_f16(pallas_call, x, y):
+    """f16 x @ y: 128-byte swizzled tiles, B N-major (as stored), two K steps."""
+    return _wgmma_matmul(pallas_call, x, y, swizzle=128)
+
+
+def wgmma_matmul_bf16_transposed(pallas_call, x, y):
+    """bf16 x @ y.T: 64-byte swizzled tiles, B read K-major through transpose_ref."""
+    return _wgmma_matmul(pallas_call, x, y, swizzle=64, transpose_b=True)
+
+
+def wgmma_warp_specialized(pallas_call, x, y):
+    """A warp-specialised f16 matmul (``emit_pipeline_warp_specialized``): one warpgroup
+    issues the TMA loads, the other waits for them, runs wgmma and releases the slots,
+    then stores its tile with TMA."""
+    m, k = x.shape
+    n = y.shape[1]
+    bm, bn, bk = 64, n, 64
+    t = _swizzled(x.dtype, 128)
+
+    def body(x_gmem, y_gmem, o_gmem, o_smem):
+        mi = jax.lax.axis_index("m")
+
+        def step(_, x_smem, y_smem, acc):
+            plgpu.wgmma(acc, x_smem, y_smem)
+            plgpu.wgmma_wait(0)
+            return acc
+
+        def compute(eval_pipeline):
+            def with_acc(acc):
+                eval_pipeline(acc)
+                o_smem[...] = acc[...]
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[pl.ds(mi * bm, bm)])
+                plgpu.wait_smem_to_gmem(0)
+
+            pl.run_scoped(with_acc, plgpu.ACC((bm, bn), jnp.float32))
+
+        plgpu.emit_pipeline_warp_specialized(
+            step, grid=(k // bk,), memory_registers=40, wg_axis="wg", num_compute_wgs=1,
+            max_concurrent_steps=2, compute_context=compute,
+            in_specs=[plgpu.BlockSpec((bm, bk), lambda kk: (mi, kk), transforms=t),
+                      plgpu.BlockSpec((bk, bn), lambda kk: (kk, 0), transforms=t)],
+        )(x_gmem, y_gmem)
+
+    return _kernel(pallas_call, body, sds((m, n), jnp.float32), grid=(m // bm,),
+                   grid_names=("m",), num_threads=2, thread_name="wg",
+                   scratch_types=[plgpu.SMEM((bm, bn), jnp.float32)])(x, y)
+
+
+def _dot(x, y):
+    return jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+
+def _register():
+    f32 = jnp.float32
+    case("gpu/warpgroups_producer_consumer", tags={"warpgroups", "tma_pipelines"},
+         inputs=lambda rng: (randn(rng, (8, 128)),),
+         reference=lambda x: (x + 1.0) * 2.0)(producer_consumer)
+    case("gpu/warpgroups_own_rows", tags={"warpgroups", "tma_pipelines"},
+         inputs=lambda rng: (randn(rng, (32, 128)),),
+         reference=lambda x: x * x - 1.0)(rows_per_warpgroup)
+    case("gpu/tma_emit_pipeline_sub", tags={"tma_pipelines"},
+         inputs=lambda rng: (randn(rng, (32, 256)), randn(rng, (32, 256))),
+         reference=jnp.subtract)(pipeline_sub)
+    case("gpu/tma_double_buffered_sum", tags={"tma_pipelines"},
+         inputs=lambda rng: (randn(rng, (32, 128)),),
+         reference=lambda x: x.reshape(4, 8, 128).sum(0))(double_buffered_sum)
+    case("gpu/tma_stores_in_bulk_groups", tags={"tma_pipelines"},
+         inputs=lambda rng: (randn(rng, (24, 128)),),
+         reference=lambda x: x * jnp.repeat(jnp.arange(1, 4, dtype=f32), 8)[:, None],
+         )(bulk_group_stores)
+    case("gpu/wgmma_matmul_f16_swizzle128", tags={"wgmma", "tma_pipelines", "f16"},
+         inputs=lambda rng: (randn(rng, (64, 128), jnp.float16),
+                             randn(rng, (128, 128), jnp.float16)),
+         reference=_dot, tolerance={"float32": (1e-2, 1e-3)})(wgmma_matmul_f16)
+    case("gpu/wgmma_transposed_b_bf16_swizzle64",
+         tags={"wgmma", "tma_pipelines", "bf16"},
+         inputs=lambda rng: (randn(rng, (64, 64), jnp.bfloat16),
+                             randn(rng, (128, 64), jnp.bfloat16)),
+         reference=lambda x, y: _dot(x, y.T), tolerance={"float32": (1e-2, 1e-3)},
+         )(wgmma_matmul_bf16_transposed)
+    case("gpu/wgmma_warp_specialized", tags={"wgmma", "warpgroups", "tma_pipelines", "f16"},
+         inputs=lambda rng: (randn(rng, (128, 128), jnp.float16),
+                             randn(rng, (128, 128), jnp.float16)),
+         reference=_dot, tolerance={"float32": (1e-2, 1e-3)})(wgmma_warp_specialized)
+
+
+if plgpu is not None:
+    _register()
