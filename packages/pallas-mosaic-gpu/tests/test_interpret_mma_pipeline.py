@@ -198,6 +198,49 @@ def test_tcgen05_mma_into_tmem_arrives_on_its_barrier(interpret):
     np.testing.assert_allclose(k(a, b), 2 * expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("commit", [True, False], ids=["covered", "uncovered"])
+def test_an_unobserved_mma_arrival_is_fine_once_a_later_commit_is_observed(commit):
+    """As in upstream's Blackwell matmul: the MMA issuer waits for the first MMA's
+    arrival only; the second's is covered by the commit another thread observes (the
+    tensor core completes in order). Without that commit, the unobserved phase is
+    reported as upstream's interpreter reports any barrier phase left unobserved."""
+    a, b, expected = _operands(128, 64, 64)
+
+    def body(a_gmem, b_gmem, o_gmem, a_smem, b_smem, acc, consumed, done):
+        t = jax.lax.axis_index("t")
+
+        @pl.when(t == 0)
+        def _():
+            a_smem[...] = a_gmem[...]
+            b_smem[...] = b_gmem[...]
+            plgpu.tcgen05_mma(acc, a_smem, b_smem, consumed, accumulate=False)
+            plgpu.barrier_wait(consumed)
+            plgpu.tcgen05_mma(acc, a_smem, b_smem, consumed)  # its arrival is not awaited
+            if commit:
+                plgpu.tcgen05_commit_arrive(done)
+
+        @pl.when(t == 1)
+        def _():
+            if commit:
+                plgpu.barrier_wait(done)
+                o_gmem[...] = plgpu.async_load_tmem(acc)
+
+    k = plgpu.kernel(
+        body, out_type=jax.ShapeDtypeStruct((128, 64), jnp.float32), num_threads=2,
+        thread_name="t", interpret=IP(detect_races=True),
+        scratch_types=dict(a_smem=plgpu.SMEM(a.shape, a.dtype),
+                           b_smem=plgpu.SMEM(b.shape, b.dtype),
+                           acc=plgpu.TMEM((128, 64), jnp.float32),
+                           consumed=plgpu.Barrier(orders_tensor_core=True),
+                           done=plgpu.Barrier(orders_tensor_core=True)))
+    if commit:
+        np.testing.assert_allclose(k(a, b), 2 * expected, rtol=1e-5)
+        assert not gpu_interpret.get_races().races_found
+    else:
+        with pytest.raises(Exception, match=r"Thread 0 did not observe all phases \(2\)"):
+            jax.block_until_ready(k(a, b))
+
+
 def test_warp_specialized_pipeline_with_outputs():
     x = jnp.arange(4 * 64 * 32, dtype=jnp.float32).reshape(4 * 64, 32)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.rules_core import read, write
-from pallas_mosaic_gpu._src.interpret.sync import arrive, barrier_of
+from pallas_mosaic_gpu._src.interpret.sync import barrier_of, tensor_core_arrive
 from pallas_mosaic_gpu._src.layouts import layout_cast_p
 from pallas_mosaic_gpu._src.primitives import hints, tmem
 from pallas_mosaic_gpu._src.primitives import refs as R
@@ -30,5 +30,5 @@ def _smem_to_tmem(th, eqn, invals):
 
 @register_gpu_rule(tmem.tcgen05_commit_arrive_p)
 def _commit_arrive(th, eqn, invals):
-    arrive(barrier_of(th, eqn.params["refs"], invals), th.release())
+    tensor_core_arrive(th, barrier_of(th, eqn.params["refs"], invals))
     return []

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.rules_core import read, write
-from pallas_mosaic_gpu._src.interpret.sync import arrive, barrier_of
+from pallas_mosaic_gpu._src.interpret.sync import barrier_of, tensor_core_arrive
 from pallas_mosaic_gpu._src.primitives import mma
 from pallas_mosaic_gpu._src.primitives import refs as R
 
@@ -37,5 +37,5 @@ def _tcgen05(th, eqn, invals):
     spec = eqn.params["refs"]
     _update(th, eqn, invals, accumulate=bool(invals[R.spec_end(spec)]))
     if spec[3] is not None:
-        arrive(barrier_of(th, spec[3:], invals), th.release())
+        tensor_core_arrive(th, barrier_of(th, spec[3:], invals))
     return []

@@ -44,6 +44,9 @@ class Launch:
             self.detector = None
         self.shared: dict = {}
         self.barriers: list[Buffer] = []
+        # tcgen05 arrivals per issuing thread, and the latest one some thread observed
+        self.tc_issued: dict[int, int] = {}
+        self.tc_observed: dict[int, int] = {}
 
     def tma_unit(self) -> int:
         """The clock entry of the TMA unit that takes the next copy (round robin)."""
