@@ -5,6 +5,7 @@ argument, the target and what is valid."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -80,6 +81,95 @@ def test_tcgen05_mma_tmem_and_commits_lower_for_sm100a_and_interpret():
     got = tcgen05_kernel(interpret=plgpu.InterpretParams())(a, b)
     want = 2 * jnp.dot(a, b, preferred_element_type=F32)
     assert jnp.allclose(got, want, rtol=1e-3, atol=1e-2)
+
+
+def warp_specialized(k_steps=4, interpret=False):
+    """o = a @ b by warps: warp 0 of warpgroup 0 copies K-slices in with TMA, warp 1
+    issues the MMAs (each frees its slot on a "consumed" barrier; the last one commits);
+    warpgroup 1 loads TMEM into registers and stores the result."""
+    m, n, bk = 128, 128, 64
+
+    @functools.partial(
+        plgpu.kernel, out_type=jax.ShapeDtypeStruct((m, n), F16), num_threads=2,
+        thread_name="wg", interpret=interpret,
+        scratch_types=dict(
+            a_smem=plgpu.SMEM((2, m, bk), F16, transforms=SWIZZLED),
+            b_smem=plgpu.SMEM((2, bk, n), F16, transforms=SWIZZLED),
+            acc=plgpu.TMEM((m, n), F32), out=plgpu.SMEM((m, n), F16),
+            loaded=plgpu.Barrier(num_arrivals=2, num_barriers=2),
+            consumed=plgpu.Barrier(num_barriers=2, orders_tensor_core=True),
+            done=plgpu.Barrier(orders_tensor_core=True)))
+    def kernel(a_gmem, b_gmem, o_gmem, a_smem, b_smem, acc, out, loaded, consumed, done):
+        @pl.when(jax.lax.axis_index("wg") == 0)
+        def _():
+            @pl.core_map(plgpu.WarpMesh(axis_name="warp"))
+            def _():
+                warp = jax.lax.axis_index("warp")
+
+                @pl.when(warp == 0)
+                def _():
+                    def load(ki, c):
+                        slot = jax.lax.rem(ki, 2)
+
+                        @pl.when(ki >= 2)
+                        def _():
+                            plgpu.barrier_wait(consumed.at[slot])
+
+                        ks = pl.ds(ki * bk, bk)
+                        plgpu.copy_gmem_to_smem(a_gmem.at[:, ks], a_smem.at[slot],
+                                                loaded.at[slot])
+                        plgpu.copy_gmem_to_smem(b_gmem.at[ks, :], b_smem.at[slot],
+                                                loaded.at[slot])
+                        return c
+
+                    jax.lax.fori_loop(0, k_steps, load, 0)
+
+                @pl.when(warp == 1)
+                def _():
+                    def mma(ki, c):
+                        slot = jax.lax.rem(ki, 2)
+                        plgpu.barrier_wait(loaded.at[slot])
+                        plgpu.tcgen05_mma(acc, a_smem.at[slot], b_smem.at[slot],
+                                          consumed.at[slot], accumulate=ki > 0)
+                        return c
+
+                    jax.lax.fori_loop(0, k_steps, mma, 0)
+                    plgpu.tcgen05_commit_arrive(done)
+
+        @pl.when(jax.lax.axis_index("wg") == 1)
+        def _():
+            plgpu.barrier_wait(done)
+            out[...] = plgpu.async_load_tmem(acc).astype(F16)
+            plgpu.wait_load_tmem()
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(out, o_gmem)
+            plgpu.wait_smem_to_gmem(0)
+
+    return kernel
+
+
+def test_warps_of_a_warpgroup_issue_tma_copies_and_mmas_on_their_own():
+    a = jax.random.normal(jax.random.key(0), (128, 256), F32).astype(F16)
+    b = jax.random.normal(jax.random.key(1), (256, 128), F32).astype(F16)
+    text = jax.jit(warp_specialized()).trace(a, b).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert text.count("custom_call @mosaic_gpu_v2") == 1
+    got = warp_specialized(interpret=plgpu.InterpretParams())(a, b)
+    want = jnp.dot(a, b, preferred_element_type=F32)
+    assert jnp.allclose(got.astype(F32), want, rtol=2e-2, atol=2e-1)
+
+
+def test_arrays_inside_a_warp_are_refused_naming_the_mesh():
+    @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((128, 128), F32),
+                       scratch_types=[plgpu.SMEM((128, 128), F32)])
+    def kernel(o_gmem, buf):
+        @pl.core_map(plgpu.WarpMesh(axis_name="warp"))
+        def _():
+            buf[...] = jnp.zeros((128, 128), F32)
+
+    with pytest.raises(NotImplementedError, match=r"writing an array of shape \(128, 128\) "
+                                                  r"inside pl.core_map over a plgpu.WarpMesh"):
+        jax.jit(kernel).trace().lower(lowering_platforms=("cuda",))
 
 
 # -- trace-time errors ---------------------------------------------------------------
@@ -179,7 +269,9 @@ def _compile_reports() -> dict:
     ex = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ex)
     out = {}
+    ab = (jnp.ones((128, 256), F16), jnp.ones((256, 128), F16))
     for name, f, args in [("tcgen05_kernel", tcgen05_kernel(), _operands()),
+                          ("warp_specialized", warp_specialized(), ab),
                           ("example", ex.matmul, ex.inputs(256, 256, 256))]:
         (k,) = compiler.compile(f, *args, target="sm_100a")
         out[name] = dict(target=k.target, tcgen05=k.uses_tcgen05, wgmma=k.uses_wgmma,

@@ -18,6 +18,7 @@ from pallas_mosaic_gpu._src.lowering import (  # noqa: F401 - each module regist
     scoped,
     threads,
     unsupported,
+    warps,
 )
 from pallas_mosaic_gpu._src.lowering.call import lower_pallas_call
 from pallas_mosaic_gpu._src.lowering.engine import RULES, MosaicGpuLoweringError

@@ -99,6 +99,9 @@ class LoweringContext:
     semantics: str = "lane"
     # var -> the plgpu layout a ``layout_cast`` of it asks for (see rules_layout.py)
     layout_hints: dict = dataclasses.field(default_factory=dict)
+    # "warpgroup", or "warp" inside ``pl.core_map(plgpu.WarpMesh(...))`` (see warps.py)
+    scope: str = "warpgroup"
+    inner_axes: dict = dataclasses.field(default_factory=dict)  # WarpMesh axis -> i32
 
     def is_used(self, var) -> bool:
         return var in self.used_vars

@@ -138,11 +138,20 @@ def _tiled_view(ref: RefVal, flat, tree):
     return v
 
 
+def _check_scope(lctx, aval, what: str):
+    if lctx.scope == "warp" and aval.shape:
+        raise NotImplementedError(
+            f"{what} an array of shape {tuple(aval.shape)} inside pl.core_map over a "
+            "plgpu.WarpMesh (arrays are held by a whole warpgroup; read and write scalars "
+            "there, or move the array code out of the warp's branch)")
+
+
 @rule(jc.get_p)
 def _get(lctx, eqn, ref, *flat):
     from pallas_mosaic_gpu._src.lowering import rules_wgmma
     from pallas_mosaic_gpu._src.lowering.scoped import AccVal
 
+    _check_scope(lctx, eqn.outvars[0].aval, "reading")
     if isinstance(ref, AccVal):
         return rules_wgmma.read_acc(ref, flat, eqn.params["tree"])
     if isinstance(ref, tmem.TmemVal):
@@ -168,6 +177,7 @@ def _swap(lctx, eqn, ref, value, *flat):
     from pallas_mosaic_gpu._src.lowering import rules_wgmma
     from pallas_mosaic_gpu._src.lowering.scoped import AccVal
 
+    _check_scope(lctx, eqn.invars[1].aval, "writing")
     if isinstance(ref, AccVal):
         old = rules_wgmma.read_acc(ref, flat, eqn.params["tree"]) \
             if lctx.is_used(eqn.outvars[0]) else None

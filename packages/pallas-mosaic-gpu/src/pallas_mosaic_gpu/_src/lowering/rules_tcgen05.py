@@ -3,7 +3,7 @@
 ``commit_tmem``/``wait_load_tmem``.
 
 ``tcgen05_mma(acc, a, b, barrier, accumulate=...)`` is Mosaic GPU's ``tcgen05.mma``
-issued by one thread of the warpgroup: ``acc`` a TMEM ref (``tmem.TmemVal``), ``a``
+issued by one thread of the warpgroup (of the warp, in a ``plgpu.WarpMesh``): ``acc`` a TMEM ref (``tmem.TmemVal``), ``a``
 an SMEM ref (tiled ``(8, swizzle // itemsize)`` and swizzled, as for ``wgmma``) or a
 TMEM ref, ``b`` an SMEM ref; with a barrier, the same thread then commits (the barrier
 completes when every MMA issued so far has). ``tcgen05_commit_arrive`` is that commit
@@ -17,8 +17,9 @@ import numpy as np
 from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu import tcgen05
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import nvvm
 
-from pallas_mosaic_gpu._src.lowering import smem
+from pallas_mosaic_gpu._src.lowering import smem, warps
 from pallas_mosaic_gpu._src.lowering import tmem as T
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import KernelError, Lit, RefVal, rule
@@ -28,11 +29,6 @@ from pallas_mosaic_gpu._src.primitives import refs as R
 from pallas_mosaic_gpu._src.primitives.hints import commit_tmem_p, wait_load_tmem_p
 from pallas_mosaic_gpu._src.primitives.mma import tcgen05_mma_p
 from pallas_mosaic_gpu._src.primitives.tmem import copy_smem_to_tmem_p, tcgen05_commit_arrive_p
-
-
-def _issuer():
-    """The predicate of the one thread (of the warpgroup) that issues tcgen05 ops."""
-    return mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP)
 
 
 def _flag(x) -> ir.Value | bool:
@@ -94,7 +90,7 @@ def _tcgen05_mma(lctx, eqn, *ops):
     _check_mma("tcgen05_mma", acc, a_dtype, bv)
     accumulate = _flag(ops[R.spec_end(spec)])
     barrier = barrier_at(*bar, "tcgen05_mma") if bar is not None else None
-    with mgpu.when(_issuer()):
+    with mgpu.when(warps.issuer(lctx)):
         try:
             tcgen05.mma(acc.ref, am, bm, a_swizzle=a_swizzle, b_swizzle=b_swizzle,
                         accumulate=accumulate)
@@ -113,7 +109,7 @@ def _commit_arrive(lctx, eqn, *ops):
     check_target(lctx, "tcgen05_commit_arrive", BLACKWELL)
     ((bar, flat, tree),) = R.unflatten(eqn.params["refs"], ops)
     barrier = barrier_at(bar, flat, tree, "tcgen05_commit_arrive")
-    with mgpu.when(_issuer()):
+    with mgpu.when(warps.issuer(lctx)):
         tcgen05.commit_arrive(barrier)
     return []
 
@@ -128,7 +124,7 @@ def _smem_to_tmem(lctx, eqn, *ops):
     (s, sflat, stree), (d, dflat, dtree) = R.unflatten(p["refs"], ops)
     sv = smem.view(s, sflat, stree)
     dv = _acc(d, dflat, dtree, "async_copy_smem_to_tmem")
-    with mgpu.when(_issuer()):
+    with mgpu.when(warps.issuer(lctx)):
         try:
             tcgen05.async_copy_smem_to_tmem(sv.memref, dv.ref)
         except (ValueError, NotImplementedError) as e:
@@ -140,12 +136,14 @@ def _smem_to_tmem(lctx, eqn, *ops):
 @rule(commit_tmem_p)
 def _commit_tmem(lctx, eqn):
     check_target(lctx, "commit_tmem", BLACKWELL)
-    tcgen05.commit_tmem()
+    nvvm.tcgen05_wait(nvvm.Tcgen05WaitKind.STORE)
+    warps.sync(lctx)
     return []
 
 
 @rule(wait_load_tmem_p)
 def _wait_load_tmem(lctx, eqn):
     check_target(lctx, "wait_load_tmem", BLACKWELL)
-    tcgen05.wait_load_tmem()
+    nvvm.tcgen05_wait(nvvm.Tcgen05WaitKind.LOAD)
+    warps.sync(lctx)
     return []

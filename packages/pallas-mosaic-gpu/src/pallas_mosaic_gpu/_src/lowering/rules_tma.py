@@ -20,7 +20,7 @@ from jax.experimental.mosaic.gpu.launch_context import TileTransform
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, nvvm
 
-from pallas_mosaic_gpu._src.lowering import smem
+from pallas_mosaic_gpu._src.lowering import smem, warps
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import KernelError, Lit, RefVal, rule
 from pallas_mosaic_gpu._src.lowering.scoped import BarrierVal
@@ -112,10 +112,10 @@ def _gmem_to_smem(lctx, eqn, *ops):
     d = smem.view(dst, dflat, dtree)
     _check_tma("copy_gmem_to_smem", src, window, d, "src")
     barrier = barrier_at(*bar, "copy_gmem_to_smem")
-    mgpu.warpgroup_barrier()  # no thread still reads the destination
+    warps.sync(lctx)  # no thread still reads the destination
     _copy(lctx, "copy_gmem_to_smem", src_ref=src.memref, dst_ref=d.memref, gmem_slice=window,
           gmem_transform=_transform(d), swizzle=d.swizzle, barrier=barrier,
-          oob_mode=p["oob_mode"])
+          oob_mode=p["oob_mode"], predicate=warps.issuer(lctx))
     return []
 
 
@@ -129,7 +129,7 @@ def _smem_to_gmem(lctx, eqn, *ops):
     s = smem.view(src, sflat, stree)
     window = smem.gmem_window(dst, dflat, dtree)
     _check_tma("copy_smem_to_gmem", dst, window, s, "dst")
-    pred = mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP)
+    pred = warps.issuer(lctx)
     if p["has_predicate"]:
         user = ops[R.spec_end(p["refs"])]
         user = V.const(bool(np.asarray(user.val)), ir.IntegerType.get_signless(1)) \
@@ -143,7 +143,8 @@ def _smem_to_gmem(lctx, eqn, *ops):
 
 @rule(commit_smem_p)
 def _commit_smem(lctx, eqn):
-    mgpu.commit_shared()  # fence.proxy.async + warpgroup barrier
+    nvvm.fence_proxy(nvvm.ProxyKind.async_shared, space=nvvm.SharedSpace.shared_cta)
+    warps.sync(lctx)
     return []
 
 
@@ -164,8 +165,8 @@ def _wait_smem_to_gmem(lctx, eqn):
 def _barrier_arrive(lctx, eqn, *ops):
     ((bar, flat, tree),) = R.unflatten(eqn.params["refs"], ops)
     ref = barrier_at(bar, flat, tree, "barrier_arrive")
-    mgpu.warpgroup_barrier()  # the warpgroup's work before the arrival is done
-    ref.arrive(predicate=mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP),
+    warps.sync(lctx)  # the warpgroup's (or warp's) work before the arrival is done
+    ref.arrive(predicate=warps.issuer(lctx),
                orders_tensor_core=bar.space.orders_tensor_core)
     return []
 

@@ -78,6 +78,8 @@ def _axis_index(lctx, eqn):
     names = lctx.axis_names
     if isinstance(name, tuple) and len(name) == 1:
         name = name[0]
+    if name in lctx.inner_axes:  # a plgpu.WarpMesh's axis (warps.py)
+        return lctx.inner_axes[name]
     if name not in names:
         raise NotImplementedError(f"lax.axis_index({name!r}) of an axis that is not one of "
                                   f"the kernel mesh's {names}")

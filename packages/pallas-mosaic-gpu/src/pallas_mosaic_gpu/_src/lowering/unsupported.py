@@ -19,8 +19,5 @@ RULES.unsupported(plugins.debug_print_p, plugins.debug_check_p,
                   reason="not lowered yet; run the kernel with interpret=True to print "
                          "or check")
 RULES.unsupported(plugins.delay_p, reason="pl.delay is a TPU feature")
-RULES.unsupported(plugins.core_map_p,
-                  reason=f"pl.core_map inside a kernel (e.g. over a plgpu.WarpMesh) is not "
-                         f"lowered yet; {_INTERPRET}")
 RULES.unsupported(plugins.atomic_rmw_p, plugins.atomic_cas_p,
                   reason="atomics are not lowered yet; use backend='triton'")
