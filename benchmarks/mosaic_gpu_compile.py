@@ -2,7 +2,7 @@
 written with upstream's ``jax.experimental.pallas.mosaic_gpu``.
 
 Both are compiled through the same compile-only pipeline (a compile-only CUDA device for
-sm_90a, Mosaic GPU's passes, PTX and ptxas, with Mosaic GPU's dumps) in one process.
+sm_90a or sm_100a, Mosaic GPU's passes, PTX and ptxas, with Mosaic GPU's dumps) in one process.
 Per kernel: registers, spill bytes (ptxas), SMEM (the dynamic shared memory the module
 declares), PTX instruction mix (wgmma, TMA ``cp``, ``bar``, ``mbarrier``, ``ld``/``st``)
 and trace+lower+compile seconds of the first compile of each kernel in the process
@@ -18,9 +18,14 @@ Kernels (f16, 256x512 @ 512x256, 128x128x64 blocks, 2 pipeline slots):
 * ``matmul_ws``: the same with ``plgpu.kernel`` over 2 warpgroups and
   ``emit_pipeline_warp_specialized`` (one memory warpgroup, one compute warpgroup).
 
+* ``matmul_tcgen05`` (``--target sm_100a``, Blackwell): ``matmul`` with
+  ``tcgen05_mma`` into a ``plgpu.TMEM`` accumulator (completion on an
+  ``orders_tensor_core`` barrier, awaited per step), read back with
+  ``async_load_tmem``.
+
 Run from the repository root::
 
-    python benchmarks/mosaic_gpu_compile.py [--repeat 3]
+    python benchmarks/mosaic_gpu_compile.py [--repeat 3] [--target sm_100a]
 
 Progress goes to stderr, the Markdown table to stdout.
 """
@@ -105,16 +110,45 @@ def kernels(pl, plgpu, backend_kw):
                             thread_name="wg",
                             scratch_shapes=[plgpu.SMEM((BM, BN), x.dtype)])(x, y)
 
-    return {"matmul": matmul, "matmul_ws": matmul_ws}
+    def matmul_tcgen05(x, y):  # Blackwell (sm_100a): tcgen05_mma into TMEM
+        def kernel(x_gmem, y_gmem, o_smem):
+            mi, ni = pl.program_id(0), pl.program_id(1)
+
+            def with_tmem(acc, done):
+                def step(idx, xs, ys):
+                    plgpu.tcgen05_mma(acc, xs, ys, done, accumulate=idx[0] > 0)
+                    plgpu.barrier_wait(done)
+
+                plgpu.emit_pipeline(
+                    step, grid=(K // BK,), max_concurrent_steps=SLOTS,
+                    in_specs=[plgpu.BlockSpec((BM, BK), lambda kk: (mi, kk), transforms=tr),
+                              plgpu.BlockSpec((BK, BN), lambda kk: (kk, ni), transforms=tr)],
+                )(x_gmem, y_gmem)
+                o_smem[...] = plgpu.async_load_tmem(acc).astype(o_smem.dtype)
+                plgpu.wait_load_tmem()
+
+            pl.run_scoped(with_tmem, plgpu.TMEM((BM, BN), jnp.float32),
+                          plgpu.Barrier(orders_tensor_core=True))
+
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((M, N), x.dtype), grid=(M // BM, N // BN),
+            in_specs=[pl.BlockSpec(memory_space=plgpu.GMEM)] * 2,
+            out_specs=pl.BlockSpec((BM, BN), lambda i, j: (i, j)), **backend_kw)(x, y)
+
+    return {"matmul": matmul, "matmul_ws": matmul_ws, "matmul_tcgen05": matmul_tcgen05}
 
 
-def _device():
+# Mosaic GPU fixes the target per process: one run compiles one target's kernels.
+TARGET_KERNELS = {"sm_90a": ("matmul", "matmul_ws"), "sm_100a": ("matmul_tcgen05",)}
+
+
+def _device(target="sm_90a"):
     from jax.experimental import topologies
 
     from pallas_mosaic_gpu import compiler
 
     topo = topologies.get_topology_desc(platform="cuda",
-                                        target_config=compiler.target_config("sm_90a"),
+                                        target_config=compiler.target_config(target),
                                         topology="1x1x1")
     return topo.devices[0]
 
@@ -158,7 +192,9 @@ def mix(ptx: str) -> dict:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--target", choices=sorted(TARGET_KERNELS), default="sm_90a")
     a = ap.parse_args()
+    os.environ["PALLAS_MOSAIC_GPU_TARGET"] = a.target
     from jax.experimental import pallas as upl
     from jax.experimental.pallas import mosaic_gpu as uplgpu
 
@@ -167,14 +203,14 @@ def main():
     from pallas_mosaic_gpu import compiler
 
     root = compiler.find_toolchain()
-    dev = _device()
+    dev = _device(a.target)
     kx, ky = jax.random.split(jax.random.key(0))
     x = jax.random.normal(kx, (M, K), jnp.float32).astype(jnp.float16)
     y = jax.random.normal(ky, (K, N), jnp.float32).astype(jnp.float16)
     sides = {"upstream": kernels(upl, uplgpu, {}),
              "ours": kernels(pl, plgpu, {"backend": "mosaic_gpu"})}
     rows = []
-    for name in ("matmul", "matmul_ws"):
+    for name in TARGET_KERNELS[a.target]:
         res = {}
         for side, ks in sides.items():
             print(f"{name} / {side} ...", file=sys.stderr)
@@ -190,7 +226,8 @@ def main():
                              mix=mix(ptx), secs=statistics.median(times),
                              first=times[0])
         rows.append((name, res))
-    keys = ("wgmma", "cp", "bar", "mbarrier", "ld", "st", "fma")
+    keys = ("wgmma" if a.target == "sm_90a" else "tcgen05", "cp", "bar", "mbarrier", "ld",
+            "st", "fma")
     print("| kernel | side | registers | spill bytes | " + " | ".join(keys)
           + " | trace+lower+compile s |")
     print("|---|---|---|---|" + "---|" * len(keys) + "---|")

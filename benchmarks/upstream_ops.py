@@ -389,6 +389,9 @@ class _JaxWithDevices(types.ModuleType):
     def devices(self, *a, **kw):
         return [_Device(self._n)]
 
+    def local_devices(self, *a, **kw):
+        return [_Device(self._n)]
+
     def __getattr__(self, name):
         return getattr(self._jax, name)
 
@@ -396,9 +399,11 @@ class _JaxWithDevices(types.ModuleType):
 def _sms(n):
     """Patches the SM count the persistent kernels read (the harness's knob, not theirs):
     ``get_num_sms()``, ``backend.get_default_device().core_count`` and
-    ``jax.devices()[0].core_count`` (a CPU device has none)."""
+    ``jax.devices()[0].core_count``/``jax.local_devices()[0].core_count`` (a CPU device
+    has none)."""
     import jax
     from jax.experimental.pallas.ops.gpu import (
+        blackwell_ragged_dot_mgpu,
         hopper_matmul_mgpu,
         hopper_mixed_type_matmul_mgpu,
         transposed_ragged_dot_mgpu,
@@ -408,6 +413,7 @@ def _sms(n):
     hopper_mixed_type_matmul_mgpu.backend = types.SimpleNamespace(
         get_default_device=lambda: _Device(n))
     transposed_ragged_dot_mgpu.jax = _JaxWithDevices(jax, n)
+    blackwell_ragged_dot_mgpu.jax = _JaxWithDevices(jax, n)
 
 
 def mgpu_hopper_matmul(shape):
@@ -521,6 +527,32 @@ def mgpu_transposed_ragged_dot(shape):
         "mgpu:sm_90a"
 
 
+def mgpu_blackwell_ragged_dot(shape):
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.gpu import blackwell_matmul_mgpu as bm
+    from jax.experimental.pallas.ops.gpu import blackwell_ragged_dot_mgpu as brd
+
+    m, k, n, groups = shape
+    lhs = jax.random.normal(_keys(2)[0], (m, k), jnp.float16)
+    rhs = jax.random.normal(_keys(2)[1], (groups, k, n), jnp.float16)
+    sizes = jnp.asarray(_group_sizes(m, groups), jnp.int32)
+    # collective=True (CTA pairs), as the kernel's own benchmark: without it the kernel
+    # reads the cluster axis "x" that its mesh does not have (upstream fails the same).
+    cfg = brd.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
+                           collective=True, grid_tile_width=1,
+                           grid_minor_dim=bm.MatmulDimension.N)
+
+    def f(lhs, rhs, interpret):
+        del interpret  # forced by the worker
+        return brd.ragged_dot_kernel(lhs, rhs, sizes, cfg)
+
+    def ref(lhs, rhs):
+        return jax.lax.ragged_dot(lhs, rhs, sizes, preferred_element_type=jnp.float32)
+
+    return f, (lhs, rhs), ref, "mgpu:sm_100a"
+
+
 KERNELS = {
     "gpu/softmax": (gpu_softmax, [(64, 256), (100, 300)]),
     "gpu/layer_norm": (gpu_norm, [(4, 16, 256), (3, 10, 300)]),
@@ -559,6 +591,7 @@ KERNELS = {
                                                                     (384, 128, 256)]),
     "gpu/transposed_ragged_dot_mgpu": (mgpu_transposed_ragged_dot, [(256, 128, 128, 2),
                                                                     (320, 128, 64, 3)]),
+    "gpu/blackwell_ragged_dot_mgpu": (mgpu_blackwell_ragged_dot, [(512, 128, 256, 3)]),
 }
 
 

@@ -233,6 +233,22 @@ def test_a_tmem_view_across_rows_is_refused():
         _kernel_of(f, jnp.ones((8, 128), F32))
 
 
+def test_cta_pair_partitioned_copies_say_they_are_not_supported():
+    def kernel(x_gmem, o_gmem):
+        def body(buf, bar):
+            plgpu.copy_gmem_to_smem(x_gmem, buf, bar.at[0],
+                                    leader_tracked=plgpu.CopyPartition.PARTITIONED(0),
+                                    collective_axes="x")
+
+        pl.run_scoped(body, plgpu.SMEM((64, 64), F16), plgpu.Barrier())
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((128, 64), F16),
+                       in_specs=[pl.BlockSpec(memory_space=plgpu.GMEM)],
+                       out_specs=pl.BlockSpec(memory_space=plgpu.GMEM), backend="mosaic_gpu")
+    with pytest.raises(NotImplementedError, match=r"leader_tracked=.*CTA-pair partitioned"):
+        jax.make_jaxpr(f)(jnp.ones((128, 64), F16))
+
+
 # -- the compile level: in a process of its own (Mosaic GPU fixes the target per process)
 
 

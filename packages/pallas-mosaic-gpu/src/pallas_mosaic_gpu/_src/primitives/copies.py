@@ -71,6 +71,13 @@ def copy_gmem_to_smem(src: Any, dst: Any, barrier: Any, *,
     the SMEM of every block of the cluster along those axes."""
     _check_space(src, GMEM, "copy_gmem_to_smem", "src")
     _check_space(dst, SMEM, "copy_gmem_to_smem", "dst")
+    if leader_tracked is not None:
+        # Each block of a CTA pair would load its part of src, tracked by the leader's
+        # barrier: neither the interpreters nor the lowering model that yet.
+        raise NotImplementedError(
+            f"plgpu.copy_gmem_to_smem(leader_tracked={leader_tracked}) (CTA-pair "
+            "partitioned copies, for collective tcgen05_mma) is not supported by "
+            "pallas-mosaic-gpu yet")
     _check_pair(src, dst, "copy_gmem_to_smem")
     space = check_barrier(barrier, "copy_gmem_to_smem")
     refs = R.FlatRefs(src, dst, barrier)
