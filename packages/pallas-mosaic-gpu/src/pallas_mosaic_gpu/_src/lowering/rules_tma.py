@@ -156,8 +156,10 @@ def _commit_group(lctx, eqn):
 
 @rule(wait_smem_to_gmem_p)
 def _wait_smem_to_gmem(lctx, eqn):
+    scope = mgpu.ThreadSubset.WARP if warps.in_warp(lctx) else mgpu.ThreadSubset.WARPGROUP
     lctx.launch_ctx.await_async_copy(eqn.params["n"],
-                                     await_read_only=eqn.params["wait_read_only"])
+                                     await_read_only=eqn.params["wait_read_only"],
+                                     scope=scope)
     return []
 
 
