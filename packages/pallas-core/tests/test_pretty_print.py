@@ -85,3 +85,27 @@ def test_debug_true_shows_ref_accesses_as_indexing(capsys):
                                          debug=True, interpret=True)(x))
     out = capsys.readouterr().out
     assert "<- a[4:]" in out and "b[:] <- " in out
+
+
+def test_a_backend_primitive_registered_through_plugins_prints_its_ref_access():
+    """A backend's ref-accessing primitive (packed with plugins.RefOperands) prints as
+    ``name[params] a[i] v`` once registered with plugins.register_ref_access_printer."""
+    from jax.extend.core import Primitive
+
+    touch_p = Primitive("touch_for_printing")
+    touch_p.def_abstract_eval(lambda *avals, spec, scale: [])
+    touch_p.multiple_results = True
+
+    def split(eqn):
+        (base, flat, tree), = plugins.unpack_ref_operands(eqn.params["spec"], eqn.invars)
+        transforms = jax.tree_util.tree_unflatten(tree, flat)
+        end = plugins.ref_operands_end(eqn.params["spec"])
+        return plugins.RefAccess(base, transforms, operands=eqn.invars[end:])
+
+    plugins.register_ref_access_printer(touch_p, "op", split, hidden=("spec",))
+
+    def body(x):
+        packed = plugins.RefOperands(x.at[pl.ds(1, 2)])
+        touch_p.bind(*packed.operands, jnp.int32(3), spec=packed.spec, scale=2)
+
+    assert "touch_for_printing[scale=2] a[1:3,:,:] 3" in _text(body)

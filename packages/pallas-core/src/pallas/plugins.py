@@ -51,6 +51,7 @@ from pallas._src.primitives.debug import (
 from pallas._src.primitives.grid import num_programs_p, program_id_p
 from pallas._src.primitives.hints import multiple_of_p
 from pallas._src.primitives.load_store import load_p, swap_p
+from pallas._src.primitives.pretty import RefAccess, register_ref_access_printer, transforms_of
 from pallas._src.primitives.scoped import fresh_cell, run_scoped_p
 from pallas._src.primitives.semaphores import (
     semaphore_read_p,
@@ -116,4 +117,6 @@ __all__ = [
     "InterpretMode", "forced_interpret", "forced_interpret_mode", "set_forced_interpret",
     # Refs (and their ref.at views) packed as primitive operands.
     "RefOperands", "ref_and_transforms", "ref_operands_end", "unpack_ref_operands",
+    # Kernel jaxprs print a backend primitive's ref access as `a[i]`, as core's own.
+    "RefAccess", "register_ref_access_printer", "transforms_of",
 ]
