@@ -201,3 +201,36 @@ def test_an_inline_ptx_the_executor_does_not_know_is_unsupported_naming_it(monke
     x, y = ex.inputs(128, 64, 128)
     with pytest.raises(EmulationUnsupported, match="wgmma.mma_async"):
         _emulate(lambda a, b: ex.matmul.__wrapped__(a, b), x, y)
+
+
+def test_wgmma_with_a_in_registers_chains_two_matmuls():
+    """``(x @ y).astype(f16) @ z``: the second wgmma reads A from the first one's
+    accumulator registers (the register-fragment layout of A), as flash attention does."""
+    t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+    def f(x, y, z):
+        def kernel(x_gmem, y_gmem, z_gmem, o_ref):
+            def body(xs, ys, zs, bar, acc1, acc2):
+                for i, (g, s) in enumerate([(x_gmem, xs), (y_gmem, ys), (z_gmem, zs)]):
+                    plgpu.copy_gmem_to_smem(g, s, bar.at[i])
+                    plgpu.barrier_wait(bar.at[i])
+                plgpu.wgmma(acc1, xs, ys)
+                plgpu.wgmma_wait(0)
+                plgpu.wgmma(acc2, acc1[...].astype(F16), zs)
+                plgpu.wgmma_wait(0)
+                o_ref[...] = acc2[...]
+
+            smem = plgpu.SMEM((64, 64), F16, transforms=t)
+            pl.run_scoped(body, smem, smem, smem, plgpu.Barrier(num_barriers=3),
+                          plgpu.ACC((64, 64), jnp.float32), plgpu.ACC((64, 64), jnp.float32))
+
+        gmem = pl.BlockSpec(memory_space=plgpu.GMEM)
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((64, 64), jnp.float32),
+                              in_specs=[gmem] * 3, backend="mosaic_gpu")(x, y, z)
+
+    rng = np.random.default_rng(0)
+    x, y, z = (jnp.asarray(rng.standard_normal((64, 64)), F16) for _ in range(3))
+    (got,) = _emulate(f, x, y, z)
+    p = (np.asarray(x, np.float32) @ np.asarray(y, np.float32)).astype(np.float16)
+    np.testing.assert_allclose(np.asarray(got), p.astype(np.float32) @ np.asarray(z, np.float32),
+                               rtol=1e-2, atol=5e-2)  # f16 rounding of x @ y
