@@ -47,7 +47,7 @@ def _example(name):
                                      ("mosaic_gpu_matmul_ws", "matmul_ws")])
 def test_the_wgmma_matmul_examples_match_jnp_dot_at_emulate(name, fn):
     ex = _example(name)
-    x, y = ex.inputs(128, 256, 128)  # two pipeline steps, four wgmma k-steps each
+    x, y = ex.inputs(128, 128, 128)  # two pipeline steps, four wgmma k-steps each
     f = getattr(ex, fn)
     f = getattr(f, "__wrapped__", f)
     (got,) = _emulate(lambda a, b: f(a, b), x, y)
