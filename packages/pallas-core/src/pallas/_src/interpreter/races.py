@@ -153,7 +153,10 @@ def _covers(a: Region, b: Region) -> bool:
     """True if every element of ``b`` is in ``a`` (conservative: unit strides only)."""
     if len(a) != len(b):
         return False
-    return all(pa == 1 and sa <= sb and eb <= ea for (sa, ea, pa), (sb, eb, _) in zip(a, b))
+    for (sa, ea, pa), (sb, eb, _) in zip(a, b):  # a loop: called per logged access
+        if pa != 1 or sb < sa or eb > ea:
+            return False
+    return True
 
 
 # ------------------------------------------------------------------------------------
@@ -244,16 +247,16 @@ class AccessLog:
                 before = (le & ~same).tolist()
                 same = same.tolist()
             keep, kept = [], []
+            writes, areg = access.kind == "write", access.region
             for k, prev in enumerate(entries):
-                conflict = "write" in (prev.kind, access.kind)
-                if conflict and not before[k] and not same[k] and regions_overlap(
-                        prev.region, access.region):
-                    races.append(Race(self.name, prev, access))
-                redundant = (
-                    before[k]
-                    and (access.kind == "write" or prev.kind == "read")
-                    and _covers(access.region, prev.region)
-                )
+                if before[k]:
+                    # Ordered: no race; dropped if the new access makes it redundant.
+                    redundant = (writes or prev.kind == "read") and _covers(areg, prev.region)
+                else:
+                    redundant = False
+                    if (writes or prev.kind == "write") and not same[k] and regions_overlap(
+                            prev.region, areg):
+                        races.append(Race(self.name, prev, access))
                 if not redundant:
                     keep.append(prev)
                     kept.append(k)
