@@ -30,12 +30,27 @@ for _llvm, _arith in {"add": "addi", "sub": "subi", "mul": "muli", "and": "andi"
     OPS[f"llvm.{_llvm}"] = OPS[f"arith.{_arith}"]
 
 
-@op("llvm.ptrtoint", "llvm.inttoptr", "llvm.bitcast", "llvm.addrspacecast")
+@op("llvm.ptrtoint", "llvm.inttoptr", "llvm.addrspacecast")
 def _ptr_cast(o, cc):
     dt = dtype_of(o.results[0].type)
 
     def run(m, x):
         return (np.asarray(x).astype(dt),)
+
+    return run
+
+
+@op("llvm.bitcast")
+def _llvm_bitcast(o, cc):
+    """Pointers stay addresses; other values keep their bits (f32 <-> i32, vectors)."""
+    t = o.results[0].type
+    if str(t).startswith("!llvm.ptr"):
+        return _ptr_cast(o, cc)
+    dt, shape = dtype_of(t), vshape(t)
+
+    def run(m, x):
+        x = np.ascontiguousarray(x)
+        return (x.view(dt).reshape((x.shape[0],) + shape),)
 
     return run
 
@@ -192,6 +207,8 @@ def _named_barrier(m, bar, count):
 _ASM = {
     "max.NaN.f32 $0, $1, $2;": lambda m, a, b: np.maximum(a, b),
     "min.NaN.f32 $0, $1, $2;": lambda m, a, b: np.minimum(a, b),
+    # CompilerParams(approx_math=True); the hardware's approximation is within 2 ulp.
+    "ex2.approx.ftz.f32 $0, $1;": lambda m, a: np.exp2(np.asarray(a, np.float32)),
 }
 
 # Inline PTX recognised by pattern: (regex over the stripped text, builder(o, match)

@@ -220,23 +220,28 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
 
     red = _sds(per_wg((REDUCTION_SCRATCH_BYTES // 4,)), jnp.float32)
     spills = spill_buffers(jaxpr.jaxpr)
-    entries = {"red": red}
-    entries.update({("buf", k): b for k, b in zip(blocked, bufs)})
-    entries.update({("scratch", i): p.entry for i, p in enumerate(scratch)
-                    if p.entry is not None})
-    entries.update({("scoped", *k): p.entry for k, p in scoped.items()
-                    if p.entry is not None})
-    for i, (_, avals) in enumerate(spills):
-        entries.update({("spill", i, j): _sds(per_wg(a.shape), a.dtype)
-                        for j, a in enumerate(avals) if a is not None})
-    if blocked_in:
-        entries["barriers"] = mgpu.Barrier(arrival_count=1, num_barriers=len(blocked_in))
-    smem, where, smem_bytes = _aligned(entries)
+
+    def smem_tree(keep):
+        """The SMEM tree with the spill buffers of the eqns in ``keep`` (None: all)."""
+        entries = {"red": red}
+        entries.update({("buf", k): b for k, b in zip(blocked, bufs)})
+        entries.update({("scratch", i): p.entry for i, p in enumerate(scratch)
+                        if p.entry is not None})
+        entries.update({("scoped", *k): p.entry for k, p in scoped.items()
+                        if p.entry is not None})
+        for i, (_, avals) in enumerate(spills):
+            if keep is None or i in keep:
+                entries.update({("spill", i, j): _sds(per_wg(a.shape), a.dtype)
+                                for j, a in enumerate(avals) if a is not None})
+        if blocked_in:
+            entries["barriers"] = mgpu.Barrier(arrival_count=1, num_barriers=len(blocked_in))
+        return _aligned(entries)
+
     state = {}
 
     def body(launch_ctx, *refs_and_smem):
         *gmem_refs, smem_refs = refs_and_smem
-        ref = {key: smem_refs[i] for key, i in where.items()}
+        ref = {key: smem_refs[i] for key, i in state["where"].items()}
         if nt > 1:
             for key in ref:
                 if key == "red" or key[0] == "spill":
@@ -244,8 +249,10 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
         buf_refs = [ref[("buf", k)] for k in blocked]
         scratch_vals = [value(p, ref.get(("scratch", i))) for i, p in enumerate(scratch)]
         red_ref, barriers = ref["red"], ref.get("barriers")
-        spill_refs = {id(e): [ref.get(("spill", i, j)) for j in range(len(avals))]
-                      for i, (e, avals) in enumerate(spills)}
+        spill_refs = _Used({id(e): [ref.get(("spill", i, j)) for j in range(len(avals))]
+                            for i, (e, avals) in enumerate(spills)
+                            if state["keep"] is None or i in state["keep"]})
+        state["spill_refs"] = spill_refs
         lctx = LoweringContext(launch_ctx, tuple(gm.grid), [None] * len(gm.grid), name,
                                approx_math=bool(getattr(params, "approx_math", False)),
                                reduction_scratch=red_ref,
@@ -300,20 +307,51 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
         state["uses"] = frozenset(lctx.uses)
 
     symbol = _kernel_symbol(name)
-    with jmlir.make_ir_context() as ctx, ir.Location.unknown():
-        mgpu.dialect.register_dialect(ctx)
-        try:
-            fn = mgpu.as_gpu_kernel(
-                body, cuda_grid, (V.WARPGROUP_SIZE * nt, 1, 1), in_shapes, out_shapes,
-                tuple(smem), module_name=symbol, kernel_name=symbol)
-        except MosaicGpuLoweringError:
-            raise
-        except ir.MLIRError as e:
-            raise MosaicGpuLoweringError(
-                f"pallas-mosaic-gpu produced a Mosaic GPU module for kernel {name} that "
-                f"does not verify (a bug in pallas-mosaic-gpu; please report it): {e}") from e
+
+    def emit(keep):
+        smem, state["where"], smem_bytes = smem_tree(keep)
+        state["keep"] = keep
+        with jmlir.make_ir_context() as ctx, ir.Location.unknown():
+            mgpu.dialect.register_dialect(ctx)
+            try:
+                fn = mgpu.as_gpu_kernel(
+                    body, cuda_grid, (V.WARPGROUP_SIZE * nt, 1, 1), in_shapes, out_shapes,
+                    tuple(smem), module_name=symbol, kernel_name=symbol)
+            except MosaicGpuLoweringError:
+                raise
+            except ir.MLIRError as e:
+                raise MosaicGpuLoweringError(
+                    f"pallas-mosaic-gpu produced a Mosaic GPU module for kernel {name} that "
+                    f"does not verify (a bug in pallas-mosaic-gpu; please report it): "
+                    f"{e}") from e
+        return fn, smem_bytes
+
+    fn, smem_bytes = emit(None)
+    # Spill buffers are planned from the jaxpr alone; operands that turn out to be in a
+    # tiled layout (say, a row reduction of a WGMMA array) need none. When some went
+    # unused, the kernel is emitted again without them (lowering is deterministic).
+    used = state["spill_refs"].used
+    keep = {i for i, (e, _) in enumerate(spills) if id(e) in used}
+    if len(keep) < len(spills):
+        fn, smem_bytes = emit(keep)
     return Kernel(fn, in_shapes, out_shapes, symbol, cuda_grid, seq, smem_bytes,
                   state.get("uses", frozenset()))
+
+
+class _Used(dict):
+    """The spill buffers per eqn, remembering which eqns asked for theirs."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.used = set()
+
+    def __getitem__(self, key):
+        self.used.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.used.add(key)
+        return super().get(key, default)
 
 
 SMEM_ALIGNMENT = 128  # TMA needs 128-byte aligned SMEM (and barriers 8 bytes)

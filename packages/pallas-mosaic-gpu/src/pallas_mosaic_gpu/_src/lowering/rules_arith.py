@@ -128,6 +128,11 @@ def _float_unary(op, upcast=True):
     def lower(lctx, eqn, x):
         if V.kind(_in_dtype(eqn)) != "f":
             raise NotImplementedError(f"{eqn.primitive.name} on {jnp.dtype(_in_dtype(eqn))}")
+        if (lctx.approx_math and eqn.primitive in _APPROX and jnp.dtype(_in_dtype(eqn))
+                == jnp.float32 and isinstance(x, V.FragmentedArray)
+                and not isinstance(x.layout, V.fa.WGSplatFragLayout)):
+            # CompilerParams(approx_math=True): ex2.approx (exp as exp2 of x * log2(e)).
+            return getattr(x, _APPROX[eqn.primitive])(approx=True)
         wide = upcast and jnp.dtype(_in_dtype(eqn)).itemsize < 4
 
         def f(v):
@@ -146,6 +151,8 @@ def _logistic(v):
     one = V.const_like(1.0, v)
     return arith.divf(one, arith.addf(one, mmath.exp(arith.negf(v))))
 
+
+_APPROX = {P.exp_p: "exp", P.exp2_p: "exp2"}
 
 for _p, _op in {
     P.exp_p: mmath.exp, P.exp2_p: mmath.exp2, P.log_p: mmath.log, P.log1p_p: mmath.log1p,
@@ -355,6 +362,10 @@ def _convert(lctx, eqn, x):
     src, dst = _in_dtype(eqn), eqn.params["new_dtype"]
     if jnp.dtype(dst).itemsize > 4:
         raise NotImplementedError(f"converting to {jnp.dtype(dst).name} (64-bit)")
+    if (isinstance(x, V.FragmentedArray) and isinstance(x.layout, V.fa.TiledLayout)
+            and "b" not in (V.kind(src), V.kind(dst)) and jnp.dtype(src) != jnp.dtype(dst)):
+        # Mosaic GPU's conversion keeps the layout and packs pairs (cvt.*x2).
+        return x.astype(V.elem_type(dst), is_signed=V.signed(dst))
     return V.pointwise(eqn, [x], lambda v: convert(v, src, dst))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax.extend.core.primitives as P
 import numpy as np
+from jax import lax
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, scf
 
@@ -17,22 +18,51 @@ from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import Lit, lower_jaxpr, rule
 
 
-def _flatten(vals, avals):
-    """(flat ir.Values, how to rebuild) for carries of ``avals``."""
-    flat, specs = [], []
-    for x, a in zip(vals, avals):
+class _CarryLayout(Exception):
+    """A loop body returns carry ``index`` in the tiled ``layout`` (None: an array in
+    the strided layout) while the loop was entered with it in another (or as a splat):
+    the loop is emitted again, entered in that layout."""
+
+    def __init__(self, index: int, layout):
+        super().__init__(index, layout)
+        self.index, self.layout = index, layout
+
+
+def _flatten(vals, avals, specs=None):
+    """(flat ir.Values, how to rebuild) for carries of ``avals``; with ``specs`` (the
+    loop's entry), each value is put in the layout its carry has."""
+    from pallas_mosaic_gpu._src.lowering.rules_layout import in_layout, is_tiled
+
+    flat, out = [], []
+    for i, (x, a) in enumerate(zip(vals, avals)):
+        want = None if specs is None else specs[i]
         if not a.shape:
             flat.append(V.scalar(x, a))
-            specs.append(None)
+            out.append(None)
+        elif (want is not None and want[0] == "tiled") or (specs is None and is_tiled(x)):
+            layout = want[1] if want is not None else x.layout
+            arr = in_layout(x, a, layout)
+            flat.extend(arr.registers.flat)
+            out.append(("tiled", layout, arr.is_signed, arr.registers.shape))
+        elif is_tiled(x):
+            raise _CarryLayout(i, x.layout)
+        elif not small.is_small(a.shape) and (
+                (want is not None and want[0] == "splat") or (specs is None and _is_splat(x))):
+            # One register for the whole array, until the body makes it an array.
+            if not _is_splat(x):
+                raise _CarryLayout(i, None)
+            arr = V.array(x, a)
+            flat.append(arr.registers.item())
+            out.append(("splat", tuple(a.shape), arr.is_signed))
         elif small.is_small(a.shape):
             vals_ = small.to_small(x, a, a.shape).values
             flat.extend(vals_.flat)
-            specs.append(("small", tuple(a.shape)))
+            out.append(("small", tuple(a.shape)))
         else:
             arr = V.to_strided(V.array(x, a))
             flat.extend(arr.registers.flat)
-            specs.append((arr.layout, arr.is_signed, arr.registers.shape))
-    return flat, specs
+            out.append((arr.layout, arr.is_signed, arr.registers.shape))
+    return flat, out
 
 
 def _unflatten(flat, specs):
@@ -47,13 +77,36 @@ def _unflatten(flat, specs):
             out.append(small.Small(np.array(flat[k:k + n], dtype=object).reshape(s[1])))
             k += n
             continue
-        layout, is_signed, shape = s
+        if s[0] == "splat":
+            out.append(V.FragmentedArray.splat(flat[k], s[1], is_signed=s[2]))
+            k += 1
+            continue
+        layout, is_signed, shape = s[1:] if s[0] == "tiled" else s
         n = int(np.prod(shape))
         regs = np.empty(shape, dtype=object)
         regs.flat[:] = list(flat[k:k + n])
         k += n
         out.append(V.FragmentedArray(_registers=regs, _layout=layout, _is_signed=is_signed))
     return out
+
+
+def _is_splat(x) -> bool:
+    from jax.experimental.mosaic.gpu import fragmented_array as fa
+
+    return isinstance(x, Lit) or (isinstance(x, V.FragmentedArray)
+                                  and isinstance(x.layout, fa.WGSplatFragLayout))
+
+
+def _relayout(init, avals, e: _CarryLayout) -> list:
+    """The loop's entry values with carry ``e.index`` in the body's layout (None: the
+    strided layout)."""
+    from pallas_mosaic_gpu._src.lowering.rules_layout import in_layout
+
+    init = list(init)
+    x, a = init[e.index], avals[e.index]
+    init[e.index] = V.to_strided(V.array(x, a)) if e.layout is None else in_layout(
+        x, a, e.layout)
+    return init
 
 
 def _accs(args) -> list:
@@ -116,20 +169,30 @@ def _scan(lctx, eqn, *args):
     closed = p["jaxpr"]
     if len(args) != nc + ncarry or len(eqn.outvars) != ncarry:
         raise NotImplementedError("scan over arrays (only fori_loop-style scans lower)")
-    consts, init = args[:nc], args[nc:]
+    consts, init = args[:nc], list(args[nc:])
     avals = [v.aval for v in eqn.invars[nc:]]
-    flat, specs = _flatten(init, avals)
     accs = _accs(consts)
-    n = len(flat)
-    lo, hi, one = (V.const(v, V.index()) for v in (0, length, 1))
-    loop = scf.ForOp(lo, hi, one, flat + _acc_regs(accs))
-    with ir.InsertionPoint(loop.body):
-        inner = list(loop.inner_iter_args)
-        _set_accs(accs, inner[n:])
-        carry = _unflatten(inner[:n], specs)
-        outs = _inline(lctx, closed, [*consts, *carry])
-        new, _ = _flatten(outs, avals)
-        scf.YieldOp(new + _acc_regs(accs))
+    while True:
+        saved = [a.acc for a in accs]
+        flat, specs = _flatten(init, avals)
+        n = len(flat)
+        lo, hi, one = (V.const(v, V.index()) for v in (0, length, 1))
+        loop = scf.ForOp(lo, hi, one, flat + _acc_regs(accs))
+        try:
+            with ir.InsertionPoint(loop.body):
+                inner = list(loop.inner_iter_args)
+                _set_accs(accs, inner[n:])
+                carry = _unflatten(inner[:n], specs)
+                outs = _inline(lctx, closed, [*consts, *carry])
+                new, _ = _flatten(outs, avals, specs)
+                scf.YieldOp(new + _acc_regs(accs))
+        except _CarryLayout as e:  # enter the loop with that carry in the body's layout
+            loop.operation.erase()
+            for a, acc in zip(accs, saved):
+                a.acc = acc
+            init = _relayout(init, avals, e)
+            continue
+        break
     results = list(loop.results)
     _set_accs(accs, results[n:])
     return _unflatten(results[:n], specs)
@@ -139,29 +202,39 @@ def _scan(lctx, eqn, *args):
 def _while(lctx, eqn, *args):
     p = eqn.params
     cn, bn = p["cond_nconsts"], p["body_nconsts"]
-    cconsts, bconsts, init = args[:cn], args[cn:cn + bn], args[cn + bn:]
+    cconsts, bconsts, init = args[:cn], args[cn:cn + bn], list(args[cn + bn:])
     avals = [v.aval for v in eqn.invars[cn + bn:]]
-    flat, specs = _flatten(init, avals)
     accs = _accs(bconsts)
-    n = len(flat)
-    flat = flat + _acc_regs(accs)
-    types = [v.type for v in flat]
-    op = scf.WhileOp(types, flat)
-    before = op.before.blocks.append(*types)
-    with ir.InsertionPoint(before):
-        args_ = list(before.arguments)
-        _set_accs(accs, args_[n:])
-        carry = _unflatten(args_[:n], specs)
-        (c,) = _inline(lctx, p["cond_jaxpr"], [*cconsts, *carry])
-        scf.ConditionOp(V.scalar(c, p["cond_jaxpr"].out_avals[0]), args_)
-    after = op.after.blocks.append(*types)
-    with ir.InsertionPoint(after):
-        args_ = list(after.arguments)
-        _set_accs(accs, args_[n:])
-        carry = _unflatten(args_[:n], specs)
-        outs = _inline(lctx, p["body_jaxpr"], [*bconsts, *carry])
-        new, _ = _flatten(outs, avals)
-        scf.YieldOp(new + _acc_regs(accs))
+    while True:
+        saved = [a.acc for a in accs]
+        flat, specs = _flatten(init, avals)
+        n = len(flat)
+        flat = flat + _acc_regs(accs)
+        types = [v.type for v in flat]
+        op = scf.WhileOp(types, flat)
+        try:
+            before = op.before.blocks.append(*types)
+            with ir.InsertionPoint(before):
+                args_ = list(before.arguments)
+                _set_accs(accs, args_[n:])
+                carry = _unflatten(args_[:n], specs)
+                (c,) = _inline(lctx, p["cond_jaxpr"], [*cconsts, *carry])
+                scf.ConditionOp(V.scalar(c, p["cond_jaxpr"].out_avals[0]), args_)
+            after = op.after.blocks.append(*types)
+            with ir.InsertionPoint(after):
+                args_ = list(after.arguments)
+                _set_accs(accs, args_[n:])
+                carry = _unflatten(args_[:n], specs)
+                outs = _inline(lctx, p["body_jaxpr"], [*bconsts, *carry])
+                new, _ = _flatten(outs, avals, specs)
+                scf.YieldOp(new + _acc_regs(accs))
+        except _CarryLayout as e:  # enter the loop with that carry in the body's layout
+            op.operation.erase()
+            for a, acc in zip(accs, saved):
+                a.acc = acc
+            init = _relayout(init, avals, e)
+            continue
+        break
     results = list(op.results)
     _set_accs(accs, results[n:])
     return _unflatten(results[:n], specs)
@@ -267,3 +340,19 @@ def _result_types(avals):
         types.extend([vt] * int(np.prod(layout.registers_shape(tuple(a.shape)))))
     return types
 
+
+
+@rule(lax.optimization_barrier_p)
+def _optimization_barrier(lctx, eqn, *xs):
+    """Arrays in registers pass through Mosaic GPU's optimization barrier (computed
+    before what follows, e.g. a barrier wait); other values pass unchanged."""
+    from jax.experimental.mosaic.gpu import fragmented_array as fa
+
+    pos = [i for i, x in enumerate(xs) if isinstance(x, V.FragmentedArray)
+           and not isinstance(x.layout, fa.WGSplatFragLayout)]
+    out = list(xs)
+    if pos:
+        res = fa.optimization_barrier(*(xs[i] for i in pos))
+        for i, r in zip(pos, [res] if len(pos) == 1 else res):
+            out[i] = r
+    return out

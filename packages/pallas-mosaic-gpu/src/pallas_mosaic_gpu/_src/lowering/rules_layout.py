@@ -1,14 +1,23 @@
-"""``plgpu.layout_cast`` (and so ``plgpu.load(..., layout=)`` and
-``plgpu.broadcasted_iota(..., layout=)``): a value's register layout.
+"""Register layouts in the lowering: ``plgpu.layout_cast`` (and so ``plgpu.load(...,
+layout=)`` and ``plgpu.broadcasted_iota(..., layout=)``) and arrays that keep a tiled
+layout (WGMMA's, its rows and columns, TCGEN05's) from op to op.
 
-A layout changes no value, only how the warpgroup holds it. Upstream reads the cast as
-a conversion under ``LoweringSemantics.Lane`` (looking ahead from a value's creation to
-a cast right after it) and as a constraint for layout inference under
-``LoweringSemantics.Warpgroup``. Here, in both: an ``iota`` whose value is cast is
-created in the cast's layout (so ``layout_cast(broadcasted_iota(...), Layout.WGMMA)``
-lines up with a WGMMA-layout load or accumulator, as upstream's kernels expect); the
-cast converts an array Mosaic GPU can convert; otherwise the value stays in the layout
-the engine holds it in (strided, see :mod:`values`), which is the same array.
+A layout changes no value, only how the warpgroup holds it. By default an array is
+strided (see :mod:`values`). ``layout_cast`` to a tiled layout, reading a ``plgpu.ACC``
+and loading a tiled SMEM ref give an array in a tiled (``TiledLayout``) layout instead,
+and elementwise ops, reductions, broadcasts, casts and loop carries keep it there:
+``s.max(axis=1)`` of a WGMMA array is a warp shuffle reduction into the WGMMA row
+layout, and ``broadcast_in_dim`` of that row back to the WGMMA layout copies registers,
+with no shared memory involved.
+
+Upstream reads the cast as a conversion under ``LoweringSemantics.Lane`` (looking ahead
+from a value's creation to a cast right after it) and as a constraint for layout
+inference under ``LoweringSemantics.Warpgroup``. Here, in both: an ``iota`` whose value
+is cast is created in the cast's layout (so ``layout_cast(broadcasted_iota(...),
+Layout.WGMMA)`` lines up with a WGMMA-layout load or accumulator); splats, literals and
+arrays held whole by every thread are put in the tiled layout asked for; an array
+Mosaic GPU can convert is converted; otherwise the value stays in the layout the engine
+holds it in (strided), which is the same array.
 """
 
 from __future__ import annotations
@@ -17,7 +26,9 @@ from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 
 from pallas_mosaic_gpu._src.layouts import Layout, ParameterizedLayout, ReducedLayout, layout_cast_p
-from pallas_mosaic_gpu._src.lowering.engine import rule
+from pallas_mosaic_gpu._src.lowering import small
+from pallas_mosaic_gpu._src.lowering import values as V
+from pallas_mosaic_gpu._src.lowering.engine import Lit, rule
 
 _TILED = {
     Layout.WGMMA: "WGMMA_LAYOUT",
@@ -56,10 +67,65 @@ def hinted_layout(lctx, var, shape) -> fa.FragmentedLayout | None:
     return None if hint is None else mgpu_layout(hint, shape)
 
 
+# The 2D tiled layouts a reduced (row/column) layout broadcasts back to.
+_FULL = (fa.WGMMA_LAYOUT, fa.TCGEN05_LAYOUT, fa.WGMMA_TRANSPOSED_LAYOUT,
+         fa.TCGEN05_TRANSPOSED_LAYOUT)
+
+
+def is_tiled(x) -> bool:
+    """Whether ``x`` is an array in a tiled layout (WGMMA and its relatives)."""
+    return isinstance(x, V.FragmentedArray) and isinstance(x.layout, fa.TiledLayout)
+
+
+def in_layout(x, aval, layout) -> V.FragmentedArray:
+    """``x`` (array, Small, scalar or literal of ``aval``) in register ``layout``."""
+    shape = tuple(aval.shape)
+    if isinstance(x, V.FragmentedArray):
+        if x.layout == layout:
+            return x
+        if isinstance(x.layout, fa.WGSplatFragLayout):
+            return V.FragmentedArray.splat(x.registers.item(), shape, layout,
+                                           is_signed=x.is_signed)
+        try:
+            return x.to_layout(layout)
+        except NotImplementedError as e:
+            raise NotImplementedError(
+                f"changing the register layout of a {shape} array from {x.layout} to "
+                f"{layout}") from e
+    if isinstance(x, small.Small):
+        first = x.values.flat[0]
+        if all(v is first for v in x.values.flat):
+            return V.FragmentedArray.splat(first, shape, layout, is_signed=V.signed(aval.dtype))
+        return V.FragmentedArray.build(shape, layout, lambda *idx: small.element(x, list(idx)),
+                                       is_signed=V.signed(aval.dtype))
+    if isinstance(x, Lit) or not shape or not hasattr(x, "layout"):
+        value = V.scalar(x, aval.update(shape=())) if shape else V.scalar(x, aval)
+        return V.FragmentedArray.splat(value, shape, layout, is_signed=V.signed(aval.dtype))
+    raise NotImplementedError(f"a {type(x).__name__} in the layout {layout}")
+
+
+def full_layout(reduced, shape, dims):
+    """The 2D tiled layout whose reduction over the dims not in ``dims`` is ``reduced``
+    (the layout ``broadcast_in_dim`` of a row/column array produces), or None."""
+    if len(shape) != 2:
+        return None
+    new = tuple(d for d in range(len(shape)) if d not in dims)
+    for full in _FULL:
+        if full.reduce(new) == reduced:
+            return full
+    return None
+
+
 @rule(layout_cast_p)
 def _layout_cast(lctx, eqn, x):
-    target = mgpu_layout(eqn.params["new_layout"], eqn.outvars[0].aval.shape)
-    if target is None or not isinstance(x, mgpu.FragmentedArray) or x.layout == target:
+    aval = eqn.invars[0].aval
+    target = mgpu_layout(eqn.params["new_layout"], aval.shape)
+    if target is None or not aval.shape:
+        return x
+    splat = isinstance(x, mgpu.FragmentedArray) and isinstance(x.layout, fa.WGSplatFragLayout)
+    if isinstance(target, fa.TiledLayout) and (splat or not isinstance(x, mgpu.FragmentedArray)):
+        return in_layout(x, aval, target)  # a literal, scalar, splat or held-whole array
+    if not isinstance(x, mgpu.FragmentedArray) or x.layout == target:
         return x
     try:
         return x.to_layout(target)

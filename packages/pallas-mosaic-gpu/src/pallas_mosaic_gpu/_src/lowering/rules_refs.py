@@ -8,6 +8,8 @@ that read an SMEM element later need not be the ones that wrote it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 from jax.experimental.mosaic import gpu as mgpu
@@ -19,7 +21,7 @@ import pallas.plugins as pp
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.lowering import small, tmem
 from pallas_mosaic_gpu._src.lowering import values as V
-from pallas_mosaic_gpu._src.lowering.engine import Lit, RefVal, rule
+from pallas_mosaic_gpu._src.lowering.engine import Lit, RefVal, lower_jaxpr, rule
 
 
 def _index(x) -> object:
@@ -146,12 +148,63 @@ def _check_scope(lctx, aval, what: str):
             "there, or move the array code out of the warp's branch)")
 
 
+@dataclasses.dataclass
+class ValRef:
+    """A ref holding a value in registers: what ``pl.run_state`` makes of a value it
+    closes over (read and written whole)."""
+
+    value: object
+
+    def access(self, flat, what: str):
+        if flat:
+            raise NotImplementedError(f"{what} a window of a pl.run_state value ref")
+        return self
+
+
+@rule(jc.run_state_p)
+def _run_state(lctx, eqn, *inits):
+    """``pl.run_state(f)(...)``: ``f`` runs on refs starting at the inputs (a
+    ``plgpu.ACC.init(x)`` accumulator in registers, a ref passed through, or a value it
+    closed over); the results are the refs' final values."""
+    from jax.experimental.mosaic.gpu import fragmented_array as fa
+
+    from pallas_mosaic_gpu._src.lowering.rules_layout import in_layout
+    from pallas_mosaic_gpu._src.lowering.scoped import AccVal, BarrierVal
+    from pallas_mosaic_gpu._src.memory import AccumulatorSpace
+
+    jaxpr = eqn.params["jaxpr"]
+    refs = []
+    for v, x, init in zip(jaxpr.invars, inits, eqn.params["is_initialized"]):
+        if getattr(v.aval, "memory_space", None) is AccumulatorSpace.WGMMA:
+            shape, dtype = tuple(v.aval.shape), np.dtype(v.aval.dtype)
+            if init:
+                value = in_layout(x, v.aval.inner_aval, fa.WGMMA_LAYOUT)
+                acc = mgpu.WGMMAAccumulator.from_registers(value)
+            else:
+                acc = mgpu.WGMMAAccumulator.zero(
+                    *shape, V.elem_type(dtype), is_signed=True if dtype.kind == "i" else None)
+            refs.append(AccVal(acc, shape, dtype))
+        elif not init:
+            raise NotImplementedError(
+                "pl.run_state with an uninitialized ref other than a plgpu.ACC (allocate "
+                "buffers with pl.run_scoped)")
+        elif isinstance(x, (RefVal, AccVal, BarrierVal, tmem.TmemVal)):
+            refs.append(x)  # a ref passed through
+        else:
+            refs.append(ValRef(x))
+    lower_jaxpr(lctx, jaxpr, [], refs)
+    return [r.acc.value if isinstance(r, AccVal) else r.value if isinstance(r, ValRef)
+            else r for r in refs]
+
+
 @rule(jc.get_p)
 def _get(lctx, eqn, ref, *flat):
     from pallas_mosaic_gpu._src.lowering import rules_wgmma
     from pallas_mosaic_gpu._src.lowering.scoped import AccVal
 
     _check_scope(lctx, eqn.outvars[0].aval, "reading")
+    if isinstance(ref, ValRef):
+        return ref.access(flat, "reading").value
     if isinstance(ref, AccVal):
         return rules_wgmma.read_acc(ref, flat, eqn.params["tree"])
     if isinstance(ref, tmem.TmemVal):
@@ -178,6 +231,10 @@ def _swap(lctx, eqn, ref, value, *flat):
     from pallas_mosaic_gpu._src.lowering.scoped import AccVal
 
     _check_scope(lctx, eqn.invars[1].aval, "writing")
+    if isinstance(ref, ValRef):
+        old = ref.access(flat, "writing").value
+        ref.value = value
+        return old
     if isinstance(ref, AccVal):
         old = rules_wgmma.read_acc(ref, flat, eqn.params["tree"]) \
             if lctx.is_used(eqn.outvars[0]) else None

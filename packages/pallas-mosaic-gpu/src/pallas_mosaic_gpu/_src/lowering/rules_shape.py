@@ -21,7 +21,7 @@ from jaxlib.mlir.dialects import arith, scf, vector
 from pallas_mosaic_gpu._src.lowering import small
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import Lit, rule
-from pallas_mosaic_gpu._src.lowering.rules_layout import hinted_layout
+from pallas_mosaic_gpu._src.lowering.rules_layout import full_layout, hinted_layout, is_tiled
 from pallas_mosaic_gpu._src.lowering.spill import load_element, operand_memrefs
 
 
@@ -48,6 +48,14 @@ def _broadcast_in_dim(lctx, eqn, x):
             return small.to_small(value, out.update(shape=()), shape)
         return V.splat(value, shape, out.dtype)
     dims = tuple(eqn.params["broadcast_dimensions"])
+    if is_tiled(x):  # a row/column of a tiled array: registers repeated, no SMEM
+        layout = full_layout(x.layout, shape, dims)
+        if layout is None or tuple(aval_in.shape) != tuple(shape[d] for d in dims):
+            raise NotImplementedError(
+                f"broadcasting a {tuple(aval_in.shape)} array in the register layout "
+                f"{x.layout} to {shape} along {dims} (a row or column of a WGMMA/TCGEN05 "
+                "array broadcasts back to a 2D array of that layout)")
+        return x.broadcast_in_dim(shape, dims, layout)
 
     def source_index(idx):
         return [0 if aval_in.shape[i] == 1 else idx[d] for i, d in enumerate(dims)]
@@ -206,6 +214,12 @@ def _reduce(op_name):
         axes = tuple(int(a) for a in eqn.params["axes"])
         if not aval.shape or not axes:
             return x
+        if is_tiled(x) and len(axes) < len(aval.shape):
+            # Within and across warps in registers (WGMMA rows: warp shuffles).
+            if op_name not in ("add", "max", "min"):
+                raise NotImplementedError(
+                    f"reduce_{op_name} of an array in the register layout {x.layout}")
+            return x.reduce(op_name, axes, scratch=lctx.reduction_scratch)
         full = sorted(axes) == list(range(len(aval.shape)))
         if not full or isinstance(x, small.Small) or aval.dtype != np.float32 or (
                 op_name in ("and", "or")):

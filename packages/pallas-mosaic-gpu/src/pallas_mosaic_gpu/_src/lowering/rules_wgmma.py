@@ -120,3 +120,4 @@ def write_acc(acc: AccVal, value, aval, flat, tree):
         arr = mgpu.FragmentedArray.splat(x.registers.item(), acc.shape, fa.WGMMA_LAYOUT,
                                          is_signed=x.is_signed)
     acc.acc = mgpu.WGMMAAccumulator.from_registers(arr)
+

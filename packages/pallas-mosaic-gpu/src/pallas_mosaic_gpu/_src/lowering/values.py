@@ -187,6 +187,19 @@ def pointwise(eqn, invals, fn):
     avals = [v.aval for v in eqn.invars]
     if not out.shape:
         return fn(*(scalar(x, a) for x, a in zip(invals, avals)))
+    tiled = next((x.layout for x in invals if isinstance(x, FragmentedArray)
+                  and isinstance(x.layout, fa.TiledLayout)), None)
+    if tiled is not None:  # arrays in a tiled layout (say, WGMMA's) stay in it
+        from pallas_mosaic_gpu._src.lowering.rules_layout import in_layout
+
+        shape = tuple(out.shape)
+        if any(a.shape and tuple(a.shape) != shape for a in avals):
+            raise NotImplementedError(
+                f"{eqn.primitive.name} of arrays of shapes {[tuple(a.shape) for a in avals]} "
+                f"in the register layout {tiled} (broadcast them to {shape} first, e.g. "
+                "with lax.broadcast_in_dim)")
+        arrays = [in_layout(x, a.update(shape=shape), tiled) for x, a in zip(invals, avals)]
+        return map_registers(fn, arrays, out.dtype)
     # Operands with size-1 dims stretch to the output's shape (as lax allows).
     shape = tuple(out.shape)
     invals = [small.stretch(x, a, shape) if a.shape and tuple(a.shape) != shape
