@@ -17,6 +17,11 @@ Kernels (f16, 256x512 @ 512x256, 128x128x64 blocks, 2 pipeline slots):
   ``wgmma_wait(0)`` per step; the f16 tile stored through an SMEM output block.
 * ``matmul_ws``: the same with ``plgpu.kernel`` over 2 warpgroups and
   ``emit_pipeline_warp_specialized`` (one memory warpgroup, one compute warpgroup).
+* ``flash_attention``: ``examples/mosaic_gpu_flash_attention.py`` (q, k, v of
+  (1, 2, 256, 64) f16, 64x64 blocks): ``plgpu.kernel`` of 3 warpgroups,
+  ``emit_pipeline_warp_specialized`` streaming K/V (2 slots) to 2 compute warpgroups
+  that carry the online softmax (WGMMA layout) and run ``wgmma`` for ``Q @ K^T`` and
+  ``P @ V`` (P from registers, through ``pl.run_state(plgpu.ACC.init(...))``).
 
 * ``matmul_tcgen05`` (``--target sm_100a``, Blackwell): ``matmul`` with
   ``tcgen05_mma`` into a ``plgpu.TMEM`` accumulator (completion on an
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import math
 import os
 import re
 import statistics
@@ -49,6 +55,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 M, K, N, BM, BN, BK, SLOTS = 256, 512, 256, 128, 128, 64, 2
+# flash attention: (batch, heads, seq, head_dim) f16 q/k/v, 64x64 blocks
+ATTN, BQ, BKV = (1, 2, 256, 64), 64, 64
 
 
 def kernels(pl, plgpu, backend_kw):
@@ -135,11 +143,75 @@ def kernels(pl, plgpu, backend_kw):
             in_specs=[pl.BlockSpec(memory_space=plgpu.GMEM)] * 2,
             out_specs=pl.BlockSpec((BM, BN), lambda i, j: (i, j)), **backend_kw)(x, y)
 
-    return {"matmul": matmul, "matmul_ws": matmul_ws, "matmul_tcgen05": matmul_tcgen05}
+
+    def flash_attention(q, k, v):
+        batch, heads, q_len, d = q.shape
+        kv_len = k.shape[2]
+        scale = math.log2(math.e) / math.sqrt(d)
+
+        def kernel(q_gmem, k_gmem, v_gmem, o_gmem, q_smems, q_bars):
+            b, h, qi = jax.lax.axis_index("b"), jax.lax.axis_index("h"), \
+                jax.lax.axis_index("q")
+            wg = jax.lax.axis_index("wg")
+            rows = pl.ds((qi * 2 + wg) * BQ, BQ)
+            q_smem = q_smems.at[wg]
+
+            def step(_, k_smem, v_smem, carry):
+                acc, m_i, l_i = carry
+
+                def scores(s_acc):
+                    plgpu.wgmma(s_acc, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
+                    plgpu.wgmma_wait(0)
+                    return s_acc[...]
+
+                s = pl.run_scoped(scores, plgpu.ACC((BQ, BKV), jnp.float32)) * scale
+                m_new = jnp.maximum(m_i, s.max(axis=1))
+                alpha = jnp.exp2(m_i - m_new)
+                p = jnp.exp2(s - jax.lax.broadcast_in_dim(m_new, s.shape, [0]))
+                l_i = l_i * alpha + p.sum(axis=1)
+                acc = acc * jax.lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+                def pv(o_acc):
+                    plgpu.wgmma(o_acc, p.astype(q.dtype), v_smem)
+                    plgpu.wgmma_wait(0)
+
+                return pl.run_state(pv)(plgpu.ACC.init(acc)), m_new, l_i
+
+            def compute(eval_pipeline):
+                plgpu.copy_gmem_to_smem(q_gmem.at[b, h, rows], q_smem, q_bars.at[wg])
+                plgpu.barrier_wait(q_bars.at[wg])
+                rl = plgpu.Layout.WGMMA.reduce(1)
+                acc, m_i, l_i = eval_pipeline((
+                    plgpu.layout_cast(jnp.zeros((BQ, d), jnp.float32), plgpu.Layout.WGMMA),
+                    plgpu.layout_cast(jnp.full((BQ,), -jnp.inf, jnp.float32), rl),
+                    plgpu.layout_cast(jnp.zeros((BQ,), jnp.float32), rl)))
+                acc = acc / jax.lax.broadcast_in_dim(l_i, acc.shape, [0])
+                q_smem[...] = acc.astype(q.dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(q_smem, o_gmem.at[b, h, rows])
+                plgpu.wait_smem_to_gmem(0)
+
+            plgpu.emit_pipeline_warp_specialized(
+                step, grid=(kv_len // BKV,), memory_registers=40, wg_axis="wg",
+                num_compute_wgs=2, max_concurrent_steps=SLOTS, compute_context=compute,
+                in_specs=[plgpu.BlockSpec((BKV, d), lambda j: (j, 0), transforms=tr)] * 2,
+            )(k_gmem.at[b, h], v_gmem.at[b, h])
+
+        return plgpu.kernel(
+            kernel, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+            grid=(batch, heads, q_len // (2 * BQ)), grid_names=("b", "h", "q"),
+            num_threads=3, thread_name="wg",
+            scratch_shapes=[plgpu.SMEM((2, BQ, d), q.dtype, transforms=tr),
+                            plgpu.Barrier(num_barriers=2)],
+            compiler_params=plgpu.CompilerParams(approx_math=True))(q, k, v)
+
+    return {"matmul": matmul, "matmul_ws": matmul_ws, "matmul_tcgen05": matmul_tcgen05,
+            "flash_attention": flash_attention}
 
 
 # Mosaic GPU fixes the target per process: one run compiles one target's kernels.
-TARGET_KERNELS = {"sm_90a": ("matmul", "matmul_ws"), "sm_100a": ("matmul_tcgen05",)}
+TARGET_KERNELS = {"sm_90a": ("matmul", "matmul_ws", "flash_attention"),
+                  "sm_100a": ("matmul_tcgen05",)}
 
 
 def _device(target="sm_90a"):
@@ -207,6 +279,11 @@ def main():
     kx, ky = jax.random.split(jax.random.key(0))
     x = jax.random.normal(kx, (M, K), jnp.float32).astype(jnp.float16)
     y = jax.random.normal(ky, (K, N), jnp.float32).astype(jnp.float16)
+    kq, kk, kv = jax.random.split(jax.random.key(1), 3)
+    qkv = tuple(jax.random.normal(key, ATTN, jnp.float32).astype(jnp.float16)
+                for key in (kq, kk, kv))
+    args = {"matmul": (x, y), "matmul_ws": (x, y), "matmul_tcgen05": (x, y),
+            "flash_attention": qkv}
     sides = {"upstream": kernels(upl, uplgpu, {}),
              "ours": kernels(pl, plgpu, {"backend": "mosaic_gpu"})}
     rows = []
@@ -216,7 +293,7 @@ def main():
             print(f"{name} / {side} ...", file=sys.stderr)
             times, rep, ptx = [], "", ""
             for _ in range(a.repeat):
-                s, r, p = compile_one(ks[name], (x, y), dev, root)
+                s, r, p = compile_one(ks[name], args[name], dev, root)
                 times.append(s)
                 rep, ptx = (r or rep), (p or ptx)
             regs = re.search(r"Used (\d+) registers", rep)
@@ -227,7 +304,7 @@ def main():
                              first=times[0])
         rows.append((name, res))
     keys = ("wgmma" if a.target == "sm_90a" else "tcgen05", "cp", "bar", "mbarrier", "ld",
-            "st", "fma")
+            "st", "fma", "ex2", "shfl")
     print("| kernel | side | registers | spill bytes | " + " | ".join(keys)
           + " | trace+lower+compile s |")
     print("|---|---|---|---|" + "---|" * len(keys) + "---|")

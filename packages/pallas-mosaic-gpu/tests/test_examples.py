@@ -71,6 +71,25 @@ def test_flash_attention_interprets_like_plain_softmax_attention_and_lowers():
     assert text.count("custom_call @mosaic_gpu_v2") == 1
 
 
+def test_flash_attention_generated_code_matches_plain_jax_at_emulate():
+    import jax
+
+    import pallas as pl
+    import pallas.plugins
+
+    ex = _load("mosaic_gpu_flash_attention")
+    q, k, v = ex.inputs(batch=1, heads=1, q_len=128, kv_len=192)
+    f = ex.flash_attention.__wrapped__
+    (eqn,) = [e for e in jax.make_jaxpr(f)(q, k, v).jaxpr.eqns
+              if e.primitive is pl.pallas_call_p]
+    req = pallas.plugins.KernelRequest.from_params(eqn.params, eqn.params["compiler_params"])
+    # The module Mosaic GPU compiles, executed: three warpgroups, TMA, mbarriers, wgmma.
+    (got,) = pallas.plugins.get_backend("mosaic_gpu").emulate(req, q, k, v)
+    np.testing.assert_allclose(np.asarray(got, np.float32),
+                               np.asarray(ex.reference(q, k, v), np.float32),
+                               rtol=2e-2, atol=2e-2)
+
+
 def test_flash_attention_compiles_to_wgmma_for_sm90a_without_spills():
     from pallas_mosaic_gpu import compiler
 

@@ -42,6 +42,7 @@ from pallas_mosaic_gpu._src.lowering.infer import wgmma_buffers, wgmma_transform
 from pallas_mosaic_gpu._src.lowering.scoped import plan, plan_type, value
 from pallas_mosaic_gpu._src.lowering.spill import spill_buffers
 from pallas_mosaic_gpu._src.lowering.threads import (
+    entry_warpgroup,
     grid_axes,
     own_slice,
     threads_of,
@@ -240,6 +241,10 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
     state = {}
 
     def body(launch_ctx, *refs_and_smem):
+        with entry_warpgroup(threads):
+            emit_body(launch_ctx, *refs_and_smem)
+
+    def emit_body(launch_ctx, *refs_and_smem):
         *gmem_refs, smem_refs = refs_and_smem
         ref = {key: smem_refs[i] for key, i in state["where"].items()}
         if nt > 1:

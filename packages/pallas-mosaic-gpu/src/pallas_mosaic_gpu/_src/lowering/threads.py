@@ -9,6 +9,7 @@ warpgroup (one copy each); with it, shared by the block. Clusters are not lowere
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 from jax.experimental.mosaic import gpu as mgpu
@@ -56,9 +57,29 @@ def per_thread(eqn, threads: Threads) -> bool:
     return threads.num > 1 and threads.name not in tuple(eqn.params["collective_axes"])
 
 
+_ENTRY: list = []  # the warpgroup index computed at the kernel's entry, while emitting it
+
+
 def warpgroup() -> object:
-    """This thread's warpgroup index in the block (i32, uniform across the warp)."""
+    """This thread's warpgroup index in the block (i32, uniform across the warp):
+    computed once at the kernel's entry (one ``shfl.sync``) and reused."""
+    if _ENTRY:
+        return _ENTRY[-1]
     return mgpu.utils.warpgroup_idx(sync=True)
+
+
+@contextlib.contextmanager
+def entry_warpgroup(threads: Threads):
+    """While a kernel of several warpgroups is emitted, its warpgroup index is the value
+    computed here, at the top of the kernel body (which dominates all of it)."""
+    if threads.num <= 1:
+        yield
+        return
+    _ENTRY.append(mgpu.utils.warpgroup_idx(sync=True))
+    try:
+        yield
+    finally:
+        _ENTRY.pop()
 
 
 def own_slice(memref):
