@@ -141,3 +141,49 @@ def test_an_iota_cast_to_the_wgmma_layout_lines_up_with_a_wgmma_layout_load():
     f = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((64, 64), F16),
                      compiler_params=plgpu.CompilerParams(lowering_semantics=WG))
     assert "custom_call @mosaic_gpu_v2" in _lower(f, jnp.ones((64, 64), F16))
+
+
+def test_tma_boxes_overhanging_gmem_read_zeros_and_drop_writes_in_interpret_mode():
+    """As the hardware's TMA (ragged_dot_mgpu with m=200 fetches a last block past the
+    end): a load fills the outside with zeros, a store drops it."""
+
+    def kernel(start_gmem, x_gmem, o_gmem):
+        def body(buf, bar):
+            start = start_gmem[0]  # 32: traced, so the view may overhang
+            plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(start, 64)], buf, bar.at[0])
+            plgpu.barrier_wait(bar.at[0])
+            buf[...] = buf[...] * 2
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(buf, o_gmem.at[pl.ds(0, 64)])
+            plgpu.wait_smem_to_gmem(0)
+            plgpu.copy_smem_to_gmem(buf, o_gmem.at[pl.ds(start, 64)])
+            plgpu.wait_smem_to_gmem(0)
+
+        pl.run_scoped(body, plgpu.SMEM((64, 128), F32), plgpu.Barrier())
+
+    f = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((64, 128), F32),
+                     interpret=plgpu.InterpretParams())
+    x = jnp.arange(64 * 128, dtype=F32).reshape(64, 128)
+    got = f(jnp.asarray([32], jnp.int32), x)
+    assert jnp.array_equal(got, jnp.concatenate([2 * x[32:], 2 * x[32:]]))
+
+
+def test_delay_release_refills_a_slot_one_step_late():
+    def kernel(x_gmem, o_gmem, acc):
+        acc[...] = jnp.zeros_like(acc)
+
+        def step(_, x_smem):
+            acc[...] += x_smem[...]
+
+        plgpu.emit_pipeline(step, grid=(4,), max_concurrent_steps=3,
+                            in_specs=[plgpu.BlockSpec((64, 128), lambda i: (i, 0),
+                                                      delay_release=1)])(x_gmem)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(acc, o_gmem)
+        plgpu.wait_smem_to_gmem(0)
+
+    f = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((64, 128), F32),
+                     scratch_types=[plgpu.SMEM((64, 128), F32)],
+                     interpret=plgpu.InterpretParams(detect_races=True))
+    x = jax.random.normal(jax.random.key(2), (256, 128), F32)
+    assert jnp.allclose(f(x), x.reshape(4, 64, 128).sum(0), atol=1e-5)

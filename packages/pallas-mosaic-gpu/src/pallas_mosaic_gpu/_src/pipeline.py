@@ -185,11 +185,14 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
     def _run(gmem_refs, bufs, barrier, invariant):
         n_in = len(in_specs)
 
-        def fetch(step):
+        def fetch(step, delay=None):
+            """Fetches step ``step``'s input blocks (those released ``delay`` steps
+            late, or all) into its slot."""
             slot = lax.rem(step, jnp.int32(slots))
             indices = _unravel(step, grid)
             for spec, ref, buf in zip(in_specs, gmem_refs[:n_in], bufs[:n_in]):
-                if buf is not None:
+                if buf is not None and (delay is None or
+                                        getattr(spec, "delay_release", 0) == delay):
                     copy_gmem_to_smem(_block_view(spec, ref, indices), buf.at[slot],
                                       barrier.at[slot])
 
@@ -230,9 +233,13 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
             if per_step:
                 store(per_step, slot, indices)
 
-            @pl.when(step + slots < num_steps)
-            def _():
-                fetch(step + slots)
+            # A slot is refilled once released: an input with delay_release=d keeps
+            # step s's block until step s + d has run (the body may still be reading
+            # it, e.g. an unwaited wgmma), so after step s the slot of step s - d
+            # receives step s - d + slots, as upstream.
+            for d in delays:
+                pl.when((step >= d) & (step + slots - d < num_steps))(
+                    functools.partial(fetch, step + slots - d, d))
 
             return new_carry
 

@@ -151,5 +151,75 @@ def set_view(buf, new, flat, tree):
                                                   part.shape))
 
 
+def _clip(shape, flat, tree):
+    """For a TMA box that may overhang its GMEM array: (index of the in-bounds part in
+    the array, index of that part in the box, the box's shape), or None when the view
+    is no contiguous box (then it must lie in bounds)."""
+    dims_of = _composed(shape, flat, tree)
+    if dims_of is None:
+        return None
+    base, part, box = [], [], []
+    for n, d in zip(shape, dims_of):
+        if isinstance(d, int):
+            if not 0 <= d < n:
+                return (), (), None  # the whole box lies outside
+            base.append(d)
+            continue
+        off, stride, size = d
+        if stride != 1:
+            return None
+        lo, hi = max(0, -off), max(0, min(size, n - off))
+        hi = max(lo, hi)
+        base.append(slice(off + lo, off + hi))
+        part.append(slice(lo, hi))
+        box.append(size)
+    return tuple(base), tuple(part), tuple(box)
+
+
+def clipped_region(shape, flat, tree) -> Region | None:
+    """The part of a (possibly overhanging) TMA box inside its GMEM array, as a region
+    (None: nothing is inside)."""
+    c = _clip(shape, flat, tree)
+    if c is None:
+        return access_region(shape, flat, tree)[0]
+    base, _, box = c
+    if box is None or any(isinstance(b, slice) and b.stop <= b.start for b in base):
+        return None
+    return tuple((b, b + 1, 1) if isinstance(b, int) else (b.start, b.stop, 1) for b in base)
+
+
+def clipped_get(buf, flat, tree):
+    """What a TMA load reads through a box that may overhang its GMEM array: the
+    elements outside are zeros, as the hardware fills them."""
+    c = _clip(buf.shape, flat, tree)
+    if c is None:
+        return get_view(buf, flat, tree)
+    base, part, box = c
+    if box is None:
+        return jnp.zeros(access_view_shape(buf.shape, flat, tree), buf.value.dtype)
+    out = jnp.zeros(box, buf.value.dtype)
+    return out.at[part].set(jnp.asarray(buf.value)[base])
+
+
+def clipped_set(buf, new, flat, tree):
+    """``buf``'s value after a TMA store through a box that may overhang it: the
+    elements outside are dropped, as the hardware drops them."""
+    c = _clip(buf.shape, flat, tree)
+    if c is None:
+        return set_view(buf, new, flat, tree)
+    base, part, box = c
+    value = jnp.asarray(buf.value)
+    if box is None:
+        return value
+    new = jnp.broadcast_to(jnp.asarray(new, value.dtype), box)
+    return value.at[base].set(new[part])
+
+
+def access_view_shape(shape, flat, tree) -> tuple[int, ...]:
+    """The shape a ref view has (its non-indexed dims)."""
+    dims_of = _composed(shape, flat, tree) or []
+    return tuple(d[2] for d in dims_of if not isinstance(d, int))
+
+
 def describe_region(region: Region) -> str:
     return "[" + ", ".join(f"{s}:{e}" + (f":{p}" if p != 1 else "") for s, e, p in region) + "]"

@@ -14,6 +14,9 @@ from __future__ import annotations
 from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.memory import (
     access_region,
+    clipped_get,
+    clipped_region,
+    clipped_set,
     describe_region,
     get_view,
     set_view,
@@ -41,16 +44,27 @@ def _checked_region(th, buf, flat, tree, what):
     return region
 
 
-def _copy(th, src, dst, unit, combine=None):
+def _copy(th, src, dst, unit, combine=None, gmem="src"):
+    """A TMA copy. Its GMEM box (``gmem``: "src" or "dst") may overhang the array, as
+    the hardware allows: a load reads zeros there, a store drops those elements. The
+    SMEM side must lie in bounds."""
     (sbuf, sflat, stree), (dbuf, dflat, dtree) = src, dst
-    sreg = _checked_region(th, sbuf, sflat, stree, "source")
-    dreg = _checked_region(th, dbuf, dflat, dtree, "destination")
-    data = get_view(sbuf, sflat, stree)
+    if gmem == "src":
+        sreg = clipped_region(sbuf.shape, sflat, stree)
+        dreg = _checked_region(th, dbuf, dflat, dtree, "destination")
+        data = clipped_get(sbuf, sflat, stree)
+    else:
+        sreg = _checked_region(th, sbuf, sflat, stree, "source")
+        dreg = clipped_region(dbuf.shape, dflat, dtree)
+        data = get_view(sbuf, sflat, stree)
     if combine is not None:
-        data = combine(get_view(dbuf, dflat, dtree), data)
-    th.access(sbuf, "read", sreg, unit=unit)
-    th.access(dbuf, "write", dreg, unit=unit)
-    dbuf.value = set_view(dbuf, data, dflat, dtree)
+        data = combine(clipped_get(dbuf, dflat, dtree), data)
+    if sreg is not None:
+        th.access(sbuf, "read", sreg, unit=unit)
+    if dreg is not None:
+        th.access(dbuf, "write", dreg, unit=unit)
+    dbuf.value = clipped_set(dbuf, data, dflat, dtree) if gmem == "dst" else \
+        set_view(dbuf, data, dflat, dtree)
 
 
 @register_gpu_rule(C.copy_gmem_to_smem_p)
@@ -75,7 +89,8 @@ def _smem_to_gmem(th, eqn, invals):
         return []
     unit = _start_unit(th)
     op = p["reduction_op"]
-    _copy(th, src, dst, unit, None if op is None else (lambda o, n: C.reduce(op, o, n)))
+    _copy(th, src, dst, unit, None if op is None else (lambda o, n: C.reduce(op, o, n)),
+          gmem="dst")
     th.open_group.append(None if unit is None else th.launch.clocks.release(unit))
     if p["commit_group"]:
         _commit_group(th)
