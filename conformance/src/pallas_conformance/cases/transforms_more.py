@@ -399,3 +399,78 @@ def grad_rescaled(pallas_call, x, w):
     cotangent reaching an early step is scaled by the later ones."""
     return jax.grad(lambda a, b: jnp.sum(_k_matmul(pallas_call, a, b, 0.5) ** 2),
                     argnums=(0, 1))(x, w)
+
+
+# --- Backward passes through state carried between grid steps ---------------------------
+
+FA_S, FA_B = 64, 32  # sequence length and block size of the grid-KV flash attention
+
+
+def _flash_grid_kv(pallas_call, q, k, v):
+    """Flash-attention forward with the key/value blocks on a grid axis (the form of most
+    production kernels): the online-softmax state m, l, acc lives in scratch ((B, C)
+    blocks, m and l replicated across lanes), reset at the first key step and
+    normalised into the output block at the last."""
+    bh, s, d = q.shape
+    nk = s // FA_B
+    scale = 1.0 / d ** 0.5
+
+    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+        kj = pl.program_id(2)
+
+        @pl.when(kj == 0)
+        def _():
+            m_ref[...] = jnp.full_like(m_ref, -1e30)
+            l_ref[...] = jnp.zeros_like(l_ref)
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        sc = jnp.dot(q_ref[...] * scale, k_ref[...].T, precision=HI)
+        m_prev = m_ref[...]
+        m_new = jnp.maximum(m_prev, jnp.max(sc, axis=1, keepdims=True))
+        p = jnp.exp(sc - jnp.max(m_new, axis=1, keepdims=True))
+        alpha = jnp.exp(m_prev - m_new)
+        l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
+        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(p, v_ref[...], precision=HI)
+        m_ref[...] = m_new
+
+        @pl.when(kj == nk - 1)
+        def _():
+            o_ref[...] = acc_ref[...] / l_ref[...]
+
+    q_spec = pl.BlockSpec((None, FA_B, d), lambda h, i, j: (h, i, 0))
+    kv_spec = pl.BlockSpec((None, FA_B, d), lambda h, i, j: (h, j, 0))
+    return pallas_call(kernel, out_shape=sds(q.shape, q.dtype), grid=(bh, s // FA_B, nk),
+                       in_specs=[q_spec, kv_spec, kv_spec], out_specs=q_spec,
+                       scratch_shapes=[pl.ANY((FA_B, d), jnp.float32) for _ in range(3)])(
+                           q, k, v)
+
+
+def _attention_loss_ref(q, k, v, t):
+    s = jnp.einsum("hqd,hkd->hqk", q, k, precision=HI) / q.shape[-1] ** 0.5
+    o = jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(s, axis=-1), v, precision=HI)
+    return jnp.sum(o * t)
+
+
+@case("grad/flash_attention_grid_kv",
+      tags={"grad", "dot", "scratch", "sequential_grid", "reductions"},
+      inputs=lambda rng: (*(randn(rng, (2, FA_S, C), scale=0.5) for _ in range(3)),
+                          randn(rng, (2, FA_S, C))),
+      reference=lambda q, k, v, t: jax.grad(_attention_loss_ref, argnums=(0, 1, 2))(
+          q, k, v, t),
+      tolerance={"float32": (1e-4, 1e-4)})
+def grad_flash_grid_kv(pallas_call, q, k, v, t):
+    """grad (q, k, v) through a flash-attention forward whose key axis is a grid axis:
+    the online-softmax scratch is carried from one key step to the next."""
+    return jax.grad(lambda a, b, c: jnp.sum(_flash_grid_kv(pallas_call, a, b, c) * t),
+                    argnums=(0, 1, 2))(q, k, v)
+
+
+@case("grad/running_sum_scratch",
+      tags={"grad", "scratch", "sequential_grid", "carry_across_blocks"},
+      inputs=lambda rng: (randn(rng, (32, C)),),
+      reference=lambda x: jax.grad(lambda a: jnp.sum(_ref_running_sum(a) ** 2))(x),
+      tolerance={"float32": (1e-4, 1e-4)})
+def grad_running_sum(pallas_call, x):
+    """grad through a running sum kept in scratch that persists from one output block
+    to the next: the cotangent of the scratch flows back through every earlier step."""
+    return jax.grad(lambda a: jnp.sum(_running_sum(pallas_call, a) ** 2))(x)

@@ -223,7 +223,18 @@ def scratch_live_in(kernel_jaxpr, first_scratch: int, known_ids: dict[int, int],
     write.
     """
     jaxpr = kernel_jaxpr.jaxpr if hasattr(kernel_jaxpr, "jaxpr") else kernel_jaxpr
-    tracked = {v: i for i, v in enumerate(jaxpr.invars[first_scratch:])}
+    return _refs_live_in(jaxpr, jaxpr.invars[first_scratch:], known_ids, grid)
+
+
+def ref_live_in(kernel_jaxpr, index: int, known_ids: dict[int, int], grid) -> bool:
+    """Whether the kernel's ref ``index`` (any operand or scratch ref) may be read before
+    it is fully written in one iteration: its value then comes from an earlier one."""
+    jaxpr = kernel_jaxpr.jaxpr if hasattr(kernel_jaxpr, "jaxpr") else kernel_jaxpr
+    return _refs_live_in(jaxpr, [jaxpr.invars[index]], known_ids, grid)
+
+
+def _refs_live_in(jaxpr, refs, known_ids, grid) -> bool:
+    tracked = {v: i for i, v in enumerate(refs)}
     if not tracked:
         return False
     from pallas._src.primitives.grid import num_programs_p, program_id_p

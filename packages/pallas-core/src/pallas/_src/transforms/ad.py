@@ -488,7 +488,7 @@ def _transpose_as_kernels(cts, args, params):
         n_known = layout.n_prefetch + layout.n_primal_in
         if lin != [False] * n_known + [True] * (len(args) - n_known):
             raise backward.NotKernelizable("a primal operand is itself linear")
-        return backward.transpose_as_kernels(cts, args, params, layout)
+        return backward.transpose_as_kernels(cts, args, params, layout, origin.params)
     except backward.NotKernelizable as e:
         _xla_fallback(params, str(e))
         return None

@@ -103,16 +103,19 @@ def _constant_stores_transpose():
         table[jc.swap_p] = orig
 
 
-def transpose_as_kernels(cts, args, params, layout: JvpLayout) -> list:
+def transpose_as_kernels(cts, args, params, layout: JvpLayout, primal_params=None) -> list:
     """Cotangents of the tangent inputs of a JVP call, computed by backward calls.
 
     ``args`` are the call's operands (the tangent inputs undefined), ``cts`` one
-    cotangent per output. Raises :class:`NotKernelizable` when it cannot.
+    cotangent per output, ``primal_params`` the params of the forward call (needed when
+    the kernel carries state between grid steps, see
+    :mod:`pallas._src.transforms.backward_carried`). Raises :class:`NotKernelizable`
+    when it cannot.
     """
+    from pallas._src.transforms import backward_carried
+
     gm, closed = params["grid_mapping"], params["jaxpr"]
     L = layout
-    if L.n_tangent_scratch and _scratch_carried(closed, L, gm.grid):
-        raise NotKernelizable("the kernel carries differentiable scratch state")
     if gm.input_output_aliases:
         raise NotKernelizable("the call aliases inputs to outputs")
     if any(type(ct) is not jc.Zero for ct in cts[: L.n_primal_out]):
@@ -122,6 +125,16 @@ def transpose_as_kernels(cts, args, params, layout: JvpLayout) -> list:
     if any(first_tin <= k < first_tin + L.n_tangent_in for k in written):
         raise NotKernelizable("the kernel writes into an input ref")
     tout_bms = gm.out_block_mappings[L.n_primal_out:]
+    known = [a for a in args[: L.n_prefetch + L.n_primal_in]]
+    ct_touts = [jc.instantiate_zeros(ct) if type(ct) is not jc.Zero
+                else jnp.zeros(bm.array_aval.shape, bm.array_aval.dtype)
+                for ct, bm in zip(cts[L.n_primal_out:], tout_bms)]
+    carried = backward_carried.analyse(closed, L, gm)
+    if carried is not None:
+        return backward_carried.transpose_carried(ct_touts, known, params, L, carried,
+                                                  primal_params)
+    if L.n_tangent_scratch and _scratch_carried(closed, L, gm.grid):
+        raise NotKernelizable("the kernel carries differentiable scratch state")
     ng = len(gm.grid)
     for k, bm in enumerate(tout_bms):
         if not _plain_index_map(bm, ng) or not all(_axes_used(bm, ng)):
@@ -130,10 +143,6 @@ def transpose_as_kernels(cts, args, params, layout: JvpLayout) -> list:
             if why:
                 raise NotKernelizable(f"tangent output {bm.origin} is revisited along "
                                       f"a grid axis and {why}")
-    known = [a for a in args[: L.n_prefetch + L.n_primal_in]]
-    ct_touts = [jc.instantiate_zeros(ct) if type(ct) is not jc.Zero
-                else jnp.zeros(bm.array_aval.shape, bm.array_aval.dtype)
-                for ct, bm in zip(cts[L.n_primal_out:], tout_bms)]
     return [_backward_call(n, known, ct_touts, params, layout)
             for n in range(L.n_tangent_in)]
 
@@ -271,7 +280,7 @@ def _check_backend_accepts(params, jaxpr, gm, compiler_params) -> None:
                               f"{type(e).__name__}: {str(e).splitlines()[0]}") from e
 
 
-def _split_primal_and_linear(jvp_jaxpr, consts, L: JvpLayout):
+def _split_primal_and_linear(jvp_jaxpr, consts, L: JvpLayout, hoist=None):
     """Partial evaluation of the JVP kernel with its tangent refs unknown: the primal
     part (everything computable from primal refs, returning the residuals) and the
     linear part (residuals, then every ref), which JAX can transpose even where one
@@ -286,6 +295,9 @@ def _split_primal_and_linear(jvp_jaxpr, consts, L: JvpLayout):
         j, unknown, True, False, False, jc.pe.everything_saveable)
     if n_res_ref:
         raise NotKernelizable("the tangent computation keeps refs of the primal one")
+    if hoist is not None:
+        primal = [False] * n_res + [not u for u in unknown]
+        staged = hoist(staged, {k for k, p in enumerate(primal) if p})
     return known, _loop_results_from_residuals(staged, n_res), n_res
 
 

@@ -55,6 +55,39 @@ def drop_dead_locals(jaxpr, consts, avals, n_fixed: int, n_pout: int, n_tout: in
     return new_jaxpr, new_consts, final[n_fixed:]
 
 
+def prune_refs(jaxpr, consts, avals, dead: set[int], keep: set[int], what: str):
+    """Removes the refs ``dead`` (by position) and everything only they used, then every
+    other ref the body no longer uses, except those in ``keep``. Returns (jaxpr, consts,
+    which refs are kept). Raises :class:`NotKernelizable` when a kept computation needs a
+    dead ref."""
+    dead_vars = {jaxpr.invars[i] for i in dead}
+    live = [i not in dead for i in range(len(avals))]
+
+    def pruned(*refs):
+        it = iter(refs)
+        _eval_without(jaxpr, consts, [next(it) if lv else None for lv in live], dead_vars)
+        return []
+
+    j1, _, c1 = jc.trace_kernel_to_jaxpr(pruned, [a for a, lv in zip(avals, live) if lv],
+                                         what)
+    j2, used = jc.dce_jaxpr(jc.convert_constvars_jaxpr(j1), [], instantiate=False)
+    used_c, used_in = used[: len(c1)], used[len(c1):]
+    used_it = iter(used_in)
+    final = [bool(next(used_it)) or k in keep if lv else False for k, lv in enumerate(live)]
+
+    def body(*refs):
+        it = iter(refs)
+        full = [next(it) if f else None for f in final]
+        live_refs = [r for r, lv in zip(full, live) if lv]
+        jc.core.eval_jaxpr(j2, (), *(c for c, u in zip(c1, used_c) if u),
+                           *(r for r, u in zip(live_refs, used_in) if u))
+        return []
+
+    new_jaxpr, _, new_consts = jc.trace_kernel_to_jaxpr(
+        body, [a for a, f in zip(avals, final) if f], what)
+    return new_jaxpr, new_consts, final
+
+
 def _eval_without(jaxpr, consts, args, dead: set) -> list:
     """Evaluates ``jaxpr`` (binding its equations in the current trace) without the
     refs in ``dead``: equations that access them, and pure equations of values read

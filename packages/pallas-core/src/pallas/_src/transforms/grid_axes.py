@@ -72,3 +72,37 @@ def shift_grid_axes(jaxpr, shift: int):
 def shift_grid_axes_closed(closed, shift: int):
     new = shift_grid_axes(closed.jaxpr, shift)
     return closed if new is closed.jaxpr else jc.ClosedJaxpr(new, closed.consts)
+
+
+def reverse_program_ids(jaxpr, grid):
+    """``jaxpr`` (a Jaxpr) run on the grid in reverse order: every ``program_id(a)``
+    becomes ``grid[a] - 1 - program_id(a)``, at any depth (backward kernels that sweep
+    a sequential axis backwards). Raises ``ValueError`` for other primitives that name
+    grid axes (a backend's), which cannot be reversed this way."""
+    if not uses_grid_axes(jaxpr):
+        return jaxpr
+    import numpy as np
+    from jax import lax
+
+    fn = lambda j: reverse_program_ids(j, grid)  # noqa: E731
+    eqns = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is program_id_p:
+            (out,) = eqn.outvars
+            if isinstance(out, jc.DropVar):
+                eqns.append(eqn)
+                continue
+            raw = jc.Var(out.aval)
+            last = jc.Literal(np.asarray(grid[eqn.params["axis"]] - 1, out.aval.dtype),
+                              out.aval)
+            eqns.append(eqn.replace(outvars=[raw]))
+            eqns.append(jc.new_jaxpr_eqn([last, raw], [out], lax.sub_p, {}, set(),
+                                         eqn.source_info))
+        elif eqn.primitive is num_programs_p:
+            eqns.append(eqn)
+        elif eqn.primitive in grid_axis_param_rules:
+            raise ValueError(f"{eqn.primitive} names a grid axis and cannot run reversed")
+        else:
+            eqns.append(eqn.replace(
+                params={k: _map_param(v, fn) for k, v in eqn.params.items()}))
+    return jaxpr.replace(eqns=eqns)
