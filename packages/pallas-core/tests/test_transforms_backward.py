@@ -40,9 +40,10 @@ def _masked_ref(x, y):
 
 def _named_rescaled(name):
     """A kernel whose output block is rescaled at every step of the grid
-    (``o = o / 2 + sin(x_i)``): every step sends a different cotangent to its input
-    block, which the backward kernels (zero-init then accumulate) cannot express, so
-    the backward pass falls back to XLA."""
+    (``o = o / 2 + sin(x_i)``) and revisited along the *outer* grid axis, so its visits
+    are not consecutive: the backward kernels (which carry an output block's cotangent
+    from one visit to the next) cannot express it, and the backward pass falls back to
+    XLA."""
     def kernel(x_ref, o_ref):
         @pl.when(pl.program_id(0) == 0)
         def _():
@@ -51,9 +52,10 @@ def _named_rescaled(name):
         o_ref[...] = o_ref[...] * 0.5 + jnp.sin(x_ref[...])
 
     def f(x):
-        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 8), x.dtype),
-                              grid=(2,), in_specs=[pl.BlockSpec((8, 8), lambda i: (i, 0))],
-                              out_specs=pl.BlockSpec((8, 8), lambda i: (0, 0)),
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 16), x.dtype),
+                              grid=(2, 2),
+                              in_specs=[pl.BlockSpec((8, 8), lambda i, j: (i, j))],
+                              out_specs=pl.BlockSpec((8, 8), lambda i, j: (0, j)),
                               name=name, backend="transforms_test")(x)
 
     return f
@@ -138,7 +140,7 @@ def test_compiled_backend_grad_falls_back_to_xla_and_warns_once(rng, compiled_ba
     """A backward pass that cannot be emitted as kernels runs as XLA ops (the
     interpreter's expansion, differentiated by JAX), with one warning per kernel that
     says why."""
-    x = _normal(rng, 16, 8)
+    x = _normal(rng, 16, 16)
     f = _named_rescaled("fallback_warns")
     want = jax.grad(lambda x: _rescaled_ref(x).sum())(x)
     with pytest.warns(pl.GradFallbackWarning,
@@ -150,7 +152,7 @@ def test_compiled_backend_grad_falls_back_to_xla_and_warns_once(rng, compiled_ba
 
 
 def test_grad_fallback_can_be_refused_or_silenced(rng, compiled_backend):
-    x = _normal(rng, 16, 8)
+    x = _normal(rng, 16, 16)
     with pl.grad_fallback("error"):
         with pytest.raises(NotImplementedError,
                            match="grad_fallback is 'error'.*custom_vjp.*interpret=True"):
@@ -209,9 +211,10 @@ def test_backward_kernels_accumulate_with_their_reduction_axes_innermost(
                      "tangent of args[1]": (4, 3, 2)}  # (j, k) outer, i inner
 
 
-def test_a_rescaled_accumulator_falls_back_and_stays_correct(rng, compiled_backend):
-    """The cotangent of a revisited output block that is scaled at every step differs
-    per step: no backward kernel is emitted for it; the XLA fallback is exact."""
+def test_a_rescaled_accumulator_becomes_a_reverse_sweep(rng, compiled_backend):
+    """The cotangent reaching an output block rescaled at every k step (``o = o * 0.5 +
+    x @ w``) differs per step: a state sweep runs the grid backwards carrying it, and
+    the cotangent of x accumulates from the per-step cotangents the sweep saved."""
     x, w = _normal(rng, 16, 24), _normal(rng, 24, 16)
 
     def ref(a, b):
@@ -221,10 +224,71 @@ def test_a_rescaled_accumulator_falls_back_and_stays_correct(rng, compiled_backe
                                   precision="highest")
         return o
 
-    with pytest.warns(pl.GradFallbackWarning, match="revisited"):
+    with pl.grad_fallback("error"):
         got = jax.grad(lambda a: (_tiled_matmul(a, w, rescale=0.5) ** 2).sum())(x)
     np.testing.assert_allclose(got, jax.grad(lambda a: (ref(a, w) ** 2).sum())(x),
                                rtol=1e-4, atol=1e-4)
+    grids = {c["name"].split("backward, ")[1].rstrip(")"): c["grid"]
+             for c in compiled_backend.calls if "(backward," in c["name"]}
+    assert grids == {"carried state": (2, 2, 3), "tangent of args[0]": (2, 3, 2)}
+    assert not [c for c in compiled_backend.calls if "(forward, saving" in c["name"]]
+
+
+def _online_softmax_sum(x, v, *, backend="transforms_test"):
+    """Per row block, ``softmax(x) @ v`` over column blocks on a grid axis, the
+    online-softmax state (m, l, acc) in scratch: reset at the first step, normalised
+    into the output at the last."""
+    def kernel(x_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+        j = pl.program_id(1)
+
+        @pl.when(j == 0)
+        def _():
+            m_ref[...] = jnp.full_like(m_ref, -1e30)
+            l_ref[...] = jnp.zeros_like(l_ref)
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        s = x_ref[...]
+        m_prev = m_ref[...]
+        m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+        p = jnp.exp(s - jnp.max(m_new, axis=1, keepdims=True))
+        a = jnp.exp(m_prev - m_new)
+        l_ref[...] = a * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
+        acc_ref[...] = a * acc_ref[...] + jnp.dot(p, v_ref[...], precision="highest")
+        m_ref[...] = m_new
+
+        @pl.when(j == pl.num_programs(1) - 1)
+        def _():
+            o_ref[...] = acc_ref[...] / l_ref[...]
+
+    return pl.pallas_call(
+        kernel, out_shape=SDS((16, 8), x.dtype), grid=(2, 3),
+        in_specs=[pl.BlockSpec((8, 8), lambda i, j: (i, j)),
+                  pl.BlockSpec((8, 8), lambda i, j: (j, 0))],
+        out_specs=pl.BlockSpec((8, 8), lambda i, j: (i, 0)),
+        scratch_shapes=[pl.ANY((8, 8), jnp.float32)] * 3, backend=backend)(x, v)
+
+
+def test_scratch_carried_along_the_grid_is_saved_and_swept_back(rng, compiled_backend):
+    """Online-softmax state in scratch carried along a grid axis: a forward call saves
+    the state entering each step, the state sweep carries its cotangent backwards, and
+    each input's cotangent comes from its own kernel; the numbers are the reference's."""
+    x, v = _normal(rng, 16, 24), _normal(rng, 24, 8)
+
+    def loss(f):
+        return lambda a, b: (f(a, b) ** 2).sum()
+
+    def ref(a, b):
+        return jax.nn.softmax(a, axis=1) @ b
+
+    with pl.grad_fallback("error"):
+        got = jax.grad(loss(_online_softmax_sum), argnums=(0, 1))(x, v)
+    want = jax.grad(loss(ref), argnums=(0, 1))(x, v)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    names = sorted(c["name"].split("(")[-1].rstrip(")") for c in compiled_backend.calls
+                   if "(" in c["name"])
+    assert names == ["backward, carried state", "backward, tangent of args[0]",
+                     "backward, tangent of args[1]", "forward, saving state"]
 
 
 def test_dimension_semantics_follow_the_reordered_grid():
