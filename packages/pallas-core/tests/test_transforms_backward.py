@@ -302,3 +302,28 @@ def test_dimension_semantics_follow_the_reordered_grid():
     assert _permuted_params(Params(), [2, 1, 0], [0]).dimension_semantics == (
         "arbitrary", "parallel", "arbitrary")
     assert _permuted_params(None, [1, 0], [0]) is None
+
+
+def test_second_order_through_carried_state_stays_kernels(rng, compiled_backend):
+    """grad of grad through a rescaled accumulator: the state sweep (whose index maps
+    run the grid backwards) is itself a kernel carrying state, transposed the same way."""
+    x, w = _normal(rng, 16, 24), _normal(rng, 24, 16)
+
+    def ref(a, b):
+        o = jnp.zeros((16, 16))
+        for kk in range(3):
+            o = o * 0.5 + jnp.dot(a[:, 8 * kk:8 * kk + 8], b[8 * kk:8 * kk + 8],
+                                  precision="highest")
+        return o
+
+    def second(f):
+        g = jax.grad(lambda a, b: jnp.sum(jnp.sin(f(a, b)) ** 2), argnums=(0, 1))
+        return jax.grad(lambda a, b: sum(jnp.sum(t ** 2) for t in g(a, b)),
+                        argnums=(0, 1))(x, w)
+
+    with pl.grad_fallback("error"):
+        got = second(lambda a, b: _tiled_matmul(a, b, rescale=0.5))
+    for g, v in zip(got, second(ref)):
+        np.testing.assert_allclose(g, v, rtol=1e-4, atol=1e-4)
+    assert any("(backward, carried state) (backward, carried state)" in c["name"]
+               for c in compiled_backend.calls)

@@ -44,6 +44,7 @@ from pallas._src.primitives import control
 from pallas._src.primitives.grid import program_id
 from pallas._src.transforms.ad import _write_refs
 from pallas._src.transforms.backward_pruning import NotKernelizable, drop_dead_locals
+from pallas._src.transforms.backward_replay import zeros_for_empty
 from pallas._src.transforms.grid_axes import remap_grid_axes
 
 
@@ -194,6 +195,7 @@ def _backward_call(n, known, ct_touts, params, L: JvpLayout):
     jvp_jaxpr = remap_grid_axes(closed.jaxpr, pos.__getitem__)
     n_tout, n_tin = L.n_tangent_out, L.n_tangent_in
     primal_part, linear_part, n_res = _split_primal_and_linear(jvp_jaxpr, closed.consts, L)
+    primal_part = zeros_for_empty(primal_part)
     bounds = _cumsum([nsp, npi, n_tout, 1, L.n_scratch, L.n_tangent_scratch,
                       L.n_primal_out, n_tout])
 
@@ -421,14 +423,20 @@ def _axes_used(bm, ng: int) -> list[bool]:
 
 
 def _plain_index_map(bm, ng: int) -> bool:
-    """Each block index is a grid index or a constant, each grid index used at most
-    once, and no scalar prefetch: distinct programs along the used axes see distinct
+    """Each block index is a grid index (or one run backwards) or a constant, each grid
+    index used at most once, and no scalar prefetch: distinct programs along the used axes see distinct
     blocks."""
     j = bm.index_map_jaxpr.jaxpr
-    if bm.index_map_uses_prefetch or j.eqns:
+    if bm.index_map_uses_prefetch:
         return False
     grid_vars = j.invars[:ng]
-    seen = [v for v in j.outvars if not isinstance(v, jc.Literal)]
+    reversed_ = {}  # ``n - 1 - i`` (a grid axis run backwards, as in a state sweep)
+    for e in j.eqns:
+        if not (e.primitive is lax.sub_p and isinstance(e.invars[0], jc.Literal)
+                and e.invars[1] in grid_vars):
+            return False
+        reversed_[e.outvars[0]] = e.invars[1]
+    seen = [reversed_.get(v, v) for v in j.outvars if not isinstance(v, jc.Literal)]
     return all(v in grid_vars for v in seen) and len(set(seen)) == len(seen)
 
 

@@ -15,6 +15,7 @@ from pallas._src.primitives import load_store
 from pallas._src.transforms.backward_pruning import NotKernelizable
 
 _STORES = (jc.swap_p, jc.addupdate_p, load_store.swap_p)
+_READS = (jc.get_p, load_store.load_p)
 
 
 def hoist_primal_stores(jaxpr, primal: set[int]):
@@ -96,7 +97,7 @@ def _branch_eqns(br, inner: set[int], keep_primal: bool):
         for e in reversed(j.eqns):
             if id(e) not in chosen and any(isinstance(v, jc.Var) and v in needed
                                            for v in e.outvars):
-                if e.effects:
+                if e.effects and not (e.primitive in _READS and e.invars[0] in refs):
                     raise NotKernelizable("a primal store in a pl.when body depends on "
                                           "an effect")
                 chosen.add(id(e))
