@@ -12,7 +12,8 @@ the kernel's output, timed three ways on this machine's CPU:
   transposed by JAX (the reference path, and what compiled backends fall back to).
 
 Each is warmed up once (compilation excluded), then run ``--repeats`` times; the table
-reports medians and the ratios to plain JAX, and the number of backward ``pallas_call``s.
+reports medians and the ratios to plain JAX, and the number of backward ``pallas_call``s
+(counting the forward call that saves carried state, where there is one).
 Results are checked against plain JAX (✗ marks a mismatch).
 
     python benchmarks/grad.py            # full sizes
@@ -116,6 +117,51 @@ def flash_attention(q, k, v, *, block, interpret):
                           out_specs=q_spec, interpret=interpret)(q, k, v)
 
 
+def flash_attention_grid_kv(q, k, v, *, block, interpret):
+    """Flash-attention forward (non-causal) with the key axis on the grid: the
+    online-softmax state in scratch, carried from one key step to the next (its
+    backward pass: a forward call saving the state, a reverse state sweep, one call per
+    input)."""
+    h, s, d = q.shape
+    nk = s // block
+    scale = 1.0 / d ** 0.5
+
+    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+        j = pl.program_id(2)
+
+        @pl.when(j == 0)
+        def _():
+            m_ref[...] = jnp.full_like(m_ref, -1e30)
+            l_ref[...] = jnp.zeros_like(l_ref)
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        sc = jnp.dot(q_ref[...] * scale, k_ref[...].T, precision=HI)
+        m_prev = m_ref[...]
+        m_new = jnp.maximum(m_prev, jnp.max(sc, axis=1, keepdims=True))
+        p = jnp.exp(sc - jnp.max(m_new, axis=1, keepdims=True))
+        alpha = jnp.exp(m_prev - m_new)
+        l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
+        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(p, v_ref[...], precision=HI)
+        m_ref[...] = m_new
+
+        @pl.when(j == nk - 1)
+        def _():
+            o_ref[...] = acc_ref[...] / l_ref[...]
+
+    q_spec = pl.BlockSpec((None, block, d), lambda b, i, j: (b, i, 0))
+    kv_spec = pl.BlockSpec((None, block, d), lambda b, i, j: (b, j, 0))
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+                          grid=(h, s // block, nk), in_specs=[q_spec, kv_spec, kv_spec],
+                          out_specs=q_spec,
+                          scratch_shapes=[pl.ANY((block, d), jnp.float32)] * 3,
+                          interpret=interpret)(q, k, v)
+
+
+def _attention_full_ref(q, k, v):
+    s = jnp.einsum("hqd,hkd->hqk", q, k, precision=HI) / q.shape[-1] ** 0.5
+    return jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(s, axis=-1), v, precision=HI)
+
+
 def _attention_ref(q, k, v):
     s = jnp.einsum("hqd,hkd->hqk", q, k, precision=HI) / q.shape[-1] ** 0.5
     mask = jnp.tril(jnp.ones(s.shape[1:], bool))
@@ -164,6 +210,9 @@ def cases(small: bool):
         (f"causal flash attention fwd h{h} s{sq} d{d}, {ab} blocks, grad wrt q, k, v",
          functools.partial(flash_attention, block=ab), _attention_ref,
          (normal(h, sq, d), normal(h, sq, d), normal(h, sq, d))),
+        (f"flash attention fwd h{h} s{sq} d{d}, key axis on the grid ({ab} blocks), "
+         f"grad wrt q, k, v", functools.partial(flash_attention_grid_kv, block=ab),
+         _attention_full_ref, (normal(h, sq, d), normal(h, sq, d), normal(h, sq, d))),
         (f"softmax {r}x{n}, {r // 8} row blocks", functools.partial(softmax, block_rows=8 if
                                                                        small else 128),
          lambda x: jax.nn.softmax(x, axis=-1), (normal(r, n),)),
@@ -191,7 +240,8 @@ def backward_calls(fn, args) -> int:
     def walk(j):
         nonlocal found
         for e in j.eqns:
-            if e.primitive is pl.pallas_call_p and "(backward," in e.params["name"]:
+            if e.primitive is pl.pallas_call_p and ("(backward," in e.params["name"] or
+                                                    "(forward, saving" in e.params["name"]):
                 found += 1
             for sub in jax.extend.core.jaxprs_in_params(e.params):
                 walk(sub)

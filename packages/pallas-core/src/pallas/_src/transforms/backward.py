@@ -17,13 +17,16 @@ pass lowers through the same backend as the forward pass. For each tangent input
   keeps the block in VMEM). ``dimension_semantics`` in the compiler params, where the
   backend has them, are reordered with the grid and those axes made ``"arbitrary"``.
 
+Kernels that carry state from one grid step to the next (scratch read before it is
+written, an output block revisited other than by zero-init-then-accumulate) get a
+state sweep first (:mod:`pallas._src.transforms.backward_carried`).
+
 What is not emitted as kernels raises :class:`NotKernelizable` with the reason, and the
-caller falls back to the XLA expansion: differentiable scratch (state carried between
-grid steps), aliased operands, kernels that write their inputs, index maps that are not
-plain block indices (or read scalar prefetch), tangent outputs revisited along a grid
-axis other than by zero-init-then-accumulate, backward bodies that read a primal
-output, anything JAX cannot transpose inside a kernel, and backward kernels the call's
-backend refuses in its ``validate``.
+caller falls back to the XLA expansion: aliased operands, kernels that write their
+inputs, index maps that are not plain block indices (or read scalar prefetch), outputs
+revisited non-consecutively, backward bodies that read a primal output, anything JAX
+cannot transpose inside a kernel, and backward kernels the call's backend refuses in
+its ``validate``.
 """
 
 from __future__ import annotations

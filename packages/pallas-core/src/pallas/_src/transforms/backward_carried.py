@@ -260,11 +260,11 @@ def _build(kind, n, params, L, info, stacks, seed):
                  + [("res", r) for r in range(len(r_bms))]
                  + [("cta", c) for c in range(len(a_bms))])
     local = ([MemoryRef(jc.ShapedArray(bm.ref_shape, bm.array_aval.dtype),
-                        bm.ref_aval.memory_space) for bm in gm.out_block_mappings[:npo]]
+                        bm.memory_space) for bm in gm.out_block_mappings[:npo]]
              + [MemoryRef(jc.ShapedArray(bm.ref_shape, bm.array_aval.dtype),
-                          bm.ref_aval.memory_space) for bm in tout_bms]
+                          bm.memory_space) for bm in tout_bms]
              + [MemoryRef(jc.ShapedArray(bm.ref_shape, bm.array_aval.dtype),
-                          bm.ref_aval.memory_space)
+                          bm.memory_space)
                 for j, bm in enumerate(gm.in_block_mappings[npi:])
                 if kind == "state" or j != n])
     scr_types = list(gm.scratch_types)
