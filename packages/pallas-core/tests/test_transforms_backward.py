@@ -3,6 +3,7 @@ loads and stores, loops that read refs, grid order), and when it falls back to X
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import jax
@@ -261,7 +262,7 @@ def _online_softmax_sum(x, v, *, backend="transforms_test"):
             o_ref[...] = acc_ref[...] / l_ref[...]
 
     return pl.pallas_call(
-        kernel, out_shape=SDS((16, 8), x.dtype), grid=(2, 3),
+        kernel, out_shape=SDS((8, 8), x.dtype), grid=(1, 2),
         in_specs=[pl.BlockSpec((8, 8), lambda i, j: (i, j)),
                   pl.BlockSpec((8, 8), lambda i, j: (j, 0))],
         out_specs=pl.BlockSpec((8, 8), lambda i, j: (i, 0)),
@@ -272,7 +273,7 @@ def test_scratch_carried_along_the_grid_is_saved_and_swept_back(rng, compiled_ba
     """Online-softmax state in scratch carried along a grid axis: a forward call saves
     the state entering each step, the state sweep carries its cotangent backwards, and
     each input's cotangent comes from its own kernel; the numbers are the reference's."""
-    x, v = _normal(rng, 16, 24), _normal(rng, 24, 8)
+    x, v = _normal(rng, 8, 16), _normal(rng, 16, 8)
 
     def loss(f):
         return lambda a, b: (f(a, b) ** 2).sum()
@@ -304,6 +305,8 @@ def test_dimension_semantics_follow_the_reordered_grid():
     assert _permuted_params(None, [1, 0], [0]) is None
 
 
+@pytest.mark.skipif(not os.environ.get("PALLAS_SLOW_TESTS"),
+                    reason="slow (~1 min, out of CI): PALLAS_SLOW_TESTS=1 runs it")
 def test_second_order_through_carried_state_stays_kernels(rng, compiled_backend):
     """grad of grad through a rescaled accumulator: the state sweep (whose index maps
     run the grid backwards) is itself a kernel carrying state, transposed the same way."""
