@@ -263,6 +263,20 @@ def _backward_call(n, known, ct_touts, params, L: JvpLayout):
     return ct
 
 
+def target_backend(params):
+    """The backend the call will run on (the one named by ``backend=`` or the compiler
+    params, else the default platform's), or None when there is none to ask."""
+    from pallas._src.registry import registry
+
+    try:
+        name = registry.requested_backend(params["backend"], params["compiler_params"])
+        return (registry.get_backend(name) if name is not None else
+                registry.select_backend(jax.default_backend(), None,
+                                        params["compiler_params"]))
+    except Exception:  # noqa: BLE001 - no backend to ask (e.g. none for this platform)
+        return None
+
+
 def _check_backend_accepts(params, jaxpr, gm, compiler_params) -> None:
     """Asks the backend the call will run on (the one named by ``backend=`` or the
     compiler params, else the default platform's) to validate the backward kernel, so
@@ -270,11 +284,8 @@ def _check_backend_accepts(params, jaxpr, gm, compiler_params) -> None:
     from pallas._src.registry import registry
     from pallas._src.registry.requests import KernelRequest
 
-    try:
-        name = registry.requested_backend(params["backend"], params["compiler_params"])
-        b = (registry.get_backend(name) if name is not None else
-             registry.select_backend(jax.default_backend(), None, params["compiler_params"]))
-    except Exception:  # noqa: BLE001 - no backend to ask (e.g. none for this platform)
+    b = target_backend(params)
+    if b is None:
         return
     try:
         b.validate(KernelRequest(
