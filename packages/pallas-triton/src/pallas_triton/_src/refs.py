@@ -291,8 +291,8 @@ def _selector(d: int, idx: str, n: int, rank: int) -> str:
 
 def _local_get(em, ref: LocalRef, transforms, mask):
     points = _local_view(ref, transforms)
-    if not points:
-        return Value(ref.var, ref.shape, ref.dtype)
+    if not points:  # a copy: a later store to the buffer must not change what was read
+        return em.assign(ref.var, ref.shape, ref.dtype)
     rank = len(ref.shape)
     cur = ref.var
     if dtype_name(ref.dtype) == "bfloat16":
