@@ -466,7 +466,7 @@ def mgpu_attention(shape):
     return f, (q, k, v), am.attention_reference, "mgpu:sm_90a"
 
 
-def mgpu_blackwell_matmul(shape):
+def mgpu_blackwell_matmul(shape, collective=False):
     import jax
     import jax.numpy as jnp
     from jax.experimental.pallas.ops.gpu import blackwell_matmul_mgpu as bm
@@ -474,8 +474,9 @@ def mgpu_blackwell_matmul(shape):
     m, k, n = shape
     a = jax.random.uniform(_keys(2)[0], (m, k), jnp.float16, -1, 1)
     b = jax.random.uniform(_keys(2)[1], (k, n), jnp.float16, -1, 1)
+    # collective=True: CTA pairs (a cluster of 2 blocks sharing 2-CTA tcgen05 MMAs).
     cfg = bm.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
-                          collective=False)
+                          collective=collective)
 
     def f(a, b, interpret):
         del interpret  # forced by the worker
@@ -586,6 +587,8 @@ KERNELS = {
     "gpu/hopper_matmul_mgpu": (mgpu_hopper_matmul, [(256, 256, 256), (384, 128, 256)]),
     "gpu/attention_mgpu": (mgpu_attention, [(1, 128, 2, 64)]),
     "gpu/blackwell_matmul_mgpu": (mgpu_blackwell_matmul, [(256, 256, 256)]),
+    "gpu/blackwell_matmul_mgpu collective": (
+        lambda s: mgpu_blackwell_matmul(s, collective=True), [(512, 256, 512)]),
     "gpu/ragged_dot_mgpu": (mgpu_ragged_dot, [(256, 128, 128, 2), (200, 128, 128, 3)]),
     "gpu/hopper_mixed_type_matmul_mgpu": (mgpu_hopper_mixed_matmul, [(256, 256, 256),
                                                                     (384, 128, 256)]),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -233,22 +234,6 @@ def test_a_tmem_view_across_rows_is_refused():
         _kernel_of(f, jnp.ones((8, 128), F32))
 
 
-def test_cta_pair_partitioned_copies_say_they_are_not_supported():
-    def kernel(x_gmem, o_gmem):
-        def body(buf, bar):
-            plgpu.copy_gmem_to_smem(x_gmem, buf, bar.at[0],
-                                    leader_tracked=plgpu.CopyPartition.PARTITIONED(0),
-                                    collective_axes="x")
-
-        pl.run_scoped(body, plgpu.SMEM((64, 64), F16), plgpu.Barrier())
-
-    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((128, 64), F16),
-                       in_specs=[pl.BlockSpec(memory_space=plgpu.GMEM)],
-                       out_specs=pl.BlockSpec(memory_space=plgpu.GMEM), backend="mosaic_gpu")
-    with pytest.raises(NotImplementedError, match=r"leader_tracked=.*CTA-pair partitioned"):
-        jax.make_jaxpr(f)(jnp.ones((128, 64), F16))
-
-
 # -- the compile level: in a process of its own (Mosaic GPU fixes the target per process)
 
 
@@ -267,6 +252,10 @@ def test_tcgen05_kernels_compile_for_sm100a_with_tcgen05_instructions():
     for name, r in reports.items():
         assert r["target"] == "sm_100a" and r["tcgen05"] and not r["wgmma"], name
         assert r["spills"] == 0 and 0 < r["registers"] <= 255, name
+    pair = reports["cta_pair"]  # test_lowering_clusters' kernel: one cluster of 2 blocks
+    assert pair["cluster"] and pair["pair_commits"] == 1
+    assert pair["pair_mmas"] == 64 // 16  # K = 64 in 2-CTA MMAs of K = 16 (f16)
+    assert pair["pair_copies"] == 2  # the partitioned TMA loads (cta_group::2)
     mix = reports["tcgen05_kernel"]["mix"]
     assert mix["tcgen05"] >= 8  # alloc, mma, commit, ld, st, wait, dealloc, ...
     assert mix.get("cp", 0) > 0  # the TMA copies
@@ -284,15 +273,25 @@ def _compile_reports() -> dict:
     spec = importlib.util.spec_from_file_location("mosaic_gpu_matmul_blackwell", path)
     ex = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ex)
+    spec = importlib.util.spec_from_file_location(
+        "test_lowering_clusters", Path(__file__).with_name("test_lowering_clusters.py"))
+    clusters = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(clusters)
     out = {}
     ab = (jnp.ones((128, 256), F16), jnp.ones((256, 128), F16))
     for name, f, args in [("tcgen05_kernel", tcgen05_kernel(), _operands()),
                           ("warp_specialized", warp_specialized(), ab),
-                          ("example", ex.matmul, ex.inputs(256, 256, 256))]:
+                          ("example", ex.matmul, ex.inputs(256, 256, 256)),
+                          ("cta_pair", clusters.cta_pair_matmul(), clusters._operands())]:
         (k,) = compiler.compile(f, *args, target="sm_100a")
         out[name] = dict(target=k.target, tcgen05=k.uses_tcgen05, wgmma=k.uses_wgmma,
                          spills=k.spill_stores, registers=k.registers,
-                         mix=k.instruction_mix())
+                         mix=k.instruction_mix(),
+                         cluster=".reqnctapercluster 2, 1, 1" in k.ptx,
+                         pair_mmas=k.ptx.count("tcgen05.mma.cta_group::2"),
+                         pair_commits=k.ptx.count("tcgen05.commit.cta_group::2"),
+                         pair_copies=len(re.findall(r"cp\.async\.bulk\.tensor\.\S*"
+                                                    r"cta_group::2", k.ptx)))
     return out
 
 

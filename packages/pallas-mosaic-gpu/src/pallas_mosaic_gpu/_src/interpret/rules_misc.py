@@ -30,5 +30,6 @@ def _smem_to_tmem(th, eqn, invals):
 
 @register_gpu_rule(tmem.tcgen05_commit_arrive_p)
 def _commit_arrive(th, eqn, invals):
+    R.check_not_collective(eqn, "tcgen05_commit_arrive")
     tensor_core_arrive(th, barrier_of(th, eqn.params["refs"], invals))
     return []

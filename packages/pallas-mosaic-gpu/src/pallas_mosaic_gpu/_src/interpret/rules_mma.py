@@ -34,6 +34,7 @@ def _wgmma_wait(th, eqn, invals):
 
 @register_gpu_rule(mma.tcgen05_mma_p)
 def _tcgen05(th, eqn, invals):
+    R.check_not_collective(eqn, "tcgen05_mma")
     spec = eqn.params["refs"]
     _update(th, eqn, invals, accumulate=bool(invals[R.spec_end(spec)]))
     if spec[3] is not None:

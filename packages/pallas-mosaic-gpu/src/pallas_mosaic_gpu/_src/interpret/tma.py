@@ -70,6 +70,7 @@ def _copy(th, src, dst, unit, combine=None, gmem="src"):
 @register_gpu_rule(C.copy_gmem_to_smem_p)
 def _gmem_to_smem(th, eqn, invals):
     p = eqn.params
+    R.check_not_collective(eqn, "copy_gmem_to_smem")
     # A multicast copy (collective_axes) is issued alike by every block of the cluster
     # along those axes, and each block's SMEM receives the whole source: each block's
     # copy is simulated as landing in its own buffer and arriving on its own barrier.

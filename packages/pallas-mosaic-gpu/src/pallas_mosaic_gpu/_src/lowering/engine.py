@@ -102,6 +102,7 @@ class LoweringContext:
     # "warpgroup", or "warp" inside ``pl.core_map(plgpu.WarpMesh(...))`` (see warps.py)
     scope: str = "warpgroup"
     inner_axes: dict = dataclasses.field(default_factory=dict)  # WarpMesh axis -> i32
+    cluster_names: tuple = ()  # a mesh's cluster axes; axis j is CUDA dimension j
 
     def is_used(self, var) -> bool:
         return var in self.used_vars

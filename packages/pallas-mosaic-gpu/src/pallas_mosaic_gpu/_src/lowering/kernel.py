@@ -42,6 +42,7 @@ from pallas_mosaic_gpu._src.lowering.infer import wgmma_buffers, wgmma_transform
 from pallas_mosaic_gpu._src.lowering.scoped import plan, plan_type, value
 from pallas_mosaic_gpu._src.lowering.spill import spill_buffers
 from pallas_mosaic_gpu._src.lowering.threads import (
+    cluster_of,
     entry_warpgroup,
     grid_axes,
     own_slice,
@@ -184,11 +185,14 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
         raise unsupported(name, "input_output_aliases")
     semantics = semantics_of(params)
     threads = threads_of(gm, name)
+    cluster, cluster_names = (1, 1, 1), ()
     if getattr(gm, "mesh", None) is not None and hasattr(gm.mesh, "thread_name"):
-        par, seq = grid_axes(gm, threads)
+        cluster, cluster_names = cluster_of(gm, name)
+        par, seq = grid_axes(gm, threads, cluster_names)
     else:
         par, seq = split_grid(gm, params)
-    cuda_grid = tuple(gm.grid[i] for i in par) + (1,) * (3 - len(par))
+    blocks = tuple(gm.grid[i] for i in par) + (1,) * (3 - len(par))
+    cuda_grid = tuple(b * c for b, c in zip(blocks, cluster))  # clusters tile the grid
     ins, outs = gm.in_block_mappings, gm.out_block_mappings
     for bm in gm.block_mappings:
         _check_dtype(bm.array_aval, f"operand {bm.origin}", name)
@@ -207,13 +211,13 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
         first = len(jaxpr.jaxpr.invars) - len(scratch_types)
         scratch_types = [wgmma_transforms(t) if jaxpr.jaxpr.invars[first + i] in top else t
                          for i, t in enumerate(scratch_types)]
-    scratch = [plan_type(t, f"scratch {origin}", name, target)
+    scratch = [plan_type(t, f"scratch {origin}", name, target, cluster_names)
                for origin, t in zip(gm.scratch_origins, scratch_types)]
     if seq and any(p.kind == "acc" for p in scratch):
         raise unsupported(name, "a plgpu.ACC scratch with sequential grid axes (the "
                                 "accumulator would have to live across grid steps); "
                                 "allocate it with pl.run_scoped around an emit_pipeline")
-    scoped = plan(jaxpr.jaxpr, name, threads, target, inferred)
+    scoped = plan(jaxpr.jaxpr, name, threads, target, inferred, cluster_names)
     nt = threads.num
 
     def per_wg(shape):  # a buffer each warpgroup has to itself
@@ -265,8 +269,17 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
                                axis_names=tuple(gm.grid_names or ()),
                                semantics=semantics)
         lctx.scoped = {k: (p, ref.get(("scoped", *k))) for k, p in scoped.items()}
-        for dim, axis in zip((gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z), par):
-            lctx.program_ids[axis] = arith.index_cast(V.i32(), gpu.block_id(dim))
+        dims = (gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z)
+        for dim, axis in zip(dims, par):
+            block = gpu.block_id(dim)
+            if cluster[dim.value] > 1:  # the cluster's index along dim
+                block = arith.divui(block, V.const(cluster[dim.value], V.index()))
+            lctx.program_ids[axis] = arith.index_cast(V.i32(), block)
+        names = tuple(gm.grid_names or ())
+        for dim, cname in zip(dims, cluster_names):
+            lctx.program_ids[names.index(cname)] = arith.index_cast(
+                V.i32(), gpu.cluster_block_id(dim))
+        lctx.cluster_names = tuple(cluster_names)
         if threads.axis is not None:
             lctx.program_ids[threads.axis] = warpgroup()
         for axis in range(len(gm.grid)):
@@ -321,7 +334,7 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
             try:
                 fn = mgpu.as_gpu_kernel(
                     body, cuda_grid, (V.WARPGROUP_SIZE * nt, 1, 1), in_shapes, out_shapes,
-                    tuple(smem), module_name=symbol, kernel_name=symbol)
+                    tuple(smem), cluster=cluster, module_name=symbol, kernel_name=symbol)
             except MosaicGpuLoweringError:
                 raise
             except ir.MLIRError as e:
@@ -367,7 +380,7 @@ def _aligned(entries: dict):
     position of each entry in it, and the total bytes."""
     tree, where, off = [], {}, 0
     for key, e in entries.items():
-        if isinstance(e, mgpu.Barrier):
+        if isinstance(e, (mgpu.Barrier, mgpu.ClusterBarrier)):
             size = 8 * e.num_barriers
         elif isinstance(e, mgpu.TMEM):
             size = 4  # the TMEM address Mosaic GPU's allocation writes to SMEM

@@ -19,7 +19,7 @@ from jax.experimental.mosaic.gpu import tcgen05
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import nvvm
 
-from pallas_mosaic_gpu._src.lowering import smem, warps
+from pallas_mosaic_gpu._src.lowering import smem, threads, warps
 from pallas_mosaic_gpu._src.lowering import tmem as T
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import KernelError, Lit, RefVal, rule
@@ -73,11 +73,18 @@ def _check_mma(fn, acc: T.TmemVal, a_dtype, b: RefVal):
 def _tcgen05_mma(lctx, eqn, *ops):
     check_target(lctx, "tcgen05_mma", BLACKWELL)
     spec = eqn.params["refs"]
-    if eqn.params.get("collective_axis") is not None:
-        raise NotImplementedError("plgpu.tcgen05_mma(collective_axis=...) (CTA pairs, "
-                                  "clusters)")
+    axis = eqn.params.get("collective_axis")
+    pair = axis is not None
+    if pair:
+        threads.check_pair(lctx, axis, "tcgen05_mma", "collective_axis")
     (acc, aflat, atree), a, (b, bflat, btree), bar = R.unflatten(spec, ops)[:4]
     acc = _acc(acc, aflat, atree, "tcgen05_mma")
+    if pair != acc.collective:
+        raise KernelError(
+            f"plgpu.tcgen05_mma(collective_axis={axis!r}): acc is a plgpu.TMEM with "
+            f"collective={acc.collective}; a CTA-pair MMA (collective_axis) accumulates "
+            "into collective TMEM (plgpu.TMEM(..., collective=True)) and a one-block MMA "
+            "into non-collective TMEM")
     bv = smem.view(b, bflat, btree)
     bm, b_swizzle = operand(bv, "b", "tcgen05_mma")
     if isinstance(a[0], T.TmemVal):
@@ -93,24 +100,35 @@ def _tcgen05_mma(lctx, eqn, *ops):
     with mgpu.when(warps.issuer(lctx)):
         try:
             tcgen05.mma(acc.ref, am, bm, a_swizzle=a_swizzle, b_swizzle=b_swizzle,
-                        accumulate=accumulate)
+                        accumulate=accumulate, collective=pair)
         except (ValueError, NotImplementedError) as e:
             raise KernelError(
                 f"plgpu.tcgen05_mma: acc {acc.shape} {np.dtype(acc.dtype).name}, b "
                 f"{bv.shape} {np.dtype(bv.dtype).name}: the tensor cores cannot do this "
                 f"MMA: {e}") from e
         if barrier is not None:
-            tcgen05.commit_arrive(barrier)
+            _commit(lctx, barrier, pair)
     return []
+
+
+def _commit(lctx, barrier, pair: bool) -> None:
+    """``tcgen05.commit`` to ``barrier``: in this block, or (CTA pair) multicast to the
+    barrier at the same offset in both blocks of the pair."""
+    if isinstance(barrier, mgpu.utils.CollectiveBarrierRef):
+        barrier = barrier.barrier
+    tcgen05.commit_arrive(barrier, collective=pair, ctx=lctx.launch_ctx if pair else None)
 
 
 @rule(tcgen05_commit_arrive_p)
 def _commit_arrive(lctx, eqn, *ops):
     check_target(lctx, "tcgen05_commit_arrive", BLACKWELL)
     ((bar, flat, tree),) = R.unflatten(eqn.params["refs"], ops)
+    axis = eqn.params.get("collective_axis")
+    if axis is not None:
+        threads.check_pair(lctx, axis, "tcgen05_commit_arrive", "collective_axis")
     barrier = barrier_at(bar, flat, tree, "tcgen05_commit_arrive")
     with mgpu.when(warps.issuer(lctx)):
-        tcgen05.commit_arrive(barrier)
+        _commit(lctx, barrier, axis is not None)
     return []
 
 

@@ -20,7 +20,7 @@ from jax.experimental.mosaic.gpu.launch_context import TileTransform
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, nvvm
 
-from pallas_mosaic_gpu._src.lowering import smem, warps
+from pallas_mosaic_gpu._src.lowering import smem, threads, warps
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import KernelError, Lit, RefVal, rule
 from pallas_mosaic_gpu._src.lowering.scoped import BarrierVal
@@ -98,23 +98,49 @@ def _transform(d: RefVal):
     return TileTransform(tuple(d.tiling)) if d.tiling else ()
 
 
+def _own_part(lctx, window, leader, dims):
+    """The window one block of a partitioned copy (``CopyPartition.PARTITIONED(axis)``)
+    loads: the CTA pair's window split evenly along ``axis``."""
+    axis = getattr(leader, "axis", None)
+    if axis is None:
+        return window
+    n = int(np.prod([lctx.launch_ctx.cluster_size[d] for d in dims]))
+    if int(np.prod(lctx.launch_ctx.cluster_size)) != 2:
+        raise KernelError(
+            f"plgpu.copy_gmem_to_smem(leader_tracked=CopyPartition.PARTITIONED({axis})): "
+            "partitioned copies split a copy across a CTA pair, a cluster of 2 blocks; "
+            f"the kernel's cluster is {tuple(lctx.launch_ctx.cluster_size)} (x, y, z)")
+    sliced = [i for i, w in enumerate(window) if isinstance(w, mgpu.DynamicSlice)]
+    if axis >= len(sliced) or window[sliced[axis]].length % n:
+        raise KernelError(
+            f"plgpu.copy_gmem_to_smem(leader_tracked=CopyPartition.PARTITIONED({axis})): "
+            f"the src window {smem.window_shape(window)} must have a dim {axis} divisible "
+            f"by the {n} blocks it is split across")
+    i = sliced[axis]
+    w = window[i]
+    return (*window[:i], mgpu.DynamicSlice(w.base, w.length // n), *window[i + 1:])
+
+
 @rule(copy_gmem_to_smem_p)
 def _gmem_to_smem(lctx, eqn, *ops):
     p = eqn.params
     (src, sflat, stree), (dst, dflat, dtree), bar = R.unflatten(p["refs"], ops)
-    if p["collective_axes"] or p["leader_tracked"] is not None:
-        raise NotImplementedError(
-            "plgpu.copy_gmem_to_smem with collective_axes/leader_tracked (cluster multicast)")
     if src.space != "gmem" or dst.space != "smem":
         raise KernelError("plgpu.copy_gmem_to_smem: src must be a GMEM ref (plgpu.GMEM "
                          f"memory space) and dst an SMEM ref; got {src.space} -> {dst.space}")
     window = smem.gmem_window(src, sflat, stree)
     d = smem.view(dst, dflat, dtree)
-    _check_tma("copy_gmem_to_smem", src, window, d, "src")
+    dims = threads.cluster_dims(lctx.cluster_names, p["collective_axes"],
+                                "copy_gmem_to_smem", "collective_axes")
+    leader = p["leader_tracked"]
+    _check_tma("copy_gmem_to_smem", src, _own_part(lctx, window, leader, dims), d, "src")
     barrier = barrier_at(*bar, "copy_gmem_to_smem")
+    if isinstance(barrier, mgpu.utils.CollectiveBarrierRef):
+        barrier = barrier.barrier  # TMA arrives through the copy's own collective mode
     warps.sync(lctx)  # no thread still reads the destination
     _copy(lctx, "copy_gmem_to_smem", src_ref=src.memref, dst_ref=d.memref, gmem_slice=window,
           gmem_transform=_transform(d), swizzle=d.swizzle, barrier=barrier,
+          collective=dims or None, leader_tracked=leader,
           oob_mode=p["oob_mode"], predicate=warps.issuer(lctx))
     return []
 
@@ -167,6 +193,13 @@ def _wait_smem_to_gmem(lctx, eqn):
 def _barrier_arrive(lctx, eqn, *ops):
     ((bar, flat, tree),) = R.unflatten(eqn.params["refs"], ops)
     ref = barrier_at(bar, flat, tree, "barrier_arrive")
+    if isinstance(ref, mgpu.utils.CollectiveBarrierRef):  # plgpu.ClusterBarrier
+        if warps.in_warp(lctx):
+            raise NotImplementedError(
+                "plgpu.barrier_arrive on a plgpu.ClusterBarrier inside a plgpu.WarpMesh "
+                "(Mosaic GPU's cluster arrivals are issued by a whole warpgroup)")
+        ref.arrive(orders_tensor_core=bar.space.orders_tensor_core)  # syncs the warpgroup
+        return []
     warps.sync(lctx)  # the warpgroup's (or warp's) work before the arrival is done
     ref.arrive(predicate=warps.issuer(lctx),
                orders_tensor_core=bar.space.orders_tensor_core)

@@ -86,22 +86,25 @@ def _space(t):
     return getattr(t, "memory_space", None)
 
 
-def plan_type(t, what: str, kernel: str, target: str | None = None) -> Planned:
-    """How buffer type ``t`` (a ``MemoryRef``) is allocated; a clear error for types
-    the lowering does not allocate."""
+def plan_type(t, what: str, kernel: str, target: str | None = None,
+              cluster_names: tuple = ()) -> Planned:
+    """How buffer type ``t`` (a ``MemoryRef``) is allocated (``cluster_names``: the
+    kernel mesh's cluster axes); a clear error for types the lowering does not
+    allocate."""
     space = _space(t)
     inner = getattr(t, "inner_aval", None)
     shape = tuple(getattr(t, "shape", None) or getattr(inner, "shape", ()))
     dtype = getattr(t, "dtype", None) or getattr(inner, "dtype", None)
     if isinstance(space, BarrierSpace):
-        if space.kind != "barrier":
-            raise _unsupported(kernel, f"{what}: plgpu.ClusterBarrier (clusters)")
         n = int(np.prod(shape))
         if len(shape) != 1 or n > MAX_BARRIERS:
             raise KernelError(
                 f"{what}: plgpu.Barrier(num_barriers={shape if len(shape) > 1 else n}) — "
                 f"the mosaic_gpu lowering takes a 1D array of at most {MAX_BARRIERS} "
                 "barriers; allocate several Barrier scratch entries instead")
+        if space.kind == "cluster_barrier":
+            return Planned(_cluster_barrier(space, n, what, cluster_names), "barrier",
+                           shape, None, space=space)
         return Planned(mgpu.Barrier(arrival_count=space.num_arrivals, num_barriers=n),
                        "barrier", shape, None, space=space)
     if space is AccumulatorSpace.WGMMA:
@@ -128,6 +131,21 @@ def plan_type(t, what: str, kernel: str, target: str | None = None) -> Planned:
                    tiling, swizzle)
 
 
+def _cluster_barrier(space: BarrierSpace, n: int, what: str, cluster_names: tuple):
+    """Mosaic GPU's ``ClusterBarrier`` for a ``plgpu.ClusterBarrier``: each arrival
+    reaches the barrier in every block of the cluster along ``collective_axes`` (or only
+    the leader's, ``leader_tracked``), which expects arrivals from all of them."""
+    from pallas_mosaic_gpu._src.lowering.threads import cluster_dims
+
+    dims = []
+    for axes in space.collective_axes:
+        d = cluster_dims(cluster_names, axes, f"ClusterBarrier ({what})", "collective_axes")
+        dims.append(d[0] if isinstance(axes, str) else d)
+    return mgpu.ClusterBarrier(tuple(dims), space.num_arrivals, n,
+                               orders_tensor_core=space.orders_tensor_core,
+                               leader_tracked=space.leader_tracked)
+
+
 def _unsupported(kernel: str, what: str):
     from pallas_mosaic_gpu._src.lowering.engine import unsupported
 
@@ -135,7 +153,7 @@ def _unsupported(kernel: str, what: str):
 
 
 def plan(jaxpr, kernel: str, threads=None, target: str | None = None,
-         infer: frozenset | set = frozenset()) -> dict:
+         infer: frozenset | set = frozenset(), cluster_names: tuple = ()) -> dict:
     """``{(id(run_scoped eqn), j): Planned}`` for every ``run_scoped`` in ``jaxpr``;
     the buffers in ``infer`` get the layout ``wgmma`` needs when declared without one
     (Warpgroup semantics, see :mod:`infer`)."""
@@ -153,7 +171,8 @@ def plan(jaxpr, kernel: str, threads=None, target: str | None = None,
                     if (id(eqn), k) in infer:
                         t = wgmma_transforms(t)
                     out[(id(eqn), k)] = plan_type(
-                        t, f"run_scoped buffer {k}", kernel, target).per_warpgroup(n)
+                        t, f"run_scoped buffer {k}", kernel, target,
+                        cluster_names).per_warpgroup(n)
             for sub in jex.jaxprs_in_params(eqn.params):
                 walk(getattr(sub, "jaxpr", sub))
 

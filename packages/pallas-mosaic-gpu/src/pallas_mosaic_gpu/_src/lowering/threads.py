@@ -4,20 +4,26 @@ The mesh's grid axes are the CUDA grid; its thread axis (``num_threads`` warpgro
 128 CUDA threads) is the warpgroup index within the block, so ``lax.axis_index`` of it
 is ``thread_id / 128`` and ``pl.when`` on it specialises warpgroups. Buffers a
 ``run_scoped`` allocates without the thread axis in ``collective_axes`` are per
-warpgroup (one copy each); with it, shared by the block. Clusters are not lowered yet.
+warpgroup (one copy each); with it, shared by the block.
+
+A mesh's cluster axes (``cluster=``/``cluster_names=``) launch clusters of blocks:
+cluster axis ``j`` is CUDA dimension ``j`` (x, y, z), the CUDA grid is the block grid
+times the cluster along each dimension, and ``lax.axis_index`` of a cluster axis is the
+block's index in its cluster (``%cluster_ctaid``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 
 from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir.dialects import arith, nvvm
 
 from pallas import plugins
 from pallas_mosaic_gpu._src.lowering import values as V
-from pallas_mosaic_gpu._src.lowering.engine import rule, unsupported
+from pallas_mosaic_gpu._src.lowering.engine import KernelError, rule
 from pallas_mosaic_gpu._src.primitives.hints import set_max_registers_p
 
 
@@ -35,19 +41,37 @@ def threads_of(gm, kernel: str) -> Threads:
     mesh = getattr(gm, "mesh", None)
     if mesh is None or not hasattr(mesh, "thread_name"):
         return Threads()
-    if any(int(c) > 1 for c in mesh.cluster):
-        raise unsupported(kernel, f"a plgpu.Mesh with cluster={tuple(mesh.cluster)} "
-                                  "(clusters and cluster barriers)")
     if mesh.thread_name is None:
         return Threads()
     names = tuple(gm.grid_names or ())
     return Threads(int(mesh.num_threads), names.index(mesh.thread_name), mesh.thread_name)
 
 
-def grid_axes(gm, threads: Threads) -> tuple[tuple[int, ...], tuple[int, ...]]:
+MAX_CLUSTER_BLOCKS = 16  # sm_90a/sm_100a (8 is the portable size; 16 needs opting in)
+
+
+def cluster_of(gm, kernel: str) -> tuple[tuple[int, int, int], tuple[str, ...]]:
+    """The cluster shape (x, y, z) of a mesh kernel and its axis names (axis ``j`` is
+    CUDA dimension ``j``); a ``KernelError`` naming ``cluster`` for shapes CUDA cannot
+    launch."""
+    mesh = getattr(gm, "mesh", None)
+    shape = tuple(int(c) for c in getattr(mesh, "cluster", ()) or ())
+    if not shape:
+        return (1, 1, 1), ()
+    if any(c < 1 for c in shape) or math.prod(shape) > MAX_CLUSTER_BLOCKS:
+        raise KernelError(
+            f"plgpu.Mesh(cluster={shape}) in kernel {kernel}: a cluster has 1 to "
+            f"{MAX_CLUSTER_BLOCKS} blocks (sizes >= 1, product <= {MAX_CLUSTER_BLOCKS})")
+    return (*shape, *(1,) * (3 - len(shape))), tuple(mesh.cluster_names)
+
+
+def grid_axes(gm, threads: Threads, cluster_names: tuple = ()
+              ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(CUDA grid axes, axes run as loops) of a mesh kernel: every axis but the
-    thread axis is a block axis (at most three of them on the CUDA grid)."""
-    axes = [i for i in range(len(gm.grid)) if i != threads.axis]
+    thread and cluster axes is a block axis (at most three of them on the CUDA grid)."""
+    names = tuple(gm.grid_names or ())
+    skip = {names.index(n) for n in cluster_names}
+    axes = [i for i in range(len(gm.grid)) if i != threads.axis and i not in skip]
     par = [i for i in axes if gm.grid[i] > 1][:3]
     return tuple(par), tuple(i for i in axes if i not in par)
 
@@ -113,3 +137,33 @@ def _set_max_registers(lctx, eqn):
         else nvvm.SetMaxRegisterAction.decrease
     nvvm.setmaxregister(eqn.params["n"], action)
     return []
+
+
+def cluster_dims(names: tuple, axes, fn: str, arg: str) -> tuple:
+    """The CUDA dimensions (``gpu.Dimension``) of cluster axes ``axes`` of a mesh whose
+    cluster axes are ``names``; a ``KernelError`` naming ``arg`` for other names."""
+    from jaxlib.mlir.dialects import gpu
+
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    out = []
+    for a in axes:
+        if a not in names:
+            raise KernelError(
+                f"plgpu.{fn}({arg}={a!r}): {a!r} is not a cluster axis of the kernel's "
+                f"mesh; its cluster axes are {tuple(names)} (plgpu.kernel(cluster=..., "
+                "cluster_names=...))")
+        out.append(gpu.Dimension(names.index(a)))
+    return tuple(out)
+
+
+def check_pair(lctx, axis: str, fn: str, arg: str):
+    """The cluster dimension of a CTA-pair operation along ``axis``: Mosaic GPU's
+    2-CTA tensor-core ops need a cluster of exactly 2 blocks along x."""
+    (dim,) = cluster_dims(lctx.cluster_names, axis, fn, arg)
+    shape = tuple(lctx.launch_ctx.cluster_size)
+    if shape != (2, 1, 1):
+        raise KernelError(
+            f"plgpu.{fn}({arg}={axis!r}): CTA-pair (2-CTA) tensor-core operations need a "
+            f"cluster of 2 blocks along the first cluster axis, cluster=(2,); the kernel's "
+            f"cluster is {shape[:len(lctx.cluster_names)]}")
+    return dim

@@ -57,9 +57,6 @@ def plan_tmem(t, shape, dtype, what: str, kernel: str, target: str | None):
     if getattr(t, "layout", None) is not None:
         raise unsupported(kernel, f"{desc} with an explicit TMEM layout (block scales, "
                                   "sparse metadata)")
-    if getattr(t, "collective", False):
-        raise unsupported(kernel, f"{desc} with collective=True (CTA-pair TMEM needs "
-                                  "clusters)")
     if dt.name not in DTYPES:
         raise KernelError(f"{desc}: TMEM buffers hold {', '.join(DTYPES)} in the "
                           f"mosaic_gpu lowering, not {dt.name}")
@@ -77,7 +74,8 @@ def plan_tmem(t, shape, dtype, what: str, kernel: str, target: str | None):
             f"{desc} needs {cols} TMEM columns; TMEM has {MAX_COLS} (32-bit) columns per "
             f"block: use at most {MAX_COLS * packing} columns"
             + (" (or packed=True)" if dt.itemsize < 4 and packing == 1 else ""))
-    entry = mgpu.TMEM(tuple(shape), dt, packing=packing)
+    entry = mgpu.TMEM(tuple(shape), dt, packing=packing,
+                      collective=bool(getattr(t, "collective", False)))
     return Planned(entry, "tmem", tuple(shape), dt)
 
 

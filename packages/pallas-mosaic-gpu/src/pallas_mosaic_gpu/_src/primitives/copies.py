@@ -62,6 +62,36 @@ def _axes(collective_axes) -> tuple:
     return (collective_axes,) if isinstance(collective_axes, str) else tuple(collective_axes)
 
 
+def _check_partitioned(src: Any, dst: Any, axis: int) -> None:
+    """A partitioned copy's ``src`` is the whole window of the CTA pair: ``dst``'s shape
+    but along ``axis``, where it holds the blocks' parts one after another."""
+    s, d = R.view_aval(src), R.view_aval(dst)
+    ok = (len(s.shape) == len(d.shape) and 0 <= axis < len(d.shape) and s.dtype == d.dtype
+          and all(a == b for i, (a, b) in enumerate(zip(s.shape, d.shape)) if i != axis)
+          and d.shape[axis] and s.shape[axis] % d.shape[axis] == 0)
+    if not ok:
+        raise ValueError(
+            f"plgpu.copy_gmem_to_smem(leader_tracked=CopyPartition.PARTITIONED({axis})): "
+            f"src is {s.str_short()} and dst is {d.str_short()}; src must be dst's shape "
+            f"and dtype but along axis {axis}, where it is the cluster's blocks' dst "
+            "windows together (dst's size times the blocks along collective_axes)")
+
+
+def _check_leader_tracked(leader_tracked: Any, collective_axes: Any) -> None:
+    """Trace-time errors for ``copy_gmem_to_smem(leader_tracked=...)``: it takes a
+    ``plgpu.CopyPartition`` and needs the cluster axis (``collective_axes``) it splits
+    the copy across."""
+    if not isinstance(leader_tracked, CopyPartition):
+        raise TypeError(
+            f"plgpu.copy_gmem_to_smem(leader_tracked={leader_tracked!r}): expected "
+            "plgpu.CopyPartition.PARTITIONED(axis) or plgpu.CopyPartition.REPLICATED")
+    if len(_axes(collective_axes)) != 1:
+        raise ValueError(
+            f"plgpu.copy_gmem_to_smem(leader_tracked={leader_tracked}): needs "
+            "collective_axes= naming exactly one cluster axis (the CTA pair the copy is "
+            f"split across), got collective_axes={collective_axes!r}")
+
+
 def copy_gmem_to_smem(src: Any, dst: Any, barrier: Any, *,
                       collective_axes: str | tuple[str, ...] | None = None,
                       leader_tracked: Any = None,
@@ -72,13 +102,12 @@ def copy_gmem_to_smem(src: Any, dst: Any, barrier: Any, *,
     _check_space(src, GMEM, "copy_gmem_to_smem", "src")
     _check_space(dst, SMEM, "copy_gmem_to_smem", "dst")
     if leader_tracked is not None:
-        # Each block of a CTA pair would load its part of src, tracked by the leader's
-        # barrier: neither the interpreters nor the lowering model that yet.
-        raise NotImplementedError(
-            f"plgpu.copy_gmem_to_smem(leader_tracked={leader_tracked}) (CTA-pair "
-            "partitioned copies, for collective tcgen05_mma) is not supported by "
-            "pallas-mosaic-gpu yet")
-    _check_pair(src, dst, "copy_gmem_to_smem")
+        _check_leader_tracked(leader_tracked, collective_axes)
+    part = getattr(leader_tracked, "axis", None)
+    if part is not None:
+        _check_partitioned(src, dst, part)
+    else:
+        _check_pair(src, dst, "copy_gmem_to_smem")
     space = check_barrier(barrier, "copy_gmem_to_smem")
     refs = R.FlatRefs(src, dst, barrier)
     copy_gmem_to_smem_p.bind(*refs.operands, refs=refs.spec, barrier_space=space,
@@ -165,6 +194,7 @@ def _set(cell, flat, tree, new):
 
 
 def gmem_to_smem_rule(ctx, eqn, invals):
+    R.check_not_collective(eqn, "copy_gmem_to_smem")
     src, dst, (bar, bflat, btree) = R.unflatten(eqn.params["refs"], invals)
     _set(*dst, _view(*src))
     count = jc.get_view(bar.value, bflat, btree)

@@ -96,12 +96,15 @@ def _dot(a, b, out_dtype):
     return jnp.dot(a, b, preferred_element_type=out_dtype)
 
 
-def _check_mma(fn, acc_aval, a_aval, b_aval):
+def _check_mma(fn, acc_aval, a_aval, b_aval, pair: bool = False):
+    """Shapes chain: ``acc (M, N) += a (M, K) @ b (K, N)``; in a CTA pair
+    (``pair``) each block holds half of b's columns, ``b (K, N / 2)``."""
     (m, n), (am, ak), (bk, bn) = acc_aval.shape, a_aval.shape[-2:], b_aval.shape[-2:]
-    if am != m or bn != n or ak != bk:
+    if am != m or bn * (2 if pair else 1) != n or ak != bk:
+        want = "b (K, N / 2) (this block's half of the CTA pair's b)" if pair else "b (K, N)"
         raise ValueError(
             f"plgpu.{fn}: shapes do not chain: acc {acc_aval.shape}, a {a_aval.shape}, b "
-            f"{b_aval.shape}; need acc (M, N) += a (M, K) @ b (K, N)")
+            f"{b_aval.shape}; need acc (M, N) += a (M, K) @ {want}")
     if a_aval.dtype != b_aval.dtype:
         raise ValueError(f"plgpu.{fn}: a is {a_aval.dtype} but b is {b_aval.dtype}")
 
@@ -142,7 +145,8 @@ def tcgen05_mma(acc: Any, a: Any, b: Any, barrier: Any = None, *, a_scale: Any =
         raise NotImplementedError(
             "plgpu.tcgen05_mma with a_scale/b_scale/a_sparse_metadata is not supported by "
             "pallas-mosaic-gpu's interpreters yet")
-    _check_mma("tcgen05_mma", R.view_aval(acc), R.view_aval(a), R.view_aval(b))
+    _check_mma("tcgen05_mma", R.view_aval(acc), R.view_aval(a), R.view_aval(b),
+               pair=collective_axis is not None)
     _check_spaces(acc, a, b)
     if barrier is not None:
         check_tensor_core_barrier(barrier, "tcgen05_mma")
@@ -213,6 +217,7 @@ def wgmma_rule(ctx, eqn, invals):
 
 
 def tcgen05_rule(ctx, eqn, invals):
+    R.check_not_collective(eqn, "tcgen05_mma")
     spec = eqn.params["refs"]
     (cell, flat, tree), a, b = mma_operands(spec, invals, _cell_read)
     accumulate = invals[R.spec_end(spec)]

@@ -38,3 +38,17 @@ def nbytes(aval) -> int:
 def ref_positions(spec) -> list[int]:
     """Operand positions of the base refs in ``spec``."""
     return [e[0] for e in spec if e is not None]
+
+
+def check_not_collective(eqn, fn: str) -> None:
+    """Interpreters' refusal of CTA-pair forms (``collective_axis``, ``leader_tracked``):
+    the ``mosaic_gpu`` lowering emits them, but the interpreters run each block alone and
+    do not simulate a cluster's shared tensor core, TMEM or barriers."""
+    p = eqn.params
+    what = [f"{k}={p[k]!r}" for k in ("collective_axis", "leader_tracked")
+            if p.get(k) is not None]
+    if what:
+        raise NotImplementedError(
+            f"plgpu.{fn}({', '.join(what)}) (CTA pairs): pallas-mosaic-gpu's interpreters "
+            "do not simulate clusters of blocks yet; backend 'mosaic_gpu' lowers and "
+            "compiles it (interpret=False)")

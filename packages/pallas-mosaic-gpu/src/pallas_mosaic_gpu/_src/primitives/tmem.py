@@ -65,21 +65,17 @@ def async_copy_sparse_metadata_to_tmem(smem_ref: Any, tmem_ref: Any,
 
 def tcgen05_commit_arrive(barrier: Any, collective_axis: str | None = None) -> None:
     """Arrives on ``barrier`` once every ``tcgen05_mma`` issued so far has completed."""
-    if collective_axis is not None:
-        raise NotImplementedError(
-            "plgpu.tcgen05_commit_arrive(collective_axis=...) (CTA pairs) is not supported "
-            "by pallas-mosaic-gpu's interpreters yet")
     from pallas_mosaic_gpu._src.primitives.mma import check_tensor_core_barrier
 
     check_tensor_core_barrier(barrier, "tcgen05_commit_arrive")
     refs = R.FlatRefs(barrier)
-    tcgen05_commit_arrive_p.bind(*refs.operands, refs=refs.spec)
+    tcgen05_commit_arrive_p.bind(*refs.operands, refs=refs.spec, collective_axis=collective_axis)
 
 
 copy_smem_to_tmem_p.def_effectful_abstract_eval(
     lambda *a, refs, **k: ([], {jc.ReadEffect(refs[0][0]), jc.WriteEffect(refs[1][0])}))
 tcgen05_commit_arrive_p.def_effectful_abstract_eval(
-    lambda *a, refs: ([], {jc.WriteEffect(refs[0][0])}))
+    lambda *a, refs, **k: ([], {jc.WriteEffect(refs[0][0])}))
 
 
 def _copy_rule(ctx, eqn, invals):
@@ -89,6 +85,7 @@ def _copy_rule(ctx, eqn, invals):
 
 
 def _commit_arrive_rule(ctx, eqn, invals):
+    R.check_not_collective(eqn, "tcgen05_commit_arrive")
     ((cell, flat, tree),) = R.unflatten(eqn.params["refs"], invals)
     cell.value = jc.set_view(cell.value, jc.get_view(cell.value, flat, tree) + 1, flat, tree)
     return []
