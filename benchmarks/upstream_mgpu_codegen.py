@@ -1,7 +1,10 @@
 """Code generation for upstream's Mosaic GPU kernels (``*_mgpu.py``) unchanged, on our
 packages and on upstream: registers, spill bytes (ptxas) and PTX instruction mix
 (``wgmma``, TMA ``cp``, ``bar``, ``mbarrier``, ``ld``/``st``), compiled through the same
-compile-only sm_90a pipeline as ``mosaic_gpu_compile.py`` (132-SM persistent grids).
+compile-only sm_90a pipeline as ``mosaic_gpu_compile.py`` (132-SM persistent grids); the
+Blackwell kernels (``blackwell_*``, CTA pairs included) for sm_100a (148 SMs) in a table of
+their own (``tcgen05`` instead of ``wgmma``, and ``cta_group::2``: the 2-CTA MMAs,
+commits, TMEM allocation and partitioned TMA loads of CTA pairs).
 
 Each kernel and side runs in its own process (ours loads upstream's modules through
 the shim of ``upstream_ops.py``). Run from the repository root::
@@ -31,8 +34,20 @@ CASES = [  # (kernel name in upstream_ops.KERNELS, shape)
     ("gpu/hopper_mixed_type_matmul_mgpu", (256, 256, 256)),
     ("gpu/ragged_dot_mgpu", (256, 128, 128, 2)),
     ("gpu/transposed_ragged_dot_mgpu", (256, 128, 128, 2)),
+    ("gpu/blackwell_matmul_mgpu", (256, 256, 256)),
+    ("gpu/blackwell_matmul_mgpu collective", (512, 256, 512)),
+    ("gpu/blackwell_ragged_dot_mgpu", (512, 128, 256, 3)),
 ]
 KEYS = ("wgmma", "cp", "bar", "mbarrier", "ld", "st")
+KEYS_SM100 = ("tcgen05", "cta_group::2", "cp", "bar", "mbarrier", "ld", "st")
+
+
+def _target(name: str) -> str:
+    return "sm_100a" if "blackwell" in name else "sm_90a"
+
+
+def _keys(name: str) -> tuple:
+    return KEYS_SM100 if _target(name) == "sm_100a" else KEYS
 
 
 def worker(impl: str, name: str, shape: tuple) -> dict:
@@ -44,16 +59,19 @@ def worker(impl: str, name: str, shape: tuple) -> dict:
     import mosaic_gpu_compile as C
     from pallas_mosaic_gpu import compiler
 
+    target = _target(name)
+    os.environ["PALLAS_MOSAIC_GPU_TARGET"] = target
     fn, args, _, _ = U.KERNELS[name][0](shape)
-    U._sms(132)
-    secs, rep, ptx = C.compile_one(lambda *a: fn(*a, interpret=False), args, C._device(),
-                                   compiler.find_toolchain())
+    U._sms(132 if target == "sm_90a" else 148)
+    secs, rep, ptx = C.compile_one(lambda *a: fn(*a, interpret=False), args,
+                                   C._device(target), compiler.find_toolchain())
     regs = re.search(r"Used (\d+) registers", rep)
     sp = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep)
     counts = C.mix(ptx)
+    counts["cta_group::2"] = ptx.count("cta_group::2")
     return dict(regs=int(regs.group(1)) if regs else None,
                 spills=int(sp.group(1)) + int(sp.group(2)) if sp else None,
-                mix={k: counts.get(k, 0) for k in KEYS}, secs=round(secs, 1))
+                mix={k: counts.get(k, 0) for k in _keys(name)}, secs=round(secs, 1))
 
 
 def main() -> int:
@@ -65,12 +83,16 @@ def main() -> int:
         impl, name, shape = a.worker
         print(json.dumps(worker(impl, name, tuple(json.loads(shape)))))
         return 0
-    print("| kernel | shape | side | registers | spill bytes | " + " | ".join(KEYS)
-          + " | trace+lower+compile s |")
-    print("|---|---|---|---:|---:|" + "---:|" * len(KEYS) + "---:|")
+    header = None
     for name, shape in CASES:
         if a.keyword and a.keyword not in name:
             continue
+        keys = _keys(name)
+        if keys != header:  # one table per target
+            header = keys
+            print("\n| kernel | shape | side | registers | spill bytes | " + " | ".join(keys)
+                  + " | trace+lower+compile s |")
+            print("|---|---|---|---:|---:|" + "---:|" * len(keys) + "---:|")
         for impl in ("upstream", "ours"):
             print(f"{name} {shape} / {impl} ...", file=sys.stderr)
             p = subprocess.run([sys.executable, __file__, "--worker", impl, name,
@@ -79,11 +101,11 @@ def main() -> int:
                         None)
             if line is None:
                 err = (p.stderr.strip().splitlines() or ["no output"])[-1][:120]
-                print(f"| {name} | {shape} | {impl} | error: {err} |" + " |" * (len(KEYS) + 2))
+                print(f"| {name} | {shape} | {impl} | error: {err} |" + " |" * (len(keys) + 2))
                 continue
             r = json.loads(line)
             print(f"| {name} | {shape} | {impl} | {r['regs']} | {r['spills']} | "
-                  + " | ".join(str(r["mix"][k]) for k in KEYS) + f" | {r['secs']} |",
+                  + " | ".join(str(r["mix"][k]) for k in keys) + f" | {r['secs']} |",
                   flush=True)
     return 0
 
