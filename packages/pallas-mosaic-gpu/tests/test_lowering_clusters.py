@@ -111,9 +111,12 @@ def test_collective_axes_that_are_not_cluster_axes_are_refused_naming_the_argume
 def test_cta_pair_operations_need_a_cluster_of_two_and_collective_tmem():
     with pytest.raises(ValueError, match=r"PARTITIONED\(0\)\): partitioned copies split a "
                                          r"copy across a CTA pair.*cluster is \(4, 1, 1\)"):
-        _lower(cta_pair_matmul(cluster=(4,)), *_operands())
+        _lower(cta_pair_matmul(cluster=(4,), collective_tmem=False), *_operands())
     with pytest.raises(ValueError, match=r"acc is a plgpu.TMEM with collective=False"):
         _lower(cta_pair_matmul(collective_tmem=False), *_operands())
+    with pytest.raises(ValueError, match=r"plgpu.TMEM\(\(128, 128\), collective=True\).*"
+                                         r"a cluster of 2 blocks.*cluster is \(1, 1, 1\)"):
+        _lower(cta_pair_matmul(cluster=(1,)), *_operands())
 
 
 def test_bad_partitioned_copies_are_refused_at_trace_time_naming_the_argument():

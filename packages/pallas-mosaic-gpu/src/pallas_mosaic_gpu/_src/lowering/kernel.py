@@ -31,6 +31,7 @@ import pallas as pl
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.copies import thread_copy, tma_can_copy
 from pallas_mosaic_gpu._src.lowering.engine import (
+    KernelError,
     Lit,
     LoweringContext,
     MosaicGpuLoweringError,
@@ -218,6 +219,13 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
                                 "accumulator would have to live across grid steps); "
                                 "allocate it with pl.run_scoped around an emit_pipeline")
     scoped = plan(jaxpr.jaxpr, name, threads, target, inferred, cluster_names)
+    pair_tmem = [p for p in (*scratch, *scoped.values())
+                 if p.kind == "tmem" and p.entry.collective]
+    if pair_tmem and cluster != (2, 1, 1):
+        raise KernelError(
+            f"plgpu.TMEM({pair_tmem[0].shape}, collective=True) in kernel {name}: collective "
+            "TMEM is allocated by a CTA pair, a cluster of 2 blocks (plgpu.kernel(cluster="
+            f"(2,), cluster_names=...)); the kernel's cluster is {cluster} (x, y, z)")
     nt = threads.num
 
     def per_wg(shape):  # a buffer each warpgroup has to itself
