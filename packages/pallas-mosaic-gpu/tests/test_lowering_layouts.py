@@ -155,3 +155,31 @@ def test_a_broadcast_a_tiled_layout_cannot_make_is_refused_naming_the_layouts():
     with pytest.raises(NotImplementedError, match=r"broadcasting a \(64,\) array"):
         _kernel(_tiles(compute), jax.ShapeDtypeStruct(x.shape, x.dtype), x)
 
+
+
+def test_a_branch_returning_a_splat_yields_the_strided_registers_the_other_expects():
+    def body(x_ref, o_ref):
+        x = x_ref[...]
+        o_ref[...] = lax.cond(pl.program_id(0) == 0, lambda: jnp.zeros_like(x),
+                              lambda: x * 2)
+
+    x = np.random.default_rng(6).standard_normal((2, 8, 128), np.float32)
+    from pallas_mosaic_gpu._src.emulate import run_kernel
+
+    spec = pl.BlockSpec((None, 8, 128), lambda i: (i, 0, 0))
+    f = pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, F32), grid=(2,),
+                       in_specs=[spec], out_specs=spec, backend="mosaic_gpu")
+    (eqn,) = [e for e in jax.make_jaxpr(f)(x).jaxpr.eqns if e.primitive is pl.pallas_call_p]
+    req = pallas.plugins.KernelRequest.from_params(eqn.params, eqn.params["compiler_params"])
+    (out,) = run_kernel(build(req.jaxpr, req.grid_mapping, params(req.compiler_params), "k"),
+                        [x])
+    np.testing.assert_allclose(out, np.stack([np.zeros_like(x[0]), 2 * x[1]]), rtol=1e-6)
+
+
+def test_a_branch_returning_a_wgmma_array_is_refused_naming_the_layout():
+    def compute(s):
+        return lax.cond(pl.program_id(0) == 0, lambda: s * 2, lambda: s)
+
+    x = np.zeros((64, 64), np.float32)
+    with pytest.raises(NotImplementedError, match="branch returning a .64, 64. array"):
+        _kernel(_tiles(compute), jax.ShapeDtypeStruct(x.shape, x.dtype), x, grid=(1,))

@@ -28,9 +28,11 @@ class _CarryLayout(Exception):
         self.index, self.layout = index, layout
 
 
-def _flatten(vals, avals, specs=None):
+def _flatten(vals, avals, specs=None, strided=False):
     """(flat ir.Values, how to rebuild) for carries of ``avals``; with ``specs`` (the
-    loop's entry), each value is put in the layout its carry has."""
+    loop's entry), each value is put in the layout its carry has; with ``strided``
+    (branch results, whose types are fixed before the branches are emitted), every array
+    in the strided layout of its shape."""
     from pallas_mosaic_gpu._src.lowering.rules_layout import in_layout, is_tiled
 
     flat, out = [], []
@@ -39,6 +41,20 @@ def _flatten(vals, avals, specs=None):
         if not a.shape:
             flat.append(V.scalar(x, a))
             out.append(None)
+            continue
+        if strided and is_tiled(x):
+            raise NotImplementedError(
+                f"a lax.cond/pl.when branch returning a {tuple(a.shape)} array in the "
+                f"register layout {x.layout} (return it through a ref, or compute it "
+                "outside the branch and select with jnp.where)")
+        if strided:
+            if small.is_small(a.shape):
+                flat.extend(small.to_small(x, a, a.shape).values.flat)
+                out.append(("small", tuple(a.shape)))
+            else:
+                arr = V.to_strided(V.array(x, a))
+                flat.extend(arr.registers.flat)
+                out.append((arr.layout, arr.is_signed, arr.registers.shape))
         elif (want is not None and want[0] == "tiled") or (specs is None and is_tiled(x)):
             layout = want[1] if want is not None else x.layout
             arr = in_layout(x, a, layout)
@@ -265,7 +281,7 @@ def _emit_branches(lctx, idx, branches, args, avals):
 
     def emit(block_fn):
         outs = block_fn()
-        flat, specs = _flatten(outs, avals)
+        flat, specs = _flatten(outs, avals, strided=True)
         specs_holder["specs"] = specs
         return flat
 
@@ -295,7 +311,7 @@ def _emit_branches_acc(lctx, idx, branches, args, avals, accs):
     def emit(i):
         _set_accs(accs, start)
         flat, holder["specs"] = _flatten(_emit_one(lctx, idx, i, branches, args, avals),
-                                         avals)
+                                         avals, strided=True)
         return flat + _acc_regs(accs)
 
     types = _result_types(avals) + [r.type for r in start]
