@@ -234,3 +234,49 @@ def test_wgmma_with_a_in_registers_chains_two_matmuls():
     p = (np.asarray(x, np.float32) @ np.asarray(y, np.float32)).astype(np.float16)
     np.testing.assert_allclose(np.asarray(got), p.astype(np.float32) @ np.asarray(z, np.float32),
                                rtol=1e-2, atol=5e-2)  # f16 rounding of x @ y
+
+
+def test_a_in_registers_from_a_warp_specialized_pipeline_slot():
+    """``x_smem[...]`` (a WGMMA-layout load from a 128-byte-swizzled slot) as wgmma's A in
+    ``emit_pipeline_warp_specialized``. The register load swizzles offsets from the buffer's
+    start, TMA and wgmma the address bits, so they agree only if every swizzled buffer starts
+    at a multiple of 1024 bytes; the pipeline's slots used to start 512 bytes off, and every
+    row came out as if A's two 32-column halves were swapped (upstream's
+    hopper_mixed_type_matmul_mgpu and transposed_ragged_dot_mgpu at emulate)."""
+    t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    k = 128
+
+    def kernel(x_gmem, y_gmem, o_gmem, o_smem):
+        def step(_, x_smem, y_smem, acc):
+            plgpu.wgmma(acc, x_smem[...], y_smem)
+            plgpu.wgmma_wait(0)
+            return acc
+
+        def compute(eval_pipeline):
+            def with_acc(acc):
+                eval_pipeline(acc)
+                o_smem[...] = acc[...]
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(o_smem, o_gmem)
+                plgpu.wait_smem_to_gmem(0)
+
+            pl.run_scoped(with_acc, plgpu.ACC((64, 64), jnp.float32))
+
+        plgpu.emit_pipeline_warp_specialized(
+            step, grid=(k // 64,), memory_registers=40, wg_axis="wg", num_compute_wgs=1,
+            max_concurrent_steps=2, compute_context=compute,
+            in_specs=[plgpu.BlockSpec((64, 64), lambda kk: (0, kk), transforms=t),
+                      plgpu.BlockSpec((64, 64), lambda kk: (kk, 0), transforms=t)],
+        )(x_gmem, y_gmem)
+
+    def f(x, y):
+        return plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((64, 64), jnp.float32),
+                            num_threads=2, thread_name="wg",
+                            scratch_types=[plgpu.SMEM((64, 64), jnp.float32)])(x, y)
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((64, k)), F16)
+    y = jnp.asarray(rng.standard_normal((k, 64)), F16)
+    (got,) = _emulate(f, x, y)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(x, np.float32) @ np.asarray(
+        y, np.float32), rtol=1e-3, atol=1e-3)

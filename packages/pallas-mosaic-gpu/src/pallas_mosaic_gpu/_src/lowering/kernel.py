@@ -381,11 +381,21 @@ class _Used(dict):
 
 
 SMEM_ALIGNMENT = 128  # TMA needs 128-byte aligned SMEM (and barriers 8 bytes)
+SWIZZLE_REPEAT = 1024  # a 128-byte swizzle's XOR pattern repeats every 8 rows of 128 bytes
+
+
+def _alignment(size: int) -> int:
+    """Where a buffer of ``size`` bytes may start: a swizzled buffer (whole swizzle atoms,
+    ``8 x swizzle`` bytes each) at a multiple of its atom, since the swizzle XORs address
+    bits 7.. into bits 4.. while Mosaic GPU's register loads/stores and wgmma descriptors
+    (base offset 0) swizzle the offset from the buffer's start; other buffers at 128."""
+    return max(SMEM_ALIGNMENT, min(SWIZZLE_REPEAT, size & -size)) if size else SMEM_ALIGNMENT
 
 
 def _aligned(entries: dict):
-    """The SMEM tree (a flat tuple, padded so every buffer starts 128-byte aligned), the
-    position of each entry in it, and the total bytes."""
+    """The SMEM tree (a flat tuple, padded so every buffer starts at its ``_alignment``:
+    128 bytes, up to 1024 for buffers of whole swizzle atoms), the position of each entry
+    in it, and the total bytes."""
     tree, where, off = [], {}, 0
     for key, e in entries.items():
         if isinstance(e, (mgpu.Barrier, mgpu.ClusterBarrier)):
@@ -394,7 +404,8 @@ def _aligned(entries: dict):
             size = 4  # the TMEM address Mosaic GPU's allocation writes to SMEM
         else:
             size = int(np.prod(e.shape)) * jnp.dtype(e.dtype).itemsize
-        pad = (-off) % SMEM_ALIGNMENT
+        pad = (-off) % (_alignment(size) if not isinstance(e, mgpu.Barrier) else
+                        SMEM_ALIGNMENT)
         if pad:
             tree.append(jax.ShapeDtypeStruct((pad,), jnp.uint8))
             off += pad
