@@ -240,10 +240,11 @@ def wgmma_matmul_bf16_transposed(pallas_call, x, y):
     return _wgmma_matmul(pallas_call, x, y, swizzle=64, transpose_b=True)
 
 
-def wgmma_warp_specialized(pallas_call, x, y):
+def wgmma_warp_specialized(pallas_call, x, y, *, a_in_registers=False):
     """A warp-specialised f16 matmul (``emit_pipeline_warp_specialized``): one warpgroup
     issues the TMA loads, the other waits for them, runs wgmma and releases the slots,
-    then stores its tile with TMA."""
+    then stores its tile with TMA. With ``a_in_registers`` the compute warpgroup loads
+    its x slot into registers (``x_smem[...]``) and passes wgmma that array."""
     m, k = x.shape
     n = y.shape[1]
     bm, bn, bk = 64, n, 64
@@ -253,7 +254,7 @@ def wgmma_warp_specialized(pallas_call, x, y):
         mi = jax.lax.axis_index("m")
 
         def step(_, x_smem, y_smem, acc):
-            plgpu.wgmma(acc, x_smem, y_smem)
+            plgpu.wgmma(acc, x_smem[...] if a_in_registers else x_smem, y_smem)
             plgpu.wgmma_wait(0)
             return acc
 
@@ -277,6 +278,15 @@ def wgmma_warp_specialized(pallas_call, x, y):
     return _kernel(pallas_call, body, sds((m, n), jnp.float32), grid=(m // bm,),
                    grid_names=("m",), num_threads=2, thread_name="wg",
                    scratch_types=[plgpu.SMEM((bm, bn), jnp.float32)])(x, y)
+
+
+def wgmma_a_in_registers_warp_specialized(pallas_call, x, y):
+    """The warp-specialised matmul with A loaded from its swizzled pipeline slot into
+    registers. The register load swizzles by offsets from the slot's start, TMA and
+    wgmma by address bits: they agree only when every swizzled slot starts on a whole
+    swizzle atom (1024 bytes for a 128-byte swizzle), which Mosaic GPU's lowering once
+    missed (each row then read A's two K-halves swapped)."""
+    return wgmma_warp_specialized(pallas_call, x, y, a_in_registers=True)
 
 
 def _dot(x, y):
@@ -315,6 +325,12 @@ def _register():
          inputs=lambda rng: (randn(rng, (128, 128), jnp.float16),
                              randn(rng, (128, 128), jnp.float16)),
          reference=_dot, tolerance={"float32": (1e-2, 1e-3)})(wgmma_warp_specialized)
+    case("gpu/wgmma_a_in_registers_warp_specialized",
+         tags={"wgmma", "warpgroups", "tma_pipelines", "f16"},
+         inputs=lambda rng: (randn(rng, (64, 128), jnp.float16),
+                             randn(rng, (128, 64), jnp.float16)),
+         reference=_dot, tolerance={"float32": (1e-2, 1e-3)},
+         )(wgmma_a_in_registers_warp_specialized)
 
 
 if plgpu is not None:
