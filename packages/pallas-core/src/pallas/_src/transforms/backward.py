@@ -226,17 +226,7 @@ def _backward_call(n, known, ct_touts, params, L: JvpLayout):
         return []
 
     what = f"backward kernel of {params['name']} for {bm_n.origin}"
-    try:
-        if names is not None:
-            with jc.extend_axis_env_nd(list(zip(names, grid))):
-                jaxpr, _, consts = jc.trace_kernel_to_jaxpr(body, avals, what)
-        else:
-            jaxpr, _, consts = jc.trace_kernel_to_jaxpr(body, avals, what)
-    except NotKernelizable:
-        raise
-    except Exception as e:  # noqa: BLE001 - anything JAX cannot transpose in a kernel
-        raise NotKernelizable(f"JAX cannot transpose the kernel body: "
-                              f"{type(e).__name__}: {str(e).splitlines()[0]}") from e
+    jaxpr, consts = trace_transposed_body(body, avals, what, names, grid)
     n_fixed = nsp + npi + n_tout + 1 + len(scr0)
     jaxpr, consts, keep = drop_dead_locals(jaxpr, consts, avals, n_fixed,
                                             L.n_primal_out, n_tout, what)
@@ -261,6 +251,24 @@ def _backward_call(n, known, ct_touts, params, L: JvpLayout):
                name=f"{params['name']} (backward, {bm_n.origin})",
                compiler_params=new_params))
     return ct
+
+
+def trace_transposed_body(body, avals, what: str, names, grid):
+    """Traces a backward kernel's body (JAX's transpose of the JVP kernel) to a jaxpr and
+    its consts, under the grid's named axes; whatever JAX cannot transpose inside a
+    kernel is :class:`NotKernelizable` (the caller falls back to XLA)."""
+    try:
+        if names is not None:
+            with jc.extend_axis_env_nd(list(zip(names, grid))):
+                jaxpr, _, consts = jc.trace_kernel_to_jaxpr(body, avals, what)
+        else:
+            jaxpr, _, consts = jc.trace_kernel_to_jaxpr(body, avals, what)
+    except NotKernelizable:
+        raise
+    except Exception as e:  # noqa: BLE001 - anything JAX cannot transpose in a kernel
+        raise NotKernelizable(f"JAX cannot transpose the kernel body: "
+                              f"{type(e).__name__}: {str(e).splitlines()[0]}") from e
+    return jaxpr, consts
 
 
 def target_backend(params):

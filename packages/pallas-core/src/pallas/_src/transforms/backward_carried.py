@@ -325,17 +325,7 @@ def _build(kind, n, params, L, info, stacks, seed):
             jc.ad.backward_pass3(linear_part, False, (), env, [])
         return []
 
-    try:
-        if names is not None:
-            with jc.extend_axis_env_nd(list(zip(names, grid))):
-                jaxpr, _, consts = jc.trace_kernel_to_jaxpr(body, avals, what)
-        else:
-            jaxpr, _, consts = jc.trace_kernel_to_jaxpr(body, avals, what)
-    except NotKernelizable:
-        raise
-    except Exception as e:  # noqa: BLE001 - anything JAX cannot transpose in a kernel
-        raise NotKernelizable(f"JAX cannot transpose the kernel body: "
-                              f"{type(e).__name__}: {str(e).splitlines()[0]}") from e
+    jaxpr, consts = bw.trace_transposed_body(body, avals, what, names, grid)
     n_in, n_out = len(in_bms), len(out_bms)
     first_scr = nsp + n_in + n_out
     first_local = first_scr + len(scr_types)
