@@ -414,6 +414,14 @@ def _sms(n):
         get_default_device=lambda: _Device(n))
     transposed_ragged_dot_mgpu.jax = _JaxWithDevices(jax, n)
     blackwell_ragged_dot_mgpu.jax = _JaxWithDevices(jax, n)
+    # The multi-device kernels, only where loaded (their rows import them).
+    prefix = "jax.experimental.pallas.ops.gpu."
+    for mod in ("all_gather_mgpu", "reduce_scatter_mgpu"):
+        if prefix + mod in sys.modules:
+            sys.modules[prefix + mod].backend = types.SimpleNamespace(
+                get_default_device=lambda: _Device(n))
+    if prefix + "collective_matmul_mgpu" in sys.modules:
+        sys.modules[prefix + "collective_matmul_mgpu"].jax = _JaxWithDevices(jax, n)
 
 
 def mgpu_hopper_matmul(shape):
@@ -554,6 +562,94 @@ def mgpu_blackwell_ragged_dot(shape):
     return f, (lhs, rhs), ref, "mgpu:sm_100a"
 
 
+# Upstream's multi-device Mosaic GPU kernels (multimem stores/reductions, remote
+# semaphores), in ``shard_map`` over a mesh of 2 devices as upstream's tests run them:
+# the CPU devices for numbers and lowering, compile-only H100s for compiling.
+
+
+def _mgpu_sharded(shape, spec, dtype, seed=0):
+    """A global input sharded over the CPU mesh ``("x",)`` of every device."""
+    import jax
+
+    mesh = jax.make_mesh((jax.device_count(),), ("x",))
+    x = jax.random.normal(_keys(seed + 1)[seed], shape, dtype)
+    return jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
+
+
+def mgpu_all_gather(shape):
+    """``all_gather_mgpu.all_gather`` (multimem stores) along rows, against the input."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental.pallas.ops.gpu import all_gather_mgpu as ag
+
+    P = jax.sharding.PartitionSpec
+    x = _mgpu_sharded(shape, P("x", None), jnp.float32)
+    n = jax.device_count()
+
+    def f(x, interpret):
+        del interpret  # forced by the worker
+        body = lambda x: ag.all_gather(x, axis_name="x", tile_size=1024)  # noqa: E731
+        return jax.shard_map(body, in_specs=P("x", None), out_specs=P("x", None),
+                             check_vma=False)(x)
+
+    return f, (x,), lambda x: np.tile(np.asarray(x), (n, 1)), "mgpu:sm_90a"
+
+
+def mgpu_reduce_scatter(shape):
+    """``reduce_scatter_mgpu.reduce_scatter`` (multimem add-reductions) along rows:
+    each device's shard is summed over devices, then scattered."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental.pallas.ops.gpu import reduce_scatter_mgpu as rs
+
+    P = jax.sharding.PartitionSpec
+    x = _mgpu_sharded(shape, P("x", None), jnp.float32)
+    n = jax.device_count()
+
+    def f(x, interpret):
+        del interpret  # forced by the worker
+        body = lambda x: rs.reduce_scatter(x, axis_name="x", tile_size=1024)  # noqa: E731
+        return jax.shard_map(body, in_specs=P("x", None), out_specs=P("x", None),
+                             check_vma=False)(x)
+
+    def ref(x):
+        return np.asarray(x).reshape(n, -1, x.shape[1]).sum(0)
+
+    return f, (x,), ref, "mgpu:sm_90a"
+
+
+def mgpu_collective_matmul(shape):
+    """``collective_matmul_mgpu.all_gather_lhs_matmul``: LHS rows all-gathered while
+    multiplying by the local RHS columns, against ``lhs @ rhs``."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental.pallas.ops.gpu import collective_matmul_mgpu as cm
+
+    m_shard, n_shard, k = shape
+    n = jax.device_count()
+    P = jax.sharding.PartitionSpec
+    lhs = _mgpu_sharded((n * m_shard, k), P("x", None), jnp.bfloat16, 0)
+    rhs = _mgpu_sharded((k, n * n_shard), P(None, "x"), jnp.bfloat16, 1)
+    config = cm.TuningConfig(tile_m=64, tile_n=64, tile_k=64, max_concurrent_steps=2,
+                             grid_minor_dim=cm.MatmulDimension.N, grid_tile_width=1,
+                             wg_dimension=cm.MatmulDimension.N)
+
+    def f(lhs, rhs, interpret):
+        del interpret  # forced by the worker
+        body = lambda a, b: cm.all_gather_lhs_matmul(  # noqa: E731
+            a, b, "x", config=config, dtype=jnp.bfloat16)
+        return jax.shard_map(body, in_specs=(P("x", None), P(None, "x")),
+                             out_specs=P(None, "x"), check_vma=False)(lhs, rhs)
+
+    def ref(lhs, rhs):
+        return np.asarray(lhs, np.float32) @ np.asarray(rhs, np.float32)
+
+    return f, (lhs, rhs), ref, "mgpu:sm_90a"
+
+
 KERNELS = {
     "gpu/softmax": (gpu_softmax, [(64, 256), (100, 300)]),
     "gpu/layer_norm": (gpu_norm, [(4, 16, 256), (3, 10, 300)]),
@@ -595,7 +691,14 @@ KERNELS = {
     "gpu/transposed_ragged_dot_mgpu": (mgpu_transposed_ragged_dot, [(256, 128, 128, 2),
                                                                     (320, 128, 64, 3)]),
     "gpu/blackwell_ragged_dot_mgpu": (mgpu_blackwell_ragged_dot, [(512, 128, 256, 3)]),
+    "gpu/all_gather_mgpu": (mgpu_all_gather, [(2048, 64)]),
+    "gpu/reduce_scatter_mgpu": (mgpu_reduce_scatter, [(2048, 64)]),
+    "gpu/collective_matmul_mgpu": (mgpu_collective_matmul, [(128, 128, 256)]),
 }
+
+# Kernels run over a mesh of several (simulated CPU) devices: name fragment -> count.
+DEVICE_COUNTS = {"tpu/all_gather": 4, "all_gather_mgpu": 2, "reduce_scatter_mgpu": 2,
+                 "collective_matmul_mgpu": 2}
 
 
 # ------------------------------------------------------------------------------------
@@ -610,6 +713,35 @@ TARGETS = os.path.join(ROOT, "..", "shared", "reference", "gpu-targets")
 TARGET_FILES = {"sm_90a": "h100_sxm.txtpb", "sm_100a": "b200.txtpb"}
 
 
+def _spec(a):
+    """The ``PartitionSpec`` an input is sharded with (replicated if not sharded)."""
+    import jax
+
+    sharding = getattr(a, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return sharding.spec
+    return jax.sharding.PartitionSpec()
+
+
+def _mesh_size(args) -> int:
+    """How many devices the inputs are sharded over (1 if none is)."""
+    import jax
+
+    sizes = [a.sharding.mesh.size for a in args
+             if isinstance(getattr(a, "sharding", None), jax.sharding.NamedSharding)]
+    return max(sizes, default=1)
+
+
+def _input_mesh(args):
+    """``jax.set_mesh`` of the inputs' mesh (``shard_map`` without ``mesh=`` reads it)."""
+    import jax
+
+    for a in args:
+        if isinstance(getattr(a, "sharding", None), jax.sharding.NamedSharding):
+            return jax.set_mesh(a.sharding.mesh)
+    return _nullcontext()
+
+
 def _compile_only(fn, args, target: str) -> str:
     """Compiles ``fn`` for a compile-only CUDA device of ``target`` (XLA's whole GPU
     pipeline: Mosaic GPU's passes or Triton, PTX, ptxas), as both sides would on a GPU."""
@@ -619,11 +751,12 @@ def _compile_only(fn, args, target: str) -> str:
 
     with open(os.path.join(TARGETS, TARGET_FILES[target])) as f:
         config = f.read()
-    dev = topologies.get_topology_desc(platform="cuda", target_config=config,
-                                       topology="1x1x1").devices[0]
-    mesh = jax.sharding.Mesh(np.array([dev]), ("x",))
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in args]
+    n = _mesh_size(args)
+    devs = topologies.get_topology_desc(platform="cuda", target_config=config,
+                                        topology=f"1x1x{n}").devices
+    mesh = jax.sharding.Mesh(np.array(devs), ("x",))
+    abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=jax.sharding.NamedSharding(
+        mesh, _spec(a))) for a in args]
     with jax.set_mesh(mesh):
         jax.jit(lambda *a: fn(*a, interpret=False)).trace(*abstract).lower().compile()
     return "ok"
@@ -667,7 +800,7 @@ def worker(impl: str, name: str, shape: tuple) -> dict:
     try:
         run = jax.jit(lambda *a: fn(*a, interpret=True))
         ctx = forced() if forced else _nullcontext()
-        with ctx:
+        with ctx, _input_mesh(args):
             got = jax.block_until_ready(run(*args))
             times = []
             for _ in range(3):
@@ -686,9 +819,13 @@ def worker(impl: str, name: str, shape: tuple) -> dict:
         # The persistent grid is as wide as the device's SMs (132 on H100, 148 on B200).
         _sms(132 if target == "sm_90a" else 148)
     try:
-        abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
-        low = jax.jit(lambda *a: fn(*a, interpret=False)).trace(*abstract).lower(
-            lowering_platforms=("tpu" if platform == "tpu" else "cuda",))
+        # Sharded inputs keep their sharding (a kernel in ``shard_map`` checks it).
+        abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                         sharding=getattr(a, "sharding", None))
+                    for a in args]
+        with _input_mesh(args):
+            low = jax.jit(lambda *a: fn(*a, interpret=False)).trace(*abstract).lower(
+                lowering_platforms=("tpu" if platform == "tpu" else "cuda",))
         text = low.as_text()
         want_call = "tpu_custom_call" if platform == "tpu" else "custom_call"
         out["lower"] = "ok" if want_call in text else "no kernel in the lowered module"
@@ -714,9 +851,10 @@ def _spawn(impl: str, name: str, shape: tuple) -> dict:
     cmd = [sys.executable, __file__, "--worker", impl, "--kernel", name,
            "--shape", json.dumps(shape)]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    if "all_gather" in name:  # a ring of 4 devices
+    count = next((n for frag, n in DEVICE_COUNTS.items() if frag in name), None)
+    if count:  # a mesh of simulated CPU devices
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                            " --xla_force_host_platform_device_count=4").strip()
+                            f" --xla_force_host_platform_device_count={count}").strip()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
