@@ -820,9 +820,9 @@ def worker(impl: str, name: str, shape: tuple) -> dict:
         _sms(132 if target == "sm_90a" else 148)
     try:
         # Sharded inputs keep their sharding (a kernel in ``shard_map`` checks it).
-        abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype,
-                                         sharding=getattr(a, "sharding", None))
-                    for a in args]
+        abstract = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding)
+                    if isinstance(getattr(a, "sharding", None), jax.sharding.NamedSharding)
+                    else jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
         with _input_mesh(args):
             low = jax.jit(lambda *a: fn(*a, interpret=False)).trace(*abstract).lower(
                 lowering_platforms=("tpu" if platform == "tpu" else "cuda",))
