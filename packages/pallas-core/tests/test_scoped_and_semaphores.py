@@ -227,6 +227,29 @@ def test_semaphore_in_run_scoped():
     np.testing.assert_array_equal(_call(kernel, SDS((1,), jnp.int32)), [2])
 
 
+class _BareSemaphore:
+    """A buffer type offering only upstream's contract, ``get_ref_aval()`` (as a bare
+    ``plgpu.SemaphoreType.REGULAR`` does): one semaphore."""
+
+    def get_ref_aval(self):
+        return REGULAR(()).get_ref_aval()
+
+
+def test_a_type_with_only_get_ref_aval_is_a_buffer_type_for_scratch_and_run_scoped():
+    def kernel(o_ref, scratch_sem):
+        pl.semaphore_signal(scratch_sem, 2)
+        o_ref[0] = pl.semaphore_read(scratch_sem)
+
+        def body(sem):
+            pl.semaphore_signal(sem, 5)
+            o_ref[1] = pl.semaphore_read(sem)
+
+        pl.run_scoped(body, _BareSemaphore())
+
+    out = _call(kernel, SDS((2,), jnp.int32), scratch_shapes=[_BareSemaphore()])
+    np.testing.assert_array_equal(out, [2, 5])
+
+
 def test_a_wait_that_can_never_be_satisfied_is_reported_with_debug_checks():
     def kernel(o_ref, sem):
         pl.semaphore_signal(sem, 1)

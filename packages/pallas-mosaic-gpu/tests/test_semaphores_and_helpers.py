@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import pallas as pl
 import pallas_mosaic_gpu as plgpu
@@ -43,6 +44,21 @@ def test_semaphore_signal_and_wait_count_in_a_kernel():
         kernel, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         scratch_shapes=[plgpu.SemaphoreType.REGULAR(())], interpret=True)()
     np.testing.assert_array_equal(out, [1])
+
+
+def test_a_bare_semaphore_type_is_one_semaphore_of_kernel_scratch():
+    """``scratch_types=[plgpu.SemaphoreType.REGULAR]`` (no shape), as upstream's
+    multi-device kernels write it: one semaphore per block, starting at zero."""
+
+    def kernel(o_ref, sem):
+        plgpu.semaphore_signal(sem, 3)
+        plgpu.semaphore_wait(sem, 1)
+        o_ref[lax.axis_index("b")] = pl.semaphore_read(sem)
+
+    out = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((2,), jnp.int32), grid=(2,),
+                       grid_names=("b",), scratch_types=[plgpu.SemaphoreType.REGULAR],
+                       interpret=True)()
+    np.testing.assert_array_equal(out, [2, 2])
 
 
 def test_memory_scope_is_checked():

@@ -26,7 +26,7 @@ from pallas._src.dynamic_grid import (
     grid_str,
     unzip_dynamic_grid,
 )
-from pallas._src.memory import MemoryRef, MemorySpace
+from pallas._src.memory import MemoryRef, MemorySpace, as_memory_ref, is_buffer_type
 
 
 @dataclasses.dataclass(frozen=True)
@@ -459,10 +459,9 @@ def resolve_block_mapping(origin, spec, array_aval, grid, prefetch_avals,
 
 
 def _scratch_type(origin, s) -> MemoryRef:
-    if isinstance(s, MemoryRef):
-        return s
-    if hasattr(s, "get_memory_ref"):  # backend-specific scratch descriptions
-        return s.get_memory_ref()
+    m = as_memory_ref(s)  # a MemoryRef, or a backend's scratch description
+    if m is not None:
+        return m
     if isinstance(s, jax.ShapeDtypeStruct):
         return MemoryRef(jc.ShapedArray(s.shape, s.dtype), MemorySpace.ANY)
     raise TypeError(
@@ -517,7 +516,7 @@ def resolve_grid_mapping(
 
     scratch_flat, scratch_tree = jax.tree_util.tree_flatten_with_path(
         grid_spec.scratch_shapes,
-        is_leaf=lambda x: isinstance(x, MemoryRef) or hasattr(x, "get_memory_ref"),
+        is_leaf=is_buffer_type,
     )
     scratch_types, scratch_origins = [], []
     for path, s in scratch_flat:

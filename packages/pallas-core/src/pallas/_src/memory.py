@@ -64,6 +64,33 @@ class MemoryRef:
         return AbstractRef(self.inner_aval, memory_space=self.memory_space)
 
 
+def is_buffer_type(t: Any) -> bool:
+    """Whether ``t`` describes a buffer (a pytree leaf in scratch/``run_scoped`` types):
+    a :class:`MemoryRef`, a backend type with ``get_memory_ref()``, or any type with
+    upstream's ``get_ref_aval()`` (e.g. a bare ``plgpu.SemaphoreType.REGULAR``)."""
+    return (isinstance(t, MemoryRef) or hasattr(t, "get_memory_ref")
+            or callable(getattr(t, "get_ref_aval", None)))
+
+
+def as_memory_ref(t: Any) -> MemoryRef | None:
+    """The :class:`MemoryRef` that buffer type ``t`` describes (None if it is none).
+
+    Upstream's contract for a buffer type is ``get_ref_aval()`` (the ref it allocates);
+    a type offering only that becomes a ``MemoryRef`` of that ref's shape, dtype and
+    memory space."""
+    if isinstance(t, MemoryRef):
+        return t
+    if hasattr(t, "get_memory_ref"):
+        return t.get_memory_ref()
+    get_ref_aval = getattr(t, "get_ref_aval", None)
+    if callable(get_ref_aval):
+        aval = get_ref_aval()
+        inner = getattr(aval, "inner_aval", None)
+        if inner is not None and hasattr(inner, "shape"):
+            return MemoryRef(inner, getattr(aval, "memory_space", None))
+    return None
+
+
 class semaphore:  # noqa: N801 - upstream name
     """The dtype of a counting semaphore; pass ``pl.semaphore`` where a dtype is expected.
 

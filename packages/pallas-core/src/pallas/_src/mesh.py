@@ -27,7 +27,7 @@ from pallas._src.interpreter.evaluator import (
 )
 from pallas._src.interpreter.modes import resolve_interpret
 from pallas._src.interpreter.rules import register_interpret_rule
-from pallas._src.memory import MemoryRef, MemorySpace
+from pallas._src.memory import MemorySpace, as_memory_ref, is_buffer_type
 from pallas._src.primitives.scoped import fresh_cell, operand_effects
 
 
@@ -177,9 +177,11 @@ def core_map(mesh: Mesh, *, compiler_params: Any = None, interpret: bool = False
     interpret = resolve_interpret(interpret)
 
     def wrapped(f: Callable[..., None]) -> None:
-        types = [t if isinstance(t, MemoryRef) else t.get_memory_ref()
-                 for t in jax.tree_util.tree_leaves(
-                     scratch_shapes, is_leaf=lambda x: isinstance(x, MemoryRef))]
+        types = [as_memory_ref(t) for t in jax.tree_util.tree_leaves(
+            scratch_shapes, is_leaf=is_buffer_type)]
+        if any(t is None for t in types):
+            raise TypeError("pl.core_map(scratch_shapes=...) takes buffer types such as "
+                            f"pl.ANY(shape, dtype); got {scratch_shapes!r}")
         avals = [t.get_ref_aval() for t in types]
 
         def flat(*scratch):

@@ -11,29 +11,33 @@ import jax.numpy as jnp
 from pallas._src import jax_compat as jc
 from pallas._src.interpreter.evaluator import Cell, eval_jaxpr
 from pallas._src.interpreter.rules import register_interpret_rule
-from pallas._src.memory import MemoryRef, is_semaphore_space, uninitialized_value
+from pallas._src.memory import (
+    MemoryRef,
+    as_memory_ref,
+    is_buffer_type,
+    is_semaphore_space,
+    uninitialized_value,
+)
 
 run_scoped_p = jc.Primitive("run_scoped")
 run_scoped_p.multiple_results = True
 
 
 def _as_memory_ref(t) -> MemoryRef:
-    if isinstance(t, MemoryRef):
-        return t
-    if hasattr(t, "get_memory_ref"):
-        return t.get_memory_ref()
-    raise TypeError(
-        f"run_scoped takes buffer types such as pltpu.VMEM(shape, dtype) or "
-        f"pl.ANY(shape, dtype); got {t!r}"
-    )
+    m = as_memory_ref(t)
+    if m is None:
+        raise TypeError(
+            f"run_scoped takes buffer types such as pltpu.VMEM(shape, dtype), "
+            f"pl.ANY(shape, dtype) or a semaphore type (plgpu.SemaphoreType.REGULAR); "
+            f"got {t!r}"
+        )
+    return m
 
 
 def run_scoped(f: Callable[..., Any], *types: Any, collective_axes=(), **kw_types: Any) -> Any:
     """Calls ``f`` with fresh refs of the given types; they live only during the call."""
     flat_types, tree = jax.tree_util.tree_flatten(
-        (types, kw_types), is_leaf=lambda x: isinstance(x, MemoryRef) or hasattr(
-            x, "get_memory_ref")
-    )
+        (types, kw_types), is_leaf=is_buffer_type)
     mem_types = [_as_memory_ref(t) for t in flat_types]
     avals = [t.get_ref_aval() for t in mem_types]
 
