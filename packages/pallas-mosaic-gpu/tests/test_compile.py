@@ -56,3 +56,29 @@ def test_a_kernel_compiles_to_sm90a_and_reports_its_resources():
 def test_unknown_targets_are_refused():
     with pytest.raises(ValueError, match="sm_80.*sm_90a"):
         compiler.target_config("sm_80")
+
+
+def test_memory_registers_become_setmaxnreg_in_the_ptx():
+    """emit_pipeline_warp_specialized(memory_registers=40): the memory warpgroup gives
+    registers back (setmaxnreg.dec 40) and the compute warpgroup takes what is left, at
+    most 256 (setmaxnreg.inc 256), as upstream."""
+    import pallas_mosaic_gpu as plgpu
+
+    _toolchain_or_skip()
+    spec = plgpu.BlockSpec((64, 64), lambda i: (0, i))
+
+    def kernel(x_gmem, o_gmem):
+        def body(_, x_smem, o_smem):
+            o_smem[...] = x_smem[...] + 1.0
+
+        plgpu.emit_pipeline_warp_specialized(
+            body, grid=(2,), memory_registers=40, wg_axis="wg", num_compute_wgs=1,
+            in_specs=[spec], out_specs=[spec])(x_gmem, o_gmem)
+
+    x = jnp.zeros((64, 128), F32)
+    f = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(x.shape, F32), num_threads=2,
+                     thread_name="wg")
+    (k,) = compiler.compile(f, x)
+    ptx = " ".join(k.ptx.split())
+    assert "setmaxnreg.dec.sync.aligned.u32 40;" in ptx
+    assert "setmaxnreg.inc.sync.aligned.u32 256;" in ptx

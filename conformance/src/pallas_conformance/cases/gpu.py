@@ -240,11 +240,13 @@ def wgmma_matmul_bf16_transposed(pallas_call, x, y):
     return _wgmma_matmul(pallas_call, x, y, swizzle=64, transpose_b=True)
 
 
-def wgmma_warp_specialized(pallas_call, x, y, *, a_in_registers=False):
+def wgmma_warp_specialized(pallas_call, x, y, *, a_in_registers=False, delay_release=0):
     """A warp-specialised f16 matmul (``emit_pipeline_warp_specialized``): one warpgroup
     issues the TMA loads, the other waits for them, runs wgmma and releases the slots,
     then stores its tile with TMA. With ``a_in_registers`` the compute warpgroup loads
-    its x slot into registers (``x_smem[...]``) and passes wgmma that array."""
+    its x slot into registers (``x_smem[...]``) and passes wgmma that array. With
+    ``delay_release=1`` each step's wgmma is awaited only at the next step, and its slot
+    released then."""
     m, k = x.shape
     n = y.shape[1]
     bm, bn, bk = 64, n, 64
@@ -255,12 +257,13 @@ def wgmma_warp_specialized(pallas_call, x, y, *, a_in_registers=False):
 
         def step(_, x_smem, y_smem, acc):
             plgpu.wgmma(acc, x_smem[...] if a_in_registers else x_smem, y_smem)
-            plgpu.wgmma_wait(0)
+            plgpu.wgmma_wait(delay_release)
             return acc
 
         def compute(eval_pipeline):
             def with_acc(acc):
                 eval_pipeline(acc)
+                plgpu.wgmma_wait(0)
                 o_smem[...] = acc[...]
                 plgpu.commit_smem()
                 plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[pl.ds(mi * bm, bm)])
@@ -271,8 +274,10 @@ def wgmma_warp_specialized(pallas_call, x, y, *, a_in_registers=False):
         plgpu.emit_pipeline_warp_specialized(
             step, grid=(k // bk,), memory_registers=40, wg_axis="wg", num_compute_wgs=1,
             max_concurrent_steps=2, compute_context=compute,
-            in_specs=[plgpu.BlockSpec((bm, bk), lambda kk: (mi, kk), transforms=t),
-                      plgpu.BlockSpec((bk, bn), lambda kk: (kk, 0), transforms=t)],
+            in_specs=[plgpu.BlockSpec((bm, bk), lambda kk: (mi, kk), transforms=t,
+                                      delay_release=delay_release),
+                      plgpu.BlockSpec((bk, bn), lambda kk: (kk, 0), transforms=t,
+                                      delay_release=delay_release)],
         )(x_gmem, y_gmem)
 
     return _kernel(pallas_call, body, sds((m, n), jnp.float32), grid=(m // bm,),
@@ -287,6 +292,13 @@ def wgmma_a_in_registers_warp_specialized(pallas_call, x, y):
     swizzle atom (1024 bytes for a 128-byte swizzle), which Mosaic GPU's lowering once
     missed (each row then read A's two K-halves swapped)."""
     return wgmma_warp_specialized(pallas_call, x, y, a_in_registers=True)
+
+
+def wgmma_delay_release_warp_specialized(pallas_call, x, y):
+    """The warp-specialised matmul with ``delay_release=1``: the memory warpgroup may
+    refill a slot only once the step after its use has awaited that step's wgmma; the
+    last step's slot is never released (the pipeline's barrier phases must balance)."""
+    return wgmma_warp_specialized(pallas_call, x, y, delay_release=1)
 
 
 def _dot(x, y):
@@ -331,6 +343,11 @@ def _register():
                              randn(rng, (128, 64), jnp.float16)),
          reference=_dot, tolerance={"float32": (1e-2, 1e-3)},
          )(wgmma_a_in_registers_warp_specialized)
+    case("gpu/wgmma_ws_delay_release", tags={"wgmma", "warpgroups", "tma_pipelines", "f16"},
+         inputs=lambda rng: (randn(rng, (64, 256), jnp.float16),
+                             randn(rng, (256, 64), jnp.float16)),
+         reference=_dot, tolerance={"float32": (1e-2, 1e-3)},
+         )(wgmma_delay_release_warp_specialized)
 
 
 if plgpu is not None:

@@ -73,11 +73,8 @@ from pallas_mosaic_gpu._src.memory import (
     MemorySpace,
 )
 from pallas_mosaic_gpu._src.mesh import Mesh, WarpMesh
-from pallas_mosaic_gpu._src.pipeline import (
-    PipelinePipeline,
-    emit_pipeline,
-    emit_pipeline_warp_specialized,
-)
+from pallas_mosaic_gpu._src.pipeline import PipelinePipeline, emit_pipeline
+from pallas_mosaic_gpu._src.pipeline_ws import emit_pipeline_warp_specialized
 from pallas_mosaic_gpu._src.primitives.barriers import barrier_arrive, barrier_test, barrier_wait
 from pallas_mosaic_gpu._src.primitives.copies import (
     CopyPartition,

@@ -1,21 +1,16 @@
-"""Software pipelines inside a kernel: ``emit_pipeline`` and
-``emit_pipeline_warp_specialized``.
+"""Software pipelines inside a kernel: ``emit_pipeline`` (the warp-specialised form,
+``emit_pipeline_warp_specialized``, is in ``pipeline_ws`` and shares these helpers).
 
-Both step over a ``grid``; at each step the body gets SMEM copies of the input blocks
-(chosen by the BlockSpecs' index maps) and SMEM blocks for the outputs. Inputs are
+A pipeline steps over a ``grid``; at each step the body gets SMEM copies of the input
+blocks (chosen by the BlockSpecs' index maps) and SMEM blocks for the outputs. Inputs are
 fetched ``max_concurrent_steps`` steps ahead into a ring of SMEM slots with TMA copies
 and barriers; outputs are stored back with TMA after each step. They are built from the
 public primitives (``copy_gmem_to_smem``, ``barrier_wait``, ...), so every interpreter
 and the lowering give them the same meaning.
-
-In the warp-specialised form one *memory* warpgroup issues the copies and the
-``num_compute_wgs`` compute warpgroups run the body; a ``consumed`` barrier per slot
-tells the memory warpgroup when all compute warpgroups are done with a slot.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import functools
 import itertools
@@ -30,8 +25,8 @@ from jax import lax
 
 import pallas as pl
 from pallas_mosaic_gpu._src.loops import _unravel
-from pallas_mosaic_gpu._src.memory import GMEM, SMEM, Barrier
-from pallas_mosaic_gpu._src.primitives.barriers import barrier_arrive, barrier_wait
+from pallas_mosaic_gpu._src.memory import SMEM, Barrier
+from pallas_mosaic_gpu._src.primitives.barriers import barrier_wait
 from pallas_mosaic_gpu._src.primitives.copies import (
     commit_smem,
     commit_smem_to_gmem_group,
@@ -251,158 +246,3 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
         return out
 
     return pipeline
-
-
-@dataclasses.dataclass
-class _WarpSpecializedPipeline:
-    """The function ``emit_pipeline_warp_specialized`` returns: call it with the GMEM
-    refs (and, optionally, ``allocations=`` from :meth:`get_allocations`)."""
-
-    body: Callable[..., Any]
-    grid: tuple
-    in_specs: tuple
-    out_specs: tuple
-    slots: int
-    wg_axis: str
-    num_compute_wgs: int
-    compute_context: Any
-    memory_thread_idx: int
-
-    def _invariant(self) -> list[bool]:
-        return [_index_invariant(s, self.grid) for s in self.out_specs]
-
-    def get_allocations(self, *gmem_refs) -> dict:
-        """The buffer types the pipeline needs, to allocate with ``pl.run_scoped``
-        (``collective_axes`` = the warpgroup axis) and pass back as ``allocations``."""
-        n_in = len(self.in_specs)
-        outs = [_slot_type(s, r, 1 if inv else self.slots) for s, r, inv in
-                zip(self.out_specs, gmem_refs[n_in:], self._invariant())]
-        return dict(
-            smem=[_slot_type(s, r, self.slots) for s, r in zip(self.in_specs, gmem_refs)],
-            out_smem=outs,
-            full=Barrier(num_arrivals=len(self.in_specs), num_barriers=self.slots),
-            consumed=Barrier(num_arrivals=self.num_compute_wgs, num_barriers=self.slots),
-        )
-
-    def __call__(self, *gmem_refs, allocations: Any = None):
-        n = len(self.in_specs) + len(self.out_specs)
-        if len(gmem_refs) != n:
-            raise ValueError(f"the pipeline has {n} BlockSpecs but got {len(gmem_refs)} refs")
-        if allocations is None:
-            return pl.run_scoped(lambda allocs: self._run(gmem_refs, allocs),
-                                 self.get_allocations(*gmem_refs),
-                                 collective_axes=self.wg_axis)
-        return self._run(gmem_refs, allocations)
-
-    def _run(self, gmem_refs, allocs):
-        smem, full, consumed = allocs["smem"], allocs["full"], allocs["consumed"]
-        out_smem = allocs.get("out_smem", [])
-        slots, num_steps = self.slots, math.prod(self.grid)
-        n_in = len(self.in_specs)
-        in_refs, out_refs = gmem_refs[:n_in], gmem_refs[n_in:]
-        invariant = self._invariant()
-        wg = lax.axis_index(self.wg_axis)
-
-        @pl.when(wg == self.memory_thread_idx)
-        def _memory():
-            def step(i, _):
-                slot = lax.rem(i, jnp.int32(slots))
-
-                @pl.when(i >= slots)
-                def _():
-                    barrier_wait(consumed.at[slot])
-
-                indices = _unravel(i, self.grid)
-                for spec, ref, buf in zip(self.in_specs, in_refs, smem):
-                    copy_gmem_to_smem(_block_view(spec, ref, indices), buf.at[slot],
-                                      full.at[slot])
-                return _
-
-            lax.fori_loop(jnp.int32(0), jnp.int32(num_steps), step, None)
-            # Drain: the last use of every slot must be consumed before the slots are
-            # reused (by a later pipeline) or freed.
-            for k in range(min(slots, num_steps)):
-                barrier_wait(consumed.at[(num_steps - 1 - k) % slots])
-
-        def store(outs, slot, indices):
-            commit_smem()
-            for spec, ref, buf in outs:
-                copy_smem_to_gmem(buf.at[slot], _block_view(spec, ref, indices),
-                                  commit_group=False)
-            commit_smem_to_gmem_group()
-
-        outs = list(zip(self.out_specs, out_refs, out_smem))
-        per_step = [o for o, inv in zip(outs, invariant) if not inv]
-        at_end = [o for o, inv in zip(outs, invariant) if inv]
-
-        def eval_pipeline(carry):
-            def step(i, carry):
-                slot = lax.rem(i, jnp.int32(slots))
-                barrier_wait(full.at[slot])
-                indices = _unravel(i, self.grid)
-                if per_step:
-                    # The slot's previous output copy must have read its SMEM.
-                    wait_smem_to_gmem(slots - 1, wait_read_only=True)
-                refs = [buf.at[slot] for buf in smem]
-                refs += [buf.at[0] if inv else buf.at[slot]
-                         for buf, inv in zip(out_smem, invariant)]
-                if self.compute_context is None:
-                    self.body(indices, *refs)
-                    new = carry
-                else:
-                    new = self.body(indices, *refs, carry)
-                barrier_arrive(consumed.at[slot])
-                if per_step:
-                    store(per_step, slot, indices)
-                return new
-
-            out = fori_with_refs(num_steps, step, carry)
-            if at_end:
-                store(at_end, 0, _unravel(jnp.int32(num_steps - 1), self.grid))
-            if outs:
-                wait_smem_to_gmem(0)
-            return out
-
-        @pl.when(wg != self.memory_thread_idx)
-        def _compute():
-            if self.compute_context is None:
-                eval_pipeline(None)
-            else:
-                self.compute_context(eval_pipeline)
-
-
-def emit_pipeline_warp_specialized(
-        body: Callable[..., None], *, grid: Sequence[int], memory_registers: int,
-        in_specs: Any = (), out_specs: Any = (), max_concurrent_steps: int = 2,
-        wg_axis: str, num_compute_wgs: int, pipeline_state: Any = None,
-        manual_consumed_barriers: bool = False, compute_context: Any = None,
-        memory_thread_idx: int | None = None) -> _WarpSpecializedPipeline:
-    """A pipeline whose copies are issued by one memory warpgroup while
-    ``num_compute_wgs`` warpgroups (along ``wg_axis``) run ``body``; with
-    ``compute_context``, the body takes and returns a carry and
-    ``compute_context(eval_pipeline)`` runs on the compute warpgroups only.
-    ``memory_registers`` is a register-allocation hint (no effect on semantics)."""
-    del memory_registers
-    grid = _check_grid(grid)
-    out_specs = tuple(jax.tree_util.tree_leaves(
-        out_specs, is_leaf=lambda s: isinstance(s, pl.BlockSpec)))
-    if out_specs and num_compute_wgs > 1:
-        raise NotImplementedError(
-            "SMEM outputs are not supported with multiple compute warpgroups")
-    if manual_consumed_barriers:
-        raise NotImplementedError("emit_pipeline_warp_specialized(manual_consumed_barriers="
-                                  "True) is not supported by pallas-mosaic-gpu yet")
-    if pipeline_state is not None:
-        raise NotImplementedError("emit_pipeline_warp_specialized(pipeline_state=...) is not "
-                                  "supported by pallas-mosaic-gpu yet")
-    in_specs = tuple(jax.tree_util.tree_leaves(
-        in_specs, is_leaf=lambda s: isinstance(s, pl.BlockSpec)))
-    for s in in_specs:
-        if not _in_smem(s) or getattr(s, "memory_space", None) is GMEM:
-            raise ValueError("emit_pipeline_warp_specialized: in_specs must be in SMEM")
-    if num_compute_wgs < 1:
-        raise ValueError(f"num_compute_wgs must be >= 1, got {num_compute_wgs}")
-    slots = max(1, min(max_concurrent_steps, math.prod(grid)))
-    mem = num_compute_wgs if memory_thread_idx is None else memory_thread_idx
-    return _WarpSpecializedPipeline(body, grid, in_specs, out_specs, slots, wg_axis,
-                                    num_compute_wgs, compute_context, mem)
