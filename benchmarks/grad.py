@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas as pl
+from pallas_conformance.cases.transforms_more import flash_grid_kv
 
 HI = jax.lax.Precision.HIGHEST
 
@@ -119,42 +120,11 @@ def flash_attention(q, k, v, *, block, interpret):
 
 def flash_attention_grid_kv(q, k, v, *, block, interpret):
     """Flash-attention forward (non-causal) with the key axis on the grid: the
-    online-softmax state in scratch, carried from one key step to the next (its
-    backward pass: a forward call saving the state, a reverse state sweep, one call per
-    input)."""
-    h, s, d = q.shape
-    nk = s // block
-    scale = 1.0 / d ** 0.5
-
-    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
-        j = pl.program_id(2)
-
-        @pl.when(j == 0)
-        def _():
-            m_ref[...] = jnp.full_like(m_ref, -1e30)
-            l_ref[...] = jnp.zeros_like(l_ref)
-            acc_ref[...] = jnp.zeros_like(acc_ref)
-
-        sc = jnp.dot(q_ref[...] * scale, k_ref[...].T, precision=HI)
-        m_prev = m_ref[...]
-        m_new = jnp.maximum(m_prev, jnp.max(sc, axis=1, keepdims=True))
-        p = jnp.exp(sc - jnp.max(m_new, axis=1, keepdims=True))
-        alpha = jnp.exp(m_prev - m_new)
-        l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
-        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(p, v_ref[...], precision=HI)
-        m_ref[...] = m_new
-
-        @pl.when(j == nk - 1)
-        def _():
-            o_ref[...] = acc_ref[...] / l_ref[...]
-
-    q_spec = pl.BlockSpec((None, block, d), lambda b, i, j: (b, i, 0))
-    kv_spec = pl.BlockSpec((None, block, d), lambda b, i, j: (b, j, 0))
-    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-                          grid=(h, s // block, nk), in_specs=[q_spec, kv_spec, kv_spec],
-                          out_specs=q_spec,
-                          scratch_shapes=[pl.ANY((block, d), jnp.float32)] * 3,
-                          interpret=interpret)(q, k, v)
+    conformance case ``grad/flash_attention_grid_kv``'s kernel (online-softmax state in
+    scratch, carried from one key step to the next; its backward pass: a forward call
+    saving the state, a reverse state sweep, one call per input)."""
+    call = functools.partial(pl.pallas_call, interpret=interpret)
+    return flash_grid_kv(call, q, k, v, block=block)
 
 
 def _attention_full_ref(q, k, v):

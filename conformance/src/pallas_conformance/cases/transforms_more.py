@@ -406,13 +406,13 @@ def grad_rescaled(pallas_call, x, w):
 FA_S, FA_B = 64, 32  # sequence length and block size of the grid-KV flash attention
 
 
-def _flash_grid_kv(pallas_call, q, k, v):
+def flash_grid_kv(pallas_call, q, k, v, block: int = FA_B):
     """Flash-attention forward with the key/value blocks on a grid axis (the form of most
-    production kernels): the online-softmax state m, l, acc lives in scratch ((B, C)
+    production kernels): the online-softmax state m, l, acc lives in scratch ((block, C)
     blocks, m and l replicated across lanes), reset at the first key step and
-    normalised into the output block at the last."""
+    normalised into the output block at the last. ``benchmarks/grad.py`` times it too."""
     bh, s, d = q.shape
-    nk = s // FA_B
+    nk = s // block
     scale = 1.0 / d ** 0.5
 
     def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
@@ -437,11 +437,11 @@ def _flash_grid_kv(pallas_call, q, k, v):
         def _():
             o_ref[...] = acc_ref[...] / l_ref[...]
 
-    q_spec = pl.BlockSpec((None, FA_B, d), lambda h, i, j: (h, i, 0))
-    kv_spec = pl.BlockSpec((None, FA_B, d), lambda h, i, j: (h, j, 0))
-    return pallas_call(kernel, out_shape=sds(q.shape, q.dtype), grid=(bh, s // FA_B, nk),
+    q_spec = pl.BlockSpec((None, block, d), lambda h, i, j: (h, i, 0))
+    kv_spec = pl.BlockSpec((None, block, d), lambda h, i, j: (h, j, 0))
+    return pallas_call(kernel, out_shape=sds(q.shape, q.dtype), grid=(bh, s // block, nk),
                        in_specs=[q_spec, kv_spec, kv_spec], out_specs=q_spec,
-                       scratch_shapes=[pl.ANY((FA_B, d), jnp.float32) for _ in range(3)])(
+                       scratch_shapes=[pl.ANY((block, d), jnp.float32) for _ in range(3)])(
                            q, k, v)
 
 
@@ -461,7 +461,7 @@ def _attention_loss_ref(q, k, v, t):
 def grad_flash_grid_kv(pallas_call, q, k, v, t):
     """grad (q, k, v) through a flash-attention forward whose key axis is a grid axis:
     the online-softmax scratch is carried from one key step to the next."""
-    return jax.grad(lambda a, b, c: jnp.sum(_flash_grid_kv(pallas_call, a, b, c) * t),
+    return jax.grad(lambda a, b, c: jnp.sum(flash_grid_kv(pallas_call, a, b, c) * t),
                     argnums=(0, 1, 2))(q, k, v)
 
 
