@@ -14,30 +14,28 @@ import numpy as np
 
 from pallas.plugins import (
     KernelContext,
-    RuleTable,
     axis_index_p,
     interpret_rules,
     load_p,
     num_programs_p,
     program_id_p,
-    run_scoped_p,
     swap_p,
 )
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.interpret import boxes as B
-from pallas_tpu._src.interpret import scalars
-from pallas_tpu._src.interpret.scalars import Fallback
+from pallas_tpu._src.interpret.plan import (  # noqa: F401 - rule, CF re-exported
+    _CONTROL,
+    CF,
+    RULES,
+    Segment,
+    _needs_engine,
+    _sub_jaxprs,
+    plan_of,
+    program_of,
+    rule,
+)
 from pallas_tpu._src.interpret.state import Buffer, Simulation
 from pallas_tpu._src.memory import MemorySpace
-
-CF = jc.control_flow_primitives()
-#: TPU interpret mode's rules, keyed by primitive object.
-RULES = RuleTable("mosaic_tpu interpret mode", "rule(core, eqn, invals) -> list of outputs")
-
-
-def rule(*prims):
-    """Registers the decorated function as the TPU-interpret-mode rule of ``prims``."""
-    return RULES.register(*prims, owner="pallas_tpu")
 
 
 class Core:
@@ -112,6 +110,9 @@ class Core:
 
     # -- evaluation -----------------------------------------------------------------------
     def eval(self, jaxpr, consts, args) -> list:
+        if not self.params.skip_floating_point_ops:
+            return program_of(jaxpr)(self, consts, args)
+        # Equation by equation, so that each float result can be skipped.
         env: dict = {}
 
         def read(v):
@@ -121,23 +122,9 @@ class Core:
             env[v] = x
         for v, x in zip(jaxpr.invars, args):
             env[v] = x
-        plan = plan_of(jaxpr) if not self.params.skip_floating_point_ops else jaxpr.eqns
-        for step in plan:
-            if isinstance(step, Segment):
-                args = [read(v) for v in step.invars]
-                outs = None
-                if step.scalar is not None:
-                    try:
-                        outs = step.scalar(*args)
-                    except Fallback:
-                        pass
-                if outs is None:
-                    outs = self.jax_call(step.fn, *args)
-                for v, x in zip(step.outvars, outs):
-                    env[v] = x
-                continue
-            outs = self.eval_eqn(step, [read(v) for v in step.invars])
-            for v, x in zip(step.outvars, outs):
+        for eqn in jaxpr.eqns:
+            outs = self.eval_eqn(eqn, [read(v) for v in eqn.invars])
+            for v, x in zip(eqn.outvars, outs):
                 env[v] = x
         return [read(v) for v in jaxpr.outvars]
 
@@ -231,130 +218,6 @@ def _skip_float(eqn, invals):
     if outs and all(jax.numpy.issubdtype(a.dtype, jax.numpy.floating) for a in outs):
         return [np.full(a.shape, np.inf, a.dtype) for a in outs]
     return None
-
-
-# -- compiled segments: runs of plain equations run as one jitted call --------------------
-
-
-class Segment:
-    """Consecutive equations over plain values (no refs, rules or effects), compiled
-    once as one function: a kernel body's arithmetic then costs one dispatch."""
-
-    def __init__(self, eqns, invars, outvars):
-        self.eqns, self.invars, self.outvars = eqns, invars, outvars
-        self.fn = jax.jit(self._run)
-        # Scalar integer/boolean arithmetic runs in Python, without a dispatch.
-        self.scalar = scalars.plan(eqns, invars, outvars)
-
-    def _run(self, *args):
-        env = dict(zip(self.invars, args))
-
-        def read(v):
-            return v.val if isinstance(v, jc.Literal) else env[v]
-
-        for eqn in self.eqns:
-            params = eqn.primitive.get_bind_params(eqn.params)
-            subfuns = params.pop("subfuns", ())
-            outs = eqn.primitive.bind(*subfuns, *[read(v) for v in eqn.invars], **params)
-            outs = outs if eqn.primitive.multiple_results else [outs]
-            for v, x in zip(eqn.outvars, outs):
-                env[v] = x
-        return [env[v] for v in self.outvars]
-
-
-_plans: dict = {}
-
-
-def _is_plain(eqn) -> bool:
-    prim = eqn.primitive
-    if eqn.effects or (prim not in _CONTROL and (prim in interpret_rules or prim in RULES)):
-        return False  # control flow over plain values (jnp's jitted helpers) is plain
-    if any(isinstance(getattr(v, "aval", None), jc.AbstractRef) for v in eqn.invars):
-        return False
-    return not any(jaxpr_needs_engine(j) for j in _sub_jaxprs(eqn))
-
-
-def plan_of(jaxpr) -> list:
-    """``jaxpr``'s equations with each run of plain ones replaced by a :class:`Segment`
-    (cached per jaxpr)."""
-    hit = _plans.get(id(jaxpr))
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
-    eqns = jaxpr.eqns
-    used_after: list = [set() for _ in range(len(eqns) + 1)]
-    live = {v for v in jaxpr.outvars if not isinstance(v, jc.Literal)}
-    used_after[len(eqns)] = set(live)
-    for i in range(len(eqns) - 1, -1, -1):
-        live |= {v for v in eqns[i].invars if not isinstance(v, jc.Literal)}
-        used_after[i] = set(live)
-    plan: list = []
-    i = 0
-    while i < len(eqns):
-        if not _is_plain(eqns[i]):
-            plan.append(eqns[i])
-            i += 1
-            continue
-        j = i
-        while j < len(eqns) and _is_plain(eqns[j]):
-            j += 1
-        run = eqns[i:j]
-        defined = {v for e in run for v in e.outvars}
-        invars, seen = [], set()
-        for e in run:
-            for v in e.invars:
-                if not isinstance(v, jc.Literal) and v not in defined and v not in seen:
-                    seen.add(v)
-                    invars.append(v)
-        outvars = [v for e in run for v in e.outvars
-                   if v in used_after[j] and type(v).__name__ != "DropVar"]
-        plan.append(Segment(run, invars, outvars))
-        i = j
-    _plans[id(jaxpr)] = (jaxpr, plan)
-    return plan
-
-
-# -- which equations need the engine (else they are bound to JAX as they are) ----------
-
-_CONTROL = set(CF.values()) | {run_scoped_p}
-_engine_cache: dict = {}
-
-
-def _sub_jaxprs(eqn):
-    for v in eqn.params.values():
-        vals = v if isinstance(v, (tuple, list)) else (v,)
-        for x in vals:
-            if isinstance(x, jc.ClosedJaxpr):
-                yield x.jaxpr
-            elif hasattr(x, "eqns") and hasattr(x, "invars"):
-                yield x
-
-
-def jaxpr_needs_engine(jaxpr) -> bool:
-    key = id(jaxpr)
-    hit = _engine_cache.get(key)
-    if hit is not None:
-        return hit[0]
-    need = False
-    for eqn in jaxpr.eqns:
-        p = eqn.primitive
-        if p in RULES and p not in _CONTROL or p is run_scoped_p:
-            need = True
-        elif p not in _CONTROL and p in interpret_rules:
-            need = True  # a Pallas/TPU primitive with an interpreter rule
-        elif any(jaxpr_needs_engine(j) for j in _sub_jaxprs(eqn)):
-            need = True
-        if need:
-            break
-    _engine_cache[key] = (need, jaxpr)  # keep the jaxpr alive while its id is cached
-    return need
-
-
-def _needs_engine(eqn, invals) -> bool:
-    if eqn.primitive is run_scoped_p:
-        return True
-    if any(isinstance(x, Buffer) for x in invals):
-        return True
-    return any(jaxpr_needs_engine(j) for j in _sub_jaxprs(eqn))
 
 
 # -- grid and mesh positions ------------------------------------------------------------

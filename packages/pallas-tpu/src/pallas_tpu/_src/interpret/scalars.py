@@ -21,19 +21,6 @@ class Fallback(Exception):
     """This evaluation needs the compiled path (e.g. an integer division by zero)."""
 
 
-def _wrap(dtype):
-    """How a Python int becomes a value of ``dtype`` (bool, signed or unsigned int)."""
-    if dtype == np.bool_:
-        return bool
-    info = np.iinfo(dtype)
-    bits = info.bits
-    mask = (1 << bits) - 1
-    if info.min == 0:
-        return lambda x: int(x) & mask
-    half = 1 << (bits - 1)
-    return lambda x: ((int(x) + half) & mask) - half
-
-
 def _tdiv(a, b):
     if b == 0:
         raise Fallback()
@@ -47,22 +34,14 @@ def _trem(a, b):
     return a - b * _tdiv(a, b)
 
 
-def _not(a, is_bool):
-    return (not a) if is_bool else ~a
-
-
-def _sign(a):
-    return (a > 0) - (a < 0)
-
-
 _BINARY = {
-    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-    "div": _tdiv, "rem": _trem, "max": max, "min": min,
-    "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b,
-    "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
-    "and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b,
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
+    "div": "_tdiv({0}, {1})", "rem": "_trem({0}, {1})", "max": "max({0}, {1})",
+    "min": "min({0}, {1})", "eq": "({0} == {1})", "ne": "({0} != {1})",
+    "lt": "({0} < {1})", "le": "({0} <= {1})", "gt": "({0} > {1})", "ge": "({0} >= {1})",
+    "and": "({0} & {1})", "or": "({0} | {1})", "xor": "({0} ^ {1})",
 }
-_UNARY = {"neg": lambda a: -a, "abs": abs, "sign": _sign}
+_UNARY = {"neg": "(-{0})", "abs": "abs({0})", "sign": "(({0} > 0) - ({0} < 0))"}
 _IDENTITY = {"squeeze", "reshape", "broadcast_in_dim", "copy", "copy_p"}
 
 
@@ -74,65 +53,88 @@ def _scalar_int(v) -> bool:
     return dt == np.bool_ or np.issubdtype(dt, np.integer)
 
 
-def _op(eqn):
-    """A function of the operands' Python values for ``eqn``, or None."""
+def _wrapped(expr: str, dtype) -> str:
+    """``expr`` (a Python int or bool expression) as a value of ``dtype``: bools as they
+    are, integers wrapped to the dtype's width (two's complement)."""
+    if dtype == np.bool_:
+        return f"bool({expr})"
+    info = np.iinfo(dtype)
+    mask = (1 << info.bits) - 1
+    if info.min == 0:
+        return f"({expr} & {mask})"
+    half = 1 << (info.bits - 1)
+    return f"((({expr} + {half}) & {mask}) - {half})"
+
+
+def _expr(eqn, ops):
+    """A Python expression computing ``eqn``'s single result from operand expressions
+    ``ops``, or None when the primitive is not one of the exactly reproduced ones."""
     name = eqn.primitive.name
-    wrap = _wrap(np.dtype(eqn.outvars[0].aval.dtype))
-    if name in _BINARY and len(eqn.invars) == 2:
-        f = _BINARY[name]
-        return lambda a, b: wrap(f(a, b))
-    if name in _UNARY:
-        f = _UNARY[name]
-        return lambda a: wrap(f(a))
+    dtype = np.dtype(eqn.outvars[0].aval.dtype)
+    if name in _BINARY and len(ops) == 2:
+        if name in ("eq", "ne", "lt", "le", "gt", "ge"):
+            return _BINARY[name].format(*ops)  # a Python bool already
+        return _wrapped(_BINARY[name].format(*ops), dtype)
+    if name in _UNARY and len(ops) == 1:
+        return _wrapped(_UNARY[name].format(*ops), dtype)
     if name == "not":
-        is_bool = np.dtype(eqn.outvars[0].aval.dtype) == np.bool_
-        return lambda a: wrap(_not(a, is_bool))
+        return f"(not {ops[0]})" if dtype == np.bool_ else _wrapped(f"(~{ops[0]})", dtype)
     if name == "convert_element_type":
-        return lambda a: wrap(a != 0) if wrap is bool else wrap(a)
+        return f"({ops[0]} != 0)" if dtype == np.bool_ else _wrapped(f"int({ops[0]})", dtype)
     if name == "select_n":
-        return lambda which, *cases: cases[int(which)]
+        return f"({', '.join(ops[1:])},)[{ops[0]}]"
     if name in _IDENTITY:
-        return lambda a: a
+        return ops[0]
     return None
 
 
-def _compile(eqns, invars, outvars):
-    """A function of Python values computing ``outvars`` (Python values), or None."""
-    steps = []
+class _Source:
+    """Python source being generated: lines, fresh names, and constants."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.count = 0
+
+    def fresh(self) -> str:
+        self.count += 1
+        return f"v{self.count}"
+
+
+def _emit(src: _Source, eqns, env: dict) -> bool:
+    """Appends the lines computing ``eqns`` (operand names in ``env``, a var -> Python
+    expression map it extends); False when something is not scalar integer arithmetic."""
     for eqn in eqns:
         if eqn.effects:
-            return None
+            return False
         if not all(_scalar_int(v) for v in [*eqn.invars, *eqn.outvars]):
-            return None
+            return False
+        ops = [_literal(v) if isinstance(v, jc.Literal) else env[v]
+               for v in eqn.invars]
         sub = _call_body(eqn)
         if sub is not None:  # a nested jit (jnp functions): inlined
-            op = _compile(sub.eqns, sub.invars, sub.outvars)
-            if op is None or sub.constvars:
-                return None
-            multi = True
-        elif len(eqn.outvars) == 1:
-            op, multi = _op(eqn), False
-            if op is None:
-                return None
-        else:
-            return None
-        args = tuple((True, _py(v.val)) if isinstance(v, jc.Literal) else (False, v)
-                     for v in eqn.invars)
-        steps.append((op, args, tuple(eqn.outvars), multi))
-    results = tuple((True, _py(v.val)) if isinstance(v, jc.Literal) else (False, v)
-                    for v in outvars)
+            if sub.constvars:
+                return False
+            inner = dict(zip(sub.invars, ops))
+            if not _emit(src, sub.eqns, inner):
+                return False
+            for v, w in zip(eqn.outvars, sub.outvars):
+                env[v] = _literal(w) if isinstance(w, jc.Literal) else inner[w]
+            continue
+        if len(eqn.outvars) != 1:
+            return False
+        expr = _expr(eqn, ops)
+        if expr is None:
+            return False
+        name = src.fresh()
+        src.lines.append(f"    {name} = {expr}")
+        env[eqn.outvars[0]] = name
+    return True
 
-    def run(*values):
-        env = dict(zip(invars, values))
-        for op, args, outs, multi in steps:
-            vals = op(*[a if lit else env[a] for lit, a in args])
-            if multi:
-                env.update(zip(outs, vals))
-            else:
-                env[outs[0]] = vals
-        return [a if lit else env[a] for lit, a in results]
 
-    return run
+def _literal(v) -> str:
+    """A literal operand as Python source (a plain int or bool)."""
+    x = _py(v.val)
+    return repr(bool(x)) if np.dtype(v.aval.dtype) == np.bool_ else repr(int(x))
 
 
 def _call_body(eqn):
@@ -145,17 +147,31 @@ def _call_body(eqn):
 def plan(eqns, invars, outvars):
     """A Python function ``(*values) -> [outputs as numpy scalars]`` evaluating ``eqns``,
     or None when some value is not a scalar integer/boolean or a primitive is not one of
-    the exactly reproduced ones."""
-    run = _compile(eqns, invars, outvars)
-    if run is None:
+    the exactly reproduced ones. The function is generated Python source (straight-line
+    code over Python ints), so a run of scalar equations costs one Python call."""
+    if not all(_scalar_int(v) for v in invars):
         return None
-    out_types = [np.dtype(v.aval.dtype) for v in outvars]
-
-    def call(*values):
-        outs = run(*[_py(x) for x in values])
-        return [np.asarray(x, t) for x, t in zip(outs, out_types)]
-
-    return call
+    src = _Source()
+    env, params = {}, []
+    for k, v in enumerate(invars):
+        params.append(f"a{k}")
+        conv = "bool" if np.dtype(v.aval.dtype) == np.bool_ else "int"
+        env[v] = src.fresh()
+        src.lines.append(f"    {env[v]} = {conv}(a{k})")
+    if not _emit(src, eqns, env):
+        return None
+    consts = {"_tdiv": _tdiv, "_trem": _trem}
+    results = []
+    for k, v in enumerate(outvars):
+        if not _scalar_int(v):
+            return None
+        consts[f"t{k}"] = np.dtype(v.aval.dtype).type
+        expr = _literal(v) if isinstance(v, jc.Literal) else env[v]
+        results.append(f"t{k}({expr})")
+    body = "\n".join(src.lines)
+    code = f"def call({', '.join(params)}):\n{body}\n    return [{', '.join(results)}]\n"
+    exec(compile(code, "<pallas_tpu scalar segment>", "exec"), consts)  # noqa: S102
+    return consts["call"]
 
 
 def _py(x):

@@ -1,0 +1,225 @@
+"""How TPU interpret mode runs a jaxpr: its rule table, and each jaxpr's *program*.
+
+A program is generated Python source for one jaxpr (cached per jaxpr): runs of plain
+equations become one :class:`Segment` call (scalar integer arithmetic in Python, the
+rest one jitted call), every other equation one call of its rule, with values held in
+local variables instead of an environment dict, so interpreting a kernel body costs
+little more than the rules it calls.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from pallas.plugins import RuleTable, interpret_rules, run_scoped_p
+from pallas_tpu._src import jax_compat as jc
+from pallas_tpu._src.interpret import scalars
+from pallas_tpu._src.interpret.scalars import Fallback
+from pallas_tpu._src.interpret.state import Buffer
+
+CF = jc.control_flow_primitives()
+#: TPU interpret mode's rules, keyed by primitive object.
+RULES = RuleTable("mosaic_tpu interpret mode", "rule(core, eqn, invals) -> list of outputs")
+
+
+def rule(*prims):
+    """Registers the decorated function as the TPU-interpret-mode rule of ``prims``."""
+    return RULES.register(*prims, owner="pallas_tpu")
+
+
+# -- compiled segments: runs of plain equations run as one jitted call --------------------
+
+
+class Segment:
+    """Consecutive equations over plain values (no refs, rules or effects), compiled
+    once as one function: a kernel body's arithmetic then costs one dispatch."""
+
+    def __init__(self, eqns, invars, outvars):
+        self.eqns, self.invars, self.outvars = eqns, invars, outvars
+        self.fn = jax.jit(self._run)
+        # Scalar integer/boolean arithmetic runs in Python, without a dispatch.
+        self.scalar = scalars.plan(eqns, invars, outvars)
+
+    def _run(self, *args):
+        env = dict(zip(self.invars, args))
+
+        def read(v):
+            return v.val if isinstance(v, jc.Literal) else env[v]
+
+        for eqn in self.eqns:
+            params = eqn.primitive.get_bind_params(eqn.params)
+            subfuns = params.pop("subfuns", ())
+            outs = eqn.primitive.bind(*subfuns, *[read(v) for v in eqn.invars], **params)
+            outs = outs if eqn.primitive.multiple_results else [outs]
+            for v, x in zip(eqn.outvars, outs):
+                env[v] = x
+        return [env[v] for v in self.outvars]
+
+
+_plans: dict = {}
+
+
+def _is_plain(eqn) -> bool:
+    prim = eqn.primitive
+    if eqn.effects or (prim not in _CONTROL and (prim in interpret_rules or prim in RULES)):
+        return False  # control flow over plain values (jnp's jitted helpers) is plain
+    if any(isinstance(getattr(v, "aval", None), jc.AbstractRef) for v in eqn.invars):
+        return False
+    return not any(jaxpr_needs_engine(j) for j in _sub_jaxprs(eqn))
+
+
+def plan_of(jaxpr) -> list:
+    """``jaxpr``'s equations with each run of plain ones replaced by a :class:`Segment`
+    (cached per jaxpr)."""
+    hit = _plans.get(id(jaxpr))
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    eqns = jaxpr.eqns
+    used_after: list = [set() for _ in range(len(eqns) + 1)]
+    live = {v for v in jaxpr.outvars if not isinstance(v, jc.Literal)}
+    used_after[len(eqns)] = set(live)
+    for i in range(len(eqns) - 1, -1, -1):
+        live |= {v for v in eqns[i].invars if not isinstance(v, jc.Literal)}
+        used_after[i] = set(live)
+    plan: list = []
+    i = 0
+    while i < len(eqns):
+        if not _is_plain(eqns[i]):
+            plan.append(eqns[i])
+            i += 1
+            continue
+        j = i
+        while j < len(eqns) and _is_plain(eqns[j]):
+            j += 1
+        run = eqns[i:j]
+        defined = {v for e in run for v in e.outvars}
+        invars, seen = [], set()
+        for e in run:
+            for v in e.invars:
+                if not isinstance(v, jc.Literal) and v not in defined and v not in seen:
+                    seen.add(v)
+                    invars.append(v)
+        outvars = [v for e in run for v in e.outvars
+                   if v in used_after[j] and type(v).__name__ != "DropVar"]
+        plan.append(Segment(run, invars, outvars))
+        i = j
+    _plans[id(jaxpr)] = (jaxpr, plan)
+    return plan
+
+
+# -- which equations need the engine (else they are bound to JAX as they are) ----------
+
+_CONTROL = set(CF.values()) | {run_scoped_p}
+_engine_cache: dict = {}
+
+
+def _sub_jaxprs(eqn):
+    for v in eqn.params.values():
+        vals = v if isinstance(v, (tuple, list)) else (v,)
+        for x in vals:
+            if isinstance(x, jc.ClosedJaxpr):
+                yield x.jaxpr
+            elif hasattr(x, "eqns") and hasattr(x, "invars"):
+                yield x
+
+
+def jaxpr_needs_engine(jaxpr) -> bool:
+    key = id(jaxpr)
+    hit = _engine_cache.get(key)
+    if hit is not None:
+        return hit[0]
+    need = False
+    for eqn in jaxpr.eqns:
+        p = eqn.primitive
+        if p in RULES and p not in _CONTROL or p is run_scoped_p:
+            need = True
+        elif p not in _CONTROL and p in interpret_rules:
+            need = True  # a Pallas/TPU primitive with an interpreter rule
+        elif any(jaxpr_needs_engine(j) for j in _sub_jaxprs(eqn)):
+            need = True
+        if need:
+            break
+    _engine_cache[key] = (need, jaxpr)  # keep the jaxpr alive while its id is cached
+    return need
+
+
+def _needs_engine(eqn, invals) -> bool:
+    if eqn.primitive is run_scoped_p:
+        return True
+    if any(isinstance(x, Buffer) for x in invals):
+        return True
+    return any(jaxpr_needs_engine(j) for j in _sub_jaxprs(eqn))
+
+
+# -- programs: a jaxpr as generated Python source -------------------------------------
+
+_programs: dict = {}
+
+
+def _control_needs_engine(eqn) -> bool:
+    return eqn.primitive is run_scoped_p or any(
+        jaxpr_needs_engine(j) for j in _sub_jaxprs(eqn))
+
+
+def program_of(jaxpr):
+    """``run(core, consts, args) -> outputs``: ``jaxpr`` evaluated step by step as
+    :meth:`Core.eval <pallas_tpu._src.interpret.evaluator.Core.eval>` defines it (cached
+    per jaxpr). Rules are looked up at each call, so overrides apply."""
+    hit = _programs.get(id(jaxpr))
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    names: dict = {}
+    ns: dict = {"Fallback": Fallback, "RG": RULES.get}
+    lines = ["def run(core, consts, args):", "    jax_call = core.jax_call"]
+
+    def name(v) -> str:
+        if isinstance(v, jc.Literal):
+            k = f"L{len(ns)}"
+            ns[k] = v.val
+            return k
+        return names[v]
+
+    def bind(vars_, prefix) -> None:
+        for k, v in enumerate(vars_):
+            names[v] = f"{prefix}{k}"
+            lines.append(f"    {prefix}{k} = {'consts' if prefix == 'c' else 'args'}[{k}]")
+
+    bind(jaxpr.constvars, "c")
+    bind(jaxpr.invars, "a")
+    count = 0
+
+    def outs(vars_) -> None:
+        nonlocal count
+        for k, v in enumerate(vars_):
+            if type(v).__name__ == "DropVar":
+                continue
+            count += 1
+            names[v] = f"v{count}"
+            lines.append(f"    v{count} = _o[{k}]")
+
+    for i, step in enumerate(plan_of(jaxpr)):
+        if isinstance(step, Segment):
+            ns[f"F{i}"], ns[f"S{i}"] = step.fn, step.scalar
+            args = ", ".join(name(v) for v in step.invars)
+            call = f"jax_call(F{i}{', ' if args else ''}{args})"
+            if step.scalar is not None:
+                lines += ["    try:", f"        _o = S{i}({args})", "    except Fallback:",
+                          f"        _o = {call}"]
+            else:
+                lines.append(f"    _o = {call}")
+            outs(step.outvars)
+            continue
+        ns[f"E{i}"], ns[f"P{i}"] = step, step.primitive
+        invals = "[" + ", ".join(name(v) for v in step.invars) + "]"
+        prim = step.primitive
+        direct = prim in RULES and (prim not in _CONTROL or _control_needs_engine(step))
+        if direct:
+            lines.append(f"    _o = RG(P{i})(core, E{i}, {invals})")
+        else:
+            lines.append(f"    _o = core.eval_eqn(E{i}, {invals})")
+        outs(step.outvars)
+    lines.append("    return [" + ", ".join(name(v) for v in jaxpr.outvars) + "]")
+    exec(compile("\n".join(lines) + "\n", "<pallas_tpu interpret program>", "exec"), ns)  # noqa: S102
+    run = ns["run"]
+    _programs[id(jaxpr)] = (jaxpr, run)
+    return run
