@@ -341,8 +341,15 @@ def _addupdate_rule(core: Core, eqn, invals):
     return []
 
 
+_uses: dict = {}
+
+
 def _used(eqn) -> bool:
-    return not all(type(v).__name__ == "DropVar" for v in eqn.outvars)
+    hit = _uses.get(id(eqn))
+    if hit is None or hit[0] is not eqn:
+        hit = _uses[id(eqn)] = (eqn, not all(type(v).__name__ == "DropVar"
+                                             for v in eqn.outvars))
+    return hit[1]
 
 
 def _split_masked(rest, tree, n_extra):

@@ -223,10 +223,13 @@ def _hbm_buffer(sim, key, value, pads, name, uninit, aval=None):
     logical_shape = value.shape if value is not None else tuple(aval.shape)
     dtype = value.dtype if value is not None else np.dtype(aval.dtype)
     shape = tuple(lo + n + hi for (lo, hi), n in zip(pads, logical_shape))
-    storage = B.uninitialized_array(shape, dtype, uninit)
     logical = tuple(slice(lo, lo + n) for (lo, _), n in zip(pads, logical_shape))
-    if value is not None:
-        storage[logical] = value
+    if value is not None and shape == logical_shape:
+        storage = np.array(value)  # no padding: one copy
+    else:
+        storage = B.uninitialized_array(shape, dtype, uninit)
+        if value is not None:
+            storage[logical] = value
     buf = Buffer(storage, shape, name, MemorySpace.HBM, key, uninit)
     buf.logical = logical
     return buf
@@ -357,25 +360,23 @@ def _run_grid(core: Core, cfg: Config, setup) -> None:
     history: dict = {}
     prev = None
     boxes = _boxes_at(core, cfg, setup, points[0][1]) if points else None
+    in_blocks = [(k, bm) for k, bm in enumerate(in_bms) if not is_hbm(bm.memory_space)]
+    out_blocks = [(o, bm) for o, bm in enumerate(out_bms) if not is_hbm(bm.memory_space)]
     for t, (loop, point) in enumerate(points):
         core.set_grid_point(point, gm.grid, names)
         if p.grid_point_recorder is not None:
             p.grid_point_recorder(np.int32(0), tuple(np.int32(i) for i in point),
                                   np.int32(core.core))
         nxt = _boxes_at(core, cfg, setup, points[t + 1][1]) if t + 1 < len(points) else None
-        for k, bm in enumerate(in_bms):
-            if is_hbm(bm.memory_space):
-                continue
+        for k, bm in in_blocks:
             if prev is None or boxes[k] != prev[k]:
                 _copy_in(core, setup["inputs"][k], boxes[k], kernel_in[k], bm, loop, point)
         if step is not None:
             core.jax_call(run_point, step, point, args)
         else:
             core.eval_closed(cfg.jaxpr, args)
-        for o, bm in enumerate(out_bms):
+        for o, bm in out_blocks:
             k = n_in + o
-            if is_hbm(bm.memory_space):
-                continue
             if nxt is None or nxt[k] != boxes[k]:
                 _copy_out(core, kernel_out[o], setup["outputs"][o], boxes[k], bm, loop, point)
             if o not in setup["aliases"]:
@@ -436,11 +437,16 @@ def _copy_out(core, buf: Buffer, hbm: Buffer, box, bm, loop, point) -> None:
                                           if not d.squeezed)], site)
 
 
+_interpret_module: list = []
+
+
 def _store():
     """``pallas_tpu.interpret.store``, looked up at each copy (so it can be wrapped)."""
-    from pallas_tpu import interpret
+    if not _interpret_module:
+        from pallas_tpu import interpret
 
-    return interpret.store
+        _interpret_module.append(interpret)
+    return _interpret_module[0].store
 
 
 def _block_index(bm, box):
