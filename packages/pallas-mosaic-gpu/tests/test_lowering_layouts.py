@@ -176,10 +176,47 @@ def test_a_branch_returning_a_splat_yields_the_strided_registers_the_other_expec
     np.testing.assert_allclose(out, np.stack([np.zeros_like(x[0]), 2 * x[1]]), rtol=1e-6)
 
 
-def test_a_branch_returning_a_wgmma_array_is_refused_naming_the_layout():
+def _if_result_types(k) -> list[list[str]]:
+    """The result types of every ``scf.if`` in kernel ``k``'s module."""
+    import re
+
+    from pallas_mosaic_gpu._src.emulate.launch import module_of
+
+    out = []
+    for line in str(module_of(k)).splitlines():
+        m = re.search(r"= scf\.if .* -> \((.*)\) \{$", line)
+        if m:
+            out.append([t.strip() for t in m.group(1).split(",")])
+    return out
+
+
+def test_branches_returning_wgmma_arrays_keep_the_layout():
+    """lax.switch whose branches return the tile in the WGMMA layout, or a splat (made
+    WGMMA too): the results are yielded as the WGMMA fragments (16 vector<2xf32> per
+    thread for 64x64 f32), not converted to the strided layout and back. Each branch
+    is taken once (the index is a runtime value)."""
+    branches = [lambda s: s * 2, lambda s: jnp.zeros_like(s), lambda s: s + 1]
+
     def compute(s):
-        return lax.cond(pl.program_id(0) == 0, lambda: s * 2, lambda: s)
+        i = pl.program_id(0)
+        a, b, c = (lax.switch(i + k, branches, s) for k in range(3))
+        return a + 10 * b + 100 * c
+
+    x = np.random.default_rng(7).standard_normal((64, 64), np.float32)
+    _, k, out = _run(_tiles(compute), x, grid=(1,))
+    np.testing.assert_allclose(out, 2 * x + 100 * (x + 1), rtol=1e-6)
+    ifs = _if_result_types(k)
+    assert ifs and all(t == ["vector<2xf32>"] * 16 for t in ifs), ifs
+
+
+def test_a_branch_result_whose_layouts_cannot_meet_is_refused_naming_them():
+    """One branch returns the tile in the WGMMA layout, the other an iota in the
+    strided layout, which Mosaic GPU cannot convert to WGMMA's in registers."""
+    def compute(s):
+        return lax.cond(pl.program_id(0) == 0, lambda: s,
+                        lambda: lax.broadcasted_iota(F32, s.shape, 1))
 
     x = np.zeros((64, 64), np.float32)
-    with pytest.raises(NotImplementedError, match="branch returning a .64, 64. array"):
+    with pytest.raises(Exception, match=r"(?s)lax.cond on the mosaic_gpu backend: .*cannot meet.*"
+                       r"WGStridedFragLayout.* to TiledLayout"):
         _kernel(_tiles(compute), jax.ShapeDtypeStruct(x.shape, x.dtype), x, grid=(1,))

@@ -297,3 +297,41 @@ def _compile_reports() -> dict:
 
 if __name__ == "__main__":
     print(json.dumps(_compile_reports()))
+
+
+def test_branches_returning_tmem_loads_keep_the_tcgen05_layout():
+    """A lax.cond whose branches return an ``async_load_tmem`` array (Blackwell's
+    TCGEN05 register layout) scaled or shifted: the ``scf.if`` yields those fragments
+    as they are (no strided vectors), and interpret mode matches plain JAX."""
+    from pallas_mosaic_gpu._src.emulate.launch import module_of
+
+    def make(interpret):
+        def kernel(a_gmem, b_gmem, o_smem):
+            def body(a, b, bar, acc, done):
+                plgpu.copy_gmem_to_smem(a_gmem, a, bar.at[0])
+                plgpu.copy_gmem_to_smem(b_gmem, b, bar.at[0])
+                plgpu.barrier_wait(bar.at[0])
+                plgpu.tcgen05_mma(acc, a, b, done, accumulate=False)
+                plgpu.barrier_wait(done)
+                r = plgpu.async_load_tmem(acc)
+                plgpu.wait_load_tmem()
+                o_smem[...] = jax.lax.cond(pl.program_id(0) == 0, lambda: r * 2.0,
+                                           lambda: r + 1.0)
+
+            pl.run_scoped(body, plgpu.SMEM((128, 64), F16, transforms=SWIZZLED),
+                          plgpu.SMEM((64, 128), F16, transforms=SWIZZLED),
+                          plgpu.Barrier(num_arrivals=2), plgpu.TMEM((128, 128), F32),
+                          plgpu.Barrier(orders_tensor_core=True))
+
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((128, 128), F32),
+                              in_specs=[pl.BlockSpec(memory_space=plgpu.GMEM)] * 2,
+                              grid=(1,), backend="mosaic_gpu", interpret=interpret)
+
+    a, b = _operands()
+    ifs = [re.search(r":(\d+) = scf\.if .* -> \((.*)\) \{$", line) for line in
+           str(module_of(_kernel_of(make(False), a, b))).splitlines() if "= scf.if " in line]
+    # 128x128 f32 in the TCGEN05 layout: 64 vector<2xf32> per thread.
+    assert ifs and all(m.group(1) == "64" and set(m.group(2).split(", ")) == {
+        "vector<2xf32>"} for m in ifs), ifs
+    want = 2 * jnp.dot(a, b, preferred_element_type=F32)
+    assert jnp.allclose(make(True)(a, b), want, rtol=1e-2, atol=1e-2)

@@ -196,9 +196,10 @@ def bulk_group_stores(pallas_call, x):
 # --- wgmma ------------------------------------------------------------------------------
 
 
-def _wgmma_matmul(pallas_call, x, y, *, swizzle, transpose_b=False, bk=64):
+def _wgmma_matmul(pallas_call, x, y, *, swizzle, transpose_b=False, bk=64, epilogue=None):
     """``x @ y`` (or ``x @ y.T`` with ``transpose_b``) in (64, N) output tiles: the K
-    blocks are pipelined into swizzled SMEM and accumulated with wgmma."""
+    blocks are pipelined into swizzled SMEM and accumulated with wgmma; the tile stored
+    is ``epilogue(acc, block index)`` (default: the accumulator read)."""
     m, k = x.shape
     n = y.shape[0] if transpose_b else y.shape[1]
     bm, bn = 64, n
@@ -220,7 +221,7 @@ def _wgmma_matmul(pallas_call, x, y, *, swizzle, transpose_b=False, bk=64):
                 step, grid=(k // bk,), max_concurrent_steps=2,
                 in_specs=[plgpu.BlockSpec((bm, bk), lambda kk: (mi, kk), transforms=t),
                           y_spec])(x_gmem, y_gmem)
-            o_ref[...] = acc[...]
+            o_ref[...] = acc[...] if epilogue is None else epilogue(acc, mi)
 
         pl.run_scoped(with_acc, plgpu.ACC((bm, bn), jnp.float32))
 
@@ -238,6 +239,16 @@ def wgmma_matmul_f16(pallas_call, x, y):
 def wgmma_matmul_bf16_transposed(pallas_call, x, y):
     """bf16 x @ y.T: 64-byte swizzled tiles, B read K-major through transpose_ref."""
     return _wgmma_matmul(pallas_call, x, y, swizzle=64, transpose_b=True)
+
+
+def wgmma_cond_on_the_accumulator(pallas_call, x, y):
+    """A ``lax.cond`` whose branches read the wgmma accumulator (arrays in the WGMMA
+    register layout) and return it scaled or shifted: even output tiles get
+    ``2 * x @ y``, odd ones ``x @ y - 1``. The branch results keep the WGMMA layout."""
+    def epilogue(acc, mi):
+        return jax.lax.cond(mi % 2 == 0, lambda: acc[...] * 2.0, lambda: acc[...] - 1.0)
+
+    return _wgmma_matmul(pallas_call, x, y, swizzle=128, epilogue=epilogue)
 
 
 def wgmma_warp_specialized(pallas_call, x, y, *, a_in_registers=False, delay_release=0):
@@ -327,6 +338,12 @@ def _register():
          inputs=lambda rng: (randn(rng, (64, 128), jnp.float16),
                              randn(rng, (128, 128), jnp.float16)),
          reference=_dot, tolerance={"float32": (1e-2, 1e-3)})(wgmma_matmul_f16)
+    case("gpu/wgmma_cond_on_the_accumulator", tags={"wgmma", "tma_pipelines", "f16"},
+         inputs=lambda rng: (randn(rng, (128, 128), jnp.float16),
+                             randn(rng, (128, 64), jnp.float16)),
+         reference=lambda x, y: jnp.where((jnp.arange(128) // 64 % 2 == 0)[:, None],
+                                          2 * _dot(x, y), _dot(x, y) - 1),
+         tolerance={"float32": (1e-2, 1e-3)})(wgmma_cond_on_the_accumulator)
     case("gpu/wgmma_transposed_b_bf16_swizzle64",
          tags={"wgmma", "tma_pipelines", "bf16"},
          inputs=lambda rng: (randn(rng, (64, 64), jnp.bfloat16),

@@ -2,7 +2,11 @@
 ``fori_loop``/``scan`` without scanned operands, ``while_loop``, ``cond``/``pl.when``.
 
 Loop carries and branch results become ``scf`` block arguments and results: a scalar is
-one value, a warpgroup array is its registers (in the strided layout of its shape).
+one value, a warpgroup array is its registers, in the layout the loop is entered with or
+the branches return (a tiled layout such as WGMMA's is kept), else the strided layout
+of its shape. Those types are fixed when the ``scf`` op is created, before its regions
+are emitted: when a region yields a value in another layout, the op is emitted again
+with that layout (:func:`_settle_layouts`).
 """
 
 from __future__ import annotations
@@ -19,20 +23,20 @@ from pallas_mosaic_gpu._src.lowering.engine import Lit, lower_jaxpr, rule
 
 
 class _CarryLayout(Exception):
-    """A loop body returns carry ``index`` in the tiled ``layout`` (None: an array in
-    the strided layout) while the loop was entered with it in another (or as a splat):
-    the loop is emitted again, entered in that layout."""
+    """A region yields value ``index`` (a loop's carry, a branch's result) in the tiled
+    ``layout`` (None: an array in the strided layout) while the op was created for
+    another (or a splat): the op is emitted again with that layout."""
 
     def __init__(self, index: int, layout):
         super().__init__(index, layout)
         self.index, self.layout = index, layout
 
 
-def _flatten(vals, avals, specs=None, strided=False):
+def _flatten(vals, avals, specs=None):
     """(flat ir.Values, how to rebuild) for carries of ``avals``; with ``specs`` (the
-    loop's entry), each value is put in the layout its carry has; with ``strided``
-    (branch results, whose types are fixed before the branches are emitted), every array
-    in the strided layout of its shape."""
+    layouts the op was created for: a loop's entry, or None per value for the strided
+    layout of branch results), each value is put in the layout its spec names, or a
+    ``_CarryLayout`` is raised for a tiled value where another layout was expected."""
     from pallas_mosaic_gpu._src.lowering.rules_layout import in_layout, is_tiled
 
     flat, out = [], []
@@ -42,20 +46,7 @@ def _flatten(vals, avals, specs=None, strided=False):
             flat.append(V.scalar(x, a))
             out.append(None)
             continue
-        if strided and is_tiled(x):
-            raise NotImplementedError(
-                f"a lax.cond/pl.when branch returning a {tuple(a.shape)} array in the "
-                f"register layout {x.layout} (return it through a ref, or compute it "
-                "outside the branch and select with jnp.where)")
-        if strided:
-            if small.is_small(a.shape):
-                flat.extend(small.to_small(x, a, a.shape).values.flat)
-                out.append(("small", tuple(a.shape)))
-            else:
-                arr = V.to_strided(V.array(x, a))
-                flat.extend(arr.registers.flat)
-                out.append((arr.layout, arr.is_signed, arr.registers.shape))
-        elif (want is not None and want[0] == "tiled") or (specs is None and is_tiled(x)):
+        if (want is not None and want[0] == "tiled") or (specs is None and is_tiled(x)):
             layout = want[1] if want is not None else x.layout
             arr = in_layout(x, a, layout)
             flat.extend(arr.registers.flat)
@@ -125,6 +116,33 @@ def _relayout(init, avals, e: _CarryLayout) -> list:
     return init
 
 
+def _settle_layouts(emit, state, update, accs, what: str):
+    """``emit(state, ops)`` creates an ``scf`` op (appended to ``ops``), emits its regions
+    and returns its results. When a region yields a value in another layout than the
+    op was created for (``_CarryLayout``), the op is erased, the accumulators ``accs``
+    are restored and it is emitted again with ``update(state, e)``. Each retry settles
+    one value's layout; a value that keeps changing is refused, naming ``what``."""
+    limit = 8 + 4 * _count(state)
+    for _ in range(limit):
+        saved = [a.acc for a in accs]
+        ops = []
+        try:
+            return emit(state, ops)
+        except _CarryLayout as e:
+            for op in ops:
+                op.operation.erase()
+            for a, acc in zip(accs, saved):
+                a.acc = acc
+            state = update(state, e)
+    raise NotImplementedError(
+        f"{what} on the mosaic_gpu backend: the register layouts of its values did not "
+        f"settle after {limit} attempts (a value alternating between layouts)")
+
+
+def _count(state) -> int:
+    return len(state) if isinstance(state, (list, tuple)) else 1
+
+
 def _accs(args) -> list:
     """The ``plgpu.ACC`` accumulators among an equation's operands (registers that a
     loop or branch may replace, so they travel as loop carries and branch results)."""
@@ -188,30 +206,27 @@ def _scan(lctx, eqn, *args):
     consts, init = args[:nc], list(args[nc:])
     avals = [v.aval for v in eqn.invars[nc:]]
     accs = _accs(consts)
-    while True:
-        saved = [a.acc for a in accs]
+
+    def emit(init, ops):
         flat, specs = _flatten(init, avals)
         n = len(flat)
         lo, hi, one = (V.const(v, V.index()) for v in (0, length, 1))
         loop = scf.ForOp(lo, hi, one, flat + _acc_regs(accs))
-        try:
-            with ir.InsertionPoint(loop.body):
-                inner = list(loop.inner_iter_args)
-                _set_accs(accs, inner[n:])
-                carry = _unflatten(inner[:n], specs)
-                outs = _inline(lctx, closed, [*consts, *carry])
-                new, _ = _flatten(outs, avals, specs)
-                scf.YieldOp(new + _acc_regs(accs))
-        except _CarryLayout as e:  # enter the loop with that carry in the body's layout
-            loop.operation.erase()
-            for a, acc in zip(accs, saved):
-                a.acc = acc
-            init = _relayout(init, avals, e)
-            continue
-        break
-    results = list(loop.results)
-    _set_accs(accs, results[n:])
-    return _unflatten(results[:n], specs)
+        ops.append(loop)
+        with ir.InsertionPoint(loop.body):
+            inner = list(loop.inner_iter_args)
+            _set_accs(accs, inner[n:])
+            carry = _unflatten(inner[:n], specs)
+            outs = _inline(lctx, closed, [*consts, *carry])
+            new, _ = _flatten(outs, avals, specs)
+            scf.YieldOp(new + _acc_regs(accs))
+        results = list(loop.results)
+        _set_accs(accs, results[n:])
+        return _unflatten(results[:n], specs)
+
+    # A carry the body returns in another layout: enter the loop in that layout.
+    return _settle_layouts(emit, init, lambda init, e: _relayout(init, avals, e), accs,
+                           "a fori_loop/scan")
 
 
 @rule(P.while_p)
@@ -221,39 +236,35 @@ def _while(lctx, eqn, *args):
     cconsts, bconsts, init = args[:cn], args[cn:cn + bn], list(args[cn + bn:])
     avals = [v.aval for v in eqn.invars[cn + bn:]]
     accs = _accs(bconsts)
-    while True:
-        saved = [a.acc for a in accs]
+
+    def emit(init, ops):
         flat, specs = _flatten(init, avals)
         n = len(flat)
         flat = flat + _acc_regs(accs)
         types = [v.type for v in flat]
         op = scf.WhileOp(types, flat)
-        try:
-            before = op.before.blocks.append(*types)
-            with ir.InsertionPoint(before):
-                args_ = list(before.arguments)
-                _set_accs(accs, args_[n:])
-                carry = _unflatten(args_[:n], specs)
-                (c,) = _inline(lctx, p["cond_jaxpr"], [*cconsts, *carry])
-                scf.ConditionOp(V.scalar(c, p["cond_jaxpr"].out_avals[0]), args_)
-            after = op.after.blocks.append(*types)
-            with ir.InsertionPoint(after):
-                args_ = list(after.arguments)
-                _set_accs(accs, args_[n:])
-                carry = _unflatten(args_[:n], specs)
-                outs = _inline(lctx, p["body_jaxpr"], [*bconsts, *carry])
-                new, _ = _flatten(outs, avals, specs)
-                scf.YieldOp(new + _acc_regs(accs))
-        except _CarryLayout as e:  # enter the loop with that carry in the body's layout
-            op.operation.erase()
-            for a, acc in zip(accs, saved):
-                a.acc = acc
-            init = _relayout(init, avals, e)
-            continue
-        break
-    results = list(op.results)
-    _set_accs(accs, results[n:])
-    return _unflatten(results[:n], specs)
+        ops.append(op)
+        before = op.before.blocks.append(*types)
+        with ir.InsertionPoint(before):
+            args_ = list(before.arguments)
+            _set_accs(accs, args_[n:])
+            carry = _unflatten(args_[:n], specs)
+            (c,) = _inline(lctx, p["cond_jaxpr"], [*cconsts, *carry])
+            scf.ConditionOp(V.scalar(c, p["cond_jaxpr"].out_avals[0]), args_)
+        after = op.after.blocks.append(*types)
+        with ir.InsertionPoint(after):
+            args_ = list(after.arguments)
+            _set_accs(accs, args_[n:])
+            carry = _unflatten(args_[:n], specs)
+            outs = _inline(lctx, p["body_jaxpr"], [*bconsts, *carry])
+            new, _ = _flatten(outs, avals, specs)
+            scf.YieldOp(new + _acc_regs(accs))
+        results = list(op.results)
+        _set_accs(accs, results[n:])
+        return _unflatten(results[:n], specs)
+
+    return _settle_layouts(emit, init, lambda init, e: _relayout(init, avals, e), accs,
+                           "a while_loop")
 
 
 @rule(P.cond_p)
@@ -267,64 +278,54 @@ def _cond(lctx, eqn, index, *args):
 
 
 def _emit_branches(lctx, idx, branches, args, avals):
+    """``if idx == 0: branch 0 else: the rest`` (nested). The results keep the tiled
+    layout a branch returns them in (e.g. WGMMA's); others are in the strided layout of
+    their shape. Accumulators among the operands are yielded after the results (a
+    branch may replace them)."""
     if len(branches) == 1:
         return _inline(lctx, branches[0], args)
     accs = _accs(args)
-    if accs:
-        return _emit_branches_acc(lctx, idx, branches, args, avals, accs)
-    # if idx == 0: branch 0 else: the rest (nested).
-    if isinstance(idx.type, ir.IntegerType) and ir.IntegerType(idx.type).width == 1:
-        pred = arith.cmpi(arith.CmpIPredicate.eq, idx, V.const(0, idx.type))
-    else:
-        pred = arith.cmpi(arith.CmpIPredicate.sle, idx, V.const(0, idx.type))
-    specs_holder = {}
-
-    def emit(block_fn):
-        outs = block_fn()
-        flat, specs = _flatten(outs, avals, strided=True)
-        specs_holder["specs"] = specs
-        return flat
-
-    # Every branch yields its results in the strided layout of their shapes.
-    types = _result_types(avals)
-    if_op = scf.IfOp(pred, types, has_else=True)
-    with ir.InsertionPoint(if_op.then_block):
-        scf.YieldOp(emit(lambda: _inline(lctx, branches[0], args)))
-    with ir.InsertionPoint(if_op.else_block):
-        rest = branches[1:]
-        one = V.const(1, idx.type) if not (
-            isinstance(idx.type, ir.IntegerType) and ir.IntegerType(idx.type).width == 1) \
-            else None
-        nidx = arith.subi(idx, one) if one is not None else None
-        if len(rest) == 1 or nidx is None:
-            scf.YieldOp(emit(lambda: _inline(lctx, rest[-1], args)))
-        else:
-            scf.YieldOp(emit(lambda: _emit_branches(lctx, nidx, rest, args, avals)))
-    return _unflatten(list(if_op.results), specs_holder["specs"])
-
-
-def _emit_branches_acc(lctx, idx, branches, args, avals, accs):
-    """Branches that may replace accumulators: each yields them after its results."""
     start = _acc_regs(accs)
-    holder = {}
 
-    def emit(i):
-        _set_accs(accs, start)
-        flat, holder["specs"] = _flatten(_emit_one(lctx, idx, i, branches, args, avals),
-                                         avals, strided=True)
-        return flat + _acc_regs(accs)
+    def emit(layouts, ops):
+        wants = [None if lay is None else ("tiled", lay) for lay in layouts]
+        holder = {}
 
-    types = _result_types(avals) + [r.type for r in start]
-    pred = _is_zero(idx)
-    if_op = scf.IfOp(pred, types, has_else=True)
-    with ir.InsertionPoint(if_op.then_block):
-        scf.YieldOp(emit(0))
-    with ir.InsertionPoint(if_op.else_block):
-        scf.YieldOp(emit(1))
-    results = list(if_op.results)
-    n = len(results) - len(start)
-    _set_accs(accs, results[n:])
-    return _unflatten(results[:n], holder["specs"])
+        def branch(i):
+            _set_accs(accs, start)
+            outs = _emit_one(lctx, idx, i, branches, args, avals)
+            try:
+                flat, holder[i] = _flatten(outs, avals, wants)
+            except NotImplementedError as e:
+                raise NotImplementedError(
+                    "lax.cond on the mosaic_gpu backend: its branches return a result in "
+                    f"register layouts that cannot meet: {e}") from e
+            return flat + _acc_regs(accs)
+
+        types = _result_types(avals, layouts) + [r.type for r in start]
+        if_op = scf.IfOp(_is_zero(idx), types, has_else=True)
+        ops.append(if_op)
+        with ir.InsertionPoint(if_op.then_block):
+            scf.YieldOp(branch(0))
+        with ir.InsertionPoint(if_op.else_block):
+            scf.YieldOp(branch(1))
+        results = list(if_op.results)
+        n = len(results) - len(start)
+        _set_accs(accs, results[n:])
+        return _unflatten(results[:n], holder[0])
+
+    def update(layouts, e):
+        layouts = list(layouts)
+        if e.layout is None or layouts[e.index] is not None:
+            raise NotImplementedError(
+                f"lax.cond on the mosaic_gpu backend: result {e.index} "
+                f"({tuple(avals[e.index].shape)}) is returned in the register layouts "
+                f"{layouts[e.index]} and {e.layout} by different branches")
+        layouts[e.index] = e.layout
+        return layouts
+
+    # A result a branch returns in a tiled layout: every branch yields it in that one.
+    return _settle_layouts(emit, [None] * len(avals), update, accs, "a lax.cond")
 
 
 def _is_zero(idx):
@@ -334,6 +335,7 @@ def _is_zero(idx):
 
 
 def _emit_one(lctx, idx, i, branches, args, avals):
+    """Branch ``i`` (0, or 1 = all the others) of ``branches``."""
     if i == 0 or len(branches) == 2:
         return _inline(lctx, branches[min(i, len(branches) - 1)], args)
     is_bool = isinstance(idx.type, ir.IntegerType) and ir.IntegerType(idx.type).width == 1
@@ -341,21 +343,26 @@ def _emit_one(lctx, idx, i, branches, args, avals):
     return _emit_branches(lctx, nidx, branches[1:], args, avals)
 
 
-def _result_types(avals):
+def _result_types(avals, layouts):
+    """The ``scf.if`` result types of values of ``avals``: scalars, every element of a
+    small array, else the registers of each array in ``layouts`` (None: the strided
+    layout of its shape)."""
     types = []
-    for a in avals:
+    for a, layout in zip(avals, layouts):
         et = V.elem_type(a.dtype)
-        if not a.shape:
+        shape = tuple(a.shape)
+        if not shape:
             types.append(et)
-            continue
-        if small.is_small(a.shape):
-            types.extend([et] * int(np.prod(a.shape)))
-            continue
-        layout = V.strided_layout(tuple(a.shape))
-        vt = ir.VectorType.get((layout.vec_size,), et)
-        types.extend([vt] * int(np.prod(layout.registers_shape(tuple(a.shape)))))
+        elif layout is not None:
+            types.extend([layout.registers_element_type(et)]
+                         * int(np.prod(layout.registers_shape(shape))))
+        elif small.is_small(shape):
+            types.extend([et] * int(np.prod(shape)))
+        else:
+            layout = V.strided_layout(shape)
+            vt = ir.VectorType.get((layout.vec_size,), et)
+            types.extend([vt] * int(np.prod(layout.registers_shape(shape))))
     return types
-
 
 
 @rule(lax.optimization_barrier_p)
