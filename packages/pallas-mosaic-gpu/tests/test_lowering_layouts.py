@@ -209,6 +209,20 @@ def test_branches_returning_wgmma_arrays_keep_the_layout():
     assert ifs and all(t == ["vector<2xf32>"] * 16 for t in ifs), ifs
 
 
+def test_a_cond_in_a_loop_over_a_wgmma_carry_and_a_select_keep_the_layout():
+    """The loop carry and the branch results settle on WGMMA together (the cond is
+    emitted again inside each emission of the loop); ``jnp.where`` is a select."""
+    def compute(s):
+        t = lax.fori_loop(0, 2, lambda i, c: lax.cond(i == 0, lambda: c * 2, lambda: c + 1),
+                          s)
+        return jnp.where(pl.program_id(0) == 0, t, s)
+
+    x = np.random.default_rng(9).standard_normal((64, 64), np.float32)
+    _, k, out = _run(_tiles(compute), x, grid=(1,))
+    np.testing.assert_allclose(out, 2 * x + 1, rtol=1e-6)
+    assert all(t == ["vector<2xf32>"] * 16 for t in _if_result_types(k))
+
+
 def test_a_branch_result_whose_layouts_cannot_meet_is_refused_naming_them():
     """One branch returns the tile in the WGMMA layout, the other an iota in the
     strided layout, which Mosaic GPU cannot convert to WGMMA's in registers."""
