@@ -271,3 +271,17 @@ def test_signal_to_another_device_needs_a_multi_device_interpreter():
     # message points at shard_map.)
     with pytest.raises(NotImplementedError, match="shard_map"):
         _call(kernel, SDS((1,), jnp.int32), scratch_shapes=[REGULAR(())])
+
+
+def test_get_global_is_a_backend_feature_that_the_core_interpreter_refuses():
+    """``pl.get_global`` lives for a whole launch; pallas-core's interpreter (one grid
+    point at a time) says to use a backend's interpret mode. Bad types fail at trace
+    time naming the argument."""
+
+    def kernel(o_ref):
+        pl.semaphore_signal(pl.get_global(REGULAR(())))
+
+    with pytest.raises(NotImplementedError, match="get_global.*backend's interpret mode"):
+        _call(kernel, SDS((1,), jnp.int32))
+    with pytest.raises(TypeError, match=r"get_global\(what=3\)"):
+        _call(lambda o_ref: pl.get_global(3), SDS((1,), jnp.int32))

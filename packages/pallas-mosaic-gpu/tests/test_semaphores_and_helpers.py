@@ -78,3 +78,28 @@ def test_a_reduced_layout_names_the_layout_and_the_axes_reduced_away():
     assert row.layout is plgpu.Layout.WGMMA
     x = jnp.arange(64, dtype=jnp.float32)
     np.testing.assert_array_equal(jax.jit(lambda v: plgpu.layout_cast(v, row))(x), x)
+
+
+def test_get_global_is_one_semaphore_shared_by_every_block_of_a_launch():
+    """``pl.get_global(plgpu.SemaphoreType.REGULAR)``: allocated once per launch (zero at
+    its start), the same for all blocks; each block signals it and waits for all."""
+
+    def kernel(o_ref):
+        sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
+        plgpu.semaphore_signal(sem)
+        plgpu.semaphore_wait(sem, 4, decrement=False)
+        o_ref[lax.axis_index("b")] = pl.semaphore_read(sem)
+
+    run = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((4,), jnp.int32), grid=(4,),
+                       grid_names=("b",), interpret=True)
+    np.testing.assert_array_equal(run(), [4, 4, 4, 4])
+    np.testing.assert_array_equal(run(), [4, 4, 4, 4])  # a new launch starts at zero
+
+
+def test_get_global_takes_a_buffer_type():
+    def kernel(o_ref):
+        pl.get_global((4,))
+
+    with pytest.raises(TypeError, match=r"pl.get_global\(what=\(4,\)\).*SemaphoreType"):
+        plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((1,), jnp.int32),
+                     interpret=True)()

@@ -36,6 +36,7 @@ from pallas._src.mesh import core_map, kernel
 from pallas._src.pallas_call import InterpretParams, pallas_call, pallas_call_p
 from pallas._src.primitives.control import loop, when
 from pallas._src.primitives.debug import debug_check, debug_print, delay
+from pallas._src.primitives.globals import get_global
 from pallas._src.primitives.grid import num_programs, program_id
 from pallas._src.primitives.hints import multiple_of
 from pallas._src.primitives.load_store import load, store, swap
@@ -54,7 +55,6 @@ from pallas._src.utils import (
     empty,
     empty_like,
     empty_ref_like,
-    get_global,
     lower_as_mlir,
     next_power_of_2,
     pallas_export_experimental,

@@ -48,6 +48,7 @@ from pallas._src.primitives.debug import (
     delay_p,
     kernel_debug_effect,
 )
+from pallas._src.primitives.globals import get_global_p
 from pallas._src.primitives.grid import num_programs_p, program_id_p
 from pallas._src.primitives.hints import multiple_of_p
 from pallas._src.primitives.load_store import load_p, swap_p
@@ -88,7 +89,7 @@ from pallas._src.registry.rule_table import RuleConflictError, RuleTable
 PRIMITIVES = (
     program_id_p, num_programs_p, load_p, swap_p, run_scoped_p, semaphore_signal_p,
     semaphore_wait_p, semaphore_read_p, multiple_of_p, debug_print_p, debug_check_p,
-    delay_p, core_map_p, axis_index_p, atomic_rmw_p, atomic_cas_p,
+    delay_p, core_map_p, axis_index_p, atomic_rmw_p, atomic_cas_p, get_global_p,
 )
 
 __all__ = [
@@ -97,7 +98,7 @@ __all__ = [
     "GridMapping", "dynamic_grid_dim", "MemoryRef", "MemorySpace", "SemaphoreSpace", "Squeezed",
     "axis_index_p", "core_map_p", "debug_check_p", "debug_print_p", "delay_p",
     "eval_jaxpr", "fresh_cell", "kernel_debug_effect", "interpret_pallas_call", "interpret_rules",
-    "is_semaphore_space", "load_p", "lower_with_interpreter", "multiple_of_p",
+    "get_global_p", "is_semaphore_space", "load_p", "lower_with_interpreter", "multiple_of_p",
     "num_programs_p", "pallas_call_p", "program_id_p", "run_scoped_p",
     "semaphore_read_p", "semaphore_signal_p", "semaphore_wait_p", "swap_p",
     "Backend", "BackendLoadError", "BackendNotFoundError", "Cell", "CoreMesh", "ENTRY_POINT_GROUP",

@@ -28,11 +28,8 @@ from pallas_mosaic_gpu._src.cluster import (
     format_tcgen05_sparse_metadata,
     inline_mgpu,
     multicast_ref,
-    multimem_load_reduce,
-    multimem_store,
     query_cluster_cancel,
     remote_ref,
-    semaphore_signal_multicast,
     semaphore_signal_parallel,
     try_cluster_cancel,
 )
@@ -100,6 +97,11 @@ from pallas_mosaic_gpu._src.primitives.mma import (
     wgmma,
     wgmma_accumulator_load,
     wgmma_wait,
+)
+from pallas_mosaic_gpu._src.primitives.multimem import (
+    multimem_load_reduce,
+    multimem_store,
+    semaphore_signal_multicast,
 )
 from pallas_mosaic_gpu._src.primitives.tmem import (
     async_copy_scales_to_tmem,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -97,14 +96,6 @@ def pallas_export_experimental(dynamic_shapes: bool):
 def run_state(f):
     """Runs ``f`` on refs initialised from its argument; returns their final values."""
     return jc.state_discharge.run_state(f)
-
-
-def get_global(what: Any):
-    """Backend-specific global buffers: no backend-neutral meaning in pallas-core."""
-    raise NotImplementedError(
-        "pl.get_global allocates a device-global buffer, which only the Mosaic TPU backend "
-        "defines; it is not available in pallas-core's interpreter"
-    )
 
 
 def select_ref(idx, *refs):

@@ -48,10 +48,12 @@ class MosaicGpuBackend(Backend):
     def validate(self, request: KernelRequest) -> None:
         """Builds the kernel at trace time, so what cannot lower fails there, naming
         the primitive."""
+        import jax
+
         from pallas_mosaic_gpu._src.lowering import build
 
         build(request.jaxpr, request.grid_mapping, params(request.compiler_params),
-              request.name or "kernel")
+              request.name or "kernel", jax_mesh=jax.sharding.get_abstract_mesh())
 
     def emulate(self, request: KernelRequest, *args):
         """Runs the generated code: builds the kernel as for a GPU and executes the

@@ -137,22 +137,6 @@ def _unsupported(name: str) -> NotImplementedError:
         "pallas-mosaic-gpu's interpreters do not simulate yet")
 
 
-def semaphore_signal_multicast(semaphore: Any, value: int | jax.Array = 1, *,
-                               collective_axes: Any) -> None:
-    """Signals ``semaphore`` on every device along ``collective_axes``."""
-    raise _unsupported("semaphore_signal_multicast")
-
-
-def multimem_store(source: jax.Array, ref: Any, collective_axes: Any) -> None:
-    """Stores ``source`` into ``ref`` on every device along ``collective_axes``."""
-    raise _unsupported("multimem_store")
-
-
-def multimem_load_reduce(ref: Any, *, collective_axes: Any, reduction_op: Any) -> jax.Array:
-    """Loads ``ref`` from every device along ``collective_axes`` and reduces."""
-    raise _unsupported("multimem_load_reduce")
-
-
 def async_store_smem(src: jax.Array, ref: Any, barrier: Any, *, cluster_idx: jax.Array,
                      cluster_dim: Any, optimized: bool = True, atomic: Any = None) -> None:
     """Stores ``src`` into ``ref`` in the SMEM of block ``cluster_idx`` of the cluster and

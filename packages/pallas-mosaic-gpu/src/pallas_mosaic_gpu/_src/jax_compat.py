@@ -8,6 +8,8 @@ source locations.
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import numpy as np
 from jax._src import core, effects, source_info_util
@@ -20,7 +22,7 @@ from jax._src.state import types as state_types
 
 __all__ = [
     "AbstractRef", "GpuEffect", "Literal", "NDIndexer", "Primitive", "ReadEffect",
-    "ShapedArray", "Slice", "TransformedRef", "WriteEffect", "addupdate_p", "core",
+    "ReshapeTransform", "device_mesh", "ShapedArray", "Slice", "TransformedRef", "WriteEffect", "addupdate_p", "core",
     "get_p", "get_view", "gpu_effect", "mlir", "set_view", "source_site", "swap_p",
     "ref_type_aval_mappings", "reshard_p", "run_state_p", "transform_type", "uninitialized",
 ]
@@ -33,6 +35,7 @@ WriteEffect = state_types.WriteEffect
 NDIndexer = state_indexing.NDIndexer
 Slice = state_indexing.Slice
 transform_type = state_types.transform_type
+ReshapeTransform = state_types.ReshapeTransform  # what ref.reshape(...) applies
 # run_state's table of ref-like initial values (type -> (ref aval, initial value)).
 ref_type_aval_mappings = state_types._ref_type_aval_mappings
 uninitialized = state_types.uninitialized
@@ -110,3 +113,20 @@ def source_site(eqn) -> str:
 
 # The lowering's name for the same thing.
 source_info_summary = source_site
+
+
+# -- the concrete device mesh Mosaic GPU reads (for peer addresses) ----------------------
+
+
+@contextlib.contextmanager
+def device_mesh(mesh):
+    """Makes ``mesh`` the current concrete mesh while a kernel is built during lowering
+    (``jax.set_mesh`` refuses inside ``jit``; Mosaic GPU's ``as_gpu_kernel`` reads the
+    device mesh from this context to address other devices' memory)."""
+    from jax._src import config
+
+    prev = config.device_context.swap_local(mesh)
+    try:
+        yield
+    finally:
+        config.device_context.set_local(prev)

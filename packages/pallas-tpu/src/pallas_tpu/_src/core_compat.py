@@ -17,6 +17,7 @@ from pallas.plugins import (
     delay_p,
     dynamic_grid_dim,  # the marker of a grid size given at run time
     fresh_cell,
+    get_global_p,
     interpret_pallas_call,  # for emulate()
     interpret_rules,  # to extend two core rules
     is_semaphore_space,
@@ -35,7 +36,7 @@ from pallas.plugins import (
 __all__ = [
     "atomic_cas_p", "atomic_rmw_p", "axis_index_p", "core_map_p", "debug_check_p",
     "debug_print_p", "debug_prims", "delay_p", "dynamic_grid_dim",
-    "fresh_cell", "interpret_pallas_call", "interpret_rules", "is_semaphore_space",
+    "fresh_cell", "get_global_p", "interpret_pallas_call", "interpret_rules", "is_semaphore_space",
     "load_p", "lower_with_interpreter", "multiple_of_p", "num_programs_p", "program_id_p",
     "run_scoped_p", "semaphore_read_p", "semaphore_signal_p", "semaphore_wait_p", "swap_p",
 ]

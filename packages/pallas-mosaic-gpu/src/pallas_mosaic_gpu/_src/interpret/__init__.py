@@ -5,6 +5,7 @@ from pallas_mosaic_gpu._src.interpret import (  # noqa: F401
     rules_core,
     rules_misc,
     rules_mma,
+    rules_multimem,
     rules_warps,
     sync,
     tma,

@@ -118,9 +118,11 @@ def check_collective_allocations(jaxpr, mesh) -> None:
 
 
 def check_no_cta_pairs(jaxpr) -> None:
-    """CTA-pair forms (``collective_axis``, ``leader_tracked``) are refused at trace time,
-    naming the primitive: the interpreters run each block alone."""
+    """CTA-pair forms (``collective_axis``, ``leader_tracked``) and multimem across
+    several devices are refused at trace time, naming the primitive: the interpreters run
+    each block (and each device's kernel) alone."""
     from pallas_mosaic_gpu._src.primitives import copies, mma, tmem
+    from pallas_mosaic_gpu._src.primitives.multimem import check_single_device
     from pallas_mosaic_gpu._src.primitives.refs import check_not_collective
 
     names = {copies.copy_gmem_to_smem_p: "copy_gmem_to_smem", mma.tcgen05_mma_p: "tcgen05_mma",
@@ -129,6 +131,7 @@ def check_no_cta_pairs(jaxpr) -> None:
     for eqn in _all_eqns(jaxpr):
         if eqn.primitive in names:
             check_not_collective(eqn, names[eqn.primitive])
+        check_single_device(eqn)
 
 
 # -- lowering ----------------------------------------------------------------------------

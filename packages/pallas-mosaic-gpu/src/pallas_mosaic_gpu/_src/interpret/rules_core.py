@@ -12,6 +12,7 @@ from pallas.plugins import (
     debug_check_p,
     debug_print_p,
     delay_p,
+    get_global_p,
     multiple_of_p,
     num_programs_p,
     program_id_p,
@@ -113,6 +114,18 @@ def _run_scoped(th, eqn, invals):
                                (id(eqn), i), axes)
             for i, t in enumerate(p["types"])]
     return (yield from eval_jaxpr(th, p["jaxpr"], (), [*invals, *bufs]))
+
+
+@register_gpu_rule(get_global_p)
+def _get_global(th, eqn, invals):
+    """``pl.get_global(t)``: one buffer per call site for the whole launch, shared by
+    every block and thread (semaphores start at zero)."""
+    launch, t = th.launch, eqn.params["what"]
+    key = ("__global__", id(eqn))
+    if key not in launch.shared:
+        launch.shared[key] = launch.new_buffer(
+            t, f"pl.get_global buffer ({t.memory_space})", group=())
+    return [launch.shared[key]]
 
 
 @register_gpu_rule(jc.run_state_p)

@@ -224,12 +224,17 @@ def _signal_rule(th, eqn, invals):
         raise NotImplementedError(
             "semaphore_signal with device_id (remote semaphores) is not supported by GPU "
             "interpret mode (pallas-mosaic-gpu) yet")
-    i = _sem_index(buf, idx, p["tree"])
+    signal(th, buf, idx, p["tree"], rest[0])
+    return []
+
+
+def signal(th, buf, idx, tree, inc) -> None:
+    """Adds ``inc`` to the semaphore ``buf`` at ``idx`` (releasing ``th``'s clock)."""
+    i = _sem_index(buf, idx, tree)
     sync = buf.sync
-    sync.counts[i] += int(rest[0])
+    sync.counts[i] += int(inc)
     sync.clocks[i] = _join(sync.clocks.get(i), th.release())
     buf.value = jnp.asarray(sync.counts, buf.value.dtype)
-    return []
 
 
 @register_gpu_rule(semaphore_wait_p)

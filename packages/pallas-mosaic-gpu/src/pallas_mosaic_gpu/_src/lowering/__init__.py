@@ -6,6 +6,7 @@ primitive object); :mod:`call` emits Mosaic GPU's ``mosaic_gpu_v2`` custom call.
 """
 
 from pallas_mosaic_gpu._src.lowering import (  # noqa: F401 - each module registers rules
+    collectives,
     rules_arith,
     rules_control,
     rules_dot,

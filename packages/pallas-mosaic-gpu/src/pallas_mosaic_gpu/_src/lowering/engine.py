@@ -103,6 +103,9 @@ class LoweringContext:
     scope: str = "warpgroup"
     inner_axes: dict = dataclasses.field(default_factory=dict)  # WarpMesh axis -> i32
     cluster_names: tuple = ()  # a mesh's cluster axes; axis j is CUDA dimension j
+    # (axis names, sizes) of the enclosing shard_map's device mesh (None: one device)
+    jax_mesh: tuple | None = None
+    sems: dict = dataclasses.field(default_factory=dict)  # semaphore key -> RefVal
 
     def is_used(self, var) -> bool:
         return var in self.used_vars

@@ -28,6 +28,8 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, gpu, scf
 
 import pallas as pl
+from pallas_mosaic_gpu._src import jax_compat as jc
+from pallas_mosaic_gpu._src.lowering import collectives
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.copies import thread_copy, tma_can_copy
 from pallas_mosaic_gpu._src.lowering.engine import (
@@ -69,6 +71,7 @@ class Kernel:
     sequential_axes: tuple[int, ...]
     smem_bytes: int
     primitives: frozenset
+    sem_words: int = 0  # the zeroed semaphore buffer ``fn`` takes last (and returns last)
 
 
 def _kernel_symbol(name: str) -> str:
@@ -177,9 +180,12 @@ def semantics_of(params) -> str:
                      "plgpu.LoweringSemantics.Lane or plgpu.LoweringSemantics.Warpgroup")
 
 
-def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
+def build(jaxpr, gm, params, name: str, target: str | None = None,
+          jax_mesh=None) -> Kernel:
     """Lowers the kernel jaxpr and grid mapping to a Mosaic GPU kernel (for ``target``,
-    ``"sm_90a"``/``"sm_100a"``, when known: target-specific instructions are checked)."""
+    ``"sm_90a"``/``"sm_100a"``, when known: target-specific instructions are checked;
+    ``jax_mesh``: the device mesh of an enclosing ``shard_map``, whose devices the kernel
+    may address, see collectives.py)."""
     if gm.num_scalar_prefetch:
         raise unsupported(name, "scalar prefetch (PrefetchScalarGridSpec)")
     if gm.input_output_aliases:
@@ -226,6 +232,12 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
             f"plgpu.TMEM({pair_tmem[0].shape}, collective=True) in kernel {name}: collective "
             "TMEM is allocated by a CTA pair, a cluster of 2 blocks (plgpu.kernel(cluster="
             f"(2,), cluster_names=...)); the kernel's cluster is {cluster} (x, y, z)")
+    sems = collectives.layout(scratch, scoped, jaxpr.jaxpr)
+    sem_words = sems.words(int(np.prod(cuda_grid)))
+    sem_shapes = (_sds((sem_words,), jnp.int32),) if sem_words else ()
+    mesh_axes = None
+    if jax_mesh is not None and not jax_mesh.empty and jax_mesh.size > 1:
+        mesh_axes = (tuple(jax_mesh.axis_names), tuple(int(s) for s in jax_mesh.axis_sizes))
     nt = threads.num
 
     def per_wg(shape):  # a buffer each warpgroup has to itself
@@ -258,13 +270,17 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
 
     def emit_body(launch_ctx, *refs_and_smem):
         *gmem_refs, smem_refs = refs_and_smem
+        sem_refs = {}
+        if sem_shapes:  # the semaphore buffer comes after the inputs (an in/out buffer)
+            sem_refs = collectives.semaphore_refs(sems, gmem_refs.pop(len(ins)), cuda_grid)
         ref = {key: smem_refs[i] for key, i in state["where"].items()}
         if nt > 1:
             for key in ref:
                 if key == "red" or key[0] == "spill":
                     ref[key] = own_slice(ref[key])
         buf_refs = [ref[("buf", k)] for k in blocked]
-        scratch_vals = [value(p, ref.get(("scratch", i))) for i, p in enumerate(scratch)]
+        scratch_vals = [value(p, sem_refs.get(("scratch", i)) if p.kind == "sem"
+                              else ref.get(("scratch", i))) for i, p in enumerate(scratch)]
         red_ref, barriers = ref["red"], ref.get("barriers")
         spill_refs = _Used({id(e): [ref.get(("spill", i, j)) for j in range(len(avals))]
                             for i, (e, avals) in enumerate(spills)
@@ -275,8 +291,9 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
                                reduction_scratch=red_ref,
                                spill_buffers=spill_refs, target=target,
                                axis_names=tuple(gm.grid_names or ()),
-                               semantics=semantics)
-        lctx.scoped = {k: (p, ref.get(("scoped", *k))) for k, p in scoped.items()}
+                               semantics=semantics, jax_mesh=mesh_axes, sems=sem_refs)
+        lctx.scoped = {k: (p, sem_refs.get(("scoped", *k)) if p.kind == "sem"
+                           else ref.get(("scoped", *k))) for k, p in scoped.items()}
         dims = (gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z)
         for dim, axis in zip(dims, par):
             block = gpu.block_id(dim)
@@ -337,12 +354,16 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
     def emit(keep):
         smem, state["where"], smem_bytes = smem_tree(keep)
         state["keep"] = keep
-        with jmlir.make_ir_context() as ctx, ir.Location.unknown():
+        # Mosaic GPU reads the device mesh (for peer addresses) from the current mesh.
+        concrete = mesh_axes and isinstance(jax_mesh, jax.sharding.Mesh)
+        on_mesh = jc.device_mesh(jax_mesh) if concrete else contextlib.nullcontext()
+        with jmlir.make_ir_context() as ctx, ir.Location.unknown(), on_mesh:
             mgpu.dialect.register_dialect(ctx)
             try:
                 fn = mgpu.as_gpu_kernel(
                     body, cuda_grid, (V.WARPGROUP_SIZE * nt, 1, 1), in_shapes, out_shapes,
-                    tuple(smem), cluster=cluster, module_name=symbol, kernel_name=symbol)
+                    tuple(smem), cluster=cluster, module_name=symbol, kernel_name=symbol,
+                    inout_shape=sem_shapes)
             except MosaicGpuLoweringError:
                 raise
             except ir.MLIRError as e:
@@ -361,7 +382,7 @@ def build(jaxpr, gm, params, name: str, target: str | None = None) -> Kernel:
     if len(keep) < len(spills):
         fn, smem_bytes = emit(keep)
     return Kernel(fn, in_shapes, out_shapes, symbol, cuda_grid, seq, smem_bytes,
-                  state.get("uses", frozenset()))
+                  state.get("uses", frozenset()), sem_words)
 
 
 class _Used(dict):

@@ -2,8 +2,10 @@
 dynamic ``pl.ds`` windows, integer indices), ``pl.program_id`` and ``pl.num_programs``.
 
 A load of a window with at least one dimension becomes a warpgroup array read from
-SMEM (or straight from GMEM: a GMEM ref reads in place); a store writes one back and then synchronises the warpgroup, since the threads
-that read an SMEM element later need not be the ones that wrote it.
+SMEM (or straight from GMEM: a GMEM ref reads and writes in place); a store writes one
+back and then, into SMEM, synchronises the warpgroup, since the threads that read an
+SMEM element later need not be the ones that wrote it. ``ref.reshape(...)`` views a
+contiguous ref with another shape.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def view(ref: RefVal, flat, tree):
     transforms = jax.tree_util.tree_unflatten(tree, flat)
     m = ref.memref
     for t in transforms:
+        if isinstance(t, jc.ReshapeTransform):  # ref.reshape(...) of a contiguous view
+            m = mgpu.memref_reshape(m, tuple(t.shape))
+            continue
         if not isinstance(t, jc.NDIndexer):
             raise NotImplementedError(
                 f"ref transform {type(t).__name__} (bitcast/reshape/transpose of refs)")
@@ -57,9 +62,10 @@ def view(ref: RefVal, flat, tree):
     return m
 
 
-def load_view(m, dtype, shape):
+def load_view(m, dtype, shape, vec_size: int | None = None):
     """Reads a memref view: a scalar for rank 0, else a warpgroup array (bools are
-    stored as int8 and read as ``!= 0``)."""
+    stored as int8 and read as ``!= 0``), ``vec_size`` elements per thread at a time
+    when given (a ``WG_STRIDED`` layout the kernel casts the value to)."""
     is_bool = V.kind(dtype) == "b"
 
     def scalar_load(idx):
@@ -74,9 +80,10 @@ def load_view(m, dtype, shape):
         for idx in np.ndindex(vals.shape):
             vals[idx] = scalar_load(idx)
         return small.Small(vals)
-    layout = V.strided_layout(tuple(shape))
+    if vec_size is None:
+        vec_size = V.strided_layout(tuple(shape)).vec_size
     arr = mgpu.FragmentedArray.load_strided(m, is_signed=V.signed(V.storage_dtype(dtype)),
-                                            vec_size=layout.vec_size)
+                                            vec_size=vec_size)
     if is_bool:
         arr = V.map_registers(
             lambda v: arith.cmpi(arith.CmpIPredicate.ne, v, V.const_like(0, v)), [arr], dtype)
@@ -108,6 +115,9 @@ def store_view(m, value, aval, space: str, sync: bool = True):
             value.store_untiled(m)
         except fa.TransferPlanDerivationError:  # no bank-conflict-free plan: plain stores
             value.store_untiled(m, optimized=False)
+    elif (isinstance(value, mgpu.FragmentedArray) and not is_bool
+          and isinstance(value.layout, fa.WGStridedFragLayout)):
+        value.store_untiled(m)  # at its own vector width (say, a WG_STRIDED layout_cast)
     else:
         arr = V.to_strided(V.array(value, aval))
         if is_bool:
@@ -218,7 +228,11 @@ def _get(lctx, eqn, ref, *flat):
             layout=fa.WGMMA_LAYOUT)
     m = view(ref, flat, eqn.params["tree"])
     out = eqn.outvars[0].aval
-    value = load_view(m, out.dtype, out.shape)
+    from pallas_mosaic_gpu._src.lowering.rules_layout import hinted_layout
+
+    hint = hinted_layout(lctx, eqn.outvars[0], tuple(out.shape)) if out.shape else None
+    vec = hint.vec_size if isinstance(hint, fa.WGStridedFragLayout) else None
+    value = load_view(m, out.dtype, out.shape, vec)
     if V.kind(out.dtype) != "b" and isinstance(value, mgpu.FragmentedArray):
         # dots, reductions and transposes may read the value where it was loaded
         lctx.loaded_from[id(value)] = (value, m)
@@ -245,7 +259,6 @@ def _swap(lctx, eqn, ref, value, *flat):
             if lctx.is_used(eqn.outvars[0]) else None
         tmem.store(ref, flat, eqn.params["tree"], value, eqn.invars[1].aval)
         return old
-    _check_space(ref, "writing")
     if ref.transformed:
         if lctx.is_used(eqn.outvars[0]):
             raise NotImplementedError("swapping a value into a tiled SMEM ref")

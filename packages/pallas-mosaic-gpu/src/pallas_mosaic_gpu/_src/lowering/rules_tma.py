@@ -20,7 +20,7 @@ from jax.experimental.mosaic.gpu.launch_context import TileTransform
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, nvvm
 
-from pallas_mosaic_gpu._src.lowering import smem, threads, warps
+from pallas_mosaic_gpu._src.lowering import collectives, smem, threads, warps
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import KernelError, Lit, RefVal, rule
 from pallas_mosaic_gpu._src.lowering.scoped import BarrierVal
@@ -153,6 +153,7 @@ def _smem_to_gmem(lctx, eqn, *ops):
         raise KernelError("plgpu.copy_smem_to_gmem: src must be an SMEM ref and dst a GMEM "
                          f"ref; got {src.space} -> {dst.space}")
     s = smem.view(src, sflat, stree)
+    dflat, dtree, peer = collectives.split_peer(lctx, dflat, dtree, "plgpu.copy_smem_to_gmem")
     window = smem.gmem_window(dst, dflat, dtree)
     _check_tma("copy_smem_to_gmem", dst, window, s, "dst")
     pred = warps.issuer(lctx)
@@ -163,7 +164,7 @@ def _smem_to_gmem(lctx, eqn, *ops):
         pred = arith.andi(pred, user)
     _copy(lctx, "copy_smem_to_gmem", src_ref=s.memref, dst_ref=dst.memref, gmem_slice=window,
           gmem_transform=_transform(s), swizzle=s.swizzle, arrive=p["commit_group"],
-          predicate=pred, reduction_op=p["reduction_op"])
+          predicate=pred, reduction_op=p["reduction_op"], gmem_peer_id=peer)
     return []
 
 

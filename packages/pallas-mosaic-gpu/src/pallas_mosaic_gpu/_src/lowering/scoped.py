@@ -53,7 +53,7 @@ class Planned:
     sees it."""
 
     entry: Any
-    kind: str  # "smem", "barrier", "acc" or "tmem"
+    kind: str  # "smem", "barrier", "acc", "tmem" or "sem" (a GMEM semaphore)
     shape: tuple[int, ...]
     dtype: Any
     tiling: tuple | None = None
@@ -107,6 +107,8 @@ def plan_type(t, what: str, kernel: str, target: str | None = None,
                            shape, None, space=space)
         return Planned(mgpu.Barrier(arrival_count=space.num_arrivals, num_barriers=n),
                        "barrier", shape, None, space=space)
+    if plugins.is_semaphore_space(space):  # int32 words in GMEM (see collectives.py)
+        return Planned(None, "sem", shape, np.dtype(np.int32), space=space)
     if space is AccumulatorSpace.WGMMA:
         dt = jnp.dtype(dtype)
         if dt not in (jnp.float32, jnp.float16, jnp.int32):
@@ -194,6 +196,8 @@ def value(p: Planned, allocated) -> Any:
         from pallas_mosaic_gpu._src.lowering.tmem import TmemVal
 
         return TmemVal(allocated, p.shape, p.dtype, bool(p.entry.collective))
+    if p.kind == "sem":
+        return allocated  # the RefVal of its words in the semaphore buffer
     if p.kind == "acc":
         m, n = p.shape
         zero = mgpu.WGMMAAccumulator.zero(m, n, V.elem_type(p.dtype),

@@ -125,6 +125,10 @@ def _axis_index(lctx, eqn):
         name = name[0]
     if name in lctx.inner_axes:  # a plgpu.WarpMesh's axis (warps.py)
         return lctx.inner_axes[name]
+    if name not in names and lctx.jax_mesh is not None and name in lctx.jax_mesh[0]:
+        from pallas_mosaic_gpu._src.lowering.collectives import mesh_axis_index
+
+        return mesh_axis_index(lctx, name)  # a device's index in the shard_map's mesh
     if name not in names:
         raise NotImplementedError(f"lax.axis_index({name!r}) of an axis that is not one of "
                                   f"the kernel mesh's {names}")

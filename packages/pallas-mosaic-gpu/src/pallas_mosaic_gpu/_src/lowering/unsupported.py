@@ -7,14 +7,9 @@ from __future__ import annotations
 from pallas import plugins
 from pallas_mosaic_gpu._src.lowering.engine import RULES
 
-_INTERPRET = "it runs in GPU interpret mode (interpret=plgpu.InterpretParams())"
-
 RULES.unsupported(plugins.load_p, plugins.swap_p,
                   reason="pl.load/pl.store (masked loads and stores) are not lowered yet; index "
                          "refs with ref[...] and pl.ds, or use backend='triton'")
-RULES.unsupported(plugins.semaphore_signal_p, plugins.semaphore_wait_p,
-                  plugins.semaphore_read_p,
-                  reason=f"GPU semaphores are not lowered yet; {_INTERPRET}")
 RULES.unsupported(plugins.debug_print_p, plugins.debug_check_p,
                   reason="not lowered yet; run the kernel with interpret=True to print "
                          "or check")

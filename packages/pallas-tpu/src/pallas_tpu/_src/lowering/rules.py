@@ -21,5 +21,8 @@ RULES.unsupported(cc.atomic_rmw_p, cc.atomic_cas_p,
                   reason="the atomics have no Mosaic TPU lowering yet")
 RULES.unsupported(cc.core_map_p,
                   reason="a core_map nested inside a kernel has no Mosaic TPU lowering")
+RULES.unsupported(cc.get_global_p,
+                  reason="pl.get_global has no Mosaic TPU lowering yet (pallas-mosaic-gpu "
+                         "lowers it); allocate semaphores as scratch_shapes")
 
 __all__ = ["RULES"]

@@ -20,7 +20,7 @@ RULES.unsupported(lax.pad_p, reason="use a larger BlockSpec; edge blocks are mas
 RULES.unsupported(lax.dynamic_slice_p, reason="load the slice from a ref with pl.ds")
 RULES.unsupported(lax.dynamic_update_slice_p, reason="store into a ref with pl.ds")
 RULES.unsupported(plugins.semaphore_signal_p, plugins.semaphore_wait_p,
-                  plugins.semaphore_read_p, reason=_SEMAPHORES)
+                  plugins.semaphore_read_p, plugins.get_global_p, reason=_SEMAPHORES)
 RULES.unsupported(lax.cumprod_p, reason="use a fori_loop over the axis, or jnp.cumsum of "
                                         "logarithms")
 RULES.unsupported(lax.cummax_p, lax.cummin_p, reason="use a fori_loop over the axis")
