@@ -214,22 +214,38 @@ TARGET_KERNELS = {"sm_90a": ("matmul", "matmul_ws", "flash_attention"),
                   "sm_100a": ("matmul_tcgen05",)}
 
 
-def _device(target="sm_90a"):
+def _device(target="sm_90a", n=1):
+    """A compile-only CUDA device of ``target`` (``n`` > 1: a list of that many)."""
     from jax.experimental import topologies
 
     from pallas_mosaic_gpu import compiler
 
     topo = topologies.get_topology_desc(platform="cuda",
                                         target_config=compiler.target_config(target),
-                                        topology="1x1x1")
-    return topo.devices[0]
+                                        topology=f"1x1x{n}")
+    return topo.devices[0] if n == 1 else list(topo.devices)
+
+
+def _sharded(args, devs):
+    """Inputs sharded over a CPU mesh, re-sharded alike over compile-only ``devs``."""
+    mesh = jax.sharding.Mesh(np.array(devs), ("x",))
+    return mesh, [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=jax.sharding.NamedSharding(
+        mesh, a.sharding.spec if isinstance(a.sharding, jax.sharding.NamedSharding)
+        else jax.sharding.PartitionSpec())) for a in args]
 
 
 def compile_one(f, args, dev, root):
-    """(seconds, ptxas report, ptx) of compiling ``f`` for ``dev``."""
-    mesh = jax.sharding.Mesh(np.array([dev]), ("d",))
-    shd = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    sds = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=shd) for a in args]
+    """(seconds, ptxas report, ptx) of compiling ``f`` for ``dev`` (a list of devices:
+    the inputs keep their ``PartitionSpec`` over a mesh ``("x",)`` of them, as a
+    kernel in ``shard_map`` over the inputs' mesh needs)."""
+    if isinstance(dev, list):
+        mesh, sds = _sharded(args, dev)
+        ctx, kw = jax.set_mesh(mesh), {}
+    else:
+        mesh = jax.sharding.Mesh(np.array([dev]), ("d",))
+        shd = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        sds = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=shd) for a in args]
+        ctx, kw = jax.default_device(dev), dict(in_shardings=shd, out_shardings=shd)
     with tempfile.TemporaryDirectory() as dump:
         env = {"MOSAIC_GPU_CUDA_ROOT": root, "MOSAIC_GPU_DUMP_PTX": "1",
                "MOSAIC_GPU_DUMP_PTXAS": "1", "MOSAIC_GPU_DUMP_TO": dump,
@@ -238,9 +254,8 @@ def compile_one(f, args, dev, root):
         os.environ.update(env)
         try:
             t0 = time.perf_counter()
-            with jax.default_device(dev):
-                lowered = jax.jit(f, in_shardings=shd, out_shardings=shd).trace(
-                    *sds).lower(lowering_platforms=("cuda",))
+            with ctx:
+                lowered = jax.jit(f, **kw).trace(*sds).lower(lowering_platforms=("cuda",))
                 lowered.compile()
             secs = time.perf_counter() - t0
         finally:

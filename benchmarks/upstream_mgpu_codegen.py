@@ -4,7 +4,9 @@ packages and on upstream: registers, spill bytes (ptxas) and PTX instruction mix
 compile-only sm_90a pipeline as ``mosaic_gpu_compile.py`` (132-SM persistent grids); the
 Blackwell kernels (``blackwell_*``, CTA pairs included) for sm_100a (148 SMs) in a table of
 their own (``tcgen05`` instead of ``wgmma``, and ``cta_group::2``: the 2-CTA MMAs,
-commits, TMEM allocation and partitioned TMA loads of CTA pairs).
+commits, TMEM allocation and partitioned TMA loads of CTA pairs); the multi-device
+kernels (in ``shard_map`` over 2 devices, compiled over 2 compile-only H100s) in a third,
+with ``multimem`` (multicast loads, stores, reductions) and ``red``/``atom`` (semaphores).
 
 Each kernel and side runs in its own process (ours loads upstream's modules through
 the shim of ``upstream_ops.py``). Run from the repository root::
@@ -37,9 +39,16 @@ CASES = [  # (kernel name in upstream_ops.KERNELS, shape)
     ("gpu/blackwell_matmul_mgpu", (256, 256, 256)),
     ("gpu/blackwell_matmul_mgpu collective", (512, 256, 512)),
     ("gpu/blackwell_ragged_dot_mgpu", (512, 128, 256, 3)),
+    # Multi-device kernels (in shard_map over 2 devices; compiled over 2 compile-only H100s)
+    ("gpu/all_gather_mgpu", (2048, 64)),
+    ("gpu/reduce_scatter_mgpu", (2048, 64)),
+    ("gpu/collective_matmul_mgpu", (128, 128, 256)),
 ]
 KEYS = ("wgmma", "cp", "bar", "mbarrier", "ld", "st")
 KEYS_SM100 = ("tcgen05", "cta_group::2", "cp", "bar", "mbarrier", "ld", "st")
+# Multi-device kernels: multicast (multimem) and atomics (red/atom: semaphores) too.
+KEYS_DEVICES = ("multimem", "red", "atom", "wgmma", "cp", "bar", "ld", "st")
+DEVICE_KERNELS = ("all_gather_mgpu", "reduce_scatter_mgpu", "collective_matmul_mgpu")
 
 
 def _target(name: str) -> str:
@@ -47,6 +56,8 @@ def _target(name: str) -> str:
 
 
 def _keys(name: str) -> tuple:
+    if any(k in name for k in DEVICE_KERNELS):
+        return KEYS_DEVICES
     return KEYS_SM100 if _target(name) == "sm_100a" else KEYS
 
 
@@ -63,8 +74,9 @@ def worker(impl: str, name: str, shape: tuple) -> dict:
     os.environ["PALLAS_MOSAIC_GPU_TARGET"] = target
     fn, args, _, _ = U.KERNELS[name][0](shape)
     U._sms(132 if target == "sm_90a" else 148)
+    n = U._mesh_size(args)
     secs, rep, ptx = C.compile_one(lambda *a: fn(*a, interpret=False), args,
-                                   C._device(target), compiler.find_toolchain())
+                                   C._device(target, n), compiler.find_toolchain())
     regs = re.search(r"Used (\d+) registers", rep)
     sp = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep)
     counts = C.mix(ptx)
@@ -72,6 +84,19 @@ def worker(impl: str, name: str, shape: tuple) -> dict:
     return dict(regs=int(regs.group(1)) if regs else None,
                 spills=int(sp.group(1)) + int(sp.group(2)) if sp else None,
                 mix={k: counts.get(k, 0) for k in _keys(name)}, secs=round(secs, 1))
+
+
+def _env(name: str) -> dict:
+    """The worker's environment: a mesh of simulated CPU devices for multi-device
+    kernels (as ``upstream_ops.py`` runs them)."""
+    import upstream_ops as U
+
+    env = dict(os.environ)
+    count = next((n for frag, n in U.DEVICE_COUNTS.items() if frag in name), None)
+    if count:
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                            f" --xla_force_host_platform_device_count={count}").strip()
+    return env
 
 
 def main() -> int:
@@ -96,7 +121,8 @@ def main() -> int:
         for impl in ("upstream", "ours"):
             print(f"{name} {shape} / {impl} ...", file=sys.stderr)
             p = subprocess.run([sys.executable, __file__, "--worker", impl, name,
-                                json.dumps(shape)], capture_output=True, text=True)
+                                json.dumps(shape)], capture_output=True, text=True,
+                               env=_env(name))
             line = next((x for x in reversed(p.stdout.splitlines()) if x.startswith("{")),
                         None)
             if line is None:

@@ -281,12 +281,20 @@ def _multimem_store(lctx, eqn, source, *ops):
                                          multimem_layout(value.shape, aval.dtype),
                                          is_signed=value.is_signed) \
             if isinstance(value.layout, fa.WGSplatFragLayout) else V.to_strided(value)
+    bits = lambda v: v.layout.vec_size * np.dtype(aval.dtype).itemsize * 8  # noqa: E731
+    if isinstance(value.layout, fa.WGStridedFragLayout) and bits(value) > 128 \
+            and id(value) in lctx.loaded_from:
+        # Read from a ref at a wider vector than multimem moves: read it again narrower
+        # (a thread cannot change its vector width without exchanging elements).
+        _, src = lctx.loaded_from[id(value)]
+        value = fa.FragmentedArray.load_strided(
+            src, is_signed=value.is_signed,
+            vec_size=multimem_layout(value.shape, aval.dtype).vec_size)
     if isinstance(value.layout, fa.WGStridedFragLayout):
-        bits = value.layout.vec_size * np.dtype(aval.dtype).itemsize * 8
-        if not 32 <= bits <= 128:
+        if not 32 <= bits(value) <= 128:
             raise KernelError(
                 f"plgpu.multimem_store: source is held {value.layout.vec_size} "
-                f"{np.dtype(aval.dtype).name} elements ({bits} bits) per access; multimem "
+                f"{np.dtype(aval.dtype).name} elements ({bits(value)} bits) per access; multimem "
                 "stores move 32 to 128 bits: layout_cast it to plgpu.Layout.WG_STRIDED("
                 f"{tuple(value.shape)}, vec_size={multimem_layout(value.shape, aval.dtype).vec_size})")
     value.store_untiled(lctx.launch_ctx.to_remote_multicast(m), optimized=False)

@@ -62,10 +62,9 @@ def view(ref: RefVal, flat, tree):
     return m
 
 
-def load_view(m, dtype, shape, vec_size: int | None = None):
+def load_view(m, dtype, shape):
     """Reads a memref view: a scalar for rank 0, else a warpgroup array (bools are
-    stored as int8 and read as ``!= 0``), ``vec_size`` elements per thread at a time
-    when given (a ``WG_STRIDED`` layout the kernel casts the value to)."""
+    stored as int8 and read as ``!= 0``)."""
     is_bool = V.kind(dtype) == "b"
 
     def scalar_load(idx):
@@ -80,10 +79,9 @@ def load_view(m, dtype, shape, vec_size: int | None = None):
         for idx in np.ndindex(vals.shape):
             vals[idx] = scalar_load(idx)
         return small.Small(vals)
-    if vec_size is None:
-        vec_size = V.strided_layout(tuple(shape)).vec_size
+    layout = V.strided_layout(tuple(shape))
     arr = mgpu.FragmentedArray.load_strided(m, is_signed=V.signed(V.storage_dtype(dtype)),
-                                            vec_size=vec_size)
+                                            vec_size=layout.vec_size)
     if is_bool:
         arr = V.map_registers(
             lambda v: arith.cmpi(arith.CmpIPredicate.ne, v, V.const_like(0, v)), [arr], dtype)
@@ -228,11 +226,7 @@ def _get(lctx, eqn, ref, *flat):
             layout=fa.WGMMA_LAYOUT)
     m = view(ref, flat, eqn.params["tree"])
     out = eqn.outvars[0].aval
-    from pallas_mosaic_gpu._src.lowering.rules_layout import hinted_layout
-
-    hint = hinted_layout(lctx, eqn.outvars[0], tuple(out.shape)) if out.shape else None
-    vec = hint.vec_size if isinstance(hint, fa.WGStridedFragLayout) else None
-    value = load_view(m, out.dtype, out.shape, vec)
+    value = load_view(m, out.dtype, out.shape)
     if V.kind(out.dtype) != "b" and isinstance(value, mgpu.FragmentedArray):
         # dots, reductions and transposes may read the value where it was loaded
         lctx.loaded_from[id(value)] = (value, m)
