@@ -109,6 +109,77 @@ def _wgmma_delayed(m=64, k=256, n=64):
     return kernel, (a, b), jax.ShapeDtypeStruct((m, n), F32), [plgpu.SMEM((m, n), F32)]
 
 
+def _chained(m=128, n=128, blk=64, manual=False):
+    """Three pipelines sharing allocations (START, STEADY, STOP, the state a traced
+    value), then one on its own (``pipeline_state=None``), each adding every block of
+    x into one SMEM sum: the memory warpgroup refills slots across pipeline boundaries
+    and drains only after STOP."""
+    def body(x_ref, o_gmem, acc):
+        wg = jax.lax.axis_index("wg")
+
+        @pl.when(wg == 0)
+        def _():
+            acc[...] = jnp.zeros_like(acc)
+
+        def add(_, x_smem, *consumed):
+            acc[...] += x_smem[...]
+            for b in consumed:
+                plgpu.barrier_arrive(b)
+
+        spec = pl.BlockSpec((blk, blk), lambda i, j: (i, j))
+
+        def pipeline(state):
+            return plgpu.emit_pipeline_warp_specialized(
+                add, grid=(m // blk, n // blk), memory_registers=40, max_concurrent_steps=2,
+                num_compute_wgs=1, wg_axis="wg", manual_consumed_barriers=manual,
+                in_specs=[spec], pipeline_state=state)
+
+        def scope(allocs):
+            @pl.loop(0, 3)
+            def _(i):
+                state = jnp.where(i > 0, plgpu.PipelinePipeline.STEADY,
+                                  plgpu.PipelinePipeline.START)
+                state = jnp.where(i == 2, plgpu.PipelinePipeline.STOP, state)
+                pipeline(state)(x_ref, allocations=allocs)
+
+            pipeline(None)(x_ref, allocations=allocs)
+
+        pl.run_scoped(scope, pipeline(None).get_allocations(x_ref), collective_axes="wg")
+
+        @pl.when(wg == 0)
+        def _():
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(acc, o_gmem)
+            plgpu.wait_smem_to_gmem(0)
+
+    x = jax.random.randint(jax.random.key(0), (m, n), -10, 15, jnp.int32)
+    want = 4 * x.reshape(m // blk, blk, n // blk, blk).sum((0, 2))
+    return body, x, jax.ShapeDtypeStruct((blk, blk), jnp.int32), \
+        [plgpu.SMEM((blk, blk), jnp.int32)], want
+
+
+@pytest.mark.parametrize("manual", [False, True])
+def test_chained_pipelines_share_slots_without_races(manual):
+    body, x, out_type, scratch, want = _chained(manual=manual)
+    f = plgpu.kernel(body, out_type=out_type, num_threads=2, thread_name="wg",
+                     scratch_types=scratch, interpret=IP(detect_races=True))
+    np.testing.assert_array_equal(f(x), want)
+    assert not gpu_interpret.get_races().races_found
+
+
+def test_pipeline_state_needs_shared_allocations_and_whole_rounds_of_slots():
+    x = jnp.zeros((16, 128), F32)
+
+    def kernel(x_gmem):
+        _ws(pipeline_state=plgpu.PipelinePipeline.START)(x_gmem)
+
+    f = plgpu.kernel(kernel, out_type=(), num_threads=2, thread_name="wg", interpret=IP())
+    with pytest.raises(ValueError, match="automatic allocation"):
+        jax.make_jaxpr(f)(x)
+    with pytest.raises(NotImplementedError, match="divisible by max_concurrent_steps=2"):
+        _ws(grid=(3,), pipeline_state=plgpu.PipelinePipeline.START)
+
+
 # --- emulate: the generated module executed ---------------------------------------------
 
 
@@ -136,6 +207,11 @@ def test_delay_release_at_emulate(manual):
     kernel = _tiled_add(m, n, delay=1, slots=2, manual=manual)
     np.testing.assert_allclose(_emulate(kernel, (x, y), jax.ShapeDtypeStruct((m, n), F32)),
                                x + y, rtol=1e-6)
+
+
+def test_chained_pipelines_at_emulate():
+    body, x, out_type, scratch, want = _chained(manual=True)
+    np.testing.assert_array_equal(_emulate(body, (x,), out_type, scratch), want)
 
 
 def test_a_delayed_wgmma_pipeline_at_emulate_and_in_interpret_mode():

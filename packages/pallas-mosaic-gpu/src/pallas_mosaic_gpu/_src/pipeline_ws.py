@@ -5,8 +5,10 @@ slots; the ``num_compute_wgs`` compute warpgroups wait for a slot's ``full`` bar
 the body on it and arrive on its ``consumed`` barrier, which the memory warpgroup waits
 for before it refills the slot. An input with ``delay_release=d`` is released ``d`` steps
 late (after step ``s + d``, since the body may still read step ``s``'s slot, e.g. with
-an unwaited wgmma). The memory warpgroup lowers its registers to ``memory_registers``
-and the compute warpgroups raise theirs (``setmaxnreg``), as upstream.
+an unwaited wgmma). Pipelines chained with ``pipeline_state`` share their allocations
+and refill slots across their boundaries. The memory warpgroup lowers its registers to
+``memory_registers`` and the compute warpgroups raise theirs (``setmaxnreg``), as
+upstream.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pallas as pl
 from pallas_mosaic_gpu._src.loops import _unravel
 from pallas_mosaic_gpu._src.memory import GMEM, Barrier
 from pallas_mosaic_gpu._src.pipeline import (
+    PipelinePipeline,
     _block_view,
     _check_grid,
     _in_smem,
@@ -66,6 +69,7 @@ class _WarpSpecializedPipeline:
     compute_registers: int
     delay_release: int
     manual_consumed_barriers: bool
+    pipeline_state: Any = None
 
     def _invariant(self) -> list[bool]:
         return [_index_invariant(s, self.grid) for s in self.out_specs]
@@ -92,6 +96,9 @@ class _WarpSpecializedPipeline:
         if len(gmem_refs) != n:
             raise ValueError(f"the pipeline has {n} BlockSpecs but got {len(gmem_refs)} refs")
         if allocations is None:
+            if self.pipeline_state is not None:
+                raise ValueError("Pipeline state should not be set when using automatic "
+                                 "allocation (pass allocations= from get_allocations)")
             return pl.run_scoped(lambda allocs: self._run(gmem_refs, allocs),
                                  self.get_allocations(*gmem_refs),
                                  collective_axes=self.wg_axis)
@@ -120,15 +127,24 @@ class _WarpSpecializedPipeline:
         slots, d = self.slots, self.delay_release
         num_steps = math.prod(self.grid)
         manual = self.manual_consumed_barriers
+        # In a chain of pipelines sharing allocations (pipeline_state), only the first
+        # (START) finds its slots free; the others first wait for the previous
+        # pipeline's last uses, and only the last (STOP) drains.
+        state = self.pipeline_state
+        start = True if state is None else state == PipelinePipeline.START
+        stop = True if state is None else state == PipelinePipeline.STOP
 
         def step(i, carry):
             slot = lax.rem(i, jnp.int32(slots))
             indices = _unravel(i, self.grid)
+            refill = i >= slots if start is True else (
+                True if start is False else (i >= slots) | jnp.logical_not(start))
             for k, (spec, ref, buf) in enumerate(zip(self.in_specs, in_refs, smem)):
                 if k == 0 or manual:
                     # Step i refills the slot of step i - slots, once that is released.
-                    pl.when(i >= slots)(functools.partial(
-                        barrier_wait, consumed[k if manual else 0].at[slot]))
+                    wait = functools.partial(barrier_wait,
+                                             consumed[k if manual else 0].at[slot])
+                    wait() if refill is True else pl.when(refill)(wait)
                 copy_gmem_to_smem(_block_view(spec, ref, indices), buf.at[slot],
                                   full.at[slot])
             return carry
@@ -143,7 +159,10 @@ class _WarpSpecializedPipeline:
                 barrier_wait(b.at[lax.rem(jnp.asarray(j, jnp.int32), jnp.int32(slots))])
             return carry
 
-        if _static(self.grid):
+        if stop is not True:
+            if stop is not False:
+                pl.when(stop)(lambda: [drain(j) for j in range(num_steps - slots, num_steps)])
+        elif _static(self.grid):
             for j in range(max(num_steps - slots, 0), num_steps - d):
                 drain(j)
         else:
@@ -226,7 +245,9 @@ def emit_pipeline_warp_specialized(
     ``compute_context``, the body takes and returns a carry and
     ``compute_context(eval_pipeline)`` runs on the compute warpgroups only. With
     ``manual_consumed_barriers`` the body gets one consumed barrier per input (after
-    the output refs) and must arrive on each at every step.
+    the output refs) and must arrive on each at every step. ``pipeline_state``
+    (``PipelinePipeline.START``/``STEADY``/``STOP``, maybe traced) chains pipelines that
+    share ``allocations`` without draining the slots between them.
     The memory warpgroup lowers its registers to ``memory_registers`` per thread and the
     compute warpgroups raise theirs to a share of the rest (``setmaxnreg``)."""
     grid = _check_grid(grid)
@@ -239,9 +260,6 @@ def emit_pipeline_warp_specialized(
     if out_specs and num_compute_wgs > 1:
         raise NotImplementedError(
             "SMEM outputs are not supported with multiple compute warpgroups")
-    if pipeline_state is not None:
-        raise NotImplementedError("emit_pipeline_warp_specialized(pipeline_state=...) is not "
-                                  "supported by pallas-mosaic-gpu yet")
     in_specs = tuple(jax.tree_util.tree_leaves(
         in_specs, is_leaf=lambda s: isinstance(s, pl.BlockSpec)))
     for s in in_specs:
@@ -261,11 +279,23 @@ def emit_pipeline_warp_specialized(
     # A traced grid (a step count read in the kernel) keeps max_concurrent_steps slots.
     slots = max(1, min(max_concurrent_steps, math.prod(grid))) if _static(grid) \
         else max_concurrent_steps
+    if pipeline_state is not None:
+        if not _static(grid):
+            raise NotImplementedError(
+                "A pipeline of pipelines is not supported with dynamic grids")
+        if math.prod(grid) % slots:
+            raise NotImplementedError(
+                "A pipeline of pipelines is only allowed when the number of steps (product "
+                f"of grid, here {math.prod(grid)}) is divisible by "
+                f"max_concurrent_steps={slots}")
+        if delay:
+            raise NotImplementedError(
+                "A pipeline of pipelines is not supported with delay_release")
     mem = num_compute_wgs if memory_thread_idx is None else memory_thread_idx
     return _WarpSpecializedPipeline(body, grid, in_specs, out_specs, slots, wg_axis,
                                     num_compute_wgs, compute_context, mem,
                                     int(memory_registers), compute_registers, delay,
-                                    bool(manual_consumed_barriers))
+                                    bool(manual_consumed_barriers), pipeline_state)
 
 
 def _check_registers(name: str, n: Any) -> None:
