@@ -2,13 +2,13 @@
 written with upstream's ``jax.experimental.pallas.mosaic_gpu``.
 
 Both are compiled through the same compile-only pipeline (a compile-only CUDA device for
-sm_90a or sm_100a, Mosaic GPU's passes, PTX and ptxas, with Mosaic GPU's dumps) in one process.
-Per kernel: registers, spill bytes (ptxas), SMEM (the dynamic shared memory the module
-declares), PTX instruction mix (wgmma, TMA ``cp``, ``bar``, ``mbarrier``, ``ld``/``st``)
-and trace+lower+compile seconds of the first compile of each kernel in the process
-(later calls of the same function are served from JAX's caches for both sides, so
-``--repeat`` only re-checks that; SMEM is not reported yet: Mosaic GPU declares it as
-dynamic shared memory, not in the PTX).
+sm_90a or sm_100a, Mosaic GPU's passes, PTX and ptxas, with Mosaic GPU's dumps), each
+kernel and side in a fresh process (after a plain XLA warm-up compile), ``--repeat``
+times with the sides alternating which goes first. Per kernel: registers, spill bytes
+(ptxas), SMEM bytes (the dynamic shared memory of the launch, read from the Mosaic GPU
+module of the custom call, the same way for both sides), PTX instruction mix (wgmma,
+TMA ``cp``, ``bar``, ``mbarrier``, ``ld``/``st``, ``fma``, ``ex2``, ``shfl``) and the
+median trace+lower+compile seconds.
 
 Kernels (f16, 256x512 @ 512x256, 128x128x64 blocks, 2 pipeline slots):
 
@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import math
 import os
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -235,7 +237,7 @@ def _sharded(args, devs):
 
 
 def compile_one(f, args, dev, root):
-    """(seconds, ptxas report, ptx) of compiling ``f`` for ``dev`` (a list of devices:
+    """(seconds, ptxas report, ptx, SMEM bytes) of compiling ``f`` for ``dev`` (a list of devices:
     the inputs keep their ``PartitionSpec`` over a mesh ``("x",)`` of them, as a
     kernel in ``shard_map`` over the inputs' mesh needs)."""
     if isinstance(dev, list):
@@ -266,7 +268,48 @@ def compile_one(f, args, dev, root):
                     os.environ[k] = v
         rep = "".join(open(p).read() for p in sorted(glob.glob(f"{dump}/*.ptxas")))
         ptx = "".join(open(p).read() for p in sorted(glob.glob(f"{dump}/*.ptx")))
-    return secs, rep, ptx
+    return secs, rep, ptx, smem_bytes(lowered)
+
+
+def smem_bytes(lowered) -> int | None:
+    """The dynamic shared memory (bytes) the kernel is launched with: the
+    ``dynamicSharedMemorySize`` operand of the ``gpu.launch`` in the Mosaic GPU module
+    that the ``mosaic_gpu_v2`` custom call carries (read the same way for both sides;
+    the largest over the calls of a jitted function). None if there is no such call."""
+    from jax.interpreters import mlir as jmlir
+    from jaxlib.mlir import ir
+
+    found = []
+
+    def walk(op, visit):
+        for region in op.regions:
+            for block in region:
+                for inner in block:
+                    visit(inner.operation)
+                    walk(inner.operation, visit)
+
+    def custom_call(op):
+        if op.name == "stablehlo.custom_call" and \
+                ir.StringAttr(op.attributes["call_target_name"]).value == "mosaic_gpu_v2":
+            cfg = ir.DictAttr(op.attributes["mhlo.backend_config"])
+            found.append(ir.StringAttr(cfg["module"]).value_bytes)
+
+    walk(lowered.compiler_ir("stablehlo").operation, custom_call)
+    sizes = []
+    with jmlir.make_ir_context() as ctx:
+        ctx.allow_unregistered_dialects = True  # the module is in its serialized dialect
+
+        def launch(op):
+            if op.name.split(".", 1)[-1] != "gpu.launch":
+                return
+            segments = ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"])
+            if segments[len(segments) - 1]:  # the last operand: dynamic SMEM bytes
+                const = op.operands[len(op.operands) - 1].owner
+                sizes.append(ir.IntegerAttr(const.attributes["value"]).value)
+
+        for data in found:
+            walk(ir.Module.parse(data).operation, launch)
+    return max(sizes) if sizes else None
 
 
 def mix(ptx: str) -> dict:
@@ -276,64 +319,122 @@ def mix(ptx: str) -> dict:
     return counts
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--target", choices=sorted(TARGET_KERNELS), default="sm_90a")
-    a = ap.parse_args()
-    os.environ["PALLAS_MOSAIC_GPU_TARGET"] = a.target
-    from jax.experimental import pallas as upl
-    from jax.experimental.pallas import mosaic_gpu as uplgpu
+def _args(name):
+    kx, ky = jax.random.split(jax.random.key(0))
+    if name == "flash_attention":
+        return tuple(jax.random.normal(k, ATTN, jnp.float32).astype(jnp.float16)
+                     for k in jax.random.split(jax.random.key(1), 3))
+    return (jax.random.normal(kx, (M, K), jnp.float32).astype(jnp.float16),
+            jax.random.normal(ky, (K, N), jnp.float32).astype(jnp.float16))
 
-    import pallas as pl
-    import pallas_mosaic_gpu as plgpu
+
+def warm_up(dev) -> None:
+    """Compiles a plain XLA function for ``dev`` first, so the timed compile does not
+    include the one-time start of the compiler (the same for both sides)."""
+    mesh = jax.sharding.Mesh(np.array([dev]), ("d",))
+    shd = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    sds = jax.ShapeDtypeStruct((128,), jnp.float32, sharding=shd)
+    with jax.default_device(dev):
+        jax.jit(jnp.sin, in_shardings=shd, out_shardings=shd).trace(sds).lower(
+            lowering_platforms=("cuda",)).compile()
+
+
+def worker(side: str, name: str, target: str) -> dict:
+    """One kernel of one side, compiled once in this (fresh) process."""
+    os.environ["PALLAS_MOSAIC_GPU_TARGET"] = target
+    if side == "upstream":
+        from jax.experimental import pallas as pl
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+        kw = {}
+    else:
+        import pallas as pl
+        import pallas_mosaic_gpu as plgpu
+        kw = {"backend": "mosaic_gpu"}
     from pallas_mosaic_gpu import compiler
 
-    root = compiler.find_toolchain()
-    dev = _device(a.target)
-    kx, ky = jax.random.split(jax.random.key(0))
-    x = jax.random.normal(kx, (M, K), jnp.float32).astype(jnp.float16)
-    y = jax.random.normal(ky, (K, N), jnp.float32).astype(jnp.float16)
-    kq, kk, kv = jax.random.split(jax.random.key(1), 3)
-    qkv = tuple(jax.random.normal(key, ATTN, jnp.float32).astype(jnp.float16)
-                for key in (kq, kk, kv))
-    args = {"matmul": (x, y), "matmul_ws": (x, y), "matmul_tcgen05": (x, y),
-            "flash_attention": qkv}
-    sides = {"upstream": kernels(upl, uplgpu, {}),
-             "ours": kernels(pl, plgpu, {"backend": "mosaic_gpu"})}
-    rows = []
-    for name in TARGET_KERNELS[a.target]:
-        res = {}
-        for side, ks in sides.items():
-            print(f"{name} / {side} ...", file=sys.stderr)
-            times, rep, ptx = [], "", ""
-            for _ in range(a.repeat):
-                s, r, p = compile_one(ks[name], args[name], dev, root)
-                times.append(s)
-                rep, ptx = (r or rep), (p or ptx)
-            regs = re.search(r"Used (\d+) registers", rep)
-            sp = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep)
-            res[side] = dict(regs=int(regs.group(1)) if regs else -1,
-                             spills=int(sp.group(1)) + int(sp.group(2)) if sp else 0,
-                             mix=mix(ptx), secs=statistics.median(times),
-                             first=times[0])
-        rows.append((name, res))
+    dev = _device(target)
+    warm_up(dev)
+    secs, rep, ptx, smem = compile_one(kernels(pl, plgpu, kw)[name], _args(name), dev,
+                                       compiler.find_toolchain())
+    return dict(ptxas_figures(rep), smem=smem, mix=mix(ptx), secs=secs)
+
+
+def ptxas_figures(rep: str) -> dict:
+    """Registers and spill bytes (stores + loads) from ptxas's report."""
+    regs = re.search(r"Used (\d+) registers", rep)
+    sp = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep)
+    return dict(regs=int(regs.group(1)) if regs else None,
+                spills=int(sp.group(1)) + int(sp.group(2)) if sp else None)
+
+
+def run_workers(script: str, jobs: list, repeat: int, env_of=lambda job: None) -> dict:
+    """``{job: [result per run]}``: each job (a tuple of worker arguments, its first one
+    the side) run ``repeat`` times, each in a fresh process (environment ``env_of(job)``,
+    None: this one's); the sides of a kernel alternate which goes first from one repeat
+    to the next."""
+    out = {job: [] for job in jobs}
+    for r in range(repeat):
+        for job in (jobs if r % 2 == 0 else jobs[::-1]):
+            print(f"{' / '.join(map(str, job))} (run {r + 1}/{repeat}) ...", file=sys.stderr)
+            p = subprocess.run([sys.executable, script, "--worker", *map(str, job)],
+                               capture_output=True, text=True, env=env_of(job))
+            line = next((x for x in reversed(p.stdout.splitlines()) if x.startswith("{")),
+                        None)
+            if line is None:
+                err = (p.stderr.strip().splitlines() or ["no output"])[-1][:160]
+                out[job].append({"error": err})
+            else:
+                out[job].append(json.loads(line))
+    return out
+
+
+def summary(runs: list) -> dict:
+    """The figures of a job's runs (code generation is deterministic: the last run's),
+    with the median seconds, or its error."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[-1]
+    return dict(ok[-1], secs=statistics.median(r["secs"] for r in ok), n=len(ok))
+
+
+def _ratio(o, u) -> str:
+    return f"{o / u:.2f}" if isinstance(o, (int, float)) and u else ""
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="fresh processes per kernel and side (the median is reported)")
+    ap.add_argument("--target", choices=sorted(TARGET_KERNELS), default="sm_90a")
+    ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        print(json.dumps(worker(*a.worker)))
+        return
+    jobs = [(side, name, a.target) for name in TARGET_KERNELS[a.target]
+            for side in ("upstream", "ours")]
+    res = {job: summary(runs) for job, runs in
+           run_workers(os.path.abspath(__file__), jobs, a.repeat).items()}
     keys = ("wgmma" if a.target == "sm_90a" else "tcgen05", "cp", "bar", "mbarrier", "ld",
             "st", "fma", "ex2", "shfl")
-    print("| kernel | side | registers | spill bytes | " + " | ".join(keys)
-          + " | trace+lower+compile s |")
-    print("|---|---|---|---|" + "---|" * len(keys) + "---|")
-    for name, res in rows:
-        for side in ("upstream", "ours"):
-            r = res[side]
-            print(f"| {name} | {side} | {r['regs']} | {r['spills']} | "
+    print("| kernel | side | registers | spill bytes | SMEM bytes | " + " | ".join(keys)
+          + " | trace+lower+compile s (median) |")
+    print("|---|---|---:|---:|---:|" + "---:|" * len(keys) + "---:|")
+    for name in TARGET_KERNELS[a.target]:
+        u, o = res[("upstream", name, a.target)], res[("ours", name, a.target)]
+        for side, r in (("upstream", u), ("ours", o)):
+            if "error" in r:
+                print(f"| {name} | {side} | error: {r['error']} |")
+                continue
+            print(f"| {name} | {side} | {r['regs']} | {r['spills']} | {r['smem']} | "
                   + " | ".join(str(r["mix"].get(k, 0)) for k in keys)
-                  + f" | {r['first']:.2f} |")
-        u, o = res["upstream"], res["ours"]
-        print(f"| {name} | ours/upstream | {o['regs'] / max(u['regs'], 1):.2f} | | "
-              + " | ".join(f"{o['mix'].get(k, 0) / max(u['mix'].get(k, 0), 1):.2f}"
-                           for k in keys)
-              + f" | {o['first'] / u['first']:.2f} |")
+                  + f" | {r['secs']:.2f} |")
+        if "error" in u or "error" in o:
+            continue
+        print(f"| {name} | ours/upstream | {_ratio(o['regs'], u['regs'])} | | "
+              f"{_ratio(o['smem'], u['smem'])} | "
+              + " | ".join(_ratio(o["mix"].get(k, 0), u["mix"].get(k, 0)) for k in keys)
+              + f" | {o['secs'] / u['secs']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Code generation for upstream's Mosaic GPU kernels (``*_mgpu.py``) unchanged, on our
-packages and on upstream: registers, spill bytes (ptxas) and PTX instruction mix
-(``wgmma``, TMA ``cp``, ``bar``, ``mbarrier``, ``ld``/``st``), compiled through the same
+packages and on upstream: registers, spill bytes (ptxas), SMEM bytes (the launch's dynamic
+shared memory) and PTX instruction mix (``wgmma``, TMA ``cp``, ``bar``, ``mbarrier``,
+``ld``/``st``), and trace+lower+compile seconds, compiled through the same
 compile-only sm_90a pipeline as ``mosaic_gpu_compile.py`` (132-SM persistent grids); the
 Blackwell kernels (``blackwell_*``, CTA pairs included) for sm_100a (148 SMs) in a table of
 their own (``tcgen05`` instead of ``wgmma``, and ``cta_group::2``: the 2-CTA MMAs,
@@ -8,10 +9,11 @@ commits, TMEM allocation and partitioned TMA loads of CTA pairs); the multi-devi
 kernels (in ``shard_map`` over 2 devices, compiled over 2 compile-only H100s) in a third,
 with ``multimem`` (multicast loads, stores, reductions) and ``red``/``atom`` (semaphores).
 
-Each kernel and side runs in its own process (ours loads upstream's modules through
-the shim of ``upstream_ops.py``). Run from the repository root::
+Each kernel and side runs in its own fresh process (ours loads upstream's modules
+through the shim of ``upstream_ops.py``), ``--repeat`` times with the sides alternating
+which goes first; seconds are the median. Run from the repository root::
 
-    python benchmarks/upstream_mgpu_codegen.py [-k ragged]
+    python benchmarks/upstream_mgpu_codegen.py [-k ragged] [--repeat 3]
 
 Progress goes to stderr, the Markdown table to stdout.
 """
@@ -22,8 +24,6 @@ import argparse
 import importlib.util
 import json
 import os
-import re
-import subprocess
 import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -75,15 +75,14 @@ def worker(impl: str, name: str, shape: tuple) -> dict:
     fn, args, _, _ = U.KERNELS[name][0](shape)
     U._sms(132 if target == "sm_90a" else 148)
     n = U._mesh_size(args)
-    secs, rep, ptx = C.compile_one(lambda *a: fn(*a, interpret=False), args,
-                                   C._device(target, n), compiler.find_toolchain())
-    regs = re.search(r"Used (\d+) registers", rep)
-    sp = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep)
+    dev = C._device(target, n)
+    C.warm_up(dev[0] if isinstance(dev, list) else dev)
+    secs, rep, ptx, smem = C.compile_one(lambda *a: fn(*a, interpret=False), args, dev,
+                                         compiler.find_toolchain())
     counts = C.mix(ptx)
     counts["cta_group::2"] = ptx.count("cta_group::2")
-    return dict(regs=int(regs.group(1)) if regs else None,
-                spills=int(sp.group(1)) + int(sp.group(2)) if sp else None,
-                mix={k: counts.get(k, 0) for k in _keys(name)}, secs=round(secs, 1))
+    return dict(C.ptxas_figures(rep), smem=smem,
+                mix={k: counts.get(k, 0) for k in _keys(name)}, secs=secs)
 
 
 def _env(name: str) -> dict:
@@ -102,37 +101,38 @@ def _env(name: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-k", dest="keyword")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="fresh processes per kernel and side (the median is reported)")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         impl, name, shape = a.worker
         print(json.dumps(worker(impl, name, tuple(json.loads(shape)))))
         return 0
+    import mosaic_gpu_compile as C
+
+    cases = [(n, s) for n, s in CASES if not a.keyword or a.keyword in n]
+    jobs = [(impl, name, json.dumps(shape)) for name, shape in cases
+            for impl in ("upstream", "ours")]
+    res = {job: C.summary(runs) for job, runs in
+           C.run_workers(os.path.abspath(__file__), jobs, a.repeat,
+                         env_of=lambda job: _env(job[1])).items()}
     header = None
-    for name, shape in CASES:
-        if a.keyword and a.keyword not in name:
-            continue
+    for name, shape in cases:
         keys = _keys(name)
         if keys != header:  # one table per target
             header = keys
-            print("\n| kernel | shape | side | registers | spill bytes | " + " | ".join(keys)
-                  + " | trace+lower+compile s |")
-            print("|---|---|---|---:|---:|" + "---:|" * len(keys) + "---:|")
+            print("\n| kernel | shape | side | registers | spill bytes | SMEM bytes | "
+                  + " | ".join(keys) + " | trace+lower+compile s (median) |")
+            print("|---|---|---|---:|---:|---:|" + "---:|" * len(keys) + "---:|")
         for impl in ("upstream", "ours"):
-            print(f"{name} {shape} / {impl} ...", file=sys.stderr)
-            p = subprocess.run([sys.executable, __file__, "--worker", impl, name,
-                                json.dumps(shape)], capture_output=True, text=True,
-                               env=_env(name))
-            line = next((x for x in reversed(p.stdout.splitlines()) if x.startswith("{")),
-                        None)
-            if line is None:
-                err = (p.stderr.strip().splitlines() or ["no output"])[-1][:120]
-                print(f"| {name} | {shape} | {impl} | error: {err} |" + " |" * (len(keys) + 2))
+            r = res[(impl, name, json.dumps(shape))]
+            if "error" in r:
+                print(f"| {name} | {shape} | {impl} | error: {r['error']} |")
                 continue
-            r = json.loads(line)
             print(f"| {name} | {shape} | {impl} | {r['regs']} | {r['spills']} | "
-                  + " | ".join(str(r["mix"][k]) for k in keys) + f" | {r['secs']} |",
-                  flush=True)
+                  f"{r['smem']} | " + " | ".join(str(r["mix"][k]) for k in keys)
+                  + f" | {r['secs']:.2f} |", flush=True)
     return 0
 
 
