@@ -276,6 +276,7 @@ def smem_bytes(lowered) -> int | None:
     ``dynamicSharedMemorySize`` operand of the ``gpu.launch`` in the Mosaic GPU module
     that the ``mosaic_gpu_v2`` custom call carries (read the same way for both sides;
     the largest over the calls of a jitted function). None if there is no such call."""
+    from jax.experimental.mosaic import gpu as mgpu
     from jax.interpreters import mlir as jmlir
     from jaxlib.mlir import ir
 
@@ -286,7 +287,8 @@ def smem_bytes(lowered) -> int | None:
             for block in region:
                 for inner in block:
                     visit(inner.operation)
-                    walk(inner.operation, visit)
+                    if not inner.operation.name.endswith("gpu.launch"):  # not the kernel
+                        walk(inner.operation, visit)
 
     def custom_call(op):
         if op.name == "stablehlo.custom_call" and \
@@ -297,7 +299,8 @@ def smem_bytes(lowered) -> int | None:
     walk(lowered.compiler_ir("stablehlo").operation, custom_call)
     sizes = []
     with jmlir.make_ir_context() as ctx:
-        ctx.allow_unregistered_dialects = True  # the module is in its serialized dialect
+        mgpu.dialect.register_dialect(ctx)  # its types (barriers) are Mosaic GPU's
+        ctx.allow_unregistered_dialects = True  # its ops are in their serialized dialect
 
         def launch(op):
             if op.name.split(".", 1)[-1] != "gpu.launch":

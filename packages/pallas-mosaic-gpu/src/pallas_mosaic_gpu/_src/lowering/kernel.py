@@ -14,6 +14,7 @@ Operands in ``plgpu.GMEM`` (or ``pl.ANY``) are passed whole, as GMEM refs.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
@@ -43,11 +44,12 @@ from pallas_mosaic_gpu._src.lowering.engine import (
 )
 from pallas_mosaic_gpu._src.lowering.infer import wgmma_buffers, wgmma_transforms
 from pallas_mosaic_gpu._src.lowering.scoped import plan, plan_type, value
-from pallas_mosaic_gpu._src.lowering.spill import spill_buffers
+from pallas_mosaic_gpu._src.lowering.spill import reduces, spill_buffers
 from pallas_mosaic_gpu._src.lowering.threads import (
     cluster_of,
-    entry_warpgroup,
+    entry_values,
     grid_axes,
+    issuer,
     own_slice,
     threads_of,
     warpgroup,
@@ -180,12 +182,49 @@ def semantics_of(params) -> str:
                      "plgpu.LoweringSemantics.Lane or plgpu.LoweringSemantics.Warpgroup")
 
 
+_BUILT: collections.OrderedDict = collections.OrderedDict()  # the latest builds
+_BUILT_KEEP = 8
+
+
 def build(jaxpr, gm, params, name: str, target: str | None = None,
           jax_mesh=None) -> Kernel:
     """Lowers the kernel jaxpr and grid mapping to a Mosaic GPU kernel (for ``target``,
     ``"sm_90a"``/``"sm_100a"``, when known: target-specific instructions are checked;
     ``jax_mesh``: the device mesh of an enclosing ``shard_map``, whose devices the kernel
-    may address, see collectives.py)."""
+    may address, see collectives.py).
+
+    A kernel is built at trace time (the backend's ``validate``, so what cannot lower
+    fails there) and again when the call is lowered, from the same jaxpr and grid
+    mapping objects: the latest builds are kept (holding those objects, so their ids
+    stay theirs) and the second is served from them; lowering is deterministic."""
+    # What the kernel takes of the mesh: its axes, and the devices of a concrete one (a
+    # trace-time check has an abstract one; single-device kernels take nothing).
+    mesh_axes = _mesh_axes(jax_mesh)
+    uses = jax_mesh if mesh_axes and isinstance(jax_mesh, jax.sharding.Mesh) else mesh_axes
+    try:
+        key = (id(jaxpr), id(gm), params, name, target_of(target), uses)
+        hash(key)
+    except TypeError:  # params holding something unhashable: no reuse
+        return _build(jaxpr, gm, params, name, target, jax_mesh)
+    hit = _BUILT.get(key)
+    if hit is not None and hit[0] is jaxpr and hit[1] is gm:
+        _BUILT.move_to_end(key)
+        return hit[2]
+    kernel = _build(jaxpr, gm, params, name, target, jax_mesh)
+    _BUILT[key] = (jaxpr, gm, kernel)
+    while len(_BUILT) > _BUILT_KEEP:
+        _BUILT.popitem(last=False)
+    return kernel
+
+
+def _mesh_axes(jax_mesh):
+    """(axis names, sizes) of a mesh of several devices, else None."""
+    if jax_mesh is not None and not jax_mesh.empty and jax_mesh.size > 1:
+        return tuple(jax_mesh.axis_names), tuple(int(s) for s in jax_mesh.axis_sizes)
+    return None
+
+
+def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel:
     if gm.num_scalar_prefetch:
         raise unsupported(name, "scalar prefetch (PrefetchScalarGridSpec)")
     if gm.input_output_aliases:
@@ -235,20 +274,20 @@ def build(jaxpr, gm, params, name: str, target: str | None = None,
     sems = collectives.layout(scratch, scoped, jaxpr.jaxpr)
     sem_words = sems.words(int(np.prod(cuda_grid)))
     sem_shapes = (_sds((sem_words,), jnp.int32),) if sem_words else ()
-    mesh_axes = None
-    if jax_mesh is not None and not jax_mesh.empty and jax_mesh.size > 1:
-        mesh_axes = (tuple(jax_mesh.axis_names), tuple(int(s) for s in jax_mesh.axis_sizes))
+    mesh_axes = _mesh_axes(jax_mesh)
     nt = threads.num
 
     def per_wg(shape):  # a buffer each warpgroup has to itself
         return (nt, *shape) if nt > 1 else tuple(shape)
 
-    red = _sds(per_wg((REDUCTION_SCRATCH_BYTES // 4,)), jnp.float32)
+    # Cross-warp partial results of reductions (none reserved for kernels without one).
+    red = (_sds(per_wg((REDUCTION_SCRATCH_BYTES // 4,)), jnp.float32)
+           if reduces(jaxpr.jaxpr) else None)
     spills = spill_buffers(jaxpr.jaxpr)
 
     def smem_tree(keep):
         """The SMEM tree with the spill buffers of the eqns in ``keep`` (None: all)."""
-        entries = {"red": red}
+        entries = {"red": red} if red is not None else {}
         entries.update({("buf", k): b for k, b in zip(blocked, bufs)})
         entries.update({("scratch", i): p.entry for i, p in enumerate(scratch)
                         if p.entry is not None})
@@ -265,7 +304,7 @@ def build(jaxpr, gm, params, name: str, target: str | None = None,
     state = {}
 
     def body(launch_ctx, *refs_and_smem):
-        with entry_warpgroup(threads):
+        with entry_values(threads):
             emit_body(launch_ctx, *refs_and_smem)
 
     def emit_body(launch_ctx, *refs_and_smem):
@@ -281,7 +320,7 @@ def build(jaxpr, gm, params, name: str, target: str | None = None,
         buf_refs = [ref[("buf", k)] for k in blocked]
         scratch_vals = [value(p, sem_refs.get(("scratch", i)) if p.kind == "sem"
                               else ref.get(("scratch", i))) for i, p in enumerate(scratch)]
-        red_ref, barriers = ref["red"], ref.get("barriers")
+        red_ref, barriers = ref.get("red"), ref.get("barriers")
         spill_refs = _Used({id(e): [ref.get(("spill", i, j)) for j in range(len(avals))]
                             for i, (e, avals) in enumerate(spills)
                             if state["keep"] is None or i in state["keep"]})
@@ -319,7 +358,8 @@ def build(jaxpr, gm, params, name: str, target: str | None = None,
             for j, k in enumerate(blocked_in):
                 if k in by_tma:
                     launch_ctx.async_copy(src_ref=gmem_refs[k], dst_ref=smem_of[k],
-                                          gmem_slice=slices[k], barrier=barriers[j])
+                                          gmem_slice=slices[k], barrier=barriers[j],
+                                          predicate=issuer())
                 else:
                     thread_copy(gmem_refs[k], smem_of[k], gm.block_mappings[k], slices[k],
                                 to_smem=True)
@@ -341,7 +381,7 @@ def build(jaxpr, gm, params, name: str, target: str | None = None,
             for k in stores:
                 if k in by_tma:
                     launch_ctx.async_copy(src_ref=smem_of[k], dst_ref=gmem_refs[k],
-                                          gmem_slice=slices[k])
+                                          gmem_slice=slices[k], predicate=issuer())
                 else:
                     thread_copy(gmem_refs[k], smem_of[k], gm.block_mappings[k], slices[k],
                                 to_smem=False)

@@ -21,7 +21,7 @@ from jaxlib.mlir.dialects import arith, memref, scf
 
 import pallas.plugins as pp
 from pallas_mosaic_gpu._src import jax_compat as jc
-from pallas_mosaic_gpu._src.lowering import small, tmem
+from pallas_mosaic_gpu._src.lowering import small, threads, tmem
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import Lit, RefVal, lower_jaxpr, rule
 
@@ -102,7 +102,7 @@ def store_view(m, value, aval, space: str, sync: bool = True):
     elif small.is_small(aval.shape):
         # Every thread holds the same values; one thread writes them.
         vals = small.to_small(value, aval, aval.shape).values
-        if_op = scf.IfOp(mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP))
+        if_op = scf.IfOp(threads.issuer())
         with ir.InsertionPoint(if_op.then_block):
             for idx in np.ndindex(vals.shape):
                 scalar_store(vals[idx], idx)

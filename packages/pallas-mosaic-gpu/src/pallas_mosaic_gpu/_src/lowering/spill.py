@@ -92,6 +92,20 @@ def _stretches(eqn) -> bool:
                if hasattr(v.aval, "shape"))
 
 
+REDUCING = (P.reduce_sum_p, P.reduce_max_p, P.reduce_min_p, P.reduce_prod_p,
+            P.reduce_and_p, P.reduce_or_p)
+
+
+def reduces(jaxpr) -> bool:
+    """Whether ``jaxpr`` (sub-jaxprs included) has a reduction, whose lowering may combine
+    partial results across warps in SMEM (the kernel's reduction scratch): kernels
+    without one get no such scratch."""
+    return any(eqn.primitive in REDUCING
+               or any(reduces(getattr(sub, "jaxpr", sub))
+                      for sub in jex.jaxprs_in_params(eqn.params))
+               for eqn in jaxpr.eqns)
+
+
 def spill_buffers(jaxpr) -> list[tuple]:
     """(eqn, [aval or None per operand]) of every eqn needing SMEM for its operands
     (None: read in place), sub-jaxprs included."""

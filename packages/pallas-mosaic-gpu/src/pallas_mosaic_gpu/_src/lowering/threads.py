@@ -81,25 +81,41 @@ def per_thread(eqn, threads: Threads) -> bool:
     return threads.num > 1 and threads.name not in tuple(eqn.params["collective_axes"])
 
 
-_ENTRY: list = []  # the warpgroup index computed at the kernel's entry, while emitting it
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """Values computed once at the kernel's entry (which dominates all of its body)."""
+
+    warpgroup: object  # this thread's warpgroup index (i32), or None: one warpgroup
+    issuer: object  # i1: this thread issues its warpgroup's single-thread operations
+
+
+_ENTRY: list = []  # the _Entry of the kernel being emitted
 
 
 def warpgroup() -> object:
     """This thread's warpgroup index in the block (i32, uniform across the warp):
     computed once at the kernel's entry (one ``shfl.sync``) and reused."""
-    if _ENTRY:
-        return _ENTRY[-1]
+    if _ENTRY and _ENTRY[-1].warpgroup is not None:
+        return _ENTRY[-1].warpgroup
     return mgpu.utils.warpgroup_idx(sync=True)
 
 
+def issuer() -> object:
+    """The predicate of the one thread per warpgroup that issues a single-thread operation
+    (a TMA copy, a barrier arrival, a store of values all threads hold): computed once at
+    the kernel's entry and reused, as upstream does, since each fresh
+    ``mgpu.single_thread_predicate`` broadcasts the warp index again (a ``shfl.sync``)."""
+    if _ENTRY:
+        return _ENTRY[-1].issuer
+    return mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP)
+
+
 @contextlib.contextmanager
-def entry_warpgroup(threads: Threads):
-    """While a kernel of several warpgroups is emitted, its warpgroup index is the value
-    computed here, at the top of the kernel body (which dominates all of it)."""
-    if threads.num <= 1:
-        yield
-        return
-    _ENTRY.append(mgpu.utils.warpgroup_idx(sync=True))
+def entry_values(threads: Threads):
+    """While a kernel is emitted, its warpgroup index (kernels of several warpgroups)
+    and issuing thread are the values computed here, at the top of the kernel body."""
+    wg = mgpu.utils.warpgroup_idx(sync=True) if threads.num > 1 else None
+    _ENTRY.append(_Entry(wg, mgpu.single_thread_predicate(mgpu.ThreadSubset.WARPGROUP)))
     try:
         yield
     finally:

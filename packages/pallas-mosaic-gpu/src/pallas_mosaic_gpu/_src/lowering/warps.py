@@ -18,6 +18,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir.dialects import arith, nvvm
 
 from pallas import plugins
+from pallas_mosaic_gpu._src.lowering import threads
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import lower_jaxpr, rule
 from pallas_mosaic_gpu._src.mesh import WarpMesh
@@ -28,8 +29,9 @@ WARPS = WarpMesh.NUM_WARPS_PER_WARPGROUP
 def issuer(lctx):
     """The predicate of the one thread that issues a single-thread operation in the
     current scope (of the warpgroup, or of the warp)."""
-    scope = mgpu.ThreadSubset.WARP if lctx.scope == "warp" else mgpu.ThreadSubset.WARPGROUP
-    return mgpu.single_thread_predicate(scope)
+    if lctx.scope == "warp":  # the warp's elected lane (no warp-index broadcast needed)
+        return mgpu.single_thread_predicate(mgpu.ThreadSubset.WARP)
+    return threads.issuer()
 
 
 def sync(lctx) -> None:

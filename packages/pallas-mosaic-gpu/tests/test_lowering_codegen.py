@@ -1,0 +1,97 @@
+"""What the generated code costs, where upstream's Pallas emits the same: the thread that
+issues single-thread operations is chosen once per kernel, SMEM holds no reduction
+scratch a kernel does not reduce with, and a kernel is built once per ``pallas_call``
+although it is checked at trace time and lowered later."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import pallas as pl
+import pallas.plugins
+import pallas_mosaic_gpu as plgpu
+from pallas_mosaic_gpu._src.backend import params
+from pallas_mosaic_gpu._src.emulate.launch import module_of
+from pallas_mosaic_gpu._src.lowering import build
+from pallas_mosaic_gpu._src.lowering import kernel as kernel_mod
+
+pytest.importorskip("jax_plugins.xla_cuda13", reason="lowering for cuda needs jax-cuda13-plugin")
+
+F32 = jnp.float32
+X = jax.ShapeDtypeStruct((32, 128), F32)
+
+
+def _pipelined(body=None):
+    """Two inputs and an output in (8, 128) blocks over a grid of 4: TMA copies and
+    barrier arrivals at every step."""
+
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = body(x_ref[...], y_ref[...]) if body else x_ref[...] - y_ref[...]
+
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    return pl.pallas_call(kernel, out_shape=X, grid=(4,), in_specs=[spec, spec],
+                          out_specs=spec, backend="mosaic_gpu")
+
+
+def _built(f, *args):
+    (eqn,) = [e for e in jax.make_jaxpr(f)(*args).jaxpr.eqns
+              if e.primitive is pl.pallas_call_p]
+    req = pallas.plugins.KernelRequest.from_params(eqn.params, eqn.params["compiler_params"])
+    return build(req.jaxpr, req.grid_mapping, params(req.compiler_params), "k")
+
+
+def test_the_issuing_thread_is_chosen_once_per_kernel():
+    # Each copy and arrival is predicated on one thread of the warpgroup; choosing it
+    # broadcasts the warp index across the warp (shfl.sync): once, at the kernel's entry
+    # (the other one is Mosaic GPU's, choosing who initialises the barriers).
+    text = str(module_of(_built(_pipelined(), X, X)))
+    assert text.count("cp.async.bulk.tensor") >= 3  # two loads and a store per step
+    assert text.count("nvvm.shfl.sync") == 2
+
+
+def test_a_kernel_of_several_warpgroups_broadcasts_its_warp_index_once_more():
+    # Its warpgroup index and its issuing thread, each computed once at the entry (and
+    # Mosaic GPU's barrier initialisation).
+    def kernel(x_gmem, o_gmem, buf, bars):
+        wg = jax.lax.axis_index("wg")
+        rows = pl.ds(wg * 16, 16)
+
+        @pl.when(wg < 2)
+        def _():
+            for _ in range(3):
+                plgpu.copy_gmem_to_smem(x_gmem.at[rows], buf.at[wg], bars.at[wg])
+                plgpu.barrier_wait(bars.at[wg])
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(buf.at[wg], o_gmem.at[rows])
+            plgpu.wait_smem_to_gmem(0)
+
+    f = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((32, 128), F32), num_threads=2,
+                     thread_name="wg",
+                     scratch_types=[plgpu.SMEM((2, 16, 128), F32),
+                                     plgpu.Barrier(num_barriers=2)])
+    text = str(module_of(_built(f, X)))
+    assert text.count("nvvm.shfl.sync") == 3
+
+
+def test_smem_has_reduction_scratch_only_when_the_kernel_reduces():
+    plain = _built(_pipelined(), X, X)
+    reducing = _built(_pipelined(
+        lambda x, y: x - jax.lax.broadcast_in_dim(y.sum(axis=1), (8, 128), [0])), X, X)
+    blocks = 3 * 8 * 128 * 4
+    assert plain.smem_bytes < blocks + 1024  # its three blocks and their barriers
+    assert reducing.smem_bytes >= plain.smem_bytes + kernel_mod.REDUCTION_SCRATCH_BYTES
+
+
+def test_a_pallas_call_is_built_once_from_trace_to_lowering(monkeypatch):
+    built = []
+    real = kernel_mod._build
+    monkeypatch.setattr(kernel_mod, "_build", lambda *a: built.append(a) or real(*a))
+    f = _pipelined(lambda x, y: x * y + 1.0)  # a kernel no other test builds
+    jax.jit(f).trace(X, X).lower(lowering_platforms=("cuda",))
+    assert len(built) == 1
+    # A different kernel is built anew.
+    jax.jit(_pipelined(lambda x, y: x * y + 2.0)).trace(X, X).lower(
+        lowering_platforms=("cuda",))
+    assert len(built) == 2
