@@ -28,6 +28,7 @@ from jaxlib.mlir.dialects import arith, gpu, llvm
 
 from pallas import DeviceIdType, plugins
 from pallas_mosaic_gpu._src.lowering import values as V
+from pallas_mosaic_gpu._src.lowering import warps
 from pallas_mosaic_gpu._src.lowering.engine import KernelError, Lit, RefVal, rule
 from pallas_mosaic_gpu._src.lowering.rules_layout import hinted_layout
 from pallas_mosaic_gpu._src.lowering.rules_refs import view
@@ -219,7 +220,8 @@ def _semaphore_signal(lctx, eqn, sem, *rest):
         device_id = jax.tree_util.tree_unflatten(p["device_id_tree"], list(devs))
         peer = peer_id(lctx, device_id, p["device_id_type"], "pl.semaphore_signal")
         m = lctx.launch_ctx.to_remote(m, peer)
-    mgpu.utils.SemaphoreRef(_ptr(m)).signal(_i32(inc))
+    # One thread of the warpgroup (of the warp, in a plgpu.WarpMesh) signals.
+    mgpu.utils.SemaphoreRef(_ptr(m)).signal(_i32(inc), predicate=warps.issuer(lctx))
     return []
 
 
