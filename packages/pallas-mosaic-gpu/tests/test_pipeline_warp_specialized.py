@@ -237,6 +237,14 @@ def test_memory_registers_outside_setmaxnreg_range_is_refused(bad):
         _ws(memory_registers=bad)
 
 
+@pytest.mark.parametrize("n,action,match", [
+    (41, "increase", r"n=41\): must be a multiple of 8 in \[24, 256\]"),
+    (264, "decrease", r"n=264\)"), (40, "up", r"action='up'\): must be 'increase'")])
+def test_set_max_registers_refuses_what_setmaxnreg_cannot_take(n, action, match):
+    with pytest.raises(ValueError, match=match):
+        plgpu.set_max_registers(n, action=action)
+
+
 def test_compute_warpgroups_share_what_the_memory_warpgroup_leaves():
     from pallas_mosaic_gpu._src.pipeline_ws import _compute_registers
 
