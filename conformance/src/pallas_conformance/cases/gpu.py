@@ -193,6 +193,53 @@ def bulk_group_stores(pallas_call, x):
                        **_mode(pallas_call))(x)
 
 
+def chained_warp_specialized_pipelines(pallas_call, x):
+    """Three ``emit_pipeline_warp_specialized`` pipelines sharing their allocations
+    (``pipeline_state`` START, STEADY, STOP, a traced value in a loop), then one on its
+    own: each adds every (64, 64) block of x into one SMEM sum. The memory warpgroup
+    refills slots across pipeline boundaries (waiting for the previous pipeline's
+    releases) and drains them only at STOP."""
+    blk = 64
+
+    def body(x_gmem, o_gmem, acc):
+        wg = jax.lax.axis_index("wg")
+
+        @pl.when(wg == 0)
+        def _():
+            acc[...] = jnp.zeros_like(acc)
+
+        def add(_, x_smem):
+            acc[...] += x_smem[...]
+
+        def pipeline(state):
+            return plgpu.emit_pipeline_warp_specialized(
+                add, grid=(x.shape[0] // blk, x.shape[1] // blk), memory_registers=40,
+                max_concurrent_steps=2, num_compute_wgs=1, wg_axis="wg",
+                in_specs=[pl.BlockSpec((blk, blk), lambda i, j: (i, j))],
+                pipeline_state=state)
+
+        def scope(allocs):
+            @pl.loop(0, 3)
+            def _(i):
+                state = jnp.where(i > 0, plgpu.PipelinePipeline.STEADY,
+                                  plgpu.PipelinePipeline.START)
+                pipeline(jnp.where(i == 2, plgpu.PipelinePipeline.STOP, state))(
+                    x_gmem, allocations=allocs)
+
+            pipeline(None)(x_gmem, allocations=allocs)
+
+        pl.run_scoped(scope, pipeline(None).get_allocations(x_gmem), collective_axes="wg")
+
+        @pl.when(wg == 0)
+        def _():
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(acc, o_gmem)
+            plgpu.wait_smem_to_gmem(0)
+
+    return _kernel(pallas_call, body, sds((blk, blk), x.dtype), num_threads=2,
+                   thread_name="wg", scratch_types=[plgpu.SMEM((blk, blk), x.dtype)])(x)
+
+
 # --- wgmma ------------------------------------------------------------------------------
 
 
@@ -334,6 +381,10 @@ def _register():
          inputs=lambda rng: (randn(rng, (24, 128)),),
          reference=lambda x: x * jnp.repeat(jnp.arange(1, 4, dtype=f32), 8)[:, None],
          )(bulk_group_stores)
+    case("gpu/ws_chained_pipelines", tags={"warpgroups", "tma_pipelines"},
+         inputs=lambda rng: (randn(rng, (128, 128)),),
+         reference=lambda x: 4 * x.reshape(2, 64, 2, 64).sum((0, 2)),
+         tolerance={"float32": (1e-5, 1e-5)})(chained_warp_specialized_pipelines)
     case("gpu/wgmma_matmul_f16_swizzle128", tags={"wgmma", "tma_pipelines", "f16"},
          inputs=lambda rng: (randn(rng, (64, 128), jnp.float16),
                              randn(rng, (128, 128), jnp.float16)),
