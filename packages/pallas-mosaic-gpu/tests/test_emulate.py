@@ -118,6 +118,37 @@ def test_a_reduction_axis_runs_as_a_loop_revisiting_the_output_block():
     np.testing.assert_array_equal(out, x.reshape(16, 4, 128).sum(1))
 
 
+def test_an_axis_the_output_index_map_computes_with_but_drops_stays_sequential():
+    """An index map remapped onto a reversed grid (the state sweep of a carried-state
+    backward pass) computes ``n - 1 - k`` for every axis, used or not. The dead use of
+    ``k`` must not make it a parallel axis: the revisited output block (and scratch
+    carried between the steps) would then live in separate CUDA blocks, never
+    initialised (NaN at emulate, wrong numbers on a GPU)."""
+    def body(x_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(1) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] = acc_ref[...] * 0.5 + x_ref[...]
+        o_ref[...] = acc_ref[...]
+
+    def out_map(i, j):
+        _ = 3 - j  # computed and dropped: the block index does not depend on j
+        return i, 0
+
+    x = np.random.default_rng(0).standard_normal((16, 512)).astype(np.float32)
+    k = _kernel(body, jax.ShapeDtypeStruct((16, 128), F32), x, grid=(2, 4),
+                in_specs=[pl.BlockSpec((8, 128), lambda i, j: (i, j))],
+                out_specs=pl.BlockSpec((8, 128), out_map),
+                scratch_shapes=[pl.ANY((8, 128), F32)])
+    assert k.sequential_axes == (1,) and k.cuda_grid == (2, 1, 1)
+    (out,) = run_kernel(k, [x])
+    want = np.zeros((16, 128), np.float32)
+    for j in range(4):
+        want = want * 0.5 + x[:, j * 128:(j + 1) * 128]
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+
+
 def test_an_op_the_executor_does_not_know_is_unsupported_naming_it(monkeypatch):
     monkeypatch.delitem(OPS, "math.exp")
     with pytest.raises(EmulationUnsupported, match="math.exp"):

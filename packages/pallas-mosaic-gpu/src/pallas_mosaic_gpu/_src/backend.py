@@ -9,12 +9,14 @@ from pallas_mosaic_gpu._src.compiler_params import CompilerParams
 # Conformance tags whose every case passes at each level this backend provides (lower,
 # and compile where the toolchain is installed); measured by running the catalogue.
 # grad: the backward kernels pallas-core generates lower here (or fall back to XLA).
+# scratch: scratch buffers live in SMEM, carried from step to step along the sequential
+# grid axes (the loop each CUDA block runs), which the carried-state backward sweep uses.
 # Not claimed although their claimed-tag cases would pass: carry_across_blocks (parallel
 # grid axes run concurrently on a GPU), atomics and semaphores (not lowered yet).
 CAPABILITIES: frozenset = frozenset({
     "elementwise", "special_functions", "bf16", "f16", "int8", "uint32", "bool", "dot",
     "multiple_outputs", "sequential_grid", "vmap", "shard_map", "kernels", "reductions",
-    "broadcasting", "pytrees", "fusion", "grad",
+    "broadcasting", "pytrees", "fusion", "grad", "scratch",
     # plgpu's own primitives (conformance cases/gpu.py): warpgroup meshes, TMA + mbarrier
     # pipelines, wgmma from swizzled SMEM.
     "warpgroups", "tma_pipelines", "wgmma",

@@ -21,6 +21,7 @@ import os
 import re
 
 import jax
+import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.mosaic import gpu as mgpu
@@ -92,11 +93,16 @@ def _is_gmem(bm) -> bool:
 
 
 def _uses_axis(index_map_jaxpr, axis: int) -> bool:
+    """Whether the block index depends on grid axis ``axis``: the axis's variable reaches
+    an output of the index map. Dead equations do not count (an index map remapped
+    onto a reversed grid computes ``n - 1 - k`` for every axis, used or not); an
+    equation with a sub-jaxpr counts as using all its operands."""
     jaxpr = index_map_jaxpr.jaxpr
-    v = jaxpr.invars[axis]
-    if any(v is o for o in jaxpr.outvars):
-        return True
-    return any(any(v is i for i in e.invars) for e in jaxpr.eqns)
+    live = {id(o) for o in jaxpr.outvars if not isinstance(o, jex.Literal)}
+    for e in reversed(jaxpr.eqns):
+        if any(id(o) in live for o in e.outvars):
+            live.update(id(i) for i in e.invars if not isinstance(i, jex.Literal))
+    return id(jaxpr.invars[axis]) in live
 
 
 def split_grid(gm, params) -> tuple[tuple[int, ...], tuple[int, ...]]:
