@@ -54,7 +54,9 @@ class Machine:
         self.block = None  # the block's warpgroup scheduler (sched.Block) in gpu.launch
         self.group = 0  # this machine's warpgroup in the block
         self.smem = self.smem_size = 0
-        self.pending: dict = {}  # per-block state of async units (bulk groups)
+        self.pending: dict = {}  # per-cluster state of async units (bulk groups, TMEM)
+        self.cluster = None  # the cluster of the current block (ops_cluster.Cluster)
+        self.cta_rank = 0  # the block's rank in its cluster
 
     def fork(self, thread_ids: np.ndarray) -> Machine:
         """A machine for some threads of the current block (a warpgroup): its own

@@ -13,11 +13,13 @@ from jaxlib.mlir import ir
 from pallas_mosaic_gpu._src.emulate import (  # noqa: F401 - each module registers ops
     ops_arith,
     ops_async,
+    ops_cluster,
     ops_gpu,
     ops_llvm,
     ops_math,
     ops_memref,
     ops_scf,
+    ops_tcgen05,
     ops_vector,
     ops_wgmma,
 )

@@ -19,6 +19,7 @@ from jaxlib.mlir import ir
 
 from pallas_mosaic_gpu._src.emulate.engine import int_array_attr, op
 from pallas_mosaic_gpu._src.emulate.ops_llvm import asm
+from pallas_mosaic_gpu._src.emulate.ops_tcgen05 import finish_block, land_mmas
 from pallas_mosaic_gpu._src.emulate.types import EmulationError, EmulationUnsupported
 
 _MAGIC = 0x314D54555047_4D  # the first 8 bytes of a descriptor written here
@@ -111,12 +112,17 @@ def _bytes(addrs, es):
 
 @op("nvvm.cp.async.bulk.tensor.shared.cluster.global")
 def _tma_load(o, cc):
+    """A TMA load; with a multicast mask it lands at the same SMEM offset in every block
+    of the cluster the mask names, signalling each one's mbarrier at the same offset."""
     seg = int_array_attr(o.attributes["operandSegmentSizes"])
-    if seg[4] or seg[5]:
-        raise EmulationUnsupported("TMA loads in im2col mode or multicast to a cluster")
+    if seg[4]:
+        raise EmulationUnsupported("TMA loads in im2col mode")
     ncoord = seg[2]
+    multicast = 3 + ncoord if seg[5] else None
 
     def run(m, *xs):
+        from pallas_mosaic_gpu._src.emulate.ops_cluster import cluster_of
+
         dst, desc_ptr, coords, mbar = xs[0], xs[1], xs[2:2 + ncoord], xs[2 + ncoord]
         for i in m.lanes(_pred(o, xs)):
             desc = _descriptor(m, _lane(desc_ptr, i))
@@ -126,23 +132,33 @@ def _tma_load(o, cc):
                 data[inside] = m.memory.gather(_bytes(gaddr[inside], es), np.uint8).reshape(
                     -1, es)
             addr, bar = _lane(dst, i), _lane(mbar, i)
-            _state(m, bar)  # the barrier exists when the copy is issued
-            landing = (_bytes(_swizzle_at(addr, soff, desc["swizzle"]), es), data.reshape(-1),
-                       bar, len(gaddr) * es)
-            m.pending.setdefault(("load", bar), []).append(landing)
+            targets = [(addr, bar)]
+            if multicast is not None:
+                cl, mask = cluster_of(m), _lane(xs[multicast], i) & 0xFFFF
+                targets = [(cl.remote(m, addr, r), cl.remote(m, bar, r))
+                           for r in range(len(cl.smem)) if mask >> r & 1]
+            for a, b in targets:
+                _state(m, b)  # the barrier exists when the copy is issued
+                landing = (_bytes(_swizzle_at(a, soff, desc["swizzle"]), es),
+                           data.reshape(-1), b, len(gaddr) * es)
+                m.pending.setdefault(("load", b), []).append(landing)
 
     return run
 
 
 def land_loads(m, bar: int) -> None:
-    """Lands the TMA loads in flight that signal the mbarrier at ``bar``."""
+    """Lands the TMA loads in flight that signal the mbarrier at ``bar``, and runs the
+    tensor core ops committed to it (``ops_tcgen05``)."""
     for addrs, data, b, nbytes in m.pending.pop(("load", bar), ()):
         m.memory.scatter(addrs, data)
         complete_tx(m, b, nbytes)
+    land_mmas(m, bar)
 
 
 def flush_async(m) -> None:
-    """The end of a block: every copy still in flight completes."""
+    """The end of a block: every copy and tensor core op still in flight completes;
+    TMEM must have been deallocated."""
+    finish_block(m)
     for key in [k for k in m.pending if k[0] == "load"]:
         land_loads(m, key[1])
     for key in [k for k in m.pending if k[0] == "store"]:
@@ -213,6 +229,11 @@ def _bulk_wait(o, cc):
 
 
 # -- mbarriers -------------------------------------------------------------------------
+
+
+def mbarrier_state(m, addr: int) -> dict:
+    """The state of the mbarrier at ``addr`` (an error before its init)."""
+    return _state(m, addr)
 
 
 def _state(m, addr: int) -> dict:

@@ -9,8 +9,9 @@ from jaxlib.mlir import ir
 from pallas_mosaic_gpu._src.emulate.engine import int_array_attr, op, run, uniform
 from pallas_mosaic_gpu._src.emulate.memref import MemRef, from_struct, to_struct
 from pallas_mosaic_gpu._src.emulate.ops_async import flush_async
+from pallas_mosaic_gpu._src.emulate.ops_cluster import Cluster
 from pallas_mosaic_gpu._src.emulate.sched import WARPGROUP, Block
-from pallas_mosaic_gpu._src.emulate.types import EmulationUnsupported
+from pallas_mosaic_gpu._src.emulate.types import EmulationError, EmulationUnsupported
 
 WARP = 32
 SMEM_FILL = 0xFF  # SMEM starts as garbage (NaN for floats): reading unwritten SMEM shows
@@ -24,15 +25,18 @@ def _dim(o) -> int:
 @op("gpu.launch")
 def _launch(o, cc):
     seg = int_array_attr(o.attributes["operandSegmentSizes"])
-    if any(seg[7:10]):
-        raise EmulationUnsupported("gpu.launch with a cluster (clusters of CUDA blocks)")
     body = cc.region(o.regions[0])
     nasync = seg[0]
+    clustered = any(seg[7:10])
 
     def run_launch(m, *xs):
         grid = [uniform(x, m, "the grid size") for x in xs[nasync:nasync + 3]]
         block = [uniform(x, m, "the block size") for x in xs[nasync + 3:nasync + 6]]
+        cluster = [uniform(x, m, "the cluster size") for x in xs[nasync + 6:nasync + 9]] \
+            if clustered else [1, 1, 1]
         smem = uniform(xs[-1], m, "the SMEM size") if seg[10] else 0
+        if any(g % c for g, c in zip(grid, cluster)):
+            raise EmulationError(f"a grid of {grid} blocks in clusters of {cluster}")
         threads = block[0] * block[1] * block[2]
         # Warpgroups run as coroutines (sched.py); a block of another size is one group.
         size = WARPGROUP if threads % WARPGROUP == 0 else threads
@@ -40,33 +44,47 @@ def _launch(o, cc):
         m.block_dim, m.grid_dim = tuple(block), tuple(grid)
         g = [np.asarray([v], np.int64) for v in grid]
         b = [np.asarray([v], np.int64) for v in block]
+        cs = [np.asarray([v], np.int64) for v in cluster]
         try:
-            for z in range(grid[2]):
-                for y in range(grid[1]):
-                    for x in range(grid[0]):
-                        bid = tuple(np.asarray([v], np.int64) for v in (x, y, z))
-                        m.block_id = bid
-                        # SMEM at a 256 KiB boundary: its addresses' low 18 bits are
-                        # offsets in the block's shared window (wgmma descriptors).
-                        m.smem = m.memory.alloc(smem, f"SMEM of block {(x, y, z)}",
-                                                fill=SMEM_FILL, align=SMEM_WINDOW)
-                        m.smem_size = smem
-                        m.mbarriers = {}
-                        m.pending = {}
-                        groups = [m.fork(np.arange(i, i + size))
-                                  for i in range(0, threads, size)]
-
-                        def body_of(gm, bid=bid):
-                            run(body, gm, gm.env, [*bid, *gm.thread_id, *g, *b])
-
-                        Block(groups).run(body_of)
-                        flush_async(m)
-                        m.memory.free(m.smem)
+            for cz, cy, cx in np.ndindex(*(gd // c for gd, c in zip(grid[::-1], cluster[::-1]))):
+                run_cluster(m, (cx, cy, cz), cluster, smem, threads, size,
+                            lambda gm, bid, cid: run(body, gm, gm.env, [
+                                *bid, *gm.thread_id, *g, *b,
+                                *([np.asarray([v], np.int64) for v in cid] + cs
+                                  if clustered else [])]))
         finally:
             m.threads, m.thread_id, m.block_id, m.block_dim, m.grid_dim, m.mask = saved
         return (None,) * len(o.results)
 
     return run_launch
+
+
+def run_cluster(m, cid, cluster, smem, threads, size, body_of):
+    """Runs the blocks of cluster ``cid`` together: each block's SMEM (at a 256 KiB
+    boundary: its addresses' low 18 bits are offsets in the block's shared window, as
+    wgmma descriptors take them), the cluster's mbarriers and async units shared."""
+    cx, cy, cz = cluster
+    bids = [tuple(c * n + i for c, n, i in zip(cid, cluster, (x, y, z)))
+            for z in range(cz) for y in range(cy) for x in range(cx)]  # by rank
+    bases = [m.memory.alloc(smem, f"SMEM of block {bid}", fill=SMEM_FILL, align=SMEM_WINDOW)
+             for bid in bids]
+    m.mbarriers = {}
+    m.pending = {}
+    cl = Cluster(cluster, bases, smem, threads * len(bids))
+    groups = []
+    for rank, (bid, base) in enumerate(zip(bids, bases)):
+        m.block_id = tuple(np.asarray([v], np.int64) for v in bid)
+        m.smem, m.smem_size, m.cta_rank, m.cluster = base, smem, rank, cl
+        for i in range(0, threads, size):
+            gm = m.fork(np.arange(i, i + size))
+            groups.append(gm)
+    try:
+        Block(groups).run(lambda gm: body_of(gm, gm.block_id, cid))
+        flush_async(m)
+    finally:
+        for base in bases:
+            m.memory.free(base)
+        m.cluster = None
 
 
 @op("gpu.thread_id")
@@ -136,6 +154,15 @@ def _barrier(o, cc):
 def _fence(o, cc):
     # Every access completes before the next op starts: fences order nothing more.
     def run_(m, *xs):
+        return None
+
+    return run_
+
+
+@op("nvvm.bar.warp.sync")
+def _warp_sync(o, cc):
+    """``bar.warp.sync``: the lanes of a warp meet, which lanes run in lockstep do."""
+    def run_(m, mask):
         return None
 
     return run_

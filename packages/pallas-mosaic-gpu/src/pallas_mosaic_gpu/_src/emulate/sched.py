@@ -64,7 +64,7 @@ class Block:
         """``bar.sync``/``__syncthreads``: this warpgroup's active threads arrive at
         barrier ``key``; returns when ``expected`` threads have arrived."""
         arriving = m.threads if m.mask is None else int(np.count_nonzero(m.mask))
-        st = self.barriers.setdefault(key, [0, 0])
+        st = self.barriers.setdefault((m.smem, key), [0, 0])  # per block of a cluster
         gen = st[1]
         st[0] += arriving
         if st[0] > expected:

@@ -1,0 +1,436 @@
+"""Blackwell's tensor memory and 5th-generation tensor core ops: ``tcgen05.alloc``/
+``dealloc``/``relinquish_alloc_permit``, ``tcgen05.mma`` (the inline PTX Mosaic GPU
+emits for it), ``tcgen05.commit`` to an mbarrier, ``tcgen05.ld``/``st``, fences and waits.
+
+Semantics from the PTX ISA ("Tensor Memory", "tcgen05.mma", "Instruction descriptor",
+"Matrix fragments for tcgen05.ld/st"):
+
+- TMEM is a block's 128 lanes x 512 columns of 32-bit cells; an address holds the lane
+  in bits 16-31 and the column in bits 0-15. ``alloc`` (a whole warp) takes a power of
+  two >= 32 of columns and writes the address of the first (lane 0) to SMEM; columns
+  must be deallocated before the block exits; no allocation after a
+  ``relinquish_alloc_permit``. Cells start as garbage (NaN for f32), as SMEM does;
+- ``tcgen05.mma.cta_group::1`` (one thread): ``D = A @ B (+ D if enable-input-d)``, M x N
+  x K with M, N from the instruction descriptor (D type bits 4-5, A/B types 7-9/10-12,
+  negate A/B 13/14, transpose (MN-major) A/B 15/16, N >> 3 in 17-22, M >> 4 in 24-28) and
+  K 32 bytes of the input type; A and B from SMEM descriptors, laid out as for wgmma
+  (swizzle in bits 61-63: 2 = 128 B, 4 = 64 B, 6 = 32 B). With M = 128, row ``i`` of D
+  is TMEM lane ``i``, column ``j`` the address's column plus ``j``;
+- the tensor core runs the block's ``tcgen05`` ops in issue order, asynchronously:
+  ``tcgen05.commit`` makes an mbarrier arrive once every earlier op has completed. Here
+  an MMA runs (reading SMEM and TMEM then) when a thread waits on the mbarrier of a
+  later commit, or at the end of the block, so a kernel that reads TMEM or refills an
+  operand's SMEM before waiting for the MMA sees stale data, as on the hardware;
+- ``tcgen05.ld``/``st`` (whole warps): warp ``w`` reaches TMEM lanes ``32 (w % 4)`` to
+  ``32 (w % 4) + 31`` (the address's lane taken within that slab). Lane ``l``'s register
+  ``r`` holds (row, column) relative to the address: ``32x32b`` (l, r); ``16x64b``
+  (l/4 + 8(l%2), (l/2)%2 + 2r); ``16x128b`` (l/4 + 8(r%2), l%4 + 4(r/2)); ``16x256b``
+  (l/4 + 8((r/2)%2), r%2 + 2(l%4) + 8(r/4)). They complete when issued, so
+  ``tcgen05.wait`` has nothing left to wait for.
+
+What is not implemented raises :class:`EmulationUnsupported` naming it: A in TMEM,
+``cta_group::2`` and multicast commits (CTA pairs), M other than 128, f16 accumulators,
+sparse/scaled/weight-stationary MMAs, ``pack::16b``/``unpack::16b``, ``tcgen05.cp``/
+``shift``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax.numpy as jnp
+import numpy as np
+from jaxlib.mlir import ir
+
+from pallas_mosaic_gpu._src.emulate.engine import op
+from pallas_mosaic_gpu._src.emulate.ops_llvm import asm
+from pallas_mosaic_gpu._src.emulate.ops_wgmma import smem_operand
+from pallas_mosaic_gpu._src.emulate.types import EmulationError, EmulationUnsupported
+
+LANES, COLUMNS = 128, 512
+WARP = 32
+_GARBAGE = 0xFFFFFFFF  # unwritten TMEM reads as NaN
+_KINDS = {  # kind -> {type code: dtype}
+    "f16": {0: np.dtype(np.float16), 1: np.dtype(jnp.bfloat16)},
+    "tf32": {2: np.dtype(np.float32)},
+    "f8f6f4": {0: np.dtype(jnp.float8_e4m3fn), 1: np.dtype(jnp.float8_e5m2)},
+    "i8": {0: np.dtype(np.uint8), 1: np.dtype(np.int8)},
+}
+_D_TYPES = {1: np.dtype(np.float32), 2: np.dtype(np.int32)}  # 0 (f16) not implemented
+
+
+def _lane(x, i):
+    x = np.asarray(x).reshape(len(np.asarray(x)), -1)
+    return int(x[i if x.shape[0] > 1 else 0, 0])
+
+
+class Tmem:
+    """A block's tensor memory, its allocations and its tensor core's queue."""
+
+    def __init__(self):
+        self.cells = np.full((LANES, COLUMNS), _GARBAGE, np.uint32)
+        self.allocated: dict[int, int] = {}  # first column -> columns
+        self.relinquished = False
+        self.queue: list = []  # ("op", fn) | ("commit", mbarrier address), issue order
+
+    def alloc(self, ncols: int) -> int:
+        if ncols < 32 or ncols > COLUMNS or ncols & (ncols - 1):
+            raise EmulationError(f"tcgen05.alloc of {ncols} columns (a power of two from "
+                                 f"32 to {COLUMNS})")
+        if self.relinquished:
+            raise EmulationError("tcgen05.alloc after tcgen05.relinquish_alloc_permit")
+        for start in range(0, COLUMNS, ncols):
+            if all(s + n <= start or start + ncols <= s for s, n in self.allocated.items()):
+                self.allocated[start] = ncols
+                return start
+        raise EmulationError(
+            f"tcgen05.alloc of {ncols} columns with {sorted(self.allocated.items())} "
+            f"(first column, columns) already allocated: it would wait forever")
+
+    def dealloc(self, taddr: int, ncols: int) -> None:
+        col = taddr & 0xFFFF
+        if self.allocated.get(col) != ncols or taddr >> 16:
+            raise EmulationError(f"tcgen05.dealloc of {ncols} columns at TMEM address "
+                                 f"{taddr:#x}, which is not an allocation of that size "
+                                 f"({sorted(self.allocated.items())})")
+        del self.allocated[col]
+
+    def check(self, col: int, ncols: int, what: str) -> None:
+        if not any(s <= col and col + ncols <= s + n for s, n in self.allocated.items()):
+            raise EmulationError(f"{what} reaches TMEM columns [{col}, {col + ncols}), "
+                                 f"outside every allocation "
+                                 f"({sorted(self.allocated.items())})")
+
+    def run_until(self, m, bar: int | None) -> None:
+        """Runs the queued ops up to the last commit to ``bar`` (all of them: None),
+        arriving on each committed mbarrier on the way."""
+        from pallas_mosaic_gpu._src.emulate.ops_async import arrive
+
+        if bar is None:
+            last = len(self.queue) - 1
+        else:
+            hits = [i for i, (k, x) in enumerate(self.queue) if k == "commit" and x == bar]
+            if not hits:
+                return
+            last = hits[-1]
+        todo, self.queue = self.queue[:last + 1], self.queue[last + 1:]
+        for kind, x in todo:
+            if kind == "op":
+                x()
+            else:
+                arrive(m, x)
+
+
+def tmem_of(m) -> Tmem:
+    """The TMEM of the machine's block (created at its first use; blocks of a cluster
+    share ``m.pending`` and are told apart by their SMEM)."""
+    t = m.pending.get(("tmem", m.smem))
+    if t is None:
+        t = m.pending[("tmem", m.smem)] = Tmem()
+    return t
+
+
+def _tmems(m) -> list:
+    return [t for k, t in m.pending.items() if k[0] == "tmem"]
+
+
+def land_mmas(m, bar: int) -> None:
+    """Completes the tensor core ops committed to the mbarrier at ``bar``."""
+    for t in _tmems(m):
+        t.run_until(m, bar)
+
+
+def finish_block(m) -> None:
+    """The end of a block (of a cluster's blocks): queued tensor core ops complete;
+    TMEM must be deallocated."""
+    for t in _tmems(m):
+        t.run_until(m, None)
+        if t.allocated:
+            raise EmulationError(f"a block exits with TMEM columns still allocated "
+                                 f"({sorted(t.allocated.items())}: first column, columns); "
+                                 f"tcgen05.dealloc them first")
+
+
+def _cta_group_1(o, what: str) -> None:
+    g = o.attributes["group"] if "group" in o.attributes else None
+    if g is not None and "cta_2" in str(g):
+        raise EmulationUnsupported(f"{what} for a CTA pair (cta_group::2)")
+
+
+def _warps(m) -> np.ndarray:
+    """The block-wide warp index of each active lane's warp (one entry per warp)."""
+    lanes = m.lanes()
+    t = _linear_tid(m)[lanes]
+    return np.unique(t // WARP)
+
+
+def _linear_tid(m) -> np.ndarray:
+    bx, by, _ = m.block_dim
+    x, y, z = (np.broadcast_to(np.asarray(v).reshape(-1), (m.threads,)) for v in m.thread_id)
+    return x + bx * (y + by * z)
+
+
+@op("nvvm.tcgen05.alloc", "nvvm.tcgen05.alloc.shared")
+def _alloc(o, cc):
+    _cta_group_1(o, "tcgen05.alloc")
+
+    def run(m, ptr, ncols):
+        t = tmem_of(m)
+        lanes = m.lanes()
+        tids = _linear_tid(m)[lanes]
+        for w in np.unique(tids // WARP):  # one allocation per warp
+            i = lanes[np.nonzero(tids // WARP == w)[0][0]]
+            col = t.alloc(_lane(ncols, i))
+            m.memory.scatter(np.asarray([_lane(ptr, i)]), np.asarray([col], np.uint32))
+
+    return run
+
+
+@op("nvvm.tcgen05.dealloc")
+def _dealloc(o, cc):
+    _cta_group_1(o, "tcgen05.dealloc")
+
+    def run(m, taddr, ncols):
+        t = tmem_of(m)
+        lanes = m.lanes()
+        tids = _linear_tid(m)[lanes]
+        for w in np.unique(tids // WARP):
+            i = lanes[np.nonzero(tids // WARP == w)[0][0]]
+            t.dealloc(_lane(taddr, i) & 0xFFFFFFFF, _lane(ncols, i))
+
+    return run
+
+
+@op("nvvm.tcgen05.relinquish_alloc_permit")
+def _relinquish(o, cc):
+    _cta_group_1(o, "tcgen05.relinquish_alloc_permit")
+
+    def run(m):
+        if m.lanes().size:
+            tmem_of(m).relinquished = True
+
+    return run
+
+
+@op("nvvm.tcgen05.fence", "nvvm.tcgen05.wait")
+def _fence(o, cc):
+    # Loads and stores complete when issued; MMAs are ordered by their commits.
+    def run(m):
+        return None
+
+    return run
+
+
+@op("nvvm.tcgen05.commit")
+def _commit(o, cc):
+    _cta_group_1(o, "tcgen05.commit")
+    if len(o.operands) != 1:
+        raise EmulationUnsupported("tcgen05.commit multicast to the blocks of a cluster")
+
+    def run(m, bar):
+        from pallas_mosaic_gpu._src.emulate.ops_async import mbarrier_state
+
+        t = tmem_of(m)
+        for i in m.lanes():
+            a = _lane(bar, i)
+            mbarrier_state(m, a)  # the barrier exists when the commit is issued
+            t.queue.append(("commit", a))
+
+    return run
+
+
+# -- tcgen05.mma ------------------------------------------------------------------------
+
+_MMA = re.compile(
+    r"\{\s*\.reg \.b32 a_desc_low, a_desc_high, b_desc_low, b_desc_high;\s*"
+    r"\.reg \.b64 a_desc;\s*\.reg \.b64 b_desc;\s*"
+    r"add\.s32 a_desc_low, \$1, (?P<alo>-?\d+);\s*add\.s32 b_desc_low, \$2, (?P<blo>-?\d+);\s*"
+    r"mov\.b64 b_desc, \{b_desc_low, (?P<bhi>-?\d+)\};\s*"
+    r"mov\.b64 a_desc, \{a_desc_low, (?P<ahi>-?\d+)\};\s*"
+    r"tcgen05\.mma\.cta_group::1\.kind::(?P<kind>\w+) \[\$0\], a_desc, b_desc, \$3, \$4;\s*\}",
+    re.S)
+
+
+def _desc(base: int, lo: int, hi: int) -> int:
+    return ((base + lo) & 0xFFFFFFFF) | ((hi & 0xFFFFFFFF) << 32)
+
+
+def _operand(m, desc: int, rows: int, k: int, dtype, k_major: bool, what: str):
+    if (desc >> 61) & 1:
+        raise EmulationUnsupported(f"tcgen05.mma with {what} in the 128-byte swizzle with "
+                                   f"32-byte atomicity")
+    if (desc >> 52) & 1:
+        raise EmulationUnsupported(f"tcgen05.mma with {what} in absolute LBO mode")
+    return smem_operand(m, desc, rows, k, dtype, k_major)  # bits 62-63 as for wgmma
+
+
+def mma(m, d_addr: int, a_desc: int, b_desc: int, idesc: int, accumulate: bool,
+        kind: str) -> None:
+    """Runs one ``tcgen05.mma.cta_group::1`` with SMEM operands (see the module doc)."""
+    if idesc & 0b1100:
+        raise EmulationUnsupported("a sparse or saturating tcgen05.mma")
+    d_code, a_code, b_code = (idesc >> 4) & 3, (idesc >> 7) & 7, (idesc >> 10) & 7
+    types = _KINDS.get(kind)
+    if types is None or a_code not in types or b_code not in types:
+        raise EmulationUnsupported(f"tcgen05.mma kind::{kind} with A/B type codes "
+                                   f"{a_code}/{b_code}")
+    a_t, b_t = types[a_code], types[b_code]
+    if d_code not in _D_TYPES:
+        raise EmulationUnsupported(f"tcgen05.mma with an accumulator of type code {d_code} "
+                                   f"(f16 accumulators)")
+    d_t = _D_TYPES[d_code]
+    n, mm = ((idesc >> 17) & 0x3F) << 3, ((idesc >> 24) & 0x1F) << 4
+    if mm != 128:
+        raise EmulationUnsupported(f"tcgen05.mma with M = {mm} (only M = 128 is executed)")
+    k = 32 // a_t.itemsize
+    lane, col = (d_addr >> 16) & 0xFFFF, d_addr & 0xFFFF
+    if lane:
+        raise EmulationError(f"tcgen05.mma with M = 128 into TMEM lane {lane} (not 0)")
+    t = tmem_of(m)
+    t.check(col, n, "tcgen05.mma's accumulator")
+    a = _operand(m, a_desc, mm, k, a_t, not (idesc >> 15) & 1, "A")
+    b = _operand(m, b_desc, n, k, b_t, not (idesc >> 16) & 1, "B")
+    if d_t == np.int32:
+        prod = a.astype(np.int64) @ b.astype(np.int64).T
+    else:
+        af, bf = a.astype(np.float32), b.astype(np.float32)
+        if kind == "tf32":  # tensor cores read the upper 19 bits of an f32
+            af, bf = ((v.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+                      for v in (af, bf))
+        prod = af @ bf.T
+    if (idesc >> 13) & 1:
+        prod = -prod
+    if (idesc >> 14) & 1:
+        prod = -prod
+    cells = t.cells[:mm, col:col + n]
+    if accumulate:
+        prod = prod + cells.view(d_t)
+    t.cells[:mm, col:col + n] = np.asarray(prod).astype(d_t).view(np.uint32)
+
+
+def _mma_builder(o, match):
+    g = match.groupdict()
+    alo, blo, ahi, bhi = (int(g[x]) for x in ("alo", "blo", "ahi", "bhi"))
+    kind = g["kind"]
+
+    def run(m, d, a, b, idesc, acc):
+        t = tmem_of(m)
+        for i in m.lanes():
+            args = (_lane(d, i) & 0xFFFFFFFF, _desc(_lane(a, i), alo, ahi),
+                    _desc(_lane(b, i), blo, bhi), _lane(idesc, i) & 0xFFFFFFFF,
+                    bool(_lane(acc, i)))
+            t.queue.append(("op", lambda args=args: mma(m, *args, kind)))
+
+    return run
+
+
+@asm(r".*tcgen05\.mma.*")
+def _tcgen05_mma(o, match):
+    text = match.group(0)
+    full = _MMA.fullmatch(text)
+    if full is None:
+        what = re.search(r"tcgen05\.mma\S*", text).group(0)
+        raise EmulationUnsupported(
+            f"the Mosaic GPU executor runs tcgen05.mma.cta_group::1 with A and B in SMEM; "
+            f"not {what} in: {' '.join(text.split())[:300]}")
+    return _mma_builder(o, full)
+
+
+# -- tcgen05.ld / tcgen05.st ------------------------------------------------------------
+
+_REGS_PER_REP = {"32x32b": 1, "16x64b": 1, "16x128b": 2, "16x256b": 4}
+
+
+def _image(shape: str, nregs: int):
+    """(row, column) of each register of each lane, shape (32, nregs)."""
+    lane = np.arange(WARP)[:, None]
+    r = np.arange(nregs)[None, :]
+    if shape == "32x32b":
+        return np.broadcast_to(lane, (WARP, nregs)), np.broadcast_to(r, (WARP, nregs))
+    if shape == "16x64b":
+        return (np.broadcast_to(lane // 4 + 8 * (lane % 2), (WARP, nregs)),
+                lane // 2 % 2 + 2 * r)
+    if shape == "16x128b":
+        return lane // 4 + 8 * (r % 2), lane % 4 + 4 * (r // 2)
+    return lane // 4 + 8 * (r // 2 % 2), r % 2 + 2 * (lane % 4) + 8 * (r // 4)
+
+
+def _cells(m, taddr, shape: str, nregs: int, what: str):
+    """The TMEM (lane, column) of each register of each thread, shape (threads, nregs)."""
+    if m.mask is not None:
+        tids = _linear_tid(m)
+        for w in np.unique(tids // WARP):
+            in_warp = m.mask[tids // WARP == w]
+            if in_warp.any() and not in_warp.all():
+                raise EmulationUnsupported(f"{what} by part of a warp (divergent lanes)")
+    tid = _linear_tid(m)
+    addr = np.broadcast_to(np.asarray(taddr, np.int64).reshape(-1), (m.threads,)) & 0xFFFFFFFF
+    lane_field, col = (addr >> 16) & 0xFFFF, addr & 0xFFFF
+    rows, cols = _image(shape, nregs)
+    lane = tid % WARP
+    slab = 32 * (tid // WARP % 4)
+    row = slab[:, None] + (lane_field % 32)[:, None] + rows[lane]
+    column = col[:, None] + cols[lane]
+    if (lane_field % 32 + rows.max() >= 32).any():
+        raise EmulationError(f"{what} at TMEM lane {int(lane_field.max())} reaches past "
+                             f"its warp's 32 lanes")
+    t = tmem_of(m)
+    active = m.lanes()
+    if active.size:
+        lo, hi = int(column[active].min()), int(column[active].max())
+        t.check(lo, hi - lo + 1, what)
+    return t, row, column, active
+
+
+_LDST = r"tcgen05\.{op}\.sync\.aligned\.(?P<shape>\w+)\.x(?P<num>\d+)(?P<pack>\.\w+::16b)?\.b32 "
+
+
+@asm(_LDST.format(op="ld") + r"(?P<regs>\{[^}]*\}|\$\d+), \[\$(?P<addr>\d+)\];")
+def _tcgen05_ld(o, match):
+    g = match.groupdict()
+    if g["pack"]:
+        raise EmulationUnsupported(f"tcgen05.ld{g['pack']} (16-bit halves packed)")
+    shape, num = g["shape"], int(g["num"])
+    if shape not in _REGS_PER_REP:
+        raise EmulationUnsupported(f"tcgen05.ld of shape {shape}")
+    nregs = _REGS_PER_REP[shape] * num
+    what = f"tcgen05.ld.{shape}.x{num}"
+
+    def run(m, taddr):
+        t, row, column, active = _cells(m, taddr, shape, nregs, what)
+        vals = t.cells[row, column].view(np.int32)
+        if m.mask is not None:
+            vals = np.where(m.mask[:, None], vals, 0)
+        if nregs == 1:
+            return (vals[:, 0],)
+        return (tuple(vals[:, r] for r in range(nregs)),)
+
+    return run
+
+
+@asm(_LDST.format(op="st") + r"\[\$(?P<addr>\d+)\], (?P<regs>\{[^}]*\}|\$\d+);")
+def _tcgen05_st(o, match):
+    g = match.groupdict()
+    if g["pack"]:
+        raise EmulationUnsupported(f"tcgen05.st{g['pack']} (16-bit halves unpacked)")
+    shape, num = g["shape"], int(g["num"])
+    if shape not in _REGS_PER_REP:
+        raise EmulationUnsupported(f"tcgen05.st of shape {shape}")
+    nregs = _REGS_PER_REP[shape] * num
+    addr_i = int(g["addr"])
+    what = f"tcgen05.st.{shape}.x{num}"
+
+    def run(m, *xs):
+        taddr, regs = xs[addr_i], [x for j, x in enumerate(xs) if j != addr_i]
+        t, row, column, active = _cells(m, taddr, shape, nregs, what)
+        vals = np.stack([np.broadcast_to(np.asarray(v).reshape(len(np.asarray(v)), -1)[:, 0],
+                                         (m.threads,)) for v in regs], 1)
+        # A register's 32 bits as they are (Mosaic GPU passes f32 values for "r").
+        vals = vals.view(np.uint32) if vals.dtype.itemsize == 4 else \
+            vals.astype(np.int32).view(np.uint32)
+        t.cells[row[active], column[active]] = vals[active]
+
+    return run
+
+
+assert ir  # (attributes are read through the op)

@@ -1,0 +1,81 @@
+"""The emulate level runs clusters of blocks together: a multicast TMA load lands in
+every block of the cluster and signals each one's barrier, ``plgpu.ClusterBarrier``
+arrivals reach other blocks' mbarriers through ``mapa``, and the cluster barrier
+synchronises the blocks; CTA pairs (2-CTA ``tcgen05``) are reported unsupported."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import pallas as pl
+import pallas.plugins
+import pallas_mosaic_gpu as plgpu
+from pallas_mosaic_gpu._src.emulate import EmulationUnsupported
+
+pytest.importorskip("jax_plugins.xla_cuda13", reason="lowering for cuda needs jax-cuda13-plugin")
+
+F32 = jnp.float32
+
+
+@pytest.fixture(autouse=True)
+def _blackwell(monkeypatch):
+    monkeypatch.setenv("PALLAS_MOSAIC_GPU_TARGET", "sm_100a")
+
+
+def _emulate(f, *args):
+    backend = pallas.plugins.get_backend("mosaic_gpu")
+    (eqn,) = [e for e in jax.make_jaxpr(f)(*args).jaxpr.eqns
+              if e.primitive is pl.pallas_call_p]
+    req = pallas.plugins.KernelRequest.from_params(eqn.params, eqn.params["compiler_params"])
+    return backend.emulate(req, *args)
+
+
+def multicast_kernel():
+    """Two clusters of two blocks: each cluster loads its 64 rows of x once, split
+    between its blocks and multicast to both (``collective_axes``); block ``c`` of
+    cluster ``g`` writes ``2 x + c`` to ``o[g, c]``; the blocks then meet on a cluster
+    barrier (arrivals on each other's mbarrier)."""
+
+    def kernel(x_gmem, o_gmem, x_smem, o_smem, tma, bye):
+        c, g = lax.axis_index("x"), lax.axis_index("g")
+        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(g * 64, 64)], x_smem, tma.at[0],
+                                collective_axes="x")
+        plgpu.barrier_wait(tma.at[0])
+        o_smem[...] = x_smem[...] * 2.0 + c.astype(F32)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[g, c])
+        plgpu.wait_smem_to_gmem(0)
+        plgpu.barrier_arrive(bye.at[0])
+        plgpu.barrier_wait(bye.at[0])
+
+    return plgpu.kernel(
+        kernel, out_type=jax.ShapeDtypeStruct((2, 2, 64, 128), F32), grid=(2,),
+        grid_names=("g",), cluster=(2,), cluster_names=("x",), num_threads=1,
+        thread_name="wg",
+        scratch_types=dict(x_smem=plgpu.SMEM((64, 128), F32),
+                           o_smem=plgpu.SMEM((64, 128), F32), tma=plgpu.Barrier(),
+                           bye=plgpu.ClusterBarrier(collective_axes=("x",))))
+
+
+def test_a_multicast_load_reaches_every_block_of_the_cluster():
+    x = np.random.default_rng(0).standard_normal((128, 128)).astype(np.float32)
+    (got,) = _emulate(multicast_kernel(), x)
+    want = np.stack([np.stack([x[g * 64:(g + 1) * 64] * 2 + c for c in range(2)])
+                     for g in range(2)])
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_a_cta_pair_matmul_is_unsupported_naming_the_cta_pair():
+    path = Path(__file__).with_name("test_lowering_clusters.py")
+    spec = importlib.util.spec_from_file_location("lowering_clusters_kernels", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(EmulationUnsupported, match=r"CTA pair \(cta_group::2\)"):
+        _emulate(mod.cta_pair_matmul(), *mod._operands())
