@@ -42,8 +42,8 @@ SAMPLED = {("mosaic_gpu", "emulate")}
 # Cases carrying one of these tags (the GPU cases, whose reference runs in GPU interpret
 # mode, seconds each) are sampled at every (backend, level), the interpreter level
 # included, unless PALLAS_CONFORMANCE_FULL=1: a few that carry all of them between them
-# (today the warp-specialised wgmma matmul alone).
-SAMPLED_TAGS = frozenset({"warpgroups", "tma_pipelines", "wgmma"})
+# (today the warp-specialised wgmma matmul and the cluster multicast load).
+SAMPLED_TAGS = frozenset({"warpgroups", "tma_pipelines", "wgmma", "clusters"})
 
 # Cases too slow for CI at any level (minutes on 2 cores: the grid-KV flash-attention
 # backward is six kernels, each traced, lowered and run per level); the CLI and

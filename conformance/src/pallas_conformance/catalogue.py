@@ -81,6 +81,10 @@ TAGS: dict[str, str] = {
              "(8, swizzle // itemsize) and swizzled into plgpu.ACC accumulators, operands "
              "transposed with transpose_ref, warp-specialised pipelines; registered only "
              "when pallas-mosaic-gpu is installed",
+    "clusters": "GPU clusters of blocks (pallas_mosaic_gpu): plgpu.kernel(cluster=...), "
+                "TMA loads multicast to every block of the cluster (collective_axes), "
+                "plgpu.ClusterBarrier arrivals on the other blocks' barriers; registered "
+                "only when pallas-mosaic-gpu is installed",
     "bf16": "bfloat16 operands",
     "f16": "float16 operands",
     "int8": "int8 operands",

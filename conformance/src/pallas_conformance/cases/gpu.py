@@ -3,7 +3,7 @@ warpgroups of one block that specialise and wait for each other, TMA copies with
 mbarrier pipelines and bulk async-groups, and ``wgmma`` matmuls from swizzled SMEM tiles.
 
 They are registered only when pallas-mosaic-gpu is installed, and run for a backend
-that claims their tags (``warpgroups``, ``tma_pipelines``, ``wgmma``). The expected
+that claims their tags (``warpgroups``, ``tma_pipelines``, ``wgmma``, ``clusters``). The expected
 numbers are GPU interpret mode's: at level ``interpret`` the suite binds the case to
 ``interpret=True``, which these cases turn into ``plgpu.InterpretParams()`` (every
 thread of every block concurrently, with GPU memory and barrier semantics), compared
@@ -359,6 +359,40 @@ def wgmma_delay_release_warp_specialized(pallas_call, x, y):
     return wgmma_warp_specialized(pallas_call, x, y, delay_release=1)
 
 
+def cluster_multicast(pallas_call, x):
+    """Clusters of two blocks: each cluster loads its 64 rows of x once, the copy split
+    between its blocks and multicast to both (``collective_axes``); block ``c`` of
+    cluster ``g`` writes ``2 x + c``; the blocks then meet on a ``plgpu.ClusterBarrier``
+    (each arrives on the other's mbarrier) before exiting."""
+    f32 = jnp.float32
+
+    def body(x_gmem, o_gmem, x_smem, o_smem, tma, bye):
+        c, g = jax.lax.axis_index("x"), jax.lax.axis_index("g")
+        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(g * 64, 64)], x_smem, tma.at[0],
+                                collective_axes="x")
+        plgpu.barrier_wait(tma.at[0])
+        o_smem[...] = x_smem[...] * 2.0 + c.astype(f32)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[g, c])
+        plgpu.wait_smem_to_gmem(0)
+        plgpu.barrier_arrive(bye.at[0])
+        plgpu.barrier_wait(bye.at[0])
+
+    n = x.shape[0] // 64
+    return _kernel(pallas_call, body, sds((n, 2, 64, x.shape[1]), f32), grid=(n,),
+                   grid_names=("g",), cluster=(2,), cluster_names=("x",), num_threads=1,
+                   thread_name="wg",
+                   scratch_types=dict(x_smem=plgpu.SMEM((64, x.shape[1]), f32),
+                                      o_smem=plgpu.SMEM((64, x.shape[1]), f32),
+                                      tma=plgpu.Barrier(),
+                                      bye=plgpu.ClusterBarrier(collective_axes=("x",))))(x)
+
+
+def _cluster_multicast_ref(x):
+    rows = x.reshape(-1, 1, 64, x.shape[1])
+    return jnp.concatenate([rows * 2.0, rows * 2.0 + 1.0], axis=1)
+
+
 def _dot(x, y):
     return jnp.dot(x, y, preferred_element_type=jnp.float32)
 
@@ -385,6 +419,9 @@ def _register():
          inputs=lambda rng: (randn(rng, (128, 128)),),
          reference=lambda x: 4 * x.reshape(2, 64, 2, 64).sum((0, 2)),
          tolerance={"float32": (1e-5, 1e-5)})(chained_warp_specialized_pipelines)
+    case("gpu/cluster_multicast_load", tags={"clusters", "tma_pipelines"},
+         inputs=lambda rng: (randn(rng, (128, 128)),),
+         reference=_cluster_multicast_ref)(cluster_multicast)
     case("gpu/wgmma_matmul_f16_swizzle128", tags={"wgmma", "tma_pipelines", "f16"},
          inputs=lambda rng: (randn(rng, (64, 128), jnp.float16),
                              randn(rng, (128, 128), jnp.float16)),

@@ -18,8 +18,9 @@ CAPABILITIES: frozenset = frozenset({
     "multiple_outputs", "sequential_grid", "vmap", "shard_map", "kernels", "reductions",
     "broadcasting", "pytrees", "fusion", "grad", "scratch",
     # plgpu's own primitives (conformance cases/gpu.py): warpgroup meshes, TMA + mbarrier
-    # pipelines, wgmma from swizzled SMEM.
-    "warpgroups", "tma_pipelines", "wgmma",
+    # pipelines, wgmma from swizzled SMEM, clusters (multicast TMA loads, cluster
+    # barriers; lowered, compiled for sm_90a and executed at emulate).
+    "warpgroups", "tma_pipelines", "wgmma", "clusters",
 })
 
 
