@@ -219,56 +219,123 @@ class AccessLog:
         self._entries: list[Access] = []
         self._clocks: np.ndarray | None = None  # the entries' clocks, one per row
         self._tuples: list[tuple] = []  # or, for a short log, as tuples
+        # Long logs: (clocks, regions, is-write, number of rows used), with spare rows.
+        self._arrays: tuple | None = None
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def record(self, access: Access) -> list[Race]:
-        races = []
         with self._lock:
-            entries, clocks = self._entries, self._clocks
-            clock = np.asarray(access.clock)
-            if len(entries) <= _SMALL_LOG:
-                # Few entries: comparing Python tuples beats numpy's per-call overhead.
-                cur = tuple(clock.tolist())
-                olds = self._tuples
-                if len(olds) != len(entries) or (olds and len(olds[0]) != len(cur)):
-                    olds = [tuple(np.asarray(e.clock).tolist()) for e in entries]
-                same = [o == cur for o in olds]
-                before = [not sm and all(map(_le, o, cur)) for o, sm in zip(olds, same)]
+            if len(self._entries) > _SMALL_LOG:
+                found = self._record_many(access)
+                if found is not None:
+                    return found
+            return self._record_few(access)
+
+    def _record_few(self, access: Access) -> list[Race]:
+        races = []
+        entries, clocks = self._entries, self._clocks
+        clock = np.asarray(access.clock)
+        if len(entries) <= _SMALL_LOG:
+            # Few entries: comparing Python tuples beats numpy's per-call overhead.
+            cur = tuple(clock.tolist())
+            olds = self._tuples
+            if len(olds) != len(entries) or (olds and len(olds[0]) != len(cur)):
+                olds = [tuple(np.asarray(e.clock).tolist()) for e in entries]
+            same = [o == cur for o in olds]
+            before = [not sm and all(map(_le, o, cur)) for o, sm in zip(olds, same)]
+        else:
+            cur = None
+            if clocks is None or clocks.shape != (len(entries), clock.shape[0]):
+                clocks = np.stack([np.asarray(e.clock) for e in entries])
+            # The happens-before relation against every logged access at once.
+            le = (clocks <= clock).all(axis=1)
+            same = (clocks == clock).all(axis=1)
+            before = (le & ~same).tolist()
+            same = same.tolist()
+        keep, kept = [], []
+        writes, areg = access.kind == "write", access.region
+        for k, prev in enumerate(entries):
+            if before[k]:
+                # Ordered: no race; dropped if the new access makes it redundant.
+                redundant = (writes or prev.kind == "read") and _covers(areg, prev.region)
             else:
-                cur = None
-                if clocks is None or clocks.shape != (len(entries), clock.shape[0]):
-                    clocks = np.stack([np.asarray(e.clock) for e in entries])
-                # The happens-before relation against every logged access at once.
-                le = (clocks <= clock).all(axis=1)
-                same = (clocks == clock).all(axis=1)
-                before = (le & ~same).tolist()
-                same = same.tolist()
-            keep, kept = [], []
-            writes, areg = access.kind == "write", access.region
-            for k, prev in enumerate(entries):
-                if before[k]:
-                    # Ordered: no race; dropped if the new access makes it redundant.
-                    redundant = (writes or prev.kind == "read") and _covers(areg, prev.region)
-                else:
-                    redundant = False
-                    if (writes or prev.kind == "write") and not same[k] and regions_overlap(
-                            prev.region, areg):
-                        races.append(Race(self.name, prev, access))
-                if not redundant:
-                    keep.append(prev)
-                    kept.append(k)
-            keep.append(access)
-            self._entries = keep
-            if cur is not None:
-                self._tuples = [olds[k] for k in kept] + [cur]
-                self._clocks = None
-            else:
-                self._tuples = []
-                rows = clocks if len(kept) == len(entries) else clocks[kept]
-                self._clocks = np.concatenate([rows, clock[None, :]])
+                redundant = False
+                if (writes or prev.kind == "write") and not same[k] and regions_overlap(
+                        prev.region, areg):
+                    races.append(Race(self.name, prev, access))
+            if not redundant:
+                keep.append(prev)
+                kept.append(k)
+        keep.append(access)
+        self._entries = keep
+        self._arrays = None
+        if cur is not None:
+            self._tuples = [olds[k] for k in kept] + [cur]
+            self._clocks = None
+        else:
+            self._tuples = []
+            rows = clocks if len(kept) == len(entries) else clocks[kept]
+            self._clocks = np.concatenate([rows, clock[None, :]])
+        return races
+
+    def _record_many(self, access: Access) -> list[Race] | None:
+        """:meth:`record` for a long log, with clocks, regions and kinds in arrays (the
+        same decisions as :meth:`_record_few`); None when the regions' ranks differ.
+        The arrays keep spare rows, so an access is appended without copying them."""
+        entries, n, areg = self._entries, len(self._entries), access.region
+        clock = np.asarray(access.clock)
+        arrays = self._arrays
+        if arrays is None or arrays[3] != n or arrays[1].shape[1] != len(areg) or (
+                arrays[0].shape[1] != clock.shape[0]):
+            if any(len(e.region) != len(areg) for e in entries):
+                return None
+            cap = 2 * n + 8
+            clocks = np.zeros((cap, clock.shape[0]), clock.dtype)
+            clocks[:n] = np.stack([np.asarray(e.clock) for e in entries])
+            regions = np.zeros((cap, len(areg), 3), np.int64)
+            regions[:n] = np.array([e.region for e in entries], np.int64).reshape(
+                n, len(areg), 3)
+            kinds = np.zeros(cap, bool)
+            kinds[:n] = [e.kind == "write" for e in entries]
+        else:
+            clocks, regions, kinds, _ = arrays
+        C, R, K = clocks[:n], regions[:n], kinds[:n]
+        writes = access.kind == "write"
+        a = np.array(areg, np.int64).reshape(len(areg), 3)
+        covered = None
+        if all(step == 1 for _, _, step in areg):  # _covers: unit strides, ranges inside
+            covered = ((R[:, :, 0] >= a[:, 0]) & (R[:, :, 1] <= a[:, 1])).all(axis=1)
+            if not writes:
+                covered &= ~K  # a read makes only reads redundant
+        races, redundant = [], None
+        if writes or K.any() or (covered is not None and covered.any()):
+            # (A read in a log of reads races with nothing: only redundancy matters.)
+            le = (C <= clock).all(axis=1)
+            same = (C == clock).all(axis=1)
+            before = le & ~same
+            if covered is not None:
+                redundant = before & covered
+            candidates = ~before & ~same if writes else ~before & ~same & K
+            races = [Race(self.name, entries[k], access)
+                     for k in np.flatnonzero(candidates)
+                     if regions_overlap(entries[k].region, areg)]
+        if redundant is not None and redundant.any():
+            kept = np.flatnonzero(~redundant)
+            entries = [entries[k] for k in kept]
+            n = len(kept)
+            clocks[:n], regions[:n], kinds[:n] = C[kept], R[kept], K[kept]
+        if n == clocks.shape[0]:  # full: twice the rows
+            clocks = np.concatenate([clocks, np.zeros_like(clocks)])
+            regions = np.concatenate([regions, np.zeros_like(regions)])
+            kinds = np.concatenate([kinds, np.zeros_like(kinds)])
+        clocks[n], regions[n], kinds[n] = clock, a, writes
+        self._entries = [*entries, access]
+        self._tuples = []
+        self._clocks = None
+        self._arrays = (clocks, regions, kinds, n + 1)
         return races
 
 

@@ -154,32 +154,58 @@ def _program(tree):
     return prog
 
 
-def fast_box(shape, flat, tree) -> Box | None:
-    """``box_of(shape, unflatten_transforms(flat, tree))`` without building the
-    transforms; None when they are not plain indexers (raises NotABox for a gather)."""
-    if tree is None:
-        return full_box(shape)
-    prog = _program(tree)
-    if prog is None:
-        return None
-    box = list(full_box(shape))
+_box_fns: dict = {}
+
+
+def _box_function(shape, prog):
+    """Generated Python computing the box of a view of a ``shape`` buffer through the
+    transforms ``prog`` (see :func:`_program`) from the flat leaves: which dimensions
+    are squeezed, and the strides, are static; only starts and sizes are read."""
+    dims = [["0", str(int(n)), 1, False] for n in shape]  # start, count, step, squeezed
     first = True
     for ops in prog:
         # Before the first indexer no dimension is squeezed.
-        view_dims = range(len(box)) if first else [
-            i for i, d in enumerate(box) if not d.squeezed]
+        view_dims = range(len(dims)) if first else [
+            i for i, d in enumerate(dims) if not d[3]]
         first = False
         if len(ops) > len(view_dims):
-            raise NotABox()
+            return None
         for b, (is_slice, start, size, stride) in zip(view_dims, ops):
-            d = box[b]
-            i = _as_int(flat[start[1]]) if start[0] else start[1]
+            d = dims[b]
+            i = f"_i(f[{start[1]}])" if start[0] else str(start[1])
+            begin = i if d[0] == "0" and d[2] == 1 else f"{d[0]} + {i} * {d[2]}"
             if is_slice:
-                n = _as_int(flat[size[1]]) if size[0] else size[1]
-                box[b] = Dim(d.start + i * d.step, n, d.step * stride, False)
+                n = f"_i(f[{size[1]}])" if size[0] else str(size[1])
+                dims[b] = [f"({begin})", n, d[2] * stride, False]
             else:
-                box[b] = Dim(d.start + i * d.step, 1, d.step, True)
-    return tuple(box)
+                dims[b] = [f"({begin})", "1", d[2], True]
+    body = ", ".join(f"Dim({d[0]}, {d[1]}, {d[2]}, {d[3]})" for d in dims)
+    ns = {"Dim": Dim, "_i": _as_int}
+    code = f"def box(f):\n    return ({body}{',' if len(dims) == 1 else ''})\n"
+    exec(compile(code, "<pallas_tpu box>", "exec"), ns)  # noqa: S102
+    return ns["box"]
+
+
+def fast_box(shape, flat, tree) -> Box | None:
+    """``box_of(shape, unflatten_transforms(flat, tree))`` without building the
+    transforms; None when they are not plain indexers (raises NotABox for a gather).
+    Each (tree, shape) gets a generated function (cached)."""
+    if tree is None:
+        return full_box(shape)
+    key = (id(tree), shape)
+    hit = _box_fns.get(key)
+    if hit is None or hit[0] is not tree:
+        prog = _program(tree)
+        fn = None if prog is None else _box_function(shape, prog)
+        if prog is not None and fn is None:
+            fn = _not_a_box
+        hit = _box_fns[key] = (tree, fn)
+    fn = hit[1]
+    return None if fn is None else fn(flat)
+
+
+def _not_a_box(flat):
+    raise NotABox()
 
 
 def unflatten_transforms(flat, tree):

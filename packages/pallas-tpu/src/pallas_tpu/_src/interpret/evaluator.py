@@ -75,9 +75,9 @@ class Core:
 
     def read(self, buf: Buffer, box, site: str, what: str = "read",
              record: bool = True) -> np.ndarray:
-        if record:
+        if record and self.sim.detect:
             self.access("read", buf, box, site)
-        if B.out_of_bounds(box, self.bounds(buf)):
+        if B.out_of_bounds(box, buf.storage.shape):
             if self.params.out_of_bounds_reads == "raise":
                 raise IndexError(
                     f"Out-of-bounds {what} of {buf.origin} ({_space_name(buf)}) "
@@ -91,20 +91,24 @@ class Core:
 
     def write(self, buf: Buffer, box, value, site: str, what: str = "write",
               mask=None, record: bool = True) -> None:
-        if record:
+        if record and self.sim.detect:
             self.access("write", buf, box, site)
-        value = np.asarray(value, buf.dtype)
+        storage = buf.storage
+        value = np.asarray(value, storage.dtype)
         shape = B.box_shape(box)
         if value.shape != shape:
             value = np.broadcast_to(value, shape)
-        if B.out_of_bounds(box, self.bounds(buf)):
-            if mask is None or _masked_oob(box, self.bounds(buf), mask):
-                raise ValueError(
-                    f"Out-of-bounds {what} of {buf.origin} ({_space_name(buf)}) "
-                    f"on device "
-                    f"{self.device} (core {self.core}) at {site}: writing "
-                    f"{B.describe(box)} but buffer has shape {buf.shape} ."
-                )
+        if not B.out_of_bounds(box, storage.shape):
+            if mask is None and storage.shape == buf.shape:  # unpadded: all of it
+                with self.sim.cond:
+                    storage[B.numpy_index(box)] = value
+                return
+        elif mask is None or _masked_oob(box, storage.shape, mask):
+            raise ValueError(
+                f"Out-of-bounds {what} of {buf.origin} ({_space_name(buf)}) on device "
+                f"{self.device} (core {self.core}) at {site}: writing "
+                f"{B.describe(box)} but buffer has shape {buf.shape} ."
+            )
         with self.sim.cond:
             write_clipped(buf, box, value, mask)
 
