@@ -55,6 +55,27 @@ _RING = textwrap.dedent('''
     tpu = get_backend("mosaic_tpu")
     print("remote copy race reported:", run_race_case(case, tpu, racy=True))
     print("race-free twin reported:", run_race_case(case, tpu, racy=False))
+
+    import threading
+    met, lock = {}, threading.Lock()
+
+    def meet(dev):  # returns once the four threads of device `dev` are all here
+        with lock:
+            barrier = met.setdefault(int(dev), threading.Barrier(4))
+        barrier.wait(timeout=60)
+
+    def threads(x):
+        def f(i, token, x):
+            dev = x[0, 0].astype(jnp.int32) // (rows * 512)
+            jax.experimental.io_callback(meet, (), dev, ordered=True)
+            return token
+        return x + interpret.thread_map(f, 4, jnp.int32(0), x).astype(x.dtype)
+
+    g = jax.jit(jax.shard_map(threads, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                              check_vma=False))
+    np.testing.assert_array_equal(np.asarray(g(x)), np.asarray(x))
+    assert sorted(met) == list(range(n)), sorted(met)
+    print("ok thread_map")
 ''')
 
 
@@ -76,3 +97,6 @@ def test_eight_devices_permute_around_a_ring_and_report_a_planted_remote_race():
     # eight devices: in the suite's own (one-device) run, the copy goes to itself.
     assert "remote copy race reported: True" in proc.stdout, proc.stdout + proc.stderr
     assert "race-free twin reported: False" in proc.stdout, proc.stdout + proc.stderr
+    # thread_map under shard_map: every device's four threads run at once (their host
+    # callbacks meet at a barrier per device) with operands XLA hands over asynchronously.
+    assert "ok thread_map" in proc.stdout, proc.stdout + proc.stderr
