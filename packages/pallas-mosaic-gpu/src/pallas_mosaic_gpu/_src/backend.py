@@ -17,6 +17,9 @@ CAPABILITIES: frozenset = frozenset({
     "elementwise", "special_functions", "bf16", "f16", "int8", "uint32", "bool", "dot",
     "multiple_outputs", "sequential_grid", "vmap", "shard_map", "kernels", "reductions",
     "broadcasting", "pytrees", "fusion", "grad", "scratch",
+    # aliasing: input_output_aliases become XLA buffer aliases of the custom call, and an
+    # aliased output's blocks are loaded before each step (lowering/aliases.py).
+    "aliasing",
     # plgpu's own primitives (conformance cases/gpu.py): warpgroup meshes, TMA + mbarrier
     # pipelines, wgmma from swizzled SMEM, clusters (multicast TMA loads, cluster
     # barriers; lowered, compiled for sm_90a and executed at emulate).

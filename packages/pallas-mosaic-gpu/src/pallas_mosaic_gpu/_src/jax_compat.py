@@ -130,3 +130,17 @@ def device_mesh(mesh):
         yield
     finally:
         config.device_context.set_local(prev)
+
+
+# -- Mosaic GPU's custom-call lowering ---------------------------------------------------
+
+
+def mosaic_gpu_custom_call(ctx, *args, module, out_types, input_output_aliases):
+    """Emits the ``mosaic_gpu_v2`` custom call of ``module`` with XLA buffer aliases
+    (input index, output index): Mosaic GPU's own lowering rule, whose primitive takes no
+    aliases (its ``inout`` buffers are always the last operands)."""
+    from jax.experimental.mosaic.gpu import core as mgpu_core
+
+    return mgpu_core._mosaic_gpu_lowering_rule(
+        ctx, *args, module=module, out_types=out_types, inout_types=(),
+        input_output_aliases=tuple(input_output_aliases))

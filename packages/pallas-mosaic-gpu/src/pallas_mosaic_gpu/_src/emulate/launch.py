@@ -69,13 +69,17 @@ def compile_module(module: ir.Module) -> CompiledModule:
 
 
 def execute(compiled: CompiledModule, operands: Sequence[np.ndarray],
-            out_shapes: Sequence[tuple]) -> list[np.ndarray]:
-    """Runs the kernel on ``operands``; returns its outputs (``(shape, dtype)`` each)."""
+            out_shapes: Sequence[tuple], aliases: Sequence[tuple] = ()) -> list[np.ndarray]:
+    """Runs the kernel on ``operands``; returns its outputs (``(shape, dtype)`` each).
+    Output ``o`` of each ``(i, o)`` in ``aliases`` is operand ``i``'s buffer, as XLA
+    aliases them (``input_output_aliases``)."""
     mem = Memory()
     m = Machine(mem, compiled.compiler)
     ins = [mem.put(np.ascontiguousarray(x), f"operand {i}") for i, x in enumerate(operands)]
-    outs = [mem.alloc(int(np.prod(s)) * np.dtype(d).itemsize, f"result {i}")
-            for i, (s, d) in enumerate(out_shapes)]
+    shared = {o: i for i, o in aliases}
+    outs = [ins[shared[k]] if k in shared else
+            mem.alloc(int(np.prod(s)) * np.dtype(d).itemsize, f"result {k}")
+            for k, (s, d) in enumerate(out_shapes)]
     buffers = mem.put(np.asarray(ins + outs, np.int64), "buffer table")
     env = m.env = [None] * compiled.compiler.nslots
     with np.errstate(all="ignore"):
@@ -86,7 +90,8 @@ def execute(compiled: CompiledModule, operands: Sequence[np.ndarray],
 def run_kernel(kernel, operands: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Runs a built kernel (``lowering.build``) on ``operands`` (its ``in_shapes``)."""
     compiled = compile_module(module_of(kernel))
-    return execute(compiled, operands, [(s.shape, s.dtype) for s in kernel.out_shapes])
+    return execute(compiled, operands, [(s.shape, s.dtype) for s in kernel.out_shapes],
+                   kernel.aliases)
 
 
 def emulate_kernel(jaxpr, grid_mapping, compiler_params, name: str, args: Sequence,
@@ -100,6 +105,7 @@ def emulate_kernel(jaxpr, grid_mapping, compiler_params, name: str, args: Sequen
     kernel = build(jaxpr, grid_mapping, compiler_params, name)
     compiled = compile_module(module_of(kernel))
     operands = [np.asarray(a).astype(s.dtype) for a, s in zip(args, kernel.in_shapes)]
-    outs = execute(compiled, operands, [(s.shape, s.dtype) for s in kernel.out_shapes])
+    outs = execute(compiled, operands, [(s.shape, s.dtype) for s in kernel.out_shapes],
+                   kernel.aliases)
     return [jnp.asarray(o.astype(a.dtype) if o.dtype != a.dtype else o)
             for o, a in zip(outs, out_avals)]

@@ -33,6 +33,7 @@ import pallas as pl
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.lowering import collectives
 from pallas_mosaic_gpu._src.lowering import values as V
+from pallas_mosaic_gpu._src.lowering.aliases import aliased_fn
 from pallas_mosaic_gpu._src.lowering.copies import thread_copy, tma_can_copy
 from pallas_mosaic_gpu._src.lowering.engine import (
     KernelError,
@@ -75,6 +76,7 @@ class Kernel:
     smem_bytes: int
     primitives: frozenset
     sem_words: int = 0  # the zeroed semaphore buffer ``fn`` takes last (and returns last)
+    aliases: tuple = ()  # (input, output) pairs sharing one GMEM buffer (see aliases.py)
 
 
 def _kernel_symbol(name: str) -> str:
@@ -233,8 +235,6 @@ def _mesh_axes(jax_mesh):
 def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel:
     if gm.num_scalar_prefetch:
         raise unsupported(name, "scalar prefetch (PrefetchScalarGridSpec)")
-    if gm.input_output_aliases:
-        raise unsupported(name, "input_output_aliases")
     semantics = semantics_of(params)
     threads = threads_of(gm, name)
     cluster, cluster_names = (1, 1, 1), ()
@@ -251,7 +251,10 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
     in_shapes = tuple(_sds(bm.array_aval.shape, bm.array_aval.dtype) for bm in ins)
     out_shapes = tuple(_sds(bm.array_aval.shape, bm.array_aval.dtype) for bm in outs)
     blocked = [k for k, bm in enumerate(gm.block_mappings) if not _is_gmem(bm)]
-    blocked_in = [k for k in blocked if k < gm.num_inputs]
+    # Blocks loaded GMEM -> SMEM before each step: the inputs', and those of outputs
+    # aliased to an input, which start as that input's values (the kernel may read them).
+    aliased_outs = {gm.num_inputs + o for _, o in gm.input_output_aliases}
+    blocked_in = [k for k in blocked if k < gm.num_inputs or k in aliased_outs]
     by_tma = {k for k in blocked if tma_can_copy(gm.block_mappings[k])}
     bufs = tuple(_sds(_smem_block_shape(gm.block_mappings[k]),
                       gm.block_mappings[k].array_aval.dtype) for k in blocked)
@@ -427,8 +430,11 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
     keep = {i for i, (e, _) in enumerate(spills) if id(e) in used}
     if len(keep) < len(spills):
         fn, smem_bytes = emit(keep)
+    aliases = tuple(gm.input_output_aliases)
+    if aliases:
+        fn = aliased_fn(fn, in_shapes, out_shapes, sem_shapes, aliases)
     return Kernel(fn, in_shapes, out_shapes, symbol, cuda_grid, seq, smem_bytes,
-                  state.get("uses", frozenset()), sem_words)
+                  state.get("uses", frozenset()), sem_words, aliases)
 
 
 class _Used(dict):
