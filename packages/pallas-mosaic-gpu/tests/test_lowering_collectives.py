@@ -177,3 +177,18 @@ def test_on_two_devices_multimem_remote_signals_and_stores_use_collective_metada
         assert line in proc.stdout, out
     assert ("interpret: plgpu.multimem_store(collective_axes=('x',)) across 2 devices: "
             "pallas-mosaic-gpu's interpreters") in proc.stdout, out
+
+
+def test_gpu_interpret_mode_refuses_a_remote_signal_at_trace_time():
+    """It runs each device's kernel alone: a signal to another device would never
+    arrive (the waiting device used to hang), so it is refused naming the primitive."""
+
+    def kernel(o_ref, sem):
+        pl.semaphore_signal(sem, device_id=0)
+        pl.semaphore_wait(sem)
+
+    f = plgpu.kernel(kernel, out_type=SDS((128,), jnp.float32),
+                     scratch_types=[plgpu.SemaphoreType.REGULAR],
+                     interpret=plgpu.InterpretParams())
+    with pytest.raises(NotImplementedError, match=r"semaphore_signal\(\.\.\., device_id="):
+        jax.jit(f).trace().lower()

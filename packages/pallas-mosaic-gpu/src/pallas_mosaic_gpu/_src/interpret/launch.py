@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas.plugins import RaceReport, axis_index_p, run_scoped_p
+from pallas.plugins import RaceReport, axis_index_p, run_scoped_p, semaphore_signal_p
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.interpret import blocks
 from pallas_mosaic_gpu._src.interpret.evaluator import eval_jaxpr
@@ -132,6 +132,12 @@ def check_no_cta_pairs(jaxpr) -> None:
         if eqn.primitive in names:
             check_not_collective(eqn, names[eqn.primitive])
         check_single_device(eqn)
+        if eqn.primitive is semaphore_signal_p and eqn.params["device_id_tree"].num_leaves:
+            raise NotImplementedError(
+                "pl.semaphore_signal(..., device_id=...) (a remote semaphore): "
+                "pallas-mosaic-gpu's GPU interpret mode runs each device's kernel on its "
+                "own and does not simulate other devices' memory yet; backend "
+                "'mosaic_gpu' lowers and compiles it (interpret=False)")
 
 
 # -- lowering ----------------------------------------------------------------------------
