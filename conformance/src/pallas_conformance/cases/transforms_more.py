@@ -13,6 +13,7 @@ from pallas_conformance.cases.transforms import (
     HI,
     C,
     _add_program_id,
+    _export,
     _matmul_rows,
     _ref_add_program_id,
     _ref_running_sum,
@@ -290,7 +291,7 @@ def shard_grad(pallas_call, x, w):
       inputs=lambda rng: (randn(rng, (16, C)),), reference=lambda x: jnp.sin(x) * x)
 def export_serialize(pallas_call, x):
     """jax.export, serialize to bytes, deserialize and call the deserialized Exported."""
-    exp = jax.export.export(jax.jit(lambda a: _tiled_sin(pallas_call, a)))(x)
+    exp = _export(pallas_call, jax.jit(lambda a: _tiled_sin(pallas_call, a)))(x)
     blob = exp.serialize()
     assert isinstance(blob, (bytes, bytearray)) and len(blob) > 0
     return jax.export.deserialize(blob).call(x)
@@ -314,7 +315,7 @@ def export_pytree(pallas_call, x, y):
         return {"sum": total, "prod": (prod, diff)}
 
     args = {"a": x, "b": y}
-    exp = jax.export.deserialize(jax.export.export(jax.jit(f))(args).serialize())
+    exp = jax.export.deserialize(_export(pallas_call, jax.jit(f))(args).serialize())
     return exp.call(args)
 
 
@@ -323,7 +324,7 @@ def export_pytree(pallas_call, x, y):
 def export_vmap(pallas_call, x):
     """Export of a vmapped grid kernel, serialized and deserialized."""
     f = jax.jit(jax.vmap(lambda a: _tiled_sin(pallas_call, a)))
-    return jax.export.deserialize(jax.export.export(f)(x).serialize()).call(x)
+    return jax.export.deserialize(_export(pallas_call, f)(x).serialize()).call(x)
 
 
 @case("export/of_grad", tags={"export", "grad"},
@@ -332,7 +333,7 @@ def export_vmap(pallas_call, x):
 def export_grad(pallas_call, x):
     """Export of the gradient of a tiled elementwise kernel."""
     f = jax.jit(jax.grad(lambda a: jnp.sum(_tiled_sin(pallas_call, a))))
-    return jax.export.export(f)(x).call(x)
+    return _export(pallas_call, f)(x).call(x)
 
 
 @case("export/scratch_and_grid",
@@ -342,7 +343,7 @@ def export_grad(pallas_call, x):
 def export_scratch(pallas_call, x):
     """Export of a grid kernel with persistent scratch, serialized and deserialized."""
     f = jax.jit(lambda a: _running_sum(pallas_call, a))
-    return jax.export.deserialize(jax.export.export(f)(x).serialize()).call(x)
+    return jax.export.deserialize(_export(pallas_call, f)(x).serialize()).call(x)
 
 
 # --- Backward passes with accumulation over grid axes ------------------------------------
