@@ -95,3 +95,56 @@ def test_a_pallas_call_is_built_once_from_trace_to_lowering(monkeypatch):
     jax.jit(_pipelined(lambda x, y: x * y + 2.0)).trace(X, X).lower(
         lowering_platforms=("cuda",))
     assert len(built) == 2
+
+
+def _first_blocks(n_gmem, x_gmem, o_gmem, acc):
+    """The sum of ``n_gmem[0]`` (traced) blocks of 64 rows of x, from block 1."""
+    acc[...] = jnp.zeros((64, 128), F32)
+
+    def step(_, x_smem):
+        acc[...] += x_smem[...]
+
+    plgpu.emit_pipeline(step, grid=(n_gmem[0],),
+                        in_specs=[plgpu.BlockSpec((64, 128), lambda i: (i, 0))],
+                        max_concurrent_steps=2)(x_gmem.at[pl.ds(64, 192)])
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(acc, o_gmem)
+    plgpu.wait_smem_to_gmem(0)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_a_pipeline_over_a_traced_grid_fills_its_slots_in_a_loop(steps):
+    # As upstream: the first min(slots, steps) fetches are one copy in a loop, not one
+    # per slot; fewer steps than slots (1) and more (3) both sum the right blocks.
+    from pallas_mosaic_gpu._src.emulate import run_kernel
+
+    f = plgpu.kernel(_first_blocks, out_type=jax.ShapeDtypeStruct((64, 128), F32),
+                     scratch_types=[plgpu.SMEM((64, 128), F32)])
+    n = jnp.asarray([steps], jnp.int32)
+    x = jnp.arange(256 * 128, dtype=F32).reshape(256, 128) / 1024
+    k = _built(f, n, x)
+    # One fetch in the prologue, one refill in the loop, the output's store.
+    assert str(module_of(k)).count("cp.async.bulk.tensor") == 3
+    (out,) = run_kernel(k, [n, x])
+    want = sum(x[64 * (i + 1):64 * (i + 2)] for i in range(steps))
+    assert jnp.allclose(out, want)
+
+
+def test_barriers_pack_after_the_swizzled_buffers_with_no_padding():
+    tr = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    tile = jax.ShapeDtypeStruct((64, 64), jnp.float16)
+
+    def kernel(x_gmem, o_gmem):
+        def body(a, bar, b):  # a barrier between two swizzled buffers
+            plgpu.copy_gmem_to_smem(x_gmem, a, bar.at[0])
+            plgpu.barrier_wait(bar.at[0])
+            b[...] = a[...]
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(b, o_gmem)
+            plgpu.wait_smem_to_gmem(0)
+
+        pl.run_scoped(body, plgpu.SMEM((64, 64), jnp.float16, transforms=tr),
+                      plgpu.Barrier(), plgpu.SMEM((64, 64), jnp.float16, transforms=tr))
+
+    k = _built(plgpu.kernel(kernel, out_type=tile), tile)
+    assert k.smem_bytes == 2 * 64 * 64 * 2 + 8  # the two tiles and one mbarrier

@@ -203,11 +203,12 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
         at_end = [(s, r, b) for k, (s, r, b) in enumerate(zip(specs, gmem_refs, bufs))
                   if k >= n_in and b is not None and invariant[k]]
 
-        for s in range(slots):
-            if static:
+        if static:
+            for s in range(slots):
                 fetch(jnp.int32(s))
-            else:
-                pl.when(s < num_steps)(functools.partial(fetch, jnp.int32(s)))
+        else:  # a loop to the traced min(slots, steps): one copy per input in the code
+            lax.fori_loop(jnp.int32(0), jnp.minimum(jnp.int32(slots), num_steps),
+                          lambda s, c: (fetch(s), c)[1], None)
 
         def step_fn(step, carry):
             slot = lax.rem(step, jnp.int32(slots))

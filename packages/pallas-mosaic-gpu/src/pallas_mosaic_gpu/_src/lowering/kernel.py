@@ -294,9 +294,10 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
            if reduces(jaxpr.jaxpr) else None)
     spills = spill_buffers(jaxpr.jaxpr)
 
-    def smem_tree(keep):
-        """The SMEM tree with the spill buffers of the eqns in ``keep`` (None: all)."""
-        entries = {"red": red} if red is not None else {}
+    def smem_tree(keep, with_red=True):
+        """The SMEM tree with the spill buffers of the eqns in ``keep`` (None: all), and
+        the reduction scratch unless told otherwise."""
+        entries = {"red": red} if red is not None and with_red else {}
         entries.update({("buf", k): b for k, b in zip(blocked, bufs)})
         entries.update({("scratch", i): p.entry for i, p in enumerate(scratch)
                         if p.entry is not None})
@@ -397,11 +398,12 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
             if any(k in by_tma for k in stores):
                 launch_ctx.await_async_copy(0)
         state["uses"] = frozenset(lctx.uses)
+        state["red_used"] = red_ref is not None and any(True for _ in red_ref.uses)
 
     symbol = _kernel_symbol(name)
 
-    def emit(keep):
-        smem, state["where"], smem_bytes = smem_tree(keep)
+    def emit(keep, with_red=True):
+        smem, state["where"], smem_bytes = smem_tree(keep, with_red)
         state["keep"] = keep
         # Mosaic GPU reads the device mesh (for peer addresses) from the current mesh.
         concrete = mesh_axes and isinstance(jax_mesh, jax.sharding.Mesh)
@@ -426,10 +428,12 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
     # Spill buffers are planned from the jaxpr alone; operands that turn out to be in a
     # tiled layout (say, a row reduction of a WGMMA array) need none. When some went
     # unused, the kernel is emitted again without them (lowering is deterministic).
+    # The reduction scratch goes too when no reduction used it (row reductions of WGMMA
+    # arrays shuffle within warps); it alone is not worth emitting again.
     used = state["spill_refs"].used
     keep = {i for i, (e, _) in enumerate(spills) if id(e) in used}
     if len(keep) < len(spills):
-        fn, smem_bytes = emit(keep)
+        fn, smem_bytes = emit(keep, with_red=state["red_used"])
     aliases = tuple(gm.input_output_aliases)
     if aliases:
         fn = aliased_fn(fn, in_shapes, out_shapes, sem_shapes, aliases)
@@ -465,25 +469,33 @@ def _alignment(size: int) -> int:
     return max(SMEM_ALIGNMENT, min(SWIZZLE_REPEAT, size & -size)) if size else SMEM_ALIGNMENT
 
 
+def _size_and_alignment(e) -> tuple[int, int]:
+    """An SMEM entry's bytes and where it may start: barriers at 8 bytes (mbarriers are
+    8-byte words), a TMEM allocation's address (4 bytes) at 4, buffers at
+    :func:`_alignment`."""
+    if isinstance(e, (mgpu.Barrier, mgpu.ClusterBarrier)):
+        return 8 * e.num_barriers, 8
+    if isinstance(e, mgpu.TMEM):
+        return 4, 4  # the TMEM address Mosaic GPU's allocation writes to SMEM
+    size = int(np.prod(e.shape)) * jnp.dtype(e.dtype).itemsize
+    return size, _alignment(size)
+
+
 def _aligned(entries: dict):
-    """The SMEM tree (a flat tuple, padded so every buffer starts at its ``_alignment``:
-    128 bytes, up to 1024 for buffers of whole swizzle atoms), the position of each entry
-    in it, and the total bytes."""
+    """The SMEM tree (a flat tuple, padded so every entry starts at its alignment, see
+    :func:`_size_and_alignment`), the position of each entry in it, and the total bytes.
+    Entries go in decreasing alignment (swizzled buffers, other buffers, barriers, TMEM
+    addresses), so padding is only needed where the order of equals leaves some."""
     tree, where, off = [], {}, 0
-    for key, e in entries.items():
-        if isinstance(e, (mgpu.Barrier, mgpu.ClusterBarrier)):
-            size = 8 * e.num_barriers
-        elif isinstance(e, mgpu.TMEM):
-            size = 4  # the TMEM address Mosaic GPU's allocation writes to SMEM
-        else:
-            size = int(np.prod(e.shape)) * jnp.dtype(e.dtype).itemsize
-        pad = (-off) % (_alignment(size) if not isinstance(e, mgpu.Barrier) else
-                        SMEM_ALIGNMENT)
+    sized = {key: _size_and_alignment(e) for key, e in entries.items()}
+    for key in sorted(entries, key=lambda k: -sized[k][1]):  # stable: otherwise as given
+        size, align = sized[key]
+        pad = (-off) % align
         if pad:
             tree.append(jax.ShapeDtypeStruct((pad,), jnp.uint8))
             off += pad
         where[key] = len(tree)
-        tree.append(e)
+        tree.append(entries[key])
         off += size
     return tuple(tree), where, off
 
