@@ -219,7 +219,8 @@ class AccessLog:
         self._entries: list[Access] = []
         self._clocks: np.ndarray | None = None  # the entries' clocks, one per row
         self._tuples: list[tuple] = []  # or, for a short log, as tuples
-        # Long logs: (clocks, regions, is-write, number of rows used), with spare rows.
+        # Long logs: (clocks, regions, is-write, number of rows used, a clock at least
+        # every logged one), with spare rows.
         self._arrays: tuple | None = None
         self._lock = threading.Lock()
 
@@ -287,6 +288,7 @@ class AccessLog:
         The arrays keep spare rows, so an access is appended without copying them."""
         entries, n, areg = self._entries, len(self._entries), access.region
         clock = np.asarray(access.clock)
+        cur = tuple(clock.tolist())
         arrays = self._arrays
         if arrays is None or arrays[3] != n or arrays[1].shape[1] != len(areg) or (
                 arrays[0].shape[1] != clock.shape[0]):
@@ -295,23 +297,29 @@ class AccessLog:
             cap = 2 * n + 8
             clocks = np.zeros((cap, clock.shape[0]), clock.dtype)
             clocks[:n] = np.stack([np.asarray(e.clock) for e in entries])
-            regions = np.zeros((cap, len(areg), 3), np.int64)
-            regions[:n] = np.array([e.region for e in entries], np.int64).reshape(
-                n, len(areg), 3)
+            # Per dimension (-start, stop): "inside [s, e)" is one comparison with (-s, e).
+            regions = np.zeros((cap, len(areg), 2), np.int64)
+            regions[:n] = np.array([[(-lo, hi) for lo, hi, _ in e.region] for e in entries],
+                                   np.int64).reshape(n, len(areg), 2)
             kinds = np.zeros(cap, bool)
             kinds[:n] = [e.kind == "write" for e in entries]
+            bound = tuple(clocks[:n].max(axis=0).tolist())
         else:
-            clocks, regions, kinds, _ = arrays
+            clocks, regions, kinds, _, bound = arrays
         C, R, K = clocks[:n], regions[:n], kinds[:n]
         writes = access.kind == "write"
-        a = np.array(areg, np.int64).reshape(len(areg), 3)
+        a = np.array([(-lo, hi) for lo, hi, _ in areg], np.int64).reshape(len(areg), 2)
         covered = None
         if all(step == 1 for _, _, step in areg):  # _covers: unit strides, ranges inside
-            covered = ((R[:, :, 0] >= a[:, 0]) & (R[:, :, 1] <= a[:, 1])).all(axis=1)
+            covered = (R <= a).all(axis=(1, 2))
             if not writes:
                 covered &= ~K  # a read makes only reads redundant
         races, redundant = [], None
-        if writes or K.any() or (covered is not None and covered.any()):
+        if bound != cur and all(map(_le, bound, cur)):
+            # ``bound`` (at least every logged clock) happens before this access, so
+            # every logged access does: no race, and the covered ones are redundant.
+            redundant = covered
+        elif writes or K.any() or (covered is not None and covered.any()):
             # (A read in a log of reads races with nothing: only redundancy matters.)
             le = (C <= clock).all(axis=1)
             same = (C == clock).all(axis=1)
@@ -335,7 +343,7 @@ class AccessLog:
         self._entries = [*entries, access]
         self._tuples = []
         self._clocks = None
-        self._arrays = (clocks, regions, kinds, n + 1)
+        self._arrays = (clocks, regions, kinds, n + 1, tuple(map(max, bound, cur)))
         return races
 
 

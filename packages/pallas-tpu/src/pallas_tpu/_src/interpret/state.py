@@ -45,6 +45,7 @@ class Buffer(Cell):
         self.init = None
         self.block = None
         self.uninit = uninit
+        self.race_log = None  # its race detector's access log, once it has one
 
     @property
     def dtype(self):
@@ -164,7 +165,14 @@ class Simulation:
     def record(self, thread: int, clock, kind: str, buf: Buffer, box, site: str,
                who: str) -> None:
         access = Access(thread, clock, kind, B.region(box), site, who)
-        self.detector.record(buf.key, access, name=_buffer_name(buf))
+        log = buf.race_log
+        if log is None:  # the buffer's log, found once (a dict lookup by key otherwise)
+            log = buf.race_log = self.detector.log(buf.key, _buffer_name(buf))
+        races = log.record(access)
+        if races:
+            self.detector.report.add(races)
+            for r in races:
+                _print_race(r)
 
     # -- blocking ---------------------------------------------------------------------------
     def check_failed(self) -> None:
