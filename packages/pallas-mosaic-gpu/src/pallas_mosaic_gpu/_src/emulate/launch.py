@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import jax
-import jax.extend.core as jex
 import numpy as np
 from jaxlib.mlir import ir
 
@@ -26,27 +24,16 @@ from pallas_mosaic_gpu._src.emulate import (  # noqa: F401 - each module registe
 from pallas_mosaic_gpu._src.emulate.engine import Compiler, Machine, Plan, run
 from pallas_mosaic_gpu._src.emulate.memory import Memory
 from pallas_mosaic_gpu._src.emulate.types import EmulationUnsupported
+from pallas_mosaic_gpu._src.lowering.aliases import module_of_fn
 
 
 def module_of(kernel) -> ir.Module:
     """The MLIR module a built kernel hands to Mosaic GPU's custom call (the ``module``
     parameter of the ``mosaic_gpu_p`` equation its function binds)."""
-    closed = jax.make_jaxpr(kernel.fn)(*kernel.in_shapes)
-
-    def find(jaxpr):
-        for e in jaxpr.eqns:
-            if "module" in e.params and e.primitive.name.startswith("mosaic_gpu"):
-                return e.params["module"]
-            for sub in jex.jaxprs_in_params(e.params):
-                found = find(sub)
-                if found is not None:
-                    return found
-        return None
-
-    module = find(closed.jaxpr)
-    if module is None:
-        raise RuntimeError(f"kernel {kernel.name} binds no Mosaic GPU custom call")
-    return module
+    try:
+        return module_of_fn(kernel.fn, kernel.in_shapes)
+    except RuntimeError:
+        raise RuntimeError(f"kernel {kernel.name} binds no Mosaic GPU custom call") from None
 
 
 class CompiledModule:
