@@ -75,6 +75,15 @@ def _block_view(spec, ref, indices):
     return ref.at[at]
 
 
+def _store_blocks(outs, slot, indices):
+    """Copies each ``(spec, gmem ref, SMEM slots)`` of ``outs``' slot ``slot`` to its
+    block at ``indices``, as one bulk group after the SMEM writes are committed."""
+    commit_smem()
+    for spec, ref, buf in outs:
+        copy_smem_to_gmem(buf.at[slot], _block_view(spec, ref, indices), commit_group=False)
+    commit_smem_to_gmem_group()
+
+
 def _slot_type(spec, ref, slots):
     shape = [d for d in _dims(spec, ref.shape) if d is not None]
     return SMEM((slots, *shape), ref.dtype, transforms=tuple(getattr(spec, "transforms", ())))
@@ -191,13 +200,6 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
                     copy_gmem_to_smem(_block_view(spec, ref, indices), buf.at[slot],
                                       barrier.at[slot])
 
-        def store(outs, slot, indices):
-            commit_smem()
-            for spec, ref, buf in outs:
-                copy_smem_to_gmem(buf.at[slot], _block_view(spec, ref, indices),
-                                  commit_group=False)
-            commit_smem_to_gmem_group()
-
         per_step = [(s, r, b) for k, (s, r, b) in enumerate(zip(specs, gmem_refs, bufs))
                     if k >= n_in and b is not None and not invariant[k]]
         at_end = [(s, r, b) for k, (s, r, b) in enumerate(zip(specs, gmem_refs, bufs))
@@ -227,7 +229,7 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
             else:
                 new_carry = body(indices, *refs, carry)
             if per_step:
-                store(per_step, slot, indices)
+                _store_blocks(per_step, slot, indices)
 
             # A slot is refilled once released: an input with delay_release=d keeps
             # step s's block until step s + d has run (the body may still be reading
@@ -241,7 +243,7 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
 
         out = fori_with_refs(num_steps, step_fn, init_carry)
         if at_end:
-            store(at_end, 0, _unravel(jnp.int32(num_steps - 1), grid))
+            _store_blocks(at_end, 0, _unravel(jnp.int32(num_steps - 1), grid))
         if per_step or at_end:
             wait_smem_to_gmem(0)
         return out

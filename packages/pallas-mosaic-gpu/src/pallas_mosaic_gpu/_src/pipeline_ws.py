@@ -35,14 +35,12 @@ from pallas_mosaic_gpu._src.pipeline import (
     _index_invariant,
     _slot_type,
     _static,
+    _store_blocks,
     fori_with_refs,
 )
 from pallas_mosaic_gpu._src.primitives.barriers import barrier_arrive, barrier_wait
 from pallas_mosaic_gpu._src.primitives.copies import (
-    commit_smem,
-    commit_smem_to_gmem_group,
     copy_gmem_to_smem,
-    copy_smem_to_gmem,
     wait_smem_to_gmem,
 )
 from pallas_mosaic_gpu._src.primitives.hints import set_max_registers
@@ -178,13 +176,6 @@ class _WarpSpecializedPipeline:
         per_step = [o for o, inv in zip(outs, invariant) if not inv]
         at_end = [o for o, inv in zip(outs, invariant) if inv]
 
-        def store(outs, slot, indices):
-            commit_smem()
-            for spec, ref, buf in outs:
-                copy_smem_to_gmem(buf.at[slot], _block_view(spec, ref, indices),
-                                  commit_group=False)
-            commit_smem_to_gmem_group()
-
         def step(i, carry):
             slot = lax.rem(i, jnp.int32(slots))
             # Step i releases the slot of step i - delay_release (kept non-negative).
@@ -211,7 +202,7 @@ class _WarpSpecializedPipeline:
                 else:
                     arrive()
             if per_step:
-                store(per_step, slot, indices)
+                _store_blocks(per_step, slot, indices)
             return new
 
         def eval_pipeline(carry):
@@ -220,7 +211,7 @@ class _WarpSpecializedPipeline:
             calls.append(True)
             out = fori_with_refs(num_steps, step, carry)
             if at_end:
-                store(at_end, 0, _unravel(jnp.int32(num_steps - 1), self.grid))
+                _store_blocks(at_end, 0, _unravel(jnp.int32(num_steps - 1), self.grid))
             if outs:
                 wait_smem_to_gmem(0)
             return out
