@@ -76,6 +76,31 @@ _RING = textwrap.dedent('''
     np.testing.assert_array_equal(np.asarray(g(x)), np.asarray(x))
     assert sorted(met) == list(range(n)), sorted(met)
     print("ok thread_map")
+
+    failed_on = []  # device_id names the device whose thread failed
+
+    def boom(dev, i):
+        if int(dev) == 5 and int(i) == 2:
+            raise ValueError("thread 2 of device 5 failed")
+
+    def failing(x):
+        d = jax.lax.axis_index("x")
+        def f(i, token, d):
+            jax.experimental.io_callback(boom, (), d, i, ordered=True)
+            return token
+        return x + interpret.thread_map(
+            f, 4, jnp.int32(0), d, device_id=d,
+            on_exception=lambda e, device_id: failed_on.append(device_id)).astype(x.dtype)
+
+    h = jax.jit(jax.shard_map(failing, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                              check_vma=False))
+    try:
+        jax.block_until_ready(h(x))
+        raise AssertionError("no error")
+    except Exception as e:
+        assert "thread 2 of device 5 failed" in str(e), e
+    assert failed_on == [5], failed_on
+    print("ok thread_map device_id")
 ''')
 
 
@@ -100,3 +125,5 @@ def test_eight_devices_permute_around_a_ring_and_report_a_planted_remote_race():
     # thread_map under shard_map: every device's four threads run at once (their host
     # callbacks meet at a barrier per device) with operands XLA hands over asynchronously.
     assert "ok thread_map" in proc.stdout, proc.stdout + proc.stderr
+    # ... and device_id names the device whose thread failed (to on_exception).
+    assert "ok thread_map device_id" in proc.stdout, proc.stdout + proc.stderr

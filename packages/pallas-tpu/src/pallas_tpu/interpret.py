@@ -5,8 +5,9 @@ Public home of what upstream keeps private in ``jax._src.pallas.mosaic.interpret
 - ``races``: the :class:`~pallas.plugins.RaceReport` of the most recent interpreted
   kernel call (``races.races_found``, ``races.races``: each race names both accesses'
   kernel source locations); :func:`race_report` returns it, :func:`reset_races` clears it.
-- :func:`thread_map`: runs a function on several threads at once (how the simulation
-  runs cores; usable to test code that must run concurrently).
+- :func:`thread_map`: runs a function on several threads at once, from one host
+  callback (usable to test code that must run concurrently); ``on_exception`` hears of
+  a thread's error at once, to release threads waiting for it.
 - :func:`is_range_out_of_bounds_for_shape`, and the parameters
   (:class:`InterpretParams`, :class:`LoggingMode`).
 """
