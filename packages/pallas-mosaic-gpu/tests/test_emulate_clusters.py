@@ -29,14 +29,6 @@ def _blackwell(monkeypatch):
     monkeypatch.setenv("PALLAS_MOSAIC_GPU_TARGET", "sm_100a")
 
 
-def _emulate(f, *args):
-    backend = pallas.plugins.get_backend("mosaic_gpu")
-    (eqn,) = [e for e in jax.make_jaxpr(f)(*args).jaxpr.eqns
-              if e.primitive is pl.pallas_call_p]
-    req = pallas.plugins.KernelRequest.from_params(eqn.params, eqn.params["compiler_params"])
-    return backend.emulate(req, *args)
-
-
 def multicast_kernel():
     """Two clusters of two blocks: each cluster loads its 64 rows of x once, split
     between its blocks and multicast to both (``collective_axes``); block ``c`` of
@@ -64,18 +56,18 @@ def multicast_kernel():
                            bye=plgpu.ClusterBarrier(collective_axes=("x",))))
 
 
-def test_a_multicast_load_reaches_every_block_of_the_cluster():
+def test_a_multicast_load_reaches_every_block_of_the_cluster(emulate):
     x = np.random.default_rng(0).standard_normal((128, 128)).astype(np.float32)
-    (got,) = _emulate(multicast_kernel(), x)
+    (got,) = emulate(multicast_kernel(), x)
     want = np.stack([np.stack([x[g * 64:(g + 1) * 64] * 2 + c for c in range(2)])
                      for g in range(2)])
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
-def test_a_cta_pair_matmul_is_unsupported_naming_the_cta_pair():
+def test_a_cta_pair_matmul_is_unsupported_naming_the_cta_pair(emulate):
     path = Path(__file__).with_name("test_lowering_clusters.py")
     spec = importlib.util.spec_from_file_location("lowering_clusters_kernels", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     with pytest.raises(EmulationUnsupported, match=r"CTA pair \(cta_group::2\)"):
-        _emulate(mod.cta_pair_matmul(), *mod._operands())
+        emulate(mod.cta_pair_matmul(), *mod._operands())

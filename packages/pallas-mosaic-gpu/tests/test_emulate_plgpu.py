@@ -24,15 +24,6 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 F16 = jnp.float16
 
 
-def _emulate(f, *args):
-    """Runs every pallas_call of ``f`` through the backend's emulate level."""
-    backend = pallas.plugins.get_backend("mosaic_gpu")
-    (eqn,) = [e for e in jax.make_jaxpr(f)(*args).jaxpr.eqns
-              if e.primitive is pl.pallas_call_p]
-    req = pallas.plugins.KernelRequest.from_params(eqn.params, eqn.params["compiler_params"])
-    return backend.emulate(req, *args)
-
-
 def _example(name):
     path = EXAMPLES / f"{name}.py"
     if not path.exists():
@@ -45,12 +36,12 @@ def _example(name):
 
 @pytest.mark.parametrize("name,fn", [("mosaic_gpu_matmul", "matmul"),
                                      ("mosaic_gpu_matmul_ws", "matmul_ws")])
-def test_the_wgmma_matmul_examples_match_jnp_dot_at_emulate(name, fn):
+def test_the_wgmma_matmul_examples_match_jnp_dot_at_emulate(emulate, name, fn):
     ex = _example(name)
     x, y = ex.inputs(128, 128, 128)  # two pipeline steps, four wgmma k-steps each
     f = getattr(ex, fn)
     f = getattr(f, "__wrapped__", f)
-    (got,) = _emulate(lambda a, b: f(a, b), x, y)
+    (got,) = emulate(lambda a, b: f(a, b), x, y)
     np.testing.assert_allclose(np.asarray(got, np.float32),
                                np.asarray(ex.reference(x, y), np.float32), rtol=2e-2, atol=1e-1)
 
@@ -124,7 +115,7 @@ def _two_warpgroups(body, x, scratch):
                         num_threads=2, thread_name="wg", scratch_types=scratch)(x)
 
 
-def test_warpgroups_wait_for_each_other_on_a_barrier():
+def test_warpgroups_wait_for_each_other_on_a_barrier(emulate):
     x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
 
     def body(x_ref, o_ref, smem, out, loaded, ready):
@@ -148,11 +139,11 @@ def test_warpgroups_wait_for_each_other_on_a_barrier():
     f = lambda x: _two_warpgroups(  # noqa: E731
         body, x, [plgpu.SMEM((8, 128), jnp.float32), plgpu.SMEM((8, 128), jnp.float32),
                   plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=1)])
-    (got,) = _emulate(f, x)
+    (got,) = emulate(f, x)
     np.testing.assert_array_equal(np.asarray(got), (np.asarray(x) + 1) * 2)
 
 
-def test_a_barrier_no_one_arrives_at_is_a_deadlock():
+def test_a_barrier_no_one_arrives_at_is_a_deadlock(emulate):
     x = jnp.zeros((8, 128), jnp.float32)
 
     def body(x_ref, o_ref, bar):
@@ -162,10 +153,10 @@ def test_a_barrier_no_one_arrives_at_is_a_deadlock():
 
     f = lambda x: _two_warpgroups(body, x, [plgpu.Barrier(num_barriers=1)])  # noqa: E731
     with pytest.raises(EmulationError, match="deadlock.*warpgroup 1 waits"):
-        _emulate(f, x)
+        emulate(f, x)
 
 
-def test_smem_read_before_waiting_for_its_copy_sees_stale_data():
+def test_smem_read_before_waiting_for_its_copy_sees_stale_data(emulate):
     """A TMA load lands when its barrier is waited for, not when it is issued."""
     x = jnp.ones((8, 128), jnp.float32)
 
@@ -186,13 +177,13 @@ def test_smem_read_before_waiting_for_its_copy_sees_stale_data():
                               in_specs=[pl.BlockSpec(memory_space=plgpu.GMEM)],
                               backend="mosaic_gpu")(x)
 
-    (good,) = _emulate(lambda x: f(x, True), x)
+    (good,) = emulate(lambda x: f(x, True), x)
     np.testing.assert_array_equal(np.asarray(good), 1.0)
-    (bad,) = _emulate(lambda x: f(x, False), x)
+    (bad,) = emulate(lambda x: f(x, False), x)
     assert np.isnan(np.asarray(bad)).all()  # SMEM before the copy landed: garbage
 
 
-def test_an_inline_ptx_the_executor_does_not_know_is_unsupported_naming_it(monkeypatch):
+def test_an_inline_ptx_the_executor_does_not_know_is_unsupported_naming_it(emulate, monkeypatch):
     from pallas_mosaic_gpu._src.emulate import ops_llvm
 
     monkeypatch.setattr(ops_llvm, "ASM_PATTERNS",
@@ -200,10 +191,10 @@ def test_an_inline_ptx_the_executor_does_not_know_is_unsupported_naming_it(monke
     ex = _example("mosaic_gpu_matmul")
     x, y = ex.inputs(128, 64, 128)
     with pytest.raises(EmulationUnsupported, match="wgmma.mma_async"):
-        _emulate(lambda a, b: ex.matmul.__wrapped__(a, b), x, y)
+        emulate(lambda a, b: ex.matmul.__wrapped__(a, b), x, y)
 
 
-def test_wgmma_with_a_in_registers_chains_two_matmuls():
+def test_wgmma_with_a_in_registers_chains_two_matmuls(emulate):
     """``(x @ y).astype(f16) @ z``: the second wgmma reads A from the first one's
     accumulator registers (the register-fragment layout of A), as flash attention does."""
     t = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -230,13 +221,13 @@ def test_wgmma_with_a_in_registers_chains_two_matmuls():
 
     rng = np.random.default_rng(0)
     x, y, z = (jnp.asarray(rng.standard_normal((64, 64)), F16) for _ in range(3))
-    (got,) = _emulate(f, x, y, z)
+    (got,) = emulate(f, x, y, z)
     p = (np.asarray(x, np.float32) @ np.asarray(y, np.float32)).astype(np.float16)
     np.testing.assert_allclose(np.asarray(got), p.astype(np.float32) @ np.asarray(z, np.float32),
                                rtol=1e-2, atol=5e-2)  # f16 rounding of x @ y
 
 
-def test_a_in_registers_from_a_warp_specialized_pipeline_slot():
+def test_a_in_registers_from_a_warp_specialized_pipeline_slot(emulate):
     """``x_smem[...]`` (a WGMMA-layout load from a 128-byte-swizzled slot) as wgmma's A in
     ``emit_pipeline_warp_specialized``. The register load swizzles offsets from the buffer's
     start, TMA and wgmma the address bits, so they agree only if every swizzled buffer starts
@@ -277,6 +268,6 @@ def test_a_in_registers_from_a_warp_specialized_pipeline_slot():
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((64, k)), F16)
     y = jnp.asarray(rng.standard_normal((k, 64)), F16)
-    (got,) = _emulate(f, x, y)
+    (got,) = emulate(f, x, y)
     np.testing.assert_allclose(np.asarray(got), np.asarray(x, np.float32) @ np.asarray(
         y, np.float32), rtol=1e-3, atol=1e-3)

@@ -32,14 +32,6 @@ def _blackwell(monkeypatch):
     monkeypatch.setenv("PALLAS_MOSAIC_GPU_TARGET", "sm_100a")
 
 
-def _emulate(f, *args):
-    backend = pallas.plugins.get_backend("mosaic_gpu")
-    (eqn,) = [e for e in jax.make_jaxpr(f)(*args).jaxpr.eqns
-              if e.primitive is pl.pallas_call_p]
-    req = pallas.plugins.KernelRequest.from_params(eqn.params, eqn.params["compiler_params"])
-    return backend.emulate(req, *args)
-
-
 def _operands(k=64, n=128):
     a = jax.random.normal(jax.random.key(0), (128, k), F32).astype(F16)
     b = jax.random.normal(jax.random.key(1), (k, n), F32).astype(F16)
@@ -50,7 +42,7 @@ def _dot(a, b):
     return np.asarray(jnp.dot(a, b, preferred_element_type=F32))
 
 
-def test_the_blackwell_matmul_example_matches_x_at_y_at_emulate():
+def test_the_blackwell_matmul_example_matches_x_at_y_at_emulate(emulate):
     path = EXAMPLES / "mosaic_gpu_matmul_blackwell.py"
     if not path.exists():
         pytest.skip(f"{path} is not in this checkout")
@@ -58,7 +50,7 @@ def test_the_blackwell_matmul_example_matches_x_at_y_at_emulate():
     ex = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ex)
     x, y = ex.inputs(128, 128, 128)  # two pipeline steps of four MMAs (K = 16 each)
-    (got,) = _emulate(lambda a, b: ex.matmul.__wrapped__(a, b), x, y)
+    (got,) = emulate(lambda a, b: ex.matmul.__wrapped__(a, b), x, y)
     np.testing.assert_allclose(np.asarray(got, np.float32),
                                np.asarray(ex.reference(x, y), np.float32), rtol=2e-2, atol=1e-1)
 
@@ -96,30 +88,30 @@ def _mma_kernel(*, accumulate_first=False, wait="before", roundtrip=False, n=128
                           backend="mosaic_gpu")
 
 
-def test_mmas_into_a_tmem_column_view_and_a_register_round_trip():
+def test_mmas_into_a_tmem_column_view_and_a_register_round_trip(emulate):
     a, b = _operands()
-    (got,) = _emulate(_mma_kernel(roundtrip=True), a, b)
+    (got,) = emulate(_mma_kernel(roundtrip=True), a, b)
     np.testing.assert_allclose(np.asarray(got), 4 * _dot(a, b), rtol=1e-3, atol=1e-2)
 
 
-def test_accumulating_into_tmem_no_mma_wrote_reads_garbage():
+def test_accumulating_into_tmem_no_mma_wrote_reads_garbage(emulate):
     a, b = _operands()
-    (got,) = _emulate(_mma_kernel(accumulate_first=True), a, b)
+    (got,) = emulate(_mma_kernel(accumulate_first=True), a, b)
     assert np.isnan(np.asarray(got)).all()
 
 
-def test_reading_tmem_before_waiting_for_the_mmas_commit_sees_stale_data():
+def test_reading_tmem_before_waiting_for_the_mmas_commit_sees_stale_data(emulate):
     # The MMAs complete when someone waits on their commit's barrier (or the block
     # ends): TMEM read before that still holds what it held (never written: NaN).
     a, b = _operands()
-    (got,) = _emulate(_mma_kernel(wait="after"), a, b)
+    (got,) = emulate(_mma_kernel(wait="after"), a, b)
     assert np.isnan(np.asarray(got)).all()
 
 
-def test_freeing_tmem_before_the_mmas_into_it_complete_is_an_error():
+def test_freeing_tmem_before_the_mmas_into_it_complete_is_an_error(emulate):
     a, b = _operands()
     with pytest.raises(EmulationError, match="outside every allocation"):
-        _emulate(_mma_kernel(wait=None), a, b)
+        emulate(_mma_kernel(wait=None), a, b)
 
 
 @pytest.mark.parametrize("shape,num,rows,cols", [
