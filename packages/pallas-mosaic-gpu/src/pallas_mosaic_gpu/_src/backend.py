@@ -14,14 +14,15 @@ from pallas_mosaic_gpu._src.compiler_params import CompilerParams
 # Not claimed although their claimed-tag cases would pass: carry_across_blocks (parallel
 # grid axes run concurrently on a GPU), atomics and semaphores (not lowered yet).
 # Not claimed because some of their cases fail at lower (measured with the tag forced):
-# control_flow (2 of 44: lax.scan over register arrays, whose rows would have to be
-# gathered across threads), indexing (25 of 62: masked pl.load/pl.store, strided ref
-# windows, BoundedSlice block dims, and three flash-attention kernels whose SMEM blocks
-# exceed sm_90a's 227 KiB).
+# indexing (25 of 62: masked pl.load/pl.store, strided ref windows, BoundedSlice block
+# dims, and three flash-attention kernels whose SMEM blocks exceed sm_90a's 227 KiB).
 CAPABILITIES: frozenset = frozenset({
     "elementwise", "special_functions", "bf16", "f16", "int8", "uint32", "bool", "dot",
     "multiple_outputs", "sequential_grid", "vmap", "shard_map", "kernels", "reductions",
     "broadcasting", "pytrees", "fusion", "grad", "scratch",
+    # control_flow: lax.scan over register arrays reads and writes its rows through SMEM
+    # buffers (lowering/rules_control.py).
+    "control_flow",
     # aliasing: input_output_aliases become XLA buffer aliases of the custom call, and an
     # aliased output's blocks are loaded before each step (lowering/aliases.py).
     "aliasing",

@@ -31,7 +31,7 @@ from jaxlib.mlir.dialects import arith, gpu, scf
 
 import pallas as pl
 from pallas_mosaic_gpu._src import jax_compat as jc
-from pallas_mosaic_gpu._src.lowering import collectives
+from pallas_mosaic_gpu._src.lowering import collectives, smem_budget
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.aliases import aliased_fn
 from pallas_mosaic_gpu._src.lowering.copies import thread_copy, tma_can_copy
@@ -309,7 +309,12 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
                                 for j, a in enumerate(avals) if a is not None})
         if blocked_in:
             entries["barriers"] = mgpu.Barrier(arrival_count=1, num_barriers=len(blocked_in))
-        return _aligned(entries)
+        tree, where, total = _aligned(entries)
+        smem_budget.check(name, target, total,
+                          {k: _size_and_alignment(e)[0] for k, e in entries.items()},
+                          {k: f"{gm.block_mappings[k].origin} ({b.shape} {b.dtype})"
+                           for k, b in zip(blocked, bufs)})
+        return tree, where, total
 
     state = {}
 

@@ -1,5 +1,6 @@
 """Lowering rules of control flow: ``jit``/``closed_call``/custom derivatives (inlined),
-``fori_loop``/``scan`` without scanned operands, ``while_loop``, ``cond``/``pl.when``.
+``fori_loop``/``scan`` (scanned operands and stacked results through SMEM),
+``while_loop``, ``cond``/``pl.when``.
 
 Loop carries and branch results become ``scf`` block arguments and results: a scalar is
 one value, a warpgroup array is its registers, in the layout the loop is entered with or
@@ -11,15 +12,18 @@ with that layout (:func:`_settle_layouts`).
 
 from __future__ import annotations
 
+import jax
 import jax.extend.core.primitives as P
 import numpy as np
 from jax import lax
+from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, scf
 
 from pallas_mosaic_gpu._src.lowering import small
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import Lit, lower_jaxpr, rule
+from pallas_mosaic_gpu._src.lowering.rules_refs import load_view, store_view
 
 
 class _CarryLayout(Exception):
@@ -201,11 +205,23 @@ def _scan(lctx, eqn, *args):
     p = eqn.params
     nc, ncarry, length = p["num_consts"], p["num_carry"], int(p["length"])
     closed = p["jaxpr"]
-    if len(args) != nc + ncarry or len(eqn.outvars) != ncarry:
-        raise NotImplementedError("scan over arrays (only fori_loop-style scans lower)")
-    consts, init = args[:nc], list(args[nc:])
-    avals = [v.aval for v in eqn.invars[nc:]]
+    consts, init = args[:nc], list(args[nc:nc + ncarry])
+    avals = [v.aval for v in eqn.invars[nc:nc + ncarry]]
     accs = _accs(consts)
+    xs_avals = [v.aval for v in eqn.invars[nc + ncarry:]]
+    ys_avals = [v.aval for v in eqn.outvars[ncarry:]]
+    # Scanned operands and stacked results live in SMEM buffers (spill.scanned_avals):
+    # iteration i reads row i of each xs and writes row i of each ys.
+    bufs = lctx.spill_buffers[id(eqn)] if xs_avals or ys_avals else []
+    xs_bufs, ys_bufs = bufs[:len(xs_avals)], bufs[len(xs_avals):]
+    for buf, x, a in zip(xs_bufs, args[nc + ncarry:], xs_avals):
+        store_view(buf, x, a, "smem")
+
+    def rows(i):
+        if p["reverse"]:
+            i = arith.subi(V.const(length - 1, V.index()), i)
+        return [load_view(mgpu.memref_slice(b, (i,)), a.dtype, tuple(a.shape[1:]))
+                for b, a in zip(xs_bufs, xs_avals)], i
 
     def emit(init, ops):
         flat, specs = _flatten(init, avals)
@@ -217,16 +233,21 @@ def _scan(lctx, eqn, *args):
             inner = list(loop.inner_iter_args)
             _set_accs(accs, inner[n:])
             carry = _unflatten(inner[:n], specs)
-            outs = _inline(lctx, closed, [*consts, *carry])
-            new, _ = _flatten(outs, avals, specs)
+            xs, i = rows(loop.induction_variable)
+            outs = _inline(lctx, closed, [*consts, *carry, *xs])
+            new, _ = _flatten(outs[:ncarry], avals, specs)
+            for b, y, a in zip(ys_bufs, outs[ncarry:], ys_avals):
+                row = jax.ShapeDtypeStruct(tuple(a.shape[1:]), a.dtype)
+                store_view(mgpu.memref_slice(b, (i,)), y, row, "smem")
             scf.YieldOp(new + _acc_regs(accs))
         results = list(loop.results)
         _set_accs(accs, results[n:])
         return _unflatten(results[:n], specs)
 
     # A carry the body returns in another layout: enter the loop in that layout.
-    return _settle_layouts(emit, init, lambda init, e: _relayout(init, avals, e), accs,
-                           "a fori_loop/scan")
+    carry = _settle_layouts(emit, init, lambda init, e: _relayout(init, avals, e), accs,
+                            "a fori_loop/scan")
+    return [*carry, *(load_view(b, a.dtype, tuple(a.shape)) for b, a in zip(ys_bufs, ys_avals))]
 
 
 @rule(P.while_p)

@@ -106,6 +106,16 @@ def reduces(jaxpr) -> bool:
                for eqn in jaxpr.eqns)
 
 
+def scanned_avals(eqn) -> list:
+    """The scanned operands (``xs``) and stacked results (``ys``) of a ``lax.scan``:
+    the loop reads row ``i`` of each from SMEM and writes row ``i`` of each there, since a
+    thread holds only its own elements of a register array (nothing dynamic indexes
+    registers)."""
+    p = eqn.params
+    n = p["num_consts"] + p["num_carry"]
+    return [v.aval for v in eqn.invars[n:]] + [v.aval for v in eqn.outvars[p["num_carry"]:]]
+
+
 def spill_buffers(jaxpr) -> list[tuple]:
     """(eqn, [aval or None per operand]) of every eqn needing SMEM for its operands
     (None: read in place), sub-jaxprs included."""
@@ -117,6 +127,8 @@ def spill_buffers(jaxpr) -> list[tuple]:
         elif eqn.primitive is P.concatenate_p:
             found.append((eqn, [v.aval if _strided(v.aval) and not _in_place(jaxpr, pos, v)
                                 else None for v in eqn.invars]))
+        elif eqn.primitive is P.scan_p and scanned_avals(eqn):
+            found.append((eqn, scanned_avals(eqn)))
         elif needs_gather(eqn):
             v = eqn.invars[0]
             found.append((eqn, [None if _in_place(jaxpr, pos, v) else v.aval]))
