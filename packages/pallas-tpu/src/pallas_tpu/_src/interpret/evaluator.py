@@ -74,7 +74,9 @@ class Core:
         return buf.storage.shape
 
     def read(self, buf: Buffer, box, site: str, what: str = "read",
-             record: bool = True) -> np.ndarray:
+             record: bool = True, copy: bool = True) -> np.ndarray:
+        """``box`` of ``buf`` (a copy, or with ``copy=False`` a view of the storage when
+        in bounds, for a caller that writes it elsewhere at once)."""
         if record and self.sim.detect:
             self.access("read", buf, box, site)
         if B.out_of_bounds(box, buf.storage.shape):
@@ -87,7 +89,8 @@ class Core:
                 )
             fill = B.uninitialized_value(buf.dtype, self.params.uninitialized_memory)
             return B.clipped_read(buf.storage, box, self.bounds(buf), fill)
-        return np.array(buf.storage[B.numpy_index(box)])
+        data = buf.storage[B.numpy_index(box)]
+        return np.array(data) if copy else data
 
     def write(self, buf: Buffer, box, value, site: str, what: str = "write",
               mask=None, record: bool = True) -> None:

@@ -70,11 +70,29 @@ def compiled_body(closed, grid, names, params):
             ctx = KernelContext(tuple(point[d] for d in range(len(grid))), tuple(grid),
                                 axis_names=names)
             eval_jaxpr(ctx, closed.jaxpr, closed.consts, cells)
-            return [c.value for c in cells]
+            # Only the operands the body writes come back (an operand it only reads
+            # keeps its input tracer): no copy back of unchanged input blocks.
+            written = tuple(i for i, (c, v) in enumerate(zip(cells, values))
+                            if c.value is not v)
+            step.written = written  # a property of the body: the same at every trace
+            return [cells[i].value for i in written]
 
-        step = jax.jit(run)
+        step = _Step(jax.jit(run))
     _cache[key] = (closed, step)
     return step
+
+
+class _Step:
+    """A compiled body, and the indices of the operands it writes (its outputs), known
+    once it has been traced."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.written: tuple = ()
+
+    def __call__(self, point, *values):
+        outs = self.fn(point, *values)
+        return self.written, outs
 
 
 _NONE = np.zeros((0,), np.int8)
@@ -95,10 +113,10 @@ def run_point(step, point, buffers) -> None:
     """One grid point of a compiled body: reads the buffers, writes their new contents
     (HBM buffers, which a local body cannot touch, are passed as placeholders)."""
     values = [_NONE if _hbm(b) else b.value for b in buffers]
-    outs = step(np.asarray(point, np.int32), *values)
-    for b, new in zip(buffers, outs):
-        if not _hbm(b):
-            b.value = np.asarray(new)
+    written, outs = step(np.asarray(point, np.int32), *values)
+    for i, new in zip(written, outs):
+        if not _hbm(buffers[i]):
+            buffers[i].value = np.asarray(new)
 
 
 def scalar_index_maps(gm, skip: tuple):

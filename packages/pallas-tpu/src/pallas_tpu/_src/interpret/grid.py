@@ -419,7 +419,7 @@ def _copy_in(core, hbm: Buffer, box, buf: Buffer, bm, loop, point) -> None:
             f"iteration {loop} on device {core.device} (core {core.core}): reading "
             f"{B.describe(box)} but input has shape {hbm.storage.shape}."
         )
-    data = core.read(hbm, box, site)
+    data = core.read(hbm, box, site, copy=False)  # store() copies it into the buffer
     _store()(core, buf, B.full_box(buf.shape), data.reshape(buf.shape), site)
 
 
@@ -431,7 +431,7 @@ def _copy_out(core, buf: Buffer, hbm: Buffer, box, bm, loop, point) -> None:
             f"in iteration {loop} on device {core.device} (core {core.core}): writing "
             f"{B.describe(box)} but output has shape {hbm.storage.shape}."
         )
-    data = core.read(buf, B.full_box(buf.shape), site)
+    data = core.read(buf, B.full_box(buf.shape), site, copy=False)
     _store()(core, hbm, box, data.reshape(B.box_shape(box)) if data.size == math.prod(
         B.box_shape(box)) else data[tuple(slice(0, d.count) for d in box
                                           if not d.squeezed)], site)

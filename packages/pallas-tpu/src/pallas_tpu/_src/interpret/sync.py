@@ -38,10 +38,10 @@ class SemaphoreRef(Buffer):
 
 def sem_index(ref: SemaphoreRef, flat, tree) -> int:
     box, _ = view(ref, flat, tree)
-    if box is None or any(not d.squeezed for d in box):
+    if box is None or not all(d.squeezed for d in box):
         raise ValueError(f"a semaphore operation needs a single semaphore of {ref.origin}; "
                          f"got a view of shape {B.box_shape(box) if box else '?'}")
-    return ref.sem.flat(tuple(d.start for d in box))
+    return ref.sem.flat([d.start for d in box])
 
 
 def remote_sem(core: Core, ref: SemaphoreRef, device: int) -> Semaphore:
@@ -55,10 +55,10 @@ def remote_sem(core: Core, ref: SemaphoreRef, device: int) -> Semaphore:
 
 
 def target_device(core: Core, leaves, tree, id_type) -> int:
-    import jax
-
     if tree is None or tree.num_leaves == 0:
         return core.device
+    import jax
+
     device_id = jax.tree_util.tree_unflatten(tree, [int(np.asarray(x)) for x in leaves])
     axes = core.sim.mesh_axes
     if id_type == DeviceIdType.LOGICAL:
@@ -216,11 +216,14 @@ class Dma:
         self.state = "started"
         sim.dma_count += 1
         self.id = sim.dma_count
-        self.who = f"DMA #{self.id} issued by {core.who}"
         if sim.detect:
             self.thread = sim.dma_thread()
             self.clock = sim.clocks.tick(core.gid)
             self.clock[self.thread] = sim.clocks.tick(self.thread)[self.thread]
+
+    @property
+    def who(self) -> str:
+        return f"DMA #{self.id} issued by {self.issuer.who}"
 
     def _record(self, kind, buf, box):
         if self.sim.detect:
@@ -241,6 +244,8 @@ class Dma:
         """Reads (if not yet) and writes; signals the semaphores."""
         if self.state == "done":
             return
+        if self.state == "started" and self._copy_direct():
+            return
         self.read()
         if self.sim.detect:
             # The write is a later event of the DMA than its read: the send semaphore
@@ -252,6 +257,31 @@ class Dma:
         if self.add:
             data = self.issuer.read(self.dst, self.dst_box, self.site, record=False) + data
         self.issuer.write(self.dst, self.dst_box, data, self.site, record=False)
+        self._finish()
+
+
+    def _copy_direct(self) -> bool:
+        """:meth:`run` from start to end for a plain copy whose boxes are in bounds and
+        of one shape (no send semaphore, no add, unpadded destination): the source box
+        goes into the destination without an intermediate array. False otherwise."""
+        src, dst, sb, db = self.src, self.dst, self.src_box, self.dst_box
+        if (self.src_sem is not None or self.add or dst.storage.shape != dst.shape
+                or B.box_shape(sb) != B.box_shape(db)
+                or B.out_of_bounds(sb, src.storage.shape)
+                or B.out_of_bounds(db, dst.shape)):
+            return False
+        sim = self.sim
+        if sim.detect:
+            self._record("read", src, sb)
+            self.clock = self.clock.copy()
+            self.clock[self.thread] = sim.clocks.tick(self.thread)[self.thread]
+            self._record("write", dst, db)
+        with sim.cond:
+            dst.storage[B.numpy_index(db)] = src.storage[B.numpy_index(sb)]
+        self._finish()
+        return True
+
+    def _finish(self) -> None:
         self.sim.log("SHARED_MEMORY", lambda: f"{self.who} copied {self.src.origin}"
                      f"{B.describe(self.src_box)} to {self.dst.origin}"
                      f"{B.describe(self.dst_box)} ({self.nbytes} bytes)")
@@ -308,14 +338,40 @@ def remote_buffer(core: Core, buf: Buffer, device: int) -> Buffer:
     return remote
 
 
+_statics: dict = {}
+
+
+def _static(eqn):
+    """What a DMA equation's rule needs from its params, decoded once per equation:
+    the operand count of its refs, each ref's (position, leaf count, tree), its site,
+    and whether it names a device."""
+    hit = _statics.get(id(eqn))
+    if hit is not None and hit[0] is eqn:
+        return hit[1]
+    p = eqn.params
+    spec = p["refs"]
+    tree = p["device_id_tree"]
+    info = (R.spec_end(spec), tuple(spec), site_of(eqn),
+            tree is not None and tree.num_leaves > 0)
+    _statics[id(eqn)] = (eqn, info)
+    return info
+
+
+def _operand(spec_entry, invals):
+    pos, n, tree = spec_entry
+    return invals[pos], invals[pos + 1:pos + 1 + n], tree
+
+
 @rule(dma_prims.dma_start_p)
 def _dma_start_rule(core: Core, eqn, invals):
     p = eqn.params
-    end = R.spec_end(p["refs"])
-    (src, sf, st), (dst, df, dt), (sem, mf, mt), src_sem = R.unflatten(p["refs"],
-                                                                       invals[:end])
-    device = target_device(core, invals[end:], p["device_id_tree"], p["device_id_type"])
-    site = site_of(eqn)
+    end, spec, site, remote = _static(eqn)
+    src, sf, st = _operand(spec[0], invals)
+    dst, df, dt = _operand(spec[1], invals)
+    sem, mf, mt = _operand(spec[2], invals)
+    src_sem = None if spec[3] is None else _operand(spec[3], invals)
+    device = core.device if not remote else target_device(
+        core, invals[end:], p["device_id_tree"], p["device_id_type"])
     src_box, dst_box = _box(src, sf, st, "source"), _box(dst, df, dt, "destination")
     dst_buf = remote_buffer(core, dst, device)
     dsem = remote_sem(core, sem, device)
@@ -342,13 +398,12 @@ def _dma_start_rule(core: Core, eqn, invals):
 
 @rule(dma_prims.dma_wait_p)
 def _dma_wait_rule(core: Core, eqn, invals):
-    p = eqn.params
-    end = R.spec_end(p["refs"])
-    (sem, mf, mt), src, dst = R.unflatten(p["refs"], invals[:end])
-    ref_for_size = dst if p["kind"] == "recv" else src
-    box = _box(ref_for_size[0], ref_for_size[1], ref_for_size[2], "view")
-    nbytes = math.prod(B.box_shape(box)) * ref_for_size[0].dtype.itemsize
+    _, spec, site, _ = _static(eqn)
+    sem, mf, mt = _operand(spec[0], invals)
+    buf, flat, tree = _operand(spec[2 if eqn.params["kind"] == "recv" else 1], invals)
+    box = _box(buf, flat, tree, "view")
+    nbytes = math.prod(B.box_shape(box)) * buf.dtype.itemsize
     run_random_dmas(core)
     wait(core, sem.sem, sem_index(sem, mf, mt), nbytes, True,
-         f"DMA semaphore {sem.origin} (wait at {site_of(eqn)})")
+         f"DMA semaphore {sem.origin} (wait at {site})")
     return []
