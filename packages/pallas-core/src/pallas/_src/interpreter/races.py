@@ -68,7 +68,8 @@ class VectorClocks:
 
     def tick(self, thread: int) -> np.ndarray:
         """Advances ``thread``'s own entry; returns a copy of its new clock."""
-        t = self._check(thread)
+        t = thread if type(thread) is int and 0 <= thread < self.size else self._check(
+            thread)
         with self._lock:
             self._clocks[t, t] += 1
             return self._clocks[t].copy()
@@ -178,6 +179,16 @@ class Access:
     site: str = "<unknown>"
     who: str = ""
 
+    @classmethod
+    def of(cls, thread: int, clock: np.ndarray, kind: AccessKind, region: Region,
+           site: str = "<unknown>", who: str = "") -> Access:
+        """``Access(...)`` for hot paths: the same object, built without the frozen
+        dataclass's per-field ``object.__setattr__`` calls."""
+        a = object.__new__(cls)
+        a.__dict__.update(thread=thread, clock=clock, kind=kind, region=region, site=site,
+                          who=who)
+        return a
+
     def describe(self) -> str:
         who = self.who or f"thread {self.thread}"
         rng = ", ".join(f"{s}:{e}" + (f":{p}" if p != 1 else "") for s, e, p in self.region)
@@ -199,6 +210,30 @@ class Race:
 
 _SMALL_LOG = 8  # logs up to this long are compared in Python, longer ones with numpy
 _le = operator.le
+_guards: dict = {}
+_I64 = np.dtype("<i8")
+
+
+def _packed(clock: np.ndarray) -> int:
+    """``clock`` (non-negative entries below 2**63) as one Python integer, 64 bits per
+    entry, so that :func:`_packed_le` compares whole clocks in a few integer operations."""
+    if clock.dtype != _I64:
+        clock = clock.astype(_I64)
+    return int.from_bytes(clock.tobytes(), "little")
+
+
+def _guard(size: int) -> int:
+    """The top bit of each 64-bit field of a packed clock of ``size`` entries."""
+    g = _guards.get(size)
+    if g is None:
+        g = _guards[size] = sum(1 << (64 * i + 63) for i in range(size))
+    return g
+
+
+def _packed_le(a: int, b: int, guard: int) -> bool:
+    """Elementwise ``a <= b`` of two packed clocks: per field, ``(b + 2**63) - a`` keeps
+    its top bit exactly when ``b >= a``, and never borrows from the next field."""
+    return ((b | guard) - a) & guard == guard
 
 
 class AccessLog:
@@ -218,7 +253,8 @@ class AccessLog:
         self.name = name
         self._entries: list[Access] = []
         self._clocks: np.ndarray | None = None  # the entries' clocks, one per row
-        self._tuples: list[tuple] = []  # or, for a short log, as tuples
+        self._tuples: list[int] = []  # or, for a short log, as packed integers
+        self._writes = 0  # how many logged accesses are writes
         # Long logs: (clocks, regions, is-write, number of rows used, a clock at least
         # every logged one), with spare rows.
         self._arrays: tuple | None = None
@@ -240,13 +276,15 @@ class AccessLog:
         entries, clocks = self._entries, self._clocks
         clock = np.asarray(access.clock)
         if len(entries) <= _SMALL_LOG:
-            # Few entries: comparing Python tuples beats numpy's per-call overhead.
-            cur = tuple(clock.tolist())
+            # Few entries: packed integer clocks beat numpy's per-call overhead.
+            cur = _packed(clock)
+            guard = _guard(clock.shape[0])
             olds = self._tuples
-            if len(olds) != len(entries) or (olds and len(olds[0]) != len(cur)):
-                olds = [tuple(np.asarray(e.clock).tolist()) for e in entries]
+            if len(olds) != len(entries) or (
+                    entries and np.shape(entries[0].clock) != clock.shape):
+                olds = [_packed(np.asarray(e.clock)) for e in entries]
             same = [o == cur for o in olds]
-            before = [not sm and all(map(_le, o, cur)) for o, sm in zip(olds, same)]
+            before = [not sm and _packed_le(o, cur, guard) for o, sm in zip(olds, same)]
         else:
             cur = None
             if clocks is None or clocks.shape != (len(entries), clock.shape[0]):
@@ -272,6 +310,7 @@ class AccessLog:
                 kept.append(k)
         keep.append(access)
         self._entries = keep
+        self._writes = sum(e.kind == "write" for e in keep)
         self._arrays = None
         if cur is not None:
             self._tuples = [olds[k] for k in kept] + [cur]
@@ -288,7 +327,6 @@ class AccessLog:
         The arrays keep spare rows, so an access is appended without copying them."""
         entries, n, areg = self._entries, len(self._entries), access.region
         clock = np.asarray(access.clock)
-        cur = tuple(clock.tolist())
         arrays = self._arrays
         if arrays is None or arrays[3] != n or arrays[1].shape[1] != len(areg) or (
                 arrays[0].shape[1] != clock.shape[0]):
@@ -304,13 +342,20 @@ class AccessLog:
             kinds = np.zeros(cap, bool)
             kinds[:n] = [e.kind == "write" for e in entries]
             bound = tuple(clocks[:n].max(axis=0).tolist())
+            self._writes = int(kinds[:n].sum())
         else:
             clocks, regions, kinds, _, bound = arrays
         C, R, K = clocks[:n], regions[:n], kinds[:n]
         writes = access.kind == "write"
         a = np.array([(-lo, hi) for lo, hi, _ in areg], np.int64).reshape(len(areg), 2)
+        unit = all(step == 1 for _, _, step in areg)
+        if not writes and not self._writes:
+            return self._read_among_reads(access, clock, a, unit, clocks, regions, kinds)
+        if bound is None:  # left unknown by reads among reads: computed when needed
+            bound = tuple(C.max(axis=0).tolist())
+        cur = tuple(clock.tolist())
         covered = None
-        if all(step == 1 for _, _, step in areg):  # _covers: unit strides, ranges inside
+        if unit:  # _covers: unit strides, ranges inside
             covered = (R <= a).all(axis=(1, 2))
             if not writes:
                 covered &= ~K  # a read makes only reads redundant
@@ -331,20 +376,55 @@ class AccessLog:
                      for k in np.flatnonzero(candidates)
                      if regions_overlap(entries[k].region, areg)]
         if redundant is not None and redundant.any():
-            kept = np.flatnonzero(~redundant)
-            entries = [entries[k] for k in kept]
-            n = len(kept)
-            clocks[:n], regions[:n], kinds[:n] = C[kept], R[kept], K[kept]
+            self._writes -= int(K[redundant].sum())
+            entries, n = self._compact(entries, clocks, regions, kinds, n, ~redundant)
+        self._append(entries, clocks, regions, kinds, n, access, clock, a, writes,
+                     tuple(map(max, bound, cur)))
+        return races
+
+    def _read_among_reads(self, access: Access, clock, a, unit: bool, clocks, regions,
+                          kinds) -> list[Race]:
+        """:meth:`_record_many` for a read when the log holds only reads: it races with
+        nothing; the logged reads that happen before it and that its region covers are
+        redundant. (Only the covered rows' clocks are compared; the log's bound clock is
+        left to be recomputed when a write needs it.)"""
+        entries = self._entries
+        n = len(entries)
+        if unit:
+            covered = (regions[:n] <= a).all(axis=(1, 2))
+            if covered.any():
+                rows = np.flatnonzero(covered)
+                c = clocks[rows]
+                drop = (c <= clock).all(axis=1) & ~(c == clock).all(axis=1)
+                if drop.any():
+                    keep = np.ones(n, bool)
+                    keep[rows[drop]] = False
+                    entries, n = self._compact(entries, clocks, regions, kinds, n, keep)
+        self._append(entries, clocks, regions, kinds, n, access, clock, a, False, None)
+        return []
+
+    @staticmethod
+    def _compact(entries, clocks, regions, kinds, n, keep):
+        """Keeps the rows ``keep`` (a mask over the ``n`` used rows) at the top."""
+        kept = np.flatnonzero(keep)
+        m = len(kept)
+        clocks[:m], regions[:m], kinds[:m] = clocks[kept], regions[kept], kinds[kept]
+        return [entries[k] for k in kept], m
+
+    def _append(self, entries, clocks, regions, kinds, n, access, clock, a, writes, bound):
         if n == clocks.shape[0]:  # full: twice the rows
             clocks = np.concatenate([clocks, np.zeros_like(clocks)])
             regions = np.concatenate([regions, np.zeros_like(regions)])
             kinds = np.concatenate([kinds, np.zeros_like(kinds)])
         clocks[n], regions[n], kinds[n] = clock, a, writes
-        self._entries = [*entries, access]
+        if entries is self._entries:
+            entries.append(access)
+        else:
+            self._entries = [*entries, access]
+        self._writes += writes
         self._tuples = []
         self._clocks = None
-        self._arrays = (clocks, regions, kinds, n + 1, tuple(map(max, bound, cur)))
-        return races
+        self._arrays = (clocks, regions, kinds, n + 1, bound)
 
 
 class RaceReport:

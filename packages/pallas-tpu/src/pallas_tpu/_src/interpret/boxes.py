@@ -48,9 +48,20 @@ def box_shape(box: Box) -> tuple[int, ...]:
     return tuple(d.count for d in box if not d.squeezed)
 
 
+_regions: dict = {}
+
+
 def region(box: Box):
-    """The box as a race-detector region ``((start, stop, step), ...)``."""
-    return tuple((d.start, d.last + 1 if d.count > 0 else d.start, d.step) for d in box)
+    """The box as a race-detector region ``((start, stop, step), ...)`` (cached: boxes
+    recur, e.g. a double buffer's two slots)."""
+    hit = _regions.get(box)
+    if hit is None:
+        if len(_regions) > 4096:
+            _regions.clear()
+        hit = _regions[box] = tuple(
+            (d.start, d.start + (d.count - 1) * d.step + 1 if d.count > 0 else d.start,
+             d.step) for d in box)
+    return hit
 
 
 def describe(box: Box) -> str:

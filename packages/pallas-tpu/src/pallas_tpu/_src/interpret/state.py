@@ -164,7 +164,7 @@ class Simulation:
     # -- race detection ---------------------------------------------------------------
     def record(self, thread: int, clock, kind: str, buf: Buffer, box, site: str,
                who: str) -> None:
-        access = Access(thread, clock, kind, B.region(box), site, who)
+        access = Access.of(thread, clock, kind, B.region(box), site, who)
         log = buf.race_log
         if log is None:  # the buffer's log, found once (a dict lookup by key otherwise)
             log = buf.race_log = self.detector.log(buf.key, _buffer_name(buf))
