@@ -104,7 +104,7 @@ class Core:
         if not B.out_of_bounds(box, storage.shape):
             if mask is None and storage.shape == buf.shape:  # unpadded: all of it
                 with self.sim.cond:
-                    storage[B.numpy_index(box)] = value
+                    (buf.own() if buf.borrowed else storage)[B.numpy_index(box)] = value
                 return
         elif mask is None or _masked_oob(box, storage.shape, mask):
             raise ValueError(
@@ -176,6 +176,7 @@ def write_clipped(buf: Buffer, box, value: np.ndarray, mask=None) -> None:
     """Writes ``value`` into ``box`` of ``buf``: only the part inside the buffer's logical
     shape (padding is never written), and only where ``mask`` is true."""
     logical = buf.shape
+    buf.own()
     if not B.out_of_bounds(box, logical):
         idx = B.numpy_index(box)
         if mask is None:

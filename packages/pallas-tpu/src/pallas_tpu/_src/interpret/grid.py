@@ -224,13 +224,16 @@ def _hbm_buffer(sim, key, value, pads, name, uninit, aval=None):
     dtype = value.dtype if value is not None else np.dtype(aval.dtype)
     shape = tuple(lo + n + hi for (lo, hi), n in zip(pads, logical_shape))
     logical = tuple(slice(lo, lo + n) for (lo, _), n in zip(pads, logical_shape))
-    if value is not None and shape == logical_shape:
-        storage = np.array(value)  # no padding: one copy
+    borrowed = value is not None and shape == logical_shape
+    if borrowed:  # no padding: the input itself, read-only until a write copies it
+        storage = value.view()
+        storage.flags.writeable = False
     else:
         storage = B.uninitialized_array(shape, dtype, uninit)
         if value is not None:
             storage[logical] = value
     buf = Buffer(storage, shape, name, MemorySpace.HBM, key, uninit)
+    buf.borrowed = borrowed
     buf.logical = logical
     return buf
 

@@ -46,6 +46,9 @@ class Buffer(Cell):
         self.block = None
         self.uninit = uninit
         self.race_log = None  # its race detector's access log, once it has one
+        # True while ``storage`` is a read-only view of an input: copied at the first
+        # write (:meth:`own`), so an input that is only read is never copied.
+        self.borrowed = False
 
     @property
     def dtype(self):
@@ -59,7 +62,15 @@ class Buffer(Cell):
 
     @value.setter
     def value(self, new):
-        self.storage[tuple(slice(0, n) for n in self.shape)] = np.asarray(new)
+        self.own()[tuple(slice(0, n) for n in self.shape)] = np.asarray(new)
+
+    def own(self) -> np.ndarray:
+        """The storage, made a private writable copy first if it is borrowed (every
+        write goes through this; callers hold the simulation's lock or own the buffer)."""
+        if self.borrowed:
+            self.storage = np.array(self.storage)
+            self.borrowed = False
+        return self.storage
 
     def __repr__(self) -> str:
         return f"Buffer({self.origin}: {self.dtype}{list(self.shape)})"

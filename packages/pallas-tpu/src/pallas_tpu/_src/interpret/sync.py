@@ -277,7 +277,7 @@ class Dma:
             self.clock[self.thread] = sim.clocks.tick(self.thread)[self.thread]
             self._record("write", dst, db)
         with sim.cond:
-            dst.storage[B.numpy_index(db)] = src.storage[B.numpy_index(sb)]
+            dst.own()[B.numpy_index(db)] = src.storage[B.numpy_index(sb)]
         self._finish()
         return True
 
