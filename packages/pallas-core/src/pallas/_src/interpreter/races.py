@@ -328,17 +328,18 @@ class AccessLog:
         entries, n, areg = self._entries, len(self._entries), access.region
         clock = np.asarray(access.clock)
         arrays = self._arrays
-        if arrays is None or arrays[3] != n or arrays[1].shape[1] != len(areg) or (
+        if arrays is None or arrays[3] != n or arrays[1].shape[1] != 2 * len(areg) or (
                 arrays[0].shape[1] != clock.shape[0]):
             if any(len(e.region) != len(areg) for e in entries):
                 return None
             cap = 2 * n + 8
             clocks = np.zeros((cap, clock.shape[0]), clock.dtype)
             clocks[:n] = np.stack([np.asarray(e.clock) for e in entries])
-            # Per dimension (-start, stop): "inside [s, e)" is one comparison with (-s, e).
-            regions = np.zeros((cap, len(areg), 2), np.int64)
-            regions[:n] = np.array([[(-lo, hi) for lo, hi, _ in e.region] for e in entries],
-                                   np.int64).reshape(n, len(areg), 2)
+            # Per dimension (-start, stop), one row per access: "inside [s, e)" is one
+            # comparison with (-s, e).
+            regions = np.zeros((cap, 2 * len(areg)), np.int64)
+            regions[:n] = np.array([[x for lo, hi, _ in e.region for x in (-lo, hi)]
+                                    for e in entries], np.int64).reshape(n, 2 * len(areg))
             kinds = np.zeros(cap, bool)
             kinds[:n] = [e.kind == "write" for e in entries]
             bound = tuple(clocks[:n].max(axis=0).tolist())
@@ -347,7 +348,7 @@ class AccessLog:
             clocks, regions, kinds, _, bound = arrays
         C, R, K = clocks[:n], regions[:n], kinds[:n]
         writes = access.kind == "write"
-        a = np.array([(-lo, hi) for lo, hi, _ in areg], np.int64).reshape(len(areg), 2)
+        a = np.array([x for lo, hi, _ in areg for x in (-lo, hi)], np.int64)
         unit = all(step == 1 for _, _, step in areg)
         if not writes and not self._writes:
             return self._read_among_reads(access, clock, a, unit, clocks, regions, kinds)
@@ -356,7 +357,7 @@ class AccessLog:
         cur = tuple(clock.tolist())
         covered = None
         if unit:  # _covers: unit strides, ranges inside
-            covered = (R <= a).all(axis=(1, 2))
+            covered = (R <= a).all(axis=1)
             if not writes:
                 covered &= ~K  # a read makes only reads redundant
         races, redundant = [], None
@@ -391,7 +392,7 @@ class AccessLog:
         entries = self._entries
         n = len(entries)
         if unit:
-            covered = (regions[:n] <= a).all(axis=(1, 2))
+            covered = (regions[:n] <= a).all(axis=1)
             if covered.any():
                 rows = np.flatnonzero(covered)
                 c = clocks[rows]

@@ -190,8 +190,9 @@ def _box_function(shape, prog):
                 dims[b] = [f"({begin})", n, d[2] * stride, False]
             else:
                 dims[b] = [f"({begin})", "1", d[2], True]
-    body = ", ".join(f"Dim({d[0]}, {d[1]}, {d[2]}, {d[3]})" for d in dims)
-    ns = {"Dim": Dim, "_i": _as_int}
+    # tuple.__new__ directly: a NamedTuple's own __new__ is a Python call per Dim.
+    body = ", ".join(f"_new(Dim, ({d[0]}, {d[1]}, {d[2]}, {d[3]}))" for d in dims)
+    ns = {"Dim": Dim, "_i": _as_int, "_new": tuple.__new__}
     code = f"def box(f):\n    return ({body}{',' if len(dims) == 1 else ''})\n"
     exec(compile(code, "<pallas_tpu box>", "exec"), ns)  # noqa: S102
     return ns["box"]
@@ -232,15 +233,20 @@ def out_of_bounds(box: Box, bounds) -> bool:
     return False
 
 
+_indices: dict = {}
+
+
 def numpy_index(box: Box):
-    """A basic-indexing tuple for an in-bounds box (squeezed dims as ints)."""
-    out = []
-    for d in box:
-        if d.squeezed:
-            out.append(d.start)
-        else:
-            out.append(slice(d.start, d.start + d.count * d.step, d.step))
-    return tuple(out)
+    """A basic-indexing tuple for an in-bounds box (squeezed dims as ints; cached, as
+    :func:`region`)."""
+    hit = _indices.get(box)
+    if hit is None:
+        if len(_indices) > 4096:
+            _indices.clear()
+        hit = _indices[box] = tuple(
+            d.start if d.squeezed else slice(d.start, d.start + d.count * d.step, d.step)
+            for d in box)
+    return hit
 
 
 def clipped_read(storage: np.ndarray, box: Box, bounds, fill) -> np.ndarray:

@@ -85,6 +85,7 @@ class Semaphore:
         self.name = name
         self.shape = tuple(shape)
         self.counts = np.zeros((num_cores, *self.shape), np.int64)
+        self.flat_counts = self.counts.reshape(num_cores, -1)  # a view: [core, flat]
         self.clocks: dict = {}
         self.tasks: dict = collections.defaultdict(collections.deque)
 

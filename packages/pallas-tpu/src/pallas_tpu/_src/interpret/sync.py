@@ -92,7 +92,7 @@ def signal(core: Core, sem: Semaphore, target_core: int, flat: int, inc: int,
     """Adds ``inc`` to ``sem``'s count for ``target_core``; ``clock`` is what it carries."""
     sim = core.sim
     with sim.cond:
-        sem.counts.reshape(sem.counts.shape[0], -1)[target_core, flat] += inc
+        sem.flat_counts[target_core, flat] += inc
         sim.log("SEMAPHORE", lambda: f"{core.who} signals {sem.name}[{flat}] of core "
                 f"{target_core} by {inc}")
         if sim.detect:
@@ -109,7 +109,7 @@ def wait(core: Core, sem: Semaphore, flat: int, value: int, decrement: bool = Tr
     """Blocks ``core`` until its count of ``sem`` reaches ``value`` (running the DMAs
     queued on it meanwhile), then takes ``value`` and the signals' clocks."""
     sim = core.sim
-    counts = sem.counts.reshape(sem.counts.shape[0], -1)
+    counts = sem.flat_counts
     tasks = sem.tasks[(core.core, flat)]
     with sim.cond:
         while counts[core.core, flat] < value:
@@ -170,7 +170,7 @@ def _read_rule(core: Core, eqn, invals):
     ref, *flat = invals
     idx = sem_index(ref, flat, eqn.params["tree"])
     with core.sim.cond:
-        return [np.int32(ref.sem.counts.reshape(ref.sem.counts.shape[0], -1)[core.core, idx])]
+        return [np.int32(ref.sem.flat_counts[core.core, idx])]
 
 
 @rule(misc.get_barrier_semaphore_p)
