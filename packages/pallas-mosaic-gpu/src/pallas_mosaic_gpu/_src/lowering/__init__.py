@@ -11,6 +11,7 @@ from pallas_mosaic_gpu._src.lowering import (  # noqa: F401 - each module regist
     rules_control,
     rules_dot,
     rules_layout,
+    rules_load_store,
     rules_refs,
     rules_shape,
     rules_tcgen05,

@@ -1,5 +1,6 @@
 """Lowering rules of refs and the grid: ``ref[...]`` loads and stores (static and
-dynamic ``pl.ds`` windows, integer indices), ``pl.program_id`` and ``pl.num_programs``.
+dynamic ``pl.ds`` windows, strided ones too, integer indices), ``pl.program_id`` and
+``pl.num_programs``.
 
 A load of a window with at least one dimension becomes a warpgroup array read from
 SMEM (or straight from GMEM: a GMEM ref reads and writes in place); a store writes one
@@ -21,7 +22,7 @@ from jaxlib.mlir.dialects import arith, memref, scf
 
 import pallas.plugins as pp
 from pallas_mosaic_gpu._src import jax_compat as jc
-from pallas_mosaic_gpu._src.lowering import small, threads, tmem
+from pallas_mosaic_gpu._src.lowering import elements, small, threads, tmem
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import Lit, RefVal, lower_jaxpr, rule
 
@@ -50,21 +51,30 @@ def view(ref: RefVal, flat, tree):
                 f"ref transform {type(t).__name__} (bitcast/reshape/transpose of refs)")
         if tuple(getattr(t, "int_indexer_shape", ())):
             raise NotImplementedError("gather-style (array) ref indexing")
-        base = []
+        base, dims = [], []
         for idx in t.indices:
             if isinstance(idx, jc.Slice):
-                if int(idx.stride) != 1:
-                    raise NotImplementedError(f"strided ref windows (stride {idx.stride})")
-                base.append(mgpu.ds(_index(idx.start), int(idx.size)))
+                size, step = int(idx.size), int(idx.stride)
+                extent = (size - 1) * step + 1 if size else 0
+                base.append(mgpu.ds(_index(idx.start), extent))
+                dims.append((size, step))
             else:
                 base.append(_index(idx))
-        m = mgpu.memref_slice(m, tuple(base))
+        m = elements.window(mgpu.memref_slice(m, tuple(base)), dims)
     return m
 
 
-def load_view(m, dtype, shape):
+def stepped(flat, tree) -> bool:
+    """Whether ``ref.at[...]`` transforms take every n-th element (``pl.ds(.., stride)``)
+    along some dim: such a view is read and written element by element (elements.py)."""
+    return any(isinstance(i, jc.Slice) and int(i.stride) != 1
+               for t in jax.tree_util.tree_unflatten(tree, flat)
+               if isinstance(t, jc.NDIndexer) for i in t.indices)
+
+
+def load_view(m, dtype, shape, elementwise: bool = False):
     """Reads a memref view: a scalar for rank 0, else a warpgroup array (bools are
-    stored as int8 and read as ``!= 0``)."""
+    stored as int8 and read as ``!= 0``); ``elementwise`` for a strided view."""
     is_bool = V.kind(dtype) == "b"
 
     def scalar_load(idx):
@@ -79,6 +89,8 @@ def load_view(m, dtype, shape):
         for idx in np.ndindex(vals.shape):
             vals[idx] = scalar_load(idx)
         return small.Small(vals)
+    if elementwise:
+        return elements.load(m, jax.ShapeDtypeStruct(tuple(shape), dtype))
     layout = V.strided_layout(tuple(shape))
     arr = mgpu.FragmentedArray.load_strided(m, is_signed=V.signed(V.storage_dtype(dtype)),
                                             vec_size=layout.vec_size)
@@ -88,8 +100,9 @@ def load_view(m, dtype, shape):
     return arr
 
 
-def store_view(m, value, aval, space: str, sync: bool = True):
-    """Writes ``value`` (array, scalar or literal of ``aval``) into a memref view."""
+def store_view(m, value, aval, space: str, sync: bool = True, elementwise: bool = False):
+    """Writes ``value`` (array, scalar or literal of ``aval``) into a memref view
+    (``elementwise`` for a strided view)."""
     is_bool = V.kind(aval.dtype) == "b"
 
     def scalar_store(v, idx):
@@ -107,6 +120,8 @@ def store_view(m, value, aval, space: str, sync: bool = True):
             for idx in np.ndindex(vals.shape):
                 scalar_store(vals[idx], idx)
             scf.YieldOp([])
+    elif elementwise:
+        elements.store(m, value, aval)
     elif (isinstance(value, mgpu.FragmentedArray) and not is_bool
           and isinstance(value.layout, fa.TiledLayout)):
         try:  # e.g. a matmul result in the WGMMA layout
@@ -226,8 +241,9 @@ def _get(lctx, eqn, ref, *flat):
             layout=fa.WGMMA_LAYOUT)
     m = view(ref, flat, eqn.params["tree"])
     out = eqn.outvars[0].aval
-    value = load_view(m, out.dtype, out.shape)
-    if V.kind(out.dtype) != "b" and isinstance(value, mgpu.FragmentedArray):
+    steps = stepped(flat, eqn.params["tree"])
+    value = load_view(m, out.dtype, out.shape, elementwise=steps)
+    if V.kind(out.dtype) != "b" and isinstance(value, mgpu.FragmentedArray) and not steps:
         # dots, reductions and transposes may read the value where it was loaded
         lctx.loaded_from[id(value)] = (value, m)
     return value
@@ -266,14 +282,15 @@ def _swap(lctx, eqn, ref, value, *flat):
         mgpu.warpgroup_barrier()
         return None
     m = view(ref, flat, eqn.params["tree"])
+    steps = stepped(flat, eqn.params["tree"])
     aval = eqn.invars[1].aval
     old = None
     if lctx.is_used(eqn.outvars[0]):
-        old = load_view(m, aval.dtype, aval.shape)
+        old = load_view(m, aval.dtype, aval.shape, elementwise=steps)
         if aval.shape:
             old = V.to_strided(old)
             mgpu.warpgroup_barrier()  # every thread has read before anyone writes
-    store_view(m, value, aval, ref.space)
+    store_view(m, value, aval, ref.space, elementwise=steps)
     return old
 
 
@@ -281,8 +298,9 @@ def _swap(lctx, eqn, ref, value, *flat):
 def _addupdate(lctx, eqn, ref, value, *flat):
     _check_space(ref, "updating")
     m = view(ref, flat, eqn.params["tree"])
+    steps = stepped(flat, eqn.params["tree"])
     aval = eqn.invars[1].aval
-    old = load_view(m, aval.dtype, aval.shape)
+    old = load_view(m, aval.dtype, aval.shape, elementwise=steps)
     if aval.shape:
         mgpu.warpgroup_barrier()
     add = arith.addf if V.kind(aval.dtype) == "f" else arith.addi
@@ -290,7 +308,7 @@ def _addupdate(lctx, eqn, ref, value, *flat):
         new = V.map_registers(add, [V.to_strided(old), V.array(value, aval)], aval.dtype)
     else:
         new = add(old, V.scalar(value, aval))
-    store_view(m, new, aval, ref.space)
+    store_view(m, new, aval, ref.space, elementwise=steps)
     return []
 
 

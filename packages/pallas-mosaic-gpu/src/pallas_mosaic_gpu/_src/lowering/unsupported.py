@@ -7,9 +7,6 @@ from __future__ import annotations
 from pallas import plugins
 from pallas_mosaic_gpu._src.lowering.engine import RULES
 
-RULES.unsupported(plugins.load_p, plugins.swap_p,
-                  reason="pl.load/pl.store (masked loads and stores) are not lowered yet; index "
-                         "refs with ref[...] and pl.ds, or use backend='triton'")
 RULES.unsupported(plugins.debug_print_p, plugins.debug_check_p,
                   reason="not lowered yet; run the kernel with interpret=True to print "
                          "or check")
