@@ -182,3 +182,36 @@ def test_a_mask_on_a_tiled_smem_ref_is_refused_naming_it():
                        backend="mosaic_gpu")
     with pytest.raises(NotImplementedError, match=r"masked_swap.*layout transforms"):
         jax.jit(f).trace(x)
+
+
+# --- BoundedSlice block dims ----------------------------------------------------------
+
+
+def test_a_bounded_slice_block_writes_back_only_its_valid_rows():
+    # Blocks of at most 8 rows at 0, 8, 16 holding 5 valid rows each: the other rows of
+    # the output keep the values of the input it aliases.
+    x, y = _x((24, 128)), _x((24, 128)) + 100
+    spec = pl.BlockSpec((pl.BoundedSlice(8), 128), lambda i: (pl.ds(i * 8, 5), 0))
+
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    (out,) = _emulate(kernel, jax.ShapeDtypeStruct(x.shape, F32), x, y, grid=(3,),
+                      in_specs=[spec, pl.BlockSpec(memory_space=pl.ANY)], out_specs=spec,
+                      input_output_aliases={1: 0})
+    valid = (np.arange(24) % 8 < 5)[:, None]
+    np.testing.assert_array_equal(out, np.where(valid, x * 2, y))
+
+
+def test_a_bounded_slice_of_a_size_computed_from_the_program_id():
+    # 20 rows in blocks of at most 8: the last block holds 4.
+    x = _x((20, 128))
+    spec = pl.BlockSpec((pl.BoundedSlice(8), 128),
+                        lambda i: (pl.ds(i * 8, jnp.minimum(8, 20 - i * 8)), 0))
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + pl.program_id(0).astype(F32)
+
+    (out,) = _emulate(kernel, jax.ShapeDtypeStruct(x.shape, F32), x, grid=(3,),
+                      in_specs=[spec], out_specs=spec)
+    np.testing.assert_array_equal(out, x + (np.arange(20) // 8)[:, None].astype(np.float32))

@@ -13,9 +13,6 @@ from pallas_mosaic_gpu._src.compiler_params import CompilerParams
 # grid axes (the loop each CUDA block runs), which the carried-state backward sweep uses.
 # Not claimed although their claimed-tag cases would pass: carry_across_blocks (parallel
 # grid axes run concurrently on a GPU), atomics and semaphores (not lowered yet).
-# Not claimed because some of their cases fail at lower (measured with the tag forced):
-# indexing (25 of 62: masked pl.load/pl.store, strided ref windows, BoundedSlice block
-# dims, and three flash-attention kernels whose SMEM blocks exceed sm_90a's 227 KiB).
 CAPABILITIES: frozenset = frozenset({
     "elementwise", "special_functions", "bf16", "f16", "int8", "uint32", "bool", "dot",
     "multiple_outputs", "sequential_grid", "vmap", "shard_map", "kernels", "reductions",
@@ -23,6 +20,11 @@ CAPABILITIES: frozenset = frozenset({
     # control_flow: lax.scan over register arrays reads and writes its rows through SMEM
     # buffers (lowering/rules_control.py).
     "control_flow",
+    # indexing: strided windows and masked pl.load/pl.store element by element
+    # (lowering/elements.py), BoundedSlice blocks copied by threads up to their size.
+    # Three flash-attention cases need more SMEM than a block has: SmemExceededError,
+    # reported unsupported (lowering/smem_budget.py).
+    "indexing",
     # aliasing: input_output_aliases become XLA buffer aliases of the custom call, and an
     # aliased output's blocks are loaded before each step (lowering/aliases.py).
     "aliasing",

@@ -2,9 +2,10 @@
 
 TMA needs every GMEM stride but the last to be a multiple of 16 bytes, at most 256
 elements per block dimension and a minor block dimension of a multiple of 16 bytes.
-Blocks that break a rule are copied by the warpgroup's threads, one element each per
-step, with edge elements outside the array skipped (what the kernel reads there is
-unspecified, as in Pallas; TMA happens to give zeros).
+Blocks that break a rule, and blocks with ``BoundedSlice`` dims (whose valid size is
+only known at run time), are copied by the warpgroup's threads, one element each per
+step, with edge elements outside the array, or past a bounded slice's size, skipped
+(what the kernel reads there is unspecified, as in Pallas; TMA happens to give zeros).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def tma_can_copy(bm) -> bool:
     strides = [math.prod(shape[i + 1:]) * size for i in range(len(shape))]
     if any(s % 16 for s in strides[:-1]):
         return False
+    if any(isinstance(d, pl.BoundedSlice) for d in bm.block_dims):
+        return False  # a box has a static size; the threads copy the valid part
     box = [d.block_size for d in bm.block_dims if not isinstance(d, pl.Squeezed)]
     if not box or any(b > TMA_MAX_BOX for b in box):
         return False
@@ -42,9 +45,12 @@ def _c(v: int) -> ir.Value:
     return V.const(v, V.index())
 
 
-def thread_copy(gmem: ir.Value, smem: ir.Value, bm, slices, to_smem: bool) -> None:
+def thread_copy(gmem: ir.Value, smem: ir.Value, bm, slices, to_smem: bool,
+                bounds=None) -> None:
     """Copies one block element by element: thread ``t`` moves elements ``t, t + 128,
-    ...`` of the block; elements outside the array are skipped."""
+    ...`` of the block; elements outside the array are skipped, and so are those past
+    the valid size of a ``BoundedSlice`` dim (``bounds``: per dim an ``index`` value or
+    None), which the block holds but the kernel neither reads nor writes back."""
     array_shape = tuple(bm.array_aval.shape)
     starts, kept = [], []
     for d, s in zip(bm.block_dims, slices):
@@ -64,7 +70,8 @@ def thread_copy(gmem: ir.Value, smem: ir.Value, bm, slices, to_smem: bool) -> No
         ok = arith.cmpi(arith.CmpIPredicate.ult, flat, _c(total))
         local, gidx, j = [], [], 0
         strides = [math.prod(block[i + 1:]) for i in range(len(block))]
-        for start, n, dim in zip(starts, kept, array_shape):
+        for start, n, dim, bound in zip(starts, kept, array_shape,
+                                        bounds or (None,) * len(starts)):
             start = start if isinstance(start, ir.Value) else _c(int(start))
             if n is None:
                 gidx.append(start)
@@ -75,6 +82,8 @@ def thread_copy(gmem: ir.Value, smem: ir.Value, bm, slices, to_smem: bool) -> No
             g = arith.addi(start, i)
             gidx.append(g)
             ok = arith.andi(ok, arith.cmpi(arith.CmpIPredicate.ult, g, _c(dim)))
+            if bound is not None:
+                ok = arith.andi(ok, arith.cmpi(arith.CmpIPredicate.ult, i, bound))
         if_op = scf.IfOp(ok)
         with ir.InsertionPoint(if_op.then_block):
             if to_smem:

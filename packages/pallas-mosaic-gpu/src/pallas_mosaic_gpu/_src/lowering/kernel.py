@@ -145,15 +145,21 @@ def _smem_block_shape(bm) -> tuple[int, ...]:
 
 def _block_slices(lctx, bm, program_ids):
     """The GMEM window of the block at the current step: ``mgpu.ds`` per blocked dim,
-    an index per squeezed dim."""
+    an index per squeezed dim; and per dim the valid size of a ``BoundedSlice`` dim
+    (an ``index`` value; None for other dims)."""
     cj = bm.index_map_jaxpr
     ilctx = LoweringContext(lctx.launch_ctx, lctx.grid, program_ids,
                             f"index_map of {bm.origin} in {lctx.name}")
-    outs = lower_jaxpr(ilctx, cj.jaxpr, cj.consts, list(program_ids))
-    slices = []
-    for d, o in zip(bm.block_dims, outs):
-        if isinstance(d, pl.BoundedSlice):
-            raise unsupported(lctx, f"BoundedSlice block dims ({bm.origin})")
+    outs = iter(lower_jaxpr(ilctx, cj.jaxpr, cj.consts, list(program_ids)))
+    slices, bounds = [], []
+    for d in bm.block_dims:
+        o = next(outs)
+        bound = None
+        if isinstance(d, pl.BoundedSlice):  # pl.ds(start, size): two outputs
+            size = next(outs)
+            bound = (V.const(int(size.val), V.index()) if isinstance(size, Lit)
+                     else arith.index_cast(V.index(), size))
+        bounds.append(bound)
         scale = d.block_size if isinstance(d, pl.Blocked) else 1
         if isinstance(o, Lit):
             start = V.const(int(o.val) * scale, V.index())
@@ -165,7 +171,7 @@ def _block_slices(lctx, bm, program_ids):
             slices.append(start)
         else:
             slices.append(mgpu.ds(start, d.block_size))
-    return tuple(slices)
+    return tuple(slices), tuple(bounds)
 
 
 def target_of(target: str | None) -> str | None:
@@ -369,7 +375,9 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
             ids = list(lctx.program_ids)
             if seq:
                 mgpu.warpgroup_barrier()  # the previous step is done with the blocks
-            slices = {k: _block_slices(lctx, gm.block_mappings[k], ids) for k in blocked}
+            windows = {k: _block_slices(lctx, gm.block_mappings[k], ids) for k in blocked}
+            slices = {k: w[0] for k, w in windows.items()}
+            bounds = {k: w[1] for k, w in windows.items()}
             for j, k in enumerate(blocked_in):
                 if k in by_tma:
                     launch_ctx.async_copy(src_ref=gmem_refs[k], dst_ref=smem_of[k],
@@ -377,7 +385,7 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
                                           predicate=issuer())
                 else:
                     thread_copy(gmem_refs[k], smem_of[k], gm.block_mappings[k], slices[k],
-                                to_smem=True)
+                                to_smem=True, bounds=bounds[k])
             for j, k in enumerate(blocked_in):
                 if k in by_tma:
                     barriers[j].wait()
@@ -399,7 +407,7 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
                                           gmem_slice=slices[k], predicate=issuer())
                 else:
                     thread_copy(gmem_refs[k], smem_of[k], gm.block_mappings[k], slices[k],
-                                to_smem=False)
+                                to_smem=False, bounds=bounds[k])
             if any(k in by_tma for k in stores):
                 launch_ctx.await_async_copy(0)
         state["uses"] = frozenset(lctx.uses)
