@@ -8,7 +8,9 @@ times with the sides alternating which goes first. Per kernel: registers, spill 
 (ptxas), SMEM bytes (the dynamic shared memory of the launch, read from the Mosaic GPU
 module of the custom call, the same way for both sides), PTX instruction mix (wgmma,
 TMA ``cp``, ``bar``, ``mbarrier``, ``ld``/``st``, ``fma``, ``ex2``, ``shfl``) and the
-median trace+lower+compile seconds.
+median trace+lower+compile seconds; a second table gives the median CPU seconds of each
+phase (``trace``, ``lower``, ``compile``: XLA with Mosaic GPU's passes and PTX, and
+``ptxas``: its child processes) and the operation count of the Mosaic GPU module.
 
 Kernels (f16, 256x512 @ 512x256, 128x128x64 blocks, 2 pipeline slots):
 
@@ -43,6 +45,7 @@ import json
 import math
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -236,10 +239,19 @@ def _sharded(args, devs):
         else jax.sharding.PartitionSpec())) for a in args]
 
 
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished child processes (ptxas, run by Mosaic GPU)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def compile_one(f, args, dev, root):
-    """(seconds, ptxas report, ptx, SMEM bytes) of compiling ``f`` for ``dev`` (a list of devices:
-    the inputs keep their ``PartitionSpec`` over a mesh ``("x",)`` of them, as a
-    kernel in ``shard_map`` over the inputs' mesh needs)."""
+    """(seconds, ptxas report, ptx, SMEM bytes, phases) of compiling ``f`` for ``dev`` (a
+    list of devices: the inputs keep their ``PartitionSpec`` over a mesh ``("x",)`` of
+    them, as a kernel in ``shard_map`` over the inputs' mesh needs). ``phases``: CPU
+    seconds of ``trace``, ``lower`` and ``compile`` (this process: XLA, Mosaic GPU's
+    passes, PTX), ``ptxas`` (child processes during the compile), and ``ops``, the
+    operation count of the Mosaic GPU module(s) the custom call carries."""
     if isinstance(dev, list):
         mesh, sds = _sharded(args, dev)
         ctx, kw = jax.set_mesh(mesh), {}
@@ -248,6 +260,7 @@ def compile_one(f, args, dev, root):
         shd = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         sds = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=shd) for a in args]
         ctx, kw = jax.default_device(dev), dict(in_shardings=shd, out_shardings=shd)
+    phases = {}
     with tempfile.TemporaryDirectory() as dump:
         env = {"MOSAIC_GPU_CUDA_ROOT": root, "MOSAIC_GPU_DUMP_PTX": "1",
                "MOSAIC_GPU_DUMP_PTXAS": "1", "MOSAIC_GPU_DUMP_TO": dump,
@@ -257,8 +270,15 @@ def compile_one(f, args, dev, root):
         try:
             t0 = time.perf_counter()
             with ctx:
-                lowered = jax.jit(f, **kw).trace(*sds).lower(lowering_platforms=("cuda",))
+                cpu = time.process_time()
+                traced = jax.jit(f, **kw).trace(*sds)
+                phases["trace"], cpu = time.process_time() - cpu, time.process_time()
+                lowered = traced.lower(lowering_platforms=("cuda",))
+                phases["lower"], cpu = time.process_time() - cpu, time.process_time()
+                children = _children_cpu()
                 lowered.compile()
+                phases["compile"] = time.process_time() - cpu
+                phases["ptxas"] = _children_cpu() - children
             secs = time.perf_counter() - t0
         finally:
             for k, v in saved.items():
@@ -268,27 +288,30 @@ def compile_one(f, args, dev, root):
                     os.environ[k] = v
         rep = "".join(open(p).read() for p in sorted(glob.glob(f"{dump}/*.ptxas")))
         ptx = "".join(open(p).read() for p in sorted(glob.glob(f"{dump}/*.ptx")))
-    return secs, rep, ptx, smem_bytes(lowered)
+    smem, phases["ops"] = module_figures(lowered)
+    return secs, rep, ptx, smem, phases
 
 
-def smem_bytes(lowered) -> int | None:
-    """The dynamic shared memory (bytes) the kernel is launched with: the
-    ``dynamicSharedMemorySize`` operand of the ``gpu.launch`` in the Mosaic GPU module
-    that the ``mosaic_gpu_v2`` custom call carries (read the same way for both sides;
-    the largest over the calls of a jitted function). None if there is no such call."""
+def module_figures(lowered) -> tuple:
+    """``(SMEM bytes, ops)`` of the Mosaic GPU modules that the ``mosaic_gpu_v2`` custom
+    calls carry (read the same way for both sides). SMEM bytes: the dynamic shared memory
+    the kernel is launched with, the ``dynamicSharedMemorySize`` operand of the module's
+    ``gpu.launch`` (the largest over the calls of a jitted function; None if there is no
+    such call). ops: the operations in those modules, summed (what Mosaic GPU's passes,
+    and after them ptxas, work through)."""
     from jax.experimental.mosaic import gpu as mgpu
     from jax.interpreters import mlir as jmlir
     from jaxlib.mlir import ir
 
     found = []
 
-    def walk(op, visit):
+    def walk(op, visit, into_kernel=False):
         for region in op.regions:
             for block in region:
                 for inner in block:
                     visit(inner.operation)
-                    if not inner.operation.name.endswith("gpu.launch"):  # not the kernel
-                        walk(inner.operation, visit)
+                    if into_kernel or not inner.operation.name.endswith("gpu.launch"):
+                        walk(inner.operation, visit, into_kernel)
 
     def custom_call(op):
         if op.name == "stablehlo.custom_call" and \
@@ -297,7 +320,7 @@ def smem_bytes(lowered) -> int | None:
             found.append(ir.StringAttr(cfg["module"]).value_bytes)
 
     walk(lowered.compiler_ir("stablehlo").operation, custom_call)
-    sizes = []
+    sizes, ops = [], [0]
     with jmlir.make_ir_context() as ctx:
         mgpu.dialect.register_dialect(ctx)  # its types (barriers) are Mosaic GPU's
         ctx.allow_unregistered_dialects = True  # its ops are in their serialized dialect
@@ -310,9 +333,14 @@ def smem_bytes(lowered) -> int | None:
                 const = op.operands[len(op.operands) - 1].owner
                 sizes.append(ir.IntegerAttr(const.attributes["value"]).value)
 
+        def count(_):
+            ops[0] += 1
+
         for data in found:
-            walk(ir.Module.parse(data).operation, launch)
-    return max(sizes) if sizes else None
+            module = ir.Module.parse(data)
+            walk(module.operation, launch)
+            walk(module.operation, count, into_kernel=True)
+    return (max(sizes) if sizes else None), (ops[0] if found else None)
 
 
 def mix(ptx: str) -> dict:
@@ -357,9 +385,9 @@ def worker(side: str, name: str, target: str) -> dict:
 
     dev = _device(target)
     warm_up(dev)
-    secs, rep, ptx, smem = compile_one(kernels(pl, plgpu, kw)[name], _args(name), dev,
-                                       compiler.find_toolchain())
-    return dict(ptxas_figures(rep), smem=smem, mix=mix(ptx), secs=secs)
+    secs, rep, ptx, smem, phases = compile_one(kernels(pl, plgpu, kw)[name], _args(name),
+                                               dev, compiler.find_toolchain())
+    return dict(ptxas_figures(rep), smem=smem, mix=mix(ptx), secs=secs, phases=phases)
 
 
 def ptxas_figures(rep: str) -> dict:
@@ -397,7 +425,35 @@ def summary(runs: list) -> dict:
     ok = [r for r in runs if "error" not in r]
     if not ok:
         return runs[-1]
-    return dict(ok[-1], secs=statistics.median(r["secs"] for r in ok), n=len(ok))
+    phases = {k: statistics.median(r["phases"][k] for r in ok) for k in ok[-1]["phases"]
+              if ok[-1]["phases"][k] is not None}
+    return dict(ok[-1], secs=statistics.median(r["secs"] for r in ok), n=len(ok),
+                phases=phases)
+
+
+PHASES = ("trace", "lower", "compile", "ptxas")
+
+
+def print_phases(rows: list) -> None:
+    """The CPU seconds per phase (medians; ``rows``: ``(kernel label, upstream's
+    summary, ours)``), both sides and ours/upstream, and the Mosaic GPU module's ops.
+    CPU time, unlike wall time, barely moves with the other processes on the machine."""
+    print("\n| kernel | side | trace | lower | trace+lower | compile | ptxas | total CPU s "
+          "| Mosaic GPU ops |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for label, u, o in rows:
+        if "error" in u or "error" in o:
+            continue
+        figs = []
+        for r in (u, o):
+            ph = r["phases"]
+            f = [ph[k] for k in PHASES]
+            figs.append(f[:2] + [f[0] + f[1]] + f[2:] + [sum(f), ph.get("ops")])
+        for side, f in zip(("upstream", "ours"), figs):
+            print(f"| {label} | {side} | " + " | ".join(f"{x:.2f}" for x in f[:-1])
+                  + f" | {f[-1]:.0f} |")
+        print(f"| {label} | ours/upstream | "
+              + " | ".join(_ratio(b, a) for a, b in zip(*figs)) + " |")
 
 
 def _ratio(o, u) -> str:
@@ -438,6 +494,8 @@ def main():
               f"{_ratio(o['smem'], u['smem'])} | "
               + " | ".join(_ratio(o["mix"].get(k, 0), u["mix"].get(k, 0)) for k in keys)
               + f" | {o['secs'] / u['secs']:.2f} |")
+    print_phases([(name, res[("upstream", name, a.target)], res[("ours", name, a.target)])
+                  for name in TARGET_KERNELS[a.target]])
 
 
 if __name__ == "__main__":

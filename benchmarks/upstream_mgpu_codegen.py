@@ -11,7 +11,8 @@ with ``multimem`` (multicast loads, stores, reductions) and ``red``/``atom`` (se
 
 Each kernel and side runs in its own fresh process (ours loads upstream's modules
 through the shim of ``upstream_ops.py``), ``--repeat`` times with the sides alternating
-which goes first; seconds are the median. Run from the repository root::
+which goes first; seconds are the median. A last table gives the median CPU seconds per
+phase and the Mosaic GPU module's operation count (see ``mosaic_gpu_compile.py``). Run from the repository root::
 
     python benchmarks/upstream_mgpu_codegen.py [-k ragged] [--repeat 3]
 
@@ -77,12 +78,13 @@ def worker(impl: str, name: str, shape: tuple) -> dict:
     n = U._mesh_size(args)
     dev = C._device(target, n)
     C.warm_up(dev[0] if isinstance(dev, list) else dev)
-    secs, rep, ptx, smem = C.compile_one(lambda *a: fn(*a, interpret=False), args, dev,
-                                         compiler.find_toolchain())
+    secs, rep, ptx, smem, phases = C.compile_one(lambda *a: fn(*a, interpret=False), args,
+                                                 dev, compiler.find_toolchain())
     counts = C.mix(ptx)
     counts["cta_group::2"] = ptx.count("cta_group::2")
     return dict(C.ptxas_figures(rep), smem=smem,
-                mix={k: counts.get(k, 0) for k in _keys(name)}, secs=secs)
+                mix={k: counts.get(k, 0) for k in _keys(name)}, secs=secs,
+                phases=phases)
 
 
 def _env(name: str) -> dict:
@@ -133,6 +135,8 @@ def main() -> int:
             print(f"| {name} | {shape} | {impl} | {r['regs']} | {r['spills']} | "
                   f"{r['smem']} | " + " | ".join(str(r["mix"][k]) for k in keys)
                   + f" | {r['secs']:.2f} |", flush=True)
+    C.print_phases([(f"{name} {shape}", res[("upstream", name, json.dumps(shape))],
+                     res[("ours", name, json.dumps(shape))]) for name, shape in cases])
     return 0
 
 
