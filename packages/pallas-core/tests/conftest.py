@@ -67,6 +67,15 @@ def broken_backend(monkeypatch, clean_registry):
     pallas.plugins.reset()
 
 
+@pytest.fixture
+def rival_backend(monkeypatch, clean_registry):
+    """A distribution whose entry point ``a_rival`` (sorting before ``toy``) provides a
+    second backend called ``toy``."""
+    path = _install_fixture_distribution(monkeypatch, "rival_backend")
+    yield path
+    pallas.plugins.reset()
+
+
 class _RecordingBackend(pallas.plugins.Backend):
     """Lowers through the interpreter but counts as compiled; records its calls."""
 

@@ -337,3 +337,52 @@ def test_a_broken_plugin_does_not_hide_a_working_one(broken_backend, toy_backend
     names = {b.name for b in _discover_quietly()}
     assert {"toy", "toy_low", "interpret"} <= names
     assert set(pallas.plugins.load_failures()) == {"broken", "faulty", "bogus"}
+
+
+# --------------------------------------------------------------------------------------
+# A backend asked for by name loads only its own plugin
+
+
+def test_a_backend_asked_for_by_name_imports_no_other_plugin(broken_backend, toy_backend):
+    x = jnp.arange(8, dtype=jnp.float32)
+    f = pl.pallas_call(_add_kernel, SDS(x.shape, x.dtype), backend="toy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pallas.plugins.PluginLoadWarning)
+        toy = pallas.plugins.get_backend("toy")  # the broken plugins are not loaded yet
+        jax.jit(f).trace(x, x)  # nor by tracing a kernel for it
+    assert toy.name == "toy" and toy.package == "toy-backend"
+    assert "faulty_backends" not in sys.modules and "bogus_backends" not in sys.modules
+    # listing loads every plugin, and the broken ones are reported as before
+    assert {"toy", "toy_low", "interpret"} <= {b.name for b in _discover_quietly()}
+    assert set(pallas.plugins.load_failures()) == {"broken", "faulty", "bogus"}
+    assert pallas.plugins.get_backend("toy") is toy
+
+
+def test_a_backend_no_entry_point_is_named_after_is_found_by_loading_them_all(toy_backend):
+    assert pallas.plugins.get_backend("toy_low").name == "toy_low"
+    assert "interpret" in {b.name for b in pallas.plugins.list_backends()}
+
+
+def test_a_missing_backend_is_reported_after_loading_every_plugin(broken_backend):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(pallas.plugins.BackendNotFoundError, match="'nope'.*broken"):
+            pallas.plugins.get_backend("nope")
+    assert any("'broken'" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("first", ["get_backend", "list_backends"])
+def test_a_backend_name_two_plugins_provide_goes_to_the_entry_point_of_that_name(
+        toy_backend, rival_backend, first):
+    # a_rival sorts before toy and also provides "toy": toy's own entry point wins,
+    # whether the name is asked for first or every plugin is loaded first
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if first == "get_backend":
+            pallas.plugins.get_backend("toy")
+        pallas.plugins.list_backends()
+    assert pallas.plugins.get_backend("toy").package == "toy-backend"
+    failures = pallas.plugins.load_failures()
+    assert set(failures) == {"a_rival"}
+    assert "already provided by toy-backend" in str(failures["a_rival"])
+    assert any("'a_rival'" in str(w.message) for w in caught)

@@ -7,7 +7,8 @@ A backend package registers a module in the entry-point group ``pallas.backends`
 
 That module implements some of the hooks below, each marked ``@pallas.plugins.hookimpl``.
 The core loads every entry point once, at first use (``pallas.plugins.list_backends()``,
-backend selection), checks that each marked function names a hook declared here (a
+backend selection; a backend asked for by name loads only the entry point of that name,
+if it provides the backend, until something needs them all), checks that each marked function names a hook declared here (a
 misspelled hook is a load error naming the plugin, never silently ignored), then calls
 the hooks plugin by plugin so that a failure is reported under the plugin's name.
 

@@ -2,7 +2,9 @@
 
 Discovery is lazy (at first use), deterministic (entry points sorted by name) and loud:
 a plugin that fails to load is reported with its name and exception, at discovery and
-again whenever someone asks for a backend it might have provided.
+again whenever someone asks for a backend it might have provided. A backend asked for by
+name loads only the entry point of that name when it provides the backend; listing,
+selection by platform and the interpreter load them all.
 """
 
 from __future__ import annotations
@@ -60,10 +62,14 @@ DICT_KEY_ALIASES = {"mosaic_tpu": ("mosaic_tpu", "mosaic")}
 
 @dataclasses.dataclass
 class _State:
-    loaded: bool = False
+    loaded: bool = False  # every entry point loaded (full discovery done)
     backends: dict = dataclasses.field(default_factory=dict)
+    sources: dict = dataclasses.field(default_factory=dict)  # backend name -> provider
     failures: dict = dataclasses.field(default_factory=dict)  # entry point -> exception
     manager: pluggy.PluginManager | None = None
+    entry_points: list | None = None  # the group's entry points, sorted
+    seen: set = dataclasses.field(default_factory=set)  # entry-point values loaded
+    ep_names: dict = dataclasses.field(default_factory=dict)  # pluggy name -> (ep, value)
 
 
 _state = _State()
@@ -86,47 +92,75 @@ def _report(plugin: str, exc: Exception, what: str) -> None:
     )
 
 
+def _entry_points() -> list:
+    """The ``pallas.backends`` entry points, sorted by name (read once per discovery)."""
+    if _state.entry_points is None:
+        _state.entry_points = sorted(
+            importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
+            key=lambda ep: (ep.name, ep.value))
+    return _state.entry_points
+
+
+def _load(eps: list) -> None:
+    """Loads the entry points ``eps`` not loaded yet, in order: imports each plugin,
+    registers it, and adds its backends and interpreter rules (failures reported)."""
+    if _state.manager is None:
+        _state.manager = _plugin_manager()
+    pm = _state.manager
+    new = []  # pluggy names of the plugins registered now
+    for ep in eps:
+        if ep.value in _state.seen:
+            continue  # loaded already, or the same distribution visible twice on sys.path
+        _state.seen.add(ep.value)
+        try:
+            module = ep.load()
+            pm_name = f"{ep.name} ({ep.value})"
+            pm.register(module, name=pm_name)
+            _state.ep_names[pm_name] = (ep.name, ep.value)
+            new.append(pm_name)
+        except Exception as e:  # noqa: BLE001 - reported, not swallowed
+            _report(ep.name, e, f"({ep.value}) failed to load")
+    _reject_unknown_hooks(pm, _state.ep_names)
+    for impl in pm.hook.pallas_backends.get_hookimpls():
+        if impl.plugin_name not in new:
+            continue
+        name, value = _state.ep_names[impl.plugin_name]
+        try:
+            provided = impl.function()
+        except Exception as e:  # noqa: BLE001
+            _report(name, e, f"({value}) failed in pallas_backends()")
+            continue
+        for b in provided or []:
+            _add(b, name)
+    from pallas._src.interpreter.rules import interpret_rules
+
+    for impl in pm.hook.pallas_interpret_rules.get_hookimpls():
+        if impl.plugin_name not in new:
+            continue
+        name, value = _state.ep_names[impl.plugin_name]
+        try:
+            for prim, rule in dict(impl.function() or {}).items():
+                interpret_rules.register(prim, owner=name)(rule)
+        except Exception as e:  # noqa: BLE001
+            _report(name, e, f"({value}) failed in pallas_interpret_rules()")
+
+
 def _discover() -> None:
+    """Loads every plugin of the group (once)."""
     with _lock:
         if _state.loaded:
             return
-        pm = _plugin_manager()
-        eps = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
-                     key=lambda ep: (ep.name, ep.value))
-        seen_values = set()
-        ep_names = {}  # pluggy plugin name -> (entry-point name, module), for reports
-        for ep in eps:
-            if ep.value in seen_values:
-                continue  # the same distribution visible twice on sys.path
-            seen_values.add(ep.value)
-            try:
-                module = ep.load()
-                pm_name = f"{ep.name} ({ep.value})"
-                pm.register(module, name=pm_name)
-                ep_names[pm_name] = (ep.name, ep.value)
-            except Exception as e:  # noqa: BLE001 - reported, not swallowed
-                _report(ep.name, e, f"({ep.value}) failed to load")
-        _reject_unknown_hooks(pm, ep_names)
-        for impl in pm.hook.pallas_backends.get_hookimpls():
-            name, value = ep_names.get(impl.plugin_name, (impl.plugin_name, "?"))
-            try:
-                provided = impl.function()
-            except Exception as e:  # noqa: BLE001
-                _report(name, e, f"({value}) failed in pallas_backends()")
-                continue
-            for b in provided or []:
-                _add(b, name)
-        from pallas._src.interpreter.rules import interpret_rules
-
-        for impl in pm.hook.pallas_interpret_rules.get_hookimpls():
-            name, value = ep_names.get(impl.plugin_name, (impl.plugin_name, "?"))
-            try:
-                for prim, rule in dict(impl.function() or {}).items():
-                    interpret_rules.register(prim, owner=name)(rule)
-            except Exception as e:  # noqa: BLE001
-                _report(name, e, f"({value}) failed in pallas_interpret_rules()")
-        _state.manager = pm
+        _load(_entry_points())
         _state.loaded = True
+
+
+def _discover_named(name: str) -> None:
+    """Loads only the entry point called ``name`` (if not loaded yet): a backend asked
+    for by name does not import every other installed plugin (a first ``pallas_call``
+    for ``mosaic_gpu`` paid ~0.15 CPU s importing the TPU and Triton backends)."""
+    with _lock:
+        if not _state.loaded:
+            _load([ep for ep in _entry_points() if ep.name == name])
 
 
 def _reject_unknown_hooks(pm: pluggy.PluginManager, ep_names: dict) -> None:
@@ -153,19 +187,26 @@ def _reject_unknown_hooks(pm: pluggy.PluginManager, ep_names: dict) -> None:
 
 
 def _add(backend: Backend, source: str) -> None:
+    """Adds ``backend`` from plugin ``source``. A name two plugins provide goes to the
+    entry point of that name if there is one (whichever loaded first), else to the
+    first plugin in entry-point order; the other is reported as a duplicate."""
     if not isinstance(backend, Backend):
         _report(source, TypeError(
             f"plugin {source} returned {backend!r}, which is not a pallas.plugins.Backend"
         ), "provided an invalid backend")
         return
     if backend.name in _state.backends:
-        other = _state.backends[backend.name]
+        other, other_source = _state.backends[backend.name], _state.sources[backend.name]
+        if source == backend.name != other_source:  # its own entry point wins
+            _state.backends[backend.name], _state.sources[backend.name] = backend, source
+            backend, other, source = other, backend, other_source
         _report(source, ValueError(
             f"backend name {backend.name!r} from {source} is already provided by "
             f"{other.package or 'another plugin'}"
         ), "provided a duplicate backend")
         return
     _state.backends[backend.name] = backend
+    _state.sources[backend.name] = source
 
 
 def ensure_discovered() -> None:
@@ -185,8 +226,12 @@ def reset() -> None:
     with _lock:
         _state.loaded = False
         _state.backends.clear()
+        _state.sources.clear()
         _state.failures.clear()
         _state.manager = None
+        _state.entry_points = None
+        _state.seen.clear()
+        _state.ep_names.clear()
 
 
 def list_backends() -> list[Backend]:
@@ -224,8 +269,14 @@ def _missing(name: str) -> BackendNotFoundError:
 
 
 def get_backend(name: str) -> Backend:
-    """The installed backend called ``name``; a clear error naming its package if absent."""
-    _discover()
+    """The installed backend called ``name``; a clear error naming its package if absent.
+
+    Loads the plugin whose entry point is called ``name`` first, and all the others only
+    if that one does not provide it."""
+    if name not in _state.backends:
+        _discover_named(name)
+    if name not in _state.backends:
+        _discover()
     try:
         return _state.backends[name]
     except KeyError:
