@@ -212,6 +212,15 @@ _SMALL_LOG = 8  # logs up to this long are compared in Python, longer ones with 
 _le = operator.le
 _guards: dict = {}
 _I64 = np.dtype("<i8")
+_and = np.logical_and.reduce  # ndarray.all goes through a Python wrapper first
+
+
+def _all1(x):
+    return _and(x, axis=1)
+
+
+def _all0(x):
+    return _and(x, axis=None)
 
 
 def _packed(clock: np.ndarray) -> int:
@@ -290,8 +299,8 @@ class AccessLog:
             if clocks is None or clocks.shape != (len(entries), clock.shape[0]):
                 clocks = np.stack([np.asarray(e.clock) for e in entries])
             # The happens-before relation against every logged access at once.
-            le = (clocks <= clock).all(axis=1)
-            same = (clocks == clock).all(axis=1)
+            le = _all1(clocks <= clock)
+            same = _all1(clocks == clock)
             before = (le & ~same).tolist()
             same = same.tolist()
         keep, kept = [], []
@@ -357,7 +366,7 @@ class AccessLog:
         cur = tuple(clock.tolist())
         covered = None
         if unit:  # _covers: unit strides, ranges inside
-            covered = (R <= a).all(axis=1)
+            covered = _all1(R <= a)
             if not writes:
                 covered &= ~K  # a read makes only reads redundant
         races, redundant = [], None
@@ -367,8 +376,8 @@ class AccessLog:
             redundant = covered
         elif writes or K.any() or (covered is not None and covered.any()):
             # (A read in a log of reads races with nothing: only redundancy matters.)
-            le = (C <= clock).all(axis=1)
-            same = (C == clock).all(axis=1)
+            le = _all1(C <= clock)
+            same = _all1(C == clock)
             before = le & ~same
             if covered is not None:
                 redundant = before & covered
@@ -392,11 +401,21 @@ class AccessLog:
         entries = self._entries
         n = len(entries)
         if unit:
-            covered = (regions[:n] <= a).all(axis=1)
-            if covered.any():
-                rows = np.flatnonzero(covered)
+            rows = _all1(regions[:n] <= a).nonzero()[0]
+            if len(rows) == 1:  # e.g. the same element read again: drop one row in place
+                k = int(rows[0])
+                c = clocks[k]
+                if _all0(c <= clock) and not _all0(c == clock):
+                    clocks[k:n - 1], regions[k:n - 1] = clocks[k + 1:n], regions[k + 1:n]
+                    kinds[k:n - 1] = kinds[k + 1:n]
+                    n -= 1
+                    if entries is self._entries:
+                        del entries[k]
+                    else:
+                        entries = entries[:k] + entries[k + 1:]
+            elif len(rows):
                 c = clocks[rows]
-                drop = (c <= clock).all(axis=1) & ~(c == clock).all(axis=1)
+                drop = _all1(c <= clock) & ~_all1(c == clock)
                 if drop.any():
                     keep = np.ones(n, bool)
                     keep[rows[drop]] = False
