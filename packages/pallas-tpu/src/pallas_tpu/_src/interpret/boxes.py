@@ -44,8 +44,17 @@ def full_box(shape) -> Box:
         return box
 
 
+_shapes: dict = {}
+
+
 def box_shape(box: Box) -> tuple[int, ...]:
-    return tuple(d.count for d in box if not d.squeezed)
+    """The shape of the view ``box`` (cached, as :func:`region`)."""
+    hit = _shapes.get(box)
+    if hit is None:
+        if len(_shapes) > 4096:
+            _shapes.clear()
+        hit = _shapes[box] = tuple(d.count for d in box if not d.squeezed)
+    return hit
 
 
 _regions: dict = {}
@@ -225,10 +234,8 @@ def unflatten_transforms(flat, tree):
 
 
 def out_of_bounds(box: Box, bounds) -> bool:
-    for d, n in zip(box, bounds):
-        if d.count <= 0:
-            continue
-        if d.start < 0 or d.last >= n:
+    for (start, count, step, _), n in zip(box, bounds):
+        if count > 0 and (start < 0 or start + (count - 1) * step >= n):
             return True
     return False
 
