@@ -17,6 +17,8 @@ from jaxlib.mlir import ir
 
 from pallas import plugins
 from pallas_mosaic_gpu._src import jax_compat as jc
+from pallas_mosaic_gpu._src.primitives.barriers import barrier_arrive_p, barrier_wait_p
+from pallas_mosaic_gpu._src.primitives.copies import copy_gmem_to_smem_p
 
 BACKEND = "mosaic_gpu"
 
@@ -106,6 +108,10 @@ class LoweringContext:
     # (axis names, sizes) of the enclosing shard_map's device mesh (None: one device)
     jax_mesh: tuple | None = None
     sems: dict = dataclasses.field(default_factory=dict)  # semaphore key -> RefVal
+    # Whether the threads of the current scope have synchronised since their last
+    # possible memory access in straight-line code (see :func:`keeps_sync`): a TMA load
+    # or a barrier arrival then needs no synchronisation of its own.
+    synced: bool = False
 
     def is_used(self, var) -> bool:
         return var in self.used_vars
@@ -144,6 +150,7 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
                 not isinstance(eqn.invars[0], jax_core.Literal):
             lctx.layout_hints[eqn.invars[0]] = eqn.params["new_layout"]
     lctx.used_vars.update(v for v in jaxpr.outvars if not isinstance(v, jax_core.Literal))
+    lctx.synced = False  # a region (a loop body) may run after any access
     for eqn in jaxpr.eqns:
         r = RULES.get(eqn.primitive)
         if r is None:
@@ -166,11 +173,32 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
                 f"'{eqn.primitive.name}' in {kernel_desc(lctx)} (at "
                 f"{jc.source_info_summary(eqn)}): {type(e).__name__}: {e}") from e
         lctx.uses.add(eqn.primitive.name)
+        if not keeps_sync(eqn):
+            lctx.synced = False
         if not eqn.primitive.multiple_results:
             outs = [outs]
         for v, o in zip(eqn.outvars, outs):
             env[v] = o
     return [read(v) for v in jaxpr.outvars]
+
+
+# Primitives whose rules access no memory through the generic proxy once the scope is
+# synchronised: a TMA load (one thread issues it), a barrier wait or arrival.
+SYNC_KEEPING = frozenset({copy_gmem_to_smem_p, barrier_wait_p, barrier_arrive_p})
+
+
+def keeps_sync(eqn) -> bool:
+    """Whether lowering ``eqn`` keeps ``LoweringContext.synced``: the primitives of
+    ``SYNC_KEEPING``, and scalar arithmetic (no effects, no sub-jaxprs, every operand and
+    result a scalar: index math, which touches no memory)."""
+    if eqn.primitive in SYNC_KEEPING:
+        return True
+    if eqn.effects or any(isinstance(x, (jax_core.Jaxpr, jax_core.ClosedJaxpr))
+                          for v in eqn.params.values()
+                          for x in (v if isinstance(v, (tuple, list)) else (v,))):
+        return False
+    return all(type(v.aval) is jc.ShapedArray and v.aval.shape == ()
+               for v in (*eqn.invars, *eqn.outvars))
 
 
 def _stretched(lctx, eqn, invals):

@@ -257,6 +257,8 @@ def _while(lctx, eqn, *args):
     cconsts, bconsts, init = args[:cn], args[cn:cn + bn], list(args[cn + bn:])
     avals = [v.aval for v in eqn.invars[cn + bn:]]
     accs = _accs(bconsts)
+    if _is_fori(p):
+        return _fori_while(lctx, p, bconsts, init, avals, accs)
 
     def emit(init, ops):
         flat, specs = _flatten(init, avals)
@@ -286,6 +288,65 @@ def _while(lctx, eqn, *args):
 
     return _settle_layouts(emit, init, lambda init, e: _relayout(init, avals, e), accs,
                            "a while_loop")
+
+
+def _is_fori(p) -> bool:
+    """Whether a ``while`` is ``lax.fori_loop``'s over bounds that are not Python ints
+    (traced, or ``jnp.int32(n)``): int32 carries ``(i, upper, *x)``, condition
+    ``i < upper``, body returning ``(i + 1, upper, ...)``."""
+    cond, body, bn = p["cond_jaxpr"], p["body_jaxpr"].jaxpr, p["body_nconsts"]
+    cj = cond.jaxpr
+    if p["cond_nconsts"] or cond.consts or len(cj.invars) < 2 or len(cj.eqns) != 1:
+        return False
+    (e,) = cj.eqns
+    i, upper = cj.invars[:2]
+    if (e.primitive is not lax.lt_p or list(e.invars) != [i, upper]
+            or list(e.outvars) != list(cj.outvars)
+            or any(v.aval.shape != () or v.aval.dtype != np.int32 for v in (i, upper))):
+        return False
+    bi, bupper = body.invars[bn:bn + 2]
+    if body.outvars[1] is not bupper:
+        return False
+    nxt = body.outvars[0]
+    for e in body.eqns:
+        if e.outvars and e.outvars[0] is nxt:
+            if e.primitive is not lax.add_p:
+                return False
+            a, b = e.invars
+            other = b if a is bi else a if b is bi else None
+            return getattr(other, "val", None) is not None and int(np.asarray(other.val)) == 1
+    return False
+
+
+def _fori_while(lctx, p, bconsts, init, avals, accs):
+    """A ``fori_loop``-shaped ``while`` as an ``scf.for`` from ``i`` to ``upper`` (as
+    upstream lowers it): the step count is explicit, so LLVM keeps a loop with a
+    constant trip count as one loop body as it does for upstream's, where an
+    ``scf.while`` got fully unrolled (each step's ``wgmma`` commit, wait and barriers
+    emitted again). The loop's final ``i`` is ``max(i, upper)``."""
+    lo, hi = (V.scalar(x, a) for x, a in zip(init[:2], avals[:2]))
+    rest = avals[2:]
+
+    def emit(state, ops):
+        flat, specs = _flatten(state, rest)
+        n = len(flat)
+        loop = scf.ForOp(arith.index_cast(V.index(), lo), arith.index_cast(V.index(), hi),
+                         V.const(1, V.index()), flat + _acc_regs(accs))
+        ops.append(loop)
+        with ir.InsertionPoint(loop.body):
+            inner = list(loop.inner_iter_args)
+            _set_accs(accs, inner[n:])
+            i = arith.index_cast(V.i32(), loop.induction_variable)
+            carry = [i, hi, *_unflatten(inner[:n], specs)]
+            outs = _inline(lctx, p["body_jaxpr"], [*bconsts, *carry])
+            new, _ = _flatten(outs[2:], rest, specs)
+            scf.YieldOp(new + _acc_regs(accs))
+        results = list(loop.results)
+        _set_accs(accs, results[n:])
+        return [arith.maxsi(lo, hi), hi, *_unflatten(results[:n], specs)]
+
+    return _settle_layouts(emit, init[2:], lambda s, e: _relayout(s, rest, e), accs,
+                           "a fori_loop")
 
 
 @rule(P.cond_p)

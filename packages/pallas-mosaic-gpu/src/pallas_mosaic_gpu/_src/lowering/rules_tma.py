@@ -137,7 +137,9 @@ def _gmem_to_smem(lctx, eqn, *ops):
     barrier = barrier_at(*bar, "copy_gmem_to_smem")
     if isinstance(barrier, mgpu.utils.CollectiveBarrierRef):
         barrier = barrier.barrier  # TMA arrives through the copy's own collective mode
-    warps.sync(lctx)  # no thread still reads the destination
+    if not lctx.synced:  # no thread still reads the destination
+        warps.sync(lctx)
+        lctx.synced = True
     _copy(lctx, "copy_gmem_to_smem", src_ref=src.memref, dst_ref=d.memref, gmem_slice=window,
           gmem_transform=_transform(d), swizzle=d.swizzle, barrier=barrier,
           collective=dims or None, leader_tracked=leader,
@@ -201,7 +203,9 @@ def _barrier_arrive(lctx, eqn, *ops):
                 "(Mosaic GPU's cluster arrivals are issued by a whole warpgroup)")
         ref.arrive(orders_tensor_core=bar.space.orders_tensor_core)  # syncs the warpgroup
         return []
-    warps.sync(lctx)  # the warpgroup's (or warp's) work before the arrival is done
+    if not lctx.synced:  # the warpgroup's (or warp's) work before the arrival is done
+        warps.sync(lctx)
+        lctx.synced = True
     ref.arrive(predicate=warps.issuer(lctx),
                orders_tensor_core=bar.space.orders_tensor_core)
     return []
