@@ -148,3 +148,76 @@ def test_barriers_pack_after_the_swizzled_buffers_with_no_padding():
 
     k = _built(plgpu.kernel(kernel, out_type=tile), tile)
     assert k.smem_bytes == 2 * 64 * 64 * 2 + 8  # the two tiles and one mbarrier
+
+
+def _loads(read_between: bool):
+    """Three TMA loads of x's rows into three slots, back to back or each after a read
+    of the previous slot, then the sum of the slots stored."""
+
+    def kernel(x_gmem, o_gmem, buf, bars, acc):
+        acc[...] = jnp.zeros((16, 128), F32)
+        for s in range(3):
+            if read_between and s:
+                plgpu.barrier_wait(bars.at[s - 1])
+                acc[...] += buf[s - 1]
+            plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(16 * s, 16)], buf.at[s], bars.at[s])
+        for s in (2,) if read_between else range(3):
+            plgpu.barrier_wait(bars.at[s])
+        acc[...] += buf[2] if read_between else buf[0] + buf[1] + buf[2]
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(acc, o_gmem)
+        plgpu.wait_smem_to_gmem(0)
+
+    return plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((16, 128), F32),
+                        scratch_types=[plgpu.SMEM((3, 16, 128), F32),
+                                       plgpu.Barrier(num_barriers=3),
+                                       plgpu.SMEM((16, 128), F32)])
+
+
+@pytest.mark.parametrize("read_between", [False, True])
+def test_a_tma_load_synchronises_the_warpgroup_only_after_memory_was_touched(read_between):
+    # A TMA load first synchronises the warpgroup (no thread still reads its slot); back
+    # to back loads share the first one's synchronisation, a read between them does not.
+    from pallas_mosaic_gpu._src.emulate import run_kernel
+
+    x = jnp.arange(48 * 128, dtype=F32).reshape(48, 128) / 1024
+    k = _built(_loads(read_between), x)
+    text = str(module_of(k))
+    plain = str(module_of(_built(_loads(False), x)))
+    if read_between:
+        assert text.count("bar.sync") > plain.count("bar.sync")
+    assert text.count("cp.async.bulk.tensor") == 4
+    (out,) = run_kernel(k, [x])
+    assert jnp.allclose(out, x[:16] + x[16:32] + x[32:])
+
+
+def test_a_fori_loop_over_traced_bounds_is_an_scf_for():
+    # As upstream: lax.fori_loop(jnp.int32(0), n, ...) (a while loop in the jaxpr) is an
+    # scf.for from 0 to n, with the rest of its carry as the loop's.
+    from pallas_mosaic_gpu._src.emulate import run_kernel
+
+    def kernel(n_gmem, x_gmem, o_gmem, n_smem, acc, bar):
+        plgpu.copy_gmem_to_smem(n_gmem, n_smem, bar.at[0])
+        plgpu.barrier_wait(bar.at[0])
+        acc[...] = jnp.zeros((16, 128), F32)
+
+        def step(i, c):
+            acc[...] += x_gmem[...] * i.astype(F32)
+            return c + 1
+
+        count = jax.lax.fori_loop(jnp.int32(1), n_smem[0], step, jnp.int32(0))
+        acc[...] += jnp.full((16, 128), count, F32)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(acc, o_gmem)
+        plgpu.wait_smem_to_gmem(0)
+
+    f = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((16, 128), F32),
+                     scratch_types=[plgpu.SMEM((128,), jnp.int32), plgpu.SMEM((16, 128), F32),
+                                    plgpu.Barrier()])
+    n = jnp.full((128,), 4, jnp.int32)
+    x = jnp.ones((16, 128), F32)
+    k = _built(f, n, x)
+    text = str(module_of(k))
+    assert "scf.for" in text and "scf.while" not in text
+    (out,) = run_kernel(k, [n, x])
+    assert jnp.allclose(out, (1 + 2 + 3) + 3)
