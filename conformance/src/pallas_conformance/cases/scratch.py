@@ -106,6 +106,34 @@ def run_scoped_returns(pallas_call, x):
     return out[0, 0]
 
 
+@case("scratch/run_scoped_sequential_and_nested", tags={"scratch"},
+      inputs=lambda rng: (randn(rng, (8, C)),),
+      reference=lambda x: x * 3 - (x + 1) + jnp.tanh(x) * 2)
+def run_scoped_sequential(pallas_call, x):
+    """Sequential and nested pl.run_scoped: a nested scope's buffer is live together with
+    its parent's (a backend may not give them the same memory), a scope opened after its
+    sibling closed may reuse the sibling's (and must still see only its own values)."""
+    def kernel(x_ref, o_ref):
+        def first(a_ref):
+            a_ref[...] = x_ref[...] * 3
+
+            def inner(b_ref):
+                b_ref[...] = x_ref[...] + 1
+                o_ref[...] = a_ref[...] - b_ref[...]
+
+            pl.run_scoped(inner, pl.ANY((8, C), jnp.float32))
+
+        pl.run_scoped(first, pl.ANY((8, C), jnp.float32))
+
+        def second(c_ref):
+            c_ref[...] = jnp.tanh(x_ref[...])
+            o_ref[...] += c_ref[...] * 2
+
+        pl.run_scoped(second, pl.ANY((8, C), jnp.float32))
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(x)
+
+
 @case("scratch/bf16_buffer", tags={"scratch", "bf16"},
       inputs=lambda rng: (randn(rng, (8, C), jnp.bfloat16),), reference=lambda x: x * 2)
 def bf16_scratch(pallas_call, x):

@@ -94,6 +94,8 @@ class LoweringContext:
     uses: set = dataclasses.field(default_factory=set)
     # (id(run_scoped eqn), j) -> (scoped.Planned, its SMEM memref or mgpu.BarrierRef)
     scoped: dict = dataclasses.field(default_factory=dict)
+    # id(run_scoped eqn) -> scoped_stack.Sync: scopes reusing bytes sync at their entry
+    scope_syncs: dict = dataclasses.field(default_factory=dict)
     target: str | None = None  # "sm_90a"/"sm_100a" when known (compile level, env var)
     axis_names: tuple = ()  # the grid's axis names (a mesh kernel's axes)
     used_vars: set = dataclasses.field(default_factory=set)

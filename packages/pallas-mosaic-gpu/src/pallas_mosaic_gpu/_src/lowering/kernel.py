@@ -46,6 +46,8 @@ from pallas_mosaic_gpu._src.lowering.engine import (
 )
 from pallas_mosaic_gpu._src.lowering.infer import wgmma_buffers, wgmma_transforms
 from pallas_mosaic_gpu._src.lowering.scoped import plan, plan_type, value
+from pallas_mosaic_gpu._src.lowering.scoped_stack import buffer, plan_stack
+from pallas_mosaic_gpu._src.lowering.smem_tree import aligned, size_and_alignment
 from pallas_mosaic_gpu._src.lowering.spill import reduces, spill_buffers
 from pallas_mosaic_gpu._src.lowering.threads import (
     cluster_of,
@@ -286,6 +288,7 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
             f"plgpu.TMEM({pair_tmem[0].shape}, collective=True) in kernel {name}: collective "
             "TMEM is allocated by a CTA pair, a cluster of 2 blocks (plgpu.kernel(cluster="
             f"(2,), cluster_names=...)); the kernel's cluster is {cluster} (x, y, z)")
+    stack = plan_stack(jaxpr.jaxpr, scoped, threads.num, repeated=bool(seq))
     sems = collectives.layout(scratch, scoped, jaxpr.jaxpr)
     sem_words = sems.words(int(np.prod(cuda_grid)))
     sem_shapes = (_sds((sem_words,), jnp.int32),) if sem_words else ()
@@ -308,16 +311,18 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
         entries.update({("scratch", i): p.entry for i, p in enumerate(scratch)
                         if p.entry is not None})
         entries.update({("scoped", *k): p.entry for k, p in scoped.items()
-                        if p.entry is not None})
+                        if p.entry is not None and k not in stack.member})
+        if stack.union is not None:  # the buffers scopes share by lifetime
+            entries["scoped_stack"] = stack.union
         for i, (_, avals) in enumerate(spills):
             if keep is None or i in keep:
                 entries.update({("spill", i, j): _sds(per_wg(a.shape), a.dtype)
                                 for j, a in enumerate(avals) if a is not None})
         if blocked_in:
             entries["barriers"] = mgpu.Barrier(arrival_count=1, num_barriers=len(blocked_in))
-        tree, where, total = _aligned(entries)
+        tree, where, total = aligned(entries)
         smem_budget.check(name, target, total,
-                          {k: _size_and_alignment(e)[0] for k, e in entries.items()},
+                          {k: size_and_alignment(e)[0] for k, e in entries.items()},
                           {k: f"{gm.block_mappings[k].origin} ({b.shape} {b.dtype})"
                            for k, b in zip(blocked, bufs)})
         return tree, where, total
@@ -353,7 +358,10 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
                                axis_names=tuple(gm.grid_names or ()),
                                semantics=semantics, jax_mesh=mesh_axes, sems=sem_refs)
         lctx.scoped = {k: (p, sem_refs.get(("scoped", *k)) if p.kind == "sem"
-                           else ref.get(("scoped", *k))) for k, p in scoped.items()}
+                           else buffer(ref["scoped_stack"], stack.member[k])
+                           if k in stack.member else ref.get(("scoped", *k)))
+                       for k, p in scoped.items()}
+        lctx.scope_syncs = stack.syncs
         dims = (gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z)
         for dim, axis in zip(dims, par):
             block = gpu.block_id(dim)
@@ -468,49 +476,6 @@ class _Used(dict):
     def get(self, key, default=None):
         self.used.add(key)
         return super().get(key, default)
-
-
-SMEM_ALIGNMENT = 128  # TMA needs 128-byte aligned SMEM (and barriers 8 bytes)
-SWIZZLE_REPEAT = 1024  # a 128-byte swizzle's XOR pattern repeats every 8 rows of 128 bytes
-
-
-def _alignment(size: int) -> int:
-    """Where a buffer of ``size`` bytes may start: a swizzled buffer (whole swizzle atoms,
-    ``8 x swizzle`` bytes each) at a multiple of its atom, since the swizzle XORs address
-    bits 7.. into bits 4.. while Mosaic GPU's register loads/stores and wgmma descriptors
-    (base offset 0) swizzle the offset from the buffer's start; other buffers at 128."""
-    return max(SMEM_ALIGNMENT, min(SWIZZLE_REPEAT, size & -size)) if size else SMEM_ALIGNMENT
-
-
-def _size_and_alignment(e) -> tuple[int, int]:
-    """An SMEM entry's bytes and where it may start: barriers at 8 bytes (mbarriers are
-    8-byte words), a TMEM allocation's address (4 bytes) at 4, buffers at
-    :func:`_alignment`."""
-    if isinstance(e, (mgpu.Barrier, mgpu.ClusterBarrier)):
-        return 8 * e.num_barriers, 8
-    if isinstance(e, mgpu.TMEM):
-        return 4, 4  # the TMEM address Mosaic GPU's allocation writes to SMEM
-    size = int(np.prod(e.shape)) * jnp.dtype(e.dtype).itemsize
-    return size, _alignment(size)
-
-
-def _aligned(entries: dict):
-    """The SMEM tree (a flat tuple, padded so every entry starts at its alignment, see
-    :func:`_size_and_alignment`), the position of each entry in it, and the total bytes.
-    Entries go in decreasing alignment (swizzled buffers, other buffers, barriers, TMEM
-    addresses), so padding is only needed where the order of equals leaves some."""
-    tree, where, off = [], {}, 0
-    sized = {key: _size_and_alignment(e) for key, e in entries.items()}
-    for key in sorted(entries, key=lambda k: -sized[k][1]):  # stable: otherwise as given
-        size, align = sized[key]
-        pad = (-off) % align
-        if pad:
-            tree.append(jax.ShapeDtypeStruct((pad,), jnp.uint8))
-            off += pad
-        where[key] = len(tree)
-        tree.append(entries[key])
-        off += size
-    return tuple(tree), where, off
 
 
 @contextlib.contextmanager

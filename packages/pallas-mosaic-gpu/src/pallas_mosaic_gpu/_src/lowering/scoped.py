@@ -3,7 +3,8 @@
 
 Mosaic GPU takes a kernel's shared memory as one static tree, so every buffer is planned
 before the body is emitted (:func:`plan`): each ``run_scoped`` equation, wherever it is
-nested, gets its own SMEM buffers and mbarriers, initialised once at kernel start (a
+nested, gets its SMEM buffers (sharing bytes with scopes closed before it opens, see
+:mod:`scoped_stack`) and its own mbarriers, initialised once at kernel start (a
 barrier's phase then carries over between iterations of a loop around the scope, as the
 hardware's does). ``plgpu.ACC`` accumulators live in registers (:class:`AccVal`).
 """
@@ -20,7 +21,7 @@ import numpy as np
 from jax.experimental.mosaic import gpu as mgpu
 
 from pallas import plugins
-from pallas_mosaic_gpu._src.lowering import smem
+from pallas_mosaic_gpu._src.lowering import scoped_stack, smem
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import KernelError, lower_jaxpr, rule
 from pallas_mosaic_gpu._src.memory import AccumulatorSpace, BarrierSpace, MemorySpace
@@ -208,6 +209,7 @@ def value(p: Planned, allocated) -> Any:
 
 @rule(plugins.run_scoped_p)
 def _run_scoped(lctx, eqn, *consts):
+    scoped_stack.enter(lctx.scope_syncs.get(id(eqn)))  # bytes an earlier scope used
     refs = []
     for k in range(len(eqn.params["types"])):
         if (id(eqn), k) not in lctx.scoped:

@@ -32,6 +32,8 @@ def _part(key, block_names: dict) -> str:
         return "cross-warp reduction scratch"
     if key == "barriers":
         return "TMA barriers"
+    if key == "scoped_stack":  # the run_scoped buffers sharing bytes by lifetime
+        return "run_scoped buffers"
     kind = key[0]
     if kind == "buf":
         return f"block of {block_names.get(key[1], f'operand {key[1]}')}"
