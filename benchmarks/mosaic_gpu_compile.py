@@ -10,7 +10,8 @@ module of the custom call, the same way for both sides), PTX instruction mix (wg
 TMA ``cp``, ``bar``, ``mbarrier``, ``ld``/``st``, ``fma``, ``ex2``, ``shfl``) and the
 median trace+lower+compile seconds; a second table gives the median CPU seconds of each
 phase (``trace``, ``lower``, ``compile``: XLA with Mosaic GPU's passes and PTX, and
-``ptxas``: its child processes) and the operation count of the Mosaic GPU module.
+``tools``: the child processes it runs, ptxas, and nvdisasm for the dumps) and the
+operation count of the Mosaic GPU module.
 
 Kernels (f16, 256x512 @ 512x256, 128x128x64 blocks, 2 pipeline slots):
 
@@ -240,7 +241,7 @@ def _sharded(args, devs):
 
 
 def _children_cpu() -> float:
-    """CPU seconds of this process's finished child processes (ptxas, run by Mosaic GPU)."""
+    """CPU seconds of this process's finished child processes (ptxas, nvdisasm)."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
 
@@ -250,7 +251,8 @@ def compile_one(f, args, dev, root):
     list of devices: the inputs keep their ``PartitionSpec`` over a mesh ``("x",)`` of
     them, as a kernel in ``shard_map`` over the inputs' mesh needs). ``phases``: CPU
     seconds of ``trace``, ``lower`` and ``compile`` (this process: XLA, Mosaic GPU's
-    passes, PTX), ``ptxas`` (child processes during the compile), and ``ops``, the
+    passes, PTX), ``tools`` (child processes during the compile: ptxas for Mosaic GPU's
+    kernel and XLA's own, nvdisasm for the dumps), and ``ops``, the
     operation count of the Mosaic GPU module(s) the custom call carries."""
     if isinstance(dev, list):
         mesh, sds = _sharded(args, dev)
@@ -278,7 +280,7 @@ def compile_one(f, args, dev, root):
                 children = _children_cpu()
                 lowered.compile()
                 phases["compile"] = time.process_time() - cpu
-                phases["ptxas"] = _children_cpu() - children
+                phases["tools"] = _children_cpu() - children
             secs = time.perf_counter() - t0
         finally:
             for k, v in saved.items():
@@ -431,14 +433,14 @@ def summary(runs: list) -> dict:
                 phases=phases)
 
 
-PHASES = ("trace", "lower", "compile", "ptxas")
+PHASES = ("trace", "lower", "compile", "tools")
 
 
 def print_phases(rows: list) -> None:
     """The CPU seconds per phase (medians; ``rows``: ``(kernel label, upstream's
     summary, ours)``), both sides and ours/upstream, and the Mosaic GPU module's ops.
     CPU time, unlike wall time, barely moves with the other processes on the machine."""
-    print("\n| kernel | side | trace | lower | trace+lower | compile | ptxas | total CPU s "
+    print("\n| kernel | side | trace | lower | trace+lower | compile | ptxas+nvdisasm | total CPU s "
           "| Mosaic GPU ops |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for label, u, o in rows:
