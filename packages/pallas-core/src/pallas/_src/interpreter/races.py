@@ -264,6 +264,7 @@ class AccessLog:
         self._clocks: np.ndarray | None = None  # the entries' clocks, one per row
         self._tuples: list[int] = []  # or, for a short log, as packed integers
         self._writes = 0  # how many logged accesses are writes
+        self._packed_size = 0  # the clock size of the packed integers in ``_tuples``
         # Long logs: (clocks, regions, is-write, number of rows used, a clock at least
         # every logged one), with spare rows.
         self._arrays: tuple | None = None
@@ -281,28 +282,18 @@ class AccessLog:
             return self._record_few(access)
 
     def _record_few(self, access: Access) -> list[Race]:
+        clock = np.asarray(access.clock)
+        if len(self._entries) <= _SMALL_LOG:
+            return self._record_short(access, clock)
+        # A long log whose regions' ranks differ: every logged clock compared at once.
         races = []
         entries, clocks = self._entries, self._clocks
-        clock = np.asarray(access.clock)
-        if len(entries) <= _SMALL_LOG:
-            # Few entries: packed integer clocks beat numpy's per-call overhead.
-            cur = _packed(clock)
-            guard = _guard(clock.shape[0])
-            olds = self._tuples
-            if len(olds) != len(entries) or (
-                    entries and np.shape(entries[0].clock) != clock.shape):
-                olds = [_packed(np.asarray(e.clock)) for e in entries]
-            same = [o == cur for o in olds]
-            before = [not sm and _packed_le(o, cur, guard) for o, sm in zip(olds, same)]
-        else:
-            cur = None
-            if clocks is None or clocks.shape != (len(entries), clock.shape[0]):
-                clocks = np.stack([np.asarray(e.clock) for e in entries])
-            # The happens-before relation against every logged access at once.
-            le = _all1(clocks <= clock)
-            same = _all1(clocks == clock)
-            before = (le & ~same).tolist()
-            same = same.tolist()
+        if clocks is None or clocks.shape != (len(entries), clock.shape[0]):
+            clocks = np.stack([np.asarray(e.clock) for e in entries])
+        le = _all1(clocks <= clock)
+        same = _all1(clocks == clock)
+        before = (le & ~same).tolist()
+        same = same.tolist()
         keep, kept = [], []
         writes, areg = access.kind == "write", access.region
         for k, prev in enumerate(entries):
@@ -321,13 +312,40 @@ class AccessLog:
         self._entries = keep
         self._writes = sum(e.kind == "write" for e in keep)
         self._arrays = None
-        if cur is not None:
-            self._tuples = [olds[k] for k in kept] + [cur]
-            self._clocks = None
-        else:
-            self._tuples = []
-            rows = clocks if len(kept) == len(entries) else clocks[kept]
-            self._clocks = np.concatenate([rows, clock[None, :]])
+        self._tuples = []
+        rows = clocks if len(kept) == len(entries) else clocks[kept]
+        self._clocks = np.concatenate([rows, clock[None, :]])
+        return races
+
+    def _record_short(self, access: Access, clock: np.ndarray) -> list[Race]:
+        """:meth:`_record_few` for a log of at most ``_SMALL_LOG`` accesses, in one pass
+        over clocks packed into integers (the same decisions)."""
+        entries = self._entries
+        cur = _packed(clock)
+        guard = _guard(clock.shape[0])
+        olds = self._tuples
+        if len(olds) != len(entries) or self._packed_size != clock.shape[0]:
+            olds = [_packed(np.asarray(e.clock)) for e in entries]
+        races, keep, keep_olds = [], [], []
+        writes, areg = access.kind == "write", access.region
+        for prev, o in zip(entries, olds):
+            if o != cur and _packed_le(o, cur, guard):
+                # Ordered: no race; dropped if the new access makes it redundant.
+                if (writes or prev.kind == "read") and _covers(areg, prev.region):
+                    continue
+            elif (o != cur and (writes or prev.kind == "write")
+                    and regions_overlap(prev.region, areg)):
+                races.append(Race(self.name, prev, access))
+            keep.append(prev)
+            keep_olds.append(o)
+        keep.append(access)
+        keep_olds.append(cur)
+        self._entries = keep
+        self._writes = sum(e.kind == "write" for e in keep)
+        self._arrays = None
+        self._tuples = keep_olds
+        self._packed_size = clock.shape[0]
+        self._clocks = None
         return races
 
     def _record_many(self, access: Access) -> list[Race] | None:
