@@ -157,11 +157,6 @@ _DEVICES = textwrap.dedent('''
         ring, SDS((256, 64), jnp.float32), scratch_types=[plgpu.SemaphoreType.REGULAR])
     print("ok ring")
 
-    try:
-        lower(gather, SDS((512, 64), jnp.float32), interpret=plgpu.InterpretParams(),
-              scratch_types=[plgpu.SemaphoreType.REGULAR])
-    except NotImplementedError as e:
-        print("interpret:", e)
 ''')
 
 
@@ -175,20 +170,3 @@ def test_on_two_devices_multimem_remote_signals_and_stores_use_collective_metada
     assert proc.returncode == 0, out
     for line in ("ok gather", "ok reduce", "ok ring"):
         assert line in proc.stdout, out
-    assert ("interpret: plgpu.multimem_store(collective_axes=('x',)) across 2 devices: "
-            "pallas-mosaic-gpu's interpreters") in proc.stdout, out
-
-
-def test_gpu_interpret_mode_refuses_a_remote_signal_at_trace_time():
-    """It runs each device's kernel alone: a signal to another device would never
-    arrive (the waiting device used to hang), so it is refused naming the primitive."""
-
-    def kernel(o_ref, sem):
-        pl.semaphore_signal(sem, device_id=0)
-        pl.semaphore_wait(sem)
-
-    f = plgpu.kernel(kernel, out_type=SDS((128,), jnp.float32),
-                     scratch_types=[plgpu.SemaphoreType.REGULAR],
-                     interpret=plgpu.InterpretParams())
-    with pytest.raises(NotImplementedError, match=r"semaphore_signal\(\.\.\., device_id="):
-        jax.jit(f).trace().lower()

@@ -4,7 +4,9 @@ The lowering emits a host callback (``jax.pure_callback``) that receives the ope
 (and the indices of any enclosing ``shard_map`` axes the kernel reads), simulates every
 thread of every block of the kernel, and returns the outputs. One :class:`Launch` holds
 what its threads share: buffers of collective allocations, the vector clocks and the
-race detector.
+race detector. Under ``shard_map``, a kernel that reaches other devices (remote refs and
+semaphores, multimem) runs each device's launch in a :class:`~.devices.DeviceGroup`
+shared with the other devices' callbacks.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from jax import lax
 
 from pallas.plugins import RaceReport, axis_index_p, run_scoped_p, semaphore_signal_p
 from pallas_mosaic_gpu._src import jax_compat as jc
-from pallas_mosaic_gpu._src.interpret import blocks
+from pallas_mosaic_gpu._src.interpret import blocks, devices
 from pallas_mosaic_gpu._src.interpret.evaluator import eval_jaxpr
+from pallas_mosaic_gpu._src.interpret.host_call import gpu_interpret_call
 from pallas_mosaic_gpu._src.interpret.memory import Buffer, fill_value
 from pallas_mosaic_gpu._src.interpret.sync import check_barriers_at_exit
 from pallas_mosaic_gpu._src.interpret.thread import Launch, ThreadCtx
@@ -56,6 +59,7 @@ def reset_state() -> None:
     with _active_lock:
         _active = 0
     REPORT.reset()
+    devices.reset_all()
 
 
 # -- static checks ---------------------------------------------------------------------
@@ -118,11 +122,9 @@ def check_collective_allocations(jaxpr, mesh) -> None:
 
 
 def check_no_cta_pairs(jaxpr) -> None:
-    """CTA-pair forms (``collective_axis``, ``leader_tracked``) and multimem across
-    several devices are refused at trace time, naming the primitive: the interpreters run
-    each block (and each device's kernel) alone."""
+    """CTA-pair forms (``collective_axis``, ``leader_tracked``) are refused at trace
+    time, naming the primitive: the interpreters run each block alone."""
     from pallas_mosaic_gpu._src.primitives import copies, mma, tmem
-    from pallas_mosaic_gpu._src.primitives.multimem import check_single_device
     from pallas_mosaic_gpu._src.primitives.refs import check_not_collective
 
     names = {copies.copy_gmem_to_smem_p: "copy_gmem_to_smem", mma.tcgen05_mma_p: "tcgen05_mma",
@@ -131,13 +133,50 @@ def check_no_cta_pairs(jaxpr) -> None:
     for eqn in _all_eqns(jaxpr):
         if eqn.primitive in names:
             check_not_collective(eqn, names[eqn.primitive])
-        check_single_device(eqn)
+
+
+def _trees(params):
+    for v in params.values():
+        if isinstance(v, jax.tree_util.PyTreeDef):
+            yield v
+        elif isinstance(v, tuple):  # a RefOperands spec: ((pos, n, tree) | None, ...)
+            for e in v:
+                if isinstance(e, tuple) and len(e) == 3 and isinstance(
+                        e[2], jax.tree_util.PyTreeDef):
+                    yield e[2]
+
+
+def communicates(jaxpr) -> bool:
+    """Whether the kernel reaches other devices: a remote semaphore signal, a
+    ``plgpu.remote_ref`` view, a multimem primitive."""
+    from pallas_mosaic_gpu._src.primitives.multimem import NAMES
+
+    for eqn in _all_eqns(jaxpr):
         if eqn.primitive is semaphore_signal_p and eqn.params["device_id_tree"].num_leaves:
-            raise NotImplementedError(
-                "pl.semaphore_signal(..., device_id=...) (a remote semaphore): "
-                "pallas-mosaic-gpu's GPU interpret mode runs each device's kernel on its "
-                "own and does not simulate other devices' memory yet; backend "
-                "'mosaic_gpu' lowers and compiles it (interpret=False)")
+            return True
+        if eqn.primitive in NAMES:
+            return True
+        if any(devices.has_peer(t) for t in _trees(eqn.params)):
+            return True
+    return False
+
+
+def _device_axes(jaxpr, outer) -> tuple[tuple, tuple | None]:
+    """The enclosing map axes to pass to the callback, and (key, mesh axes) of the
+    device group when the kernel communicates across several devices."""
+    axes = devices.mesh_axes()
+    if int(np.prod([s for _, s in axes])) <= 1 or not communicates(jaxpr):
+        return outer, None
+    names = tuple(outer) + tuple(n for n, _ in axes if n not in outer)
+    return names, (object(), axes)
+
+
+def _callback(run, shapes, group, *args):
+    """The host callback of each device: a ``pure_callback``, or for a kernel that
+    reaches other devices, one whose operands stay numpy (see :mod:`.host_call`)."""
+    if group is None:
+        return jax.pure_callback(run, shapes, *args, vmap_method="sequential")
+    return gpu_interpret_call(run, shapes, *args)
 
 
 # -- lowering ----------------------------------------------------------------------------
@@ -161,14 +200,14 @@ def lower_pallas_call(params, ctx, *in_nodes, jaxpr, grid_mapping, name, out_ava
     check_collective_allocations(jaxpr, mesh)
     check_no_cta_pairs(jaxpr)
     axis_names, _ = _mesh_axes(mesh, grid_mapping)
-    outer = outer_axis_names(jaxpr, axis_names)
+    outer, group = _device_axes(jaxpr, outer_axis_names(jaxpr, axis_names))
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
-    run = functools.partial(_run_pallas_call, params, jaxpr, grid_mapping, outer, name,
-                            len(in_nodes))
+    run = functools.partial(_run_pallas_call, params, jaxpr, grid_mapping, outer, group,
+                            name, len(in_nodes))
 
     def fun(*args):
         axis_vals = [lax.axis_index(n) for n in outer]
-        return jax.pure_callback(run, shapes, *args, *axis_vals, vmap_method="sequential")
+        return _callback(run, shapes, group, *args, *axis_vals)
 
     plain = ctx.replace(avals_in=[_plain(a) for a in ctx.avals_in],
                         avals_out=[_plain(a) for a in ctx.avals_out])
@@ -178,26 +217,31 @@ def lower_pallas_call(params, ctx, *in_nodes, jaxpr, grid_mapping, name, out_ava
 def discharge_core_map(params, in_avals, args, *, jaxpr, mesh, scratch_types, name):
     check_collective_allocations(jaxpr, mesh)
     check_no_cta_pairs(jaxpr)
-    outer = outer_axis_names(jaxpr, tuple(mesh.shape))
+    outer, group = _device_axes(jaxpr, outer_axis_names(jaxpr, tuple(mesh.shape)))
     is_ref = [isinstance(a, jc.AbstractRef) for a in in_avals]
     shapes = [jax.ShapeDtypeStruct(a.inner_aval.shape, a.inner_aval.dtype)
               for a, r in zip(in_avals, is_ref) if r]
     spaces = [getattr(a, "memory_space", None) for a in in_avals]
     run = functools.partial(_run_core_map, params, jaxpr, mesh, tuple(scratch_types), outer,
-                            tuple(is_ref), tuple(spaces), name)
+                            group, tuple(is_ref), tuple(spaces), name)
     axis_vals = [lax.axis_index(n) for n in outer]
-    outs = iter(jax.pure_callback(run, shapes, *args, *axis_vals, vmap_method="sequential"))
+    outs = iter(_callback(run, shapes, group, *args, *axis_vals))
     return [next(outs) if r else None for r in is_ref]
 
 
 # -- running -----------------------------------------------------------------------------
 
 
-def _new_launch(params, axis_names, sizes, mesh, outer, axis_vals, name) -> Launch:
+def _new_launch(params, axis_names, sizes, mesh, outer, axis_vals, name, group=None,
+                device=0) -> Launch:
     n_threads = int(np.prod(sizes, dtype=np.int64)) if sizes else 1
-    return Launch(params, axis_names=axis_names, sizes=sizes, mesh=mesh,
-                  outer_axes=dict(zip(outer, (int(v) for v in axis_vals))),
-                  num_threads=n_threads, report=REPORT, name=name)
+    launch = Launch(params, axis_names=axis_names, sizes=sizes, mesh=mesh,
+                    outer_axes=dict(zip(outer, (int(v) for v in axis_vals))),
+                    num_threads=n_threads, report=REPORT, name=name, group=group,
+                    device=device)
+    if group is not None:
+        group.launches[device] = launch
+    return launch
 
 
 def _points(sizes):
@@ -208,77 +252,116 @@ def _points(sizes):
         yield tuple(int(i) for i in np.unravel_index(flat, sizes))
 
 
-def _run_threads_on_mesh(launch: Launch, jaxpr, make_args) -> None:
+def _simulate(threads, launches) -> None:
+    """Runs the threads of one or more launches (several devices: together) to the end."""
+    run_threads(threads)
+    for launch in launches:
+        check_barriers_at_exit(launch)
+
+
+def _mesh_threads(launch: Launch, jaxpr, make_args) -> list[SimThread]:
     threads = []
     for tid, point in enumerate(_points(launch.sizes)):
         th = ThreadCtx(launch, tid, point)
         threads.append(SimThread(th.name, eval_jaxpr(th, jaxpr, (), make_args(th))))
-    run_threads(threads)
-    check_barriers_at_exit(launch)
+    return threads
 
 
-def _run_pallas_call(params, jaxpr, gm, outer, name, n_in, *args):
+def _execute(group_cfg, outer, axis_vals, name, prepare):
+    """``prepare(group, device) -> (launch, threads, collect)`` builds a device's launch; runs
+    it alone, or as this device's part of a device group (see :mod:`.devices`)."""
+    if group_cfg is None:
+        launch, threads, collect = prepare(None, 0)
+        _simulate(threads, [launch])
+        return collect()
+    key, axes = group_cfg
+    coords = dict(zip(outer, (int(v) for v in axis_vals)))
+    make = functools.partial(devices.DeviceGroup, name, axes)
+    device = make().device_of(coords)
+    group = devices.join(key, device, make)
+    try:
+        return group.run(device, prepare, _simulate)
+    finally:
+        devices.leave(group)
+
+
+def _run_pallas_call(params, jaxpr, gm, outer, group_cfg, name, n_in, *args):
+    operands, axis_vals = args[:n_in], args[n_in:]
     _begin_launch()
     try:
-        operands, axis_vals = args[:n_in], args[n_in:]
-        mesh = gm.mesh
-        axis_names, sizes = _mesh_axes(mesh, gm)
-        nsp = gm.num_scalar_prefetch
-        prefetch = [jnp.asarray(a) for a in operands[:nsp]]
-        body_ops = operands[nsp:]
-        ins = [Buffer(bm.origin, blocks.GMEM, jnp.asarray(x))
-               for bm, x in zip(gm.in_block_mappings, body_ops)]
-        aliases = dict((o, i) for i, o in gm.input_output_aliases)
-        outs = []
-        for k, bm in enumerate(gm.out_block_mappings):
-            a = bm.array_aval
-            if k in aliases:
-                value = jnp.asarray(operands[aliases[k]])
-            else:
-                value = jnp.full(a.shape, fill_value(a.dtype, params.uninitialized_memory))
-            outs.append(Buffer(bm.origin, blocks.GMEM, value))
-        if mesh is not None:
-            launch = _new_launch(params, axis_names, sizes, mesh, outer, axis_vals, name)
+        return _execute(group_cfg, outer, axis_vals, name, functools.partial(
+            _pallas_call_body, params, jaxpr, gm, outer, name, operands, axis_vals))
+    finally:
+        _end_launch()
 
-            def make_args(th):
-                scratch = [launch.allocate(th, t, f"scratch {o}", ("__kernel__", i), ())
-                           for i, (t, o) in enumerate(zip(gm.scratch_types,
-                                                          gm.scratch_origins))]
-                return [*prefetch, *ins, *outs, *scratch]
 
-            _run_threads_on_mesh(launch, jaxpr, make_args)
+def _pallas_call_body(params, jaxpr, gm, outer, name, operands, axis_vals, group, device):
+    mesh = gm.mesh
+    axis_names, sizes = _mesh_axes(mesh, gm)
+    nsp = gm.num_scalar_prefetch
+    prefetch = [jnp.asarray(a) for a in operands[:nsp]]
+    body_ops = operands[nsp:]
+    ins = [Buffer(bm.origin, blocks.GMEM, jnp.asarray(x), sym=("in", i))
+           for i, (bm, x) in enumerate(zip(gm.in_block_mappings, body_ops))]
+    aliases = dict((o, i) for i, o in gm.input_output_aliases)
+    outs = []
+    for k, bm in enumerate(gm.out_block_mappings):
+        a = bm.array_aval
+        if k in aliases:
+            value = jnp.asarray(operands[aliases[k]])
         else:
-            launch = _new_launch(params, axis_names, (), None, outer, axis_vals, name)
-            launch.grid = tuple(gm.grid)
-            th = ThreadCtx(launch, 0, ())
-            body = blocks.run_grid(th, jaxpr, gm, prefetch, ins, outs)
-            run_threads([SimThread(th.name, body)])
-            check_barriers_at_exit(launch)
+            value = jnp.full(a.shape, fill_value(a.dtype, params.uninitialized_memory))
+        outs.append(Buffer(bm.origin, blocks.GMEM, value, sym=("out", k)))
+    launch = _new_launch(params, axis_names, sizes if mesh is not None else (), mesh,
+                         outer, axis_vals, name, group, device)
+    for b in (*ins, *outs):
+        launch.register(b, b.sym)
+
+    def collect():
         return [np.asarray(b.value) for b in outs]
-    finally:
-        _end_launch()
+
+    if mesh is not None:
+        def make_args(th):
+            scratch = [launch.allocate(th, t, f"scratch {o}", ("__kernel__", i), ())
+                       for i, (t, o) in enumerate(zip(gm.scratch_types,
+                                                      gm.scratch_origins))]
+            return [*prefetch, *ins, *outs, *scratch]
+
+        return launch, _mesh_threads(launch, jaxpr, make_args), collect
+    launch.grid = tuple(gm.grid)
+    th = ThreadCtx(launch, 0, ())
+    body = blocks.run_grid(th, jaxpr, gm, prefetch, ins, outs)
+    return launch, [SimThread(th.name, body)], collect
 
 
-def _run_core_map(params, jaxpr, mesh, scratch_types, outer, is_ref, spaces, name, *args):
+def _run_core_map(params, jaxpr, mesh, scratch_types, outer, group_cfg, is_ref, spaces,
+                  name, *args):
+    n = len(is_ref)
+    operands, axis_vals = args[:n], args[n:]
     _begin_launch()
     try:
-        n = len(is_ref)
-        operands, axis_vals = args[:n], args[n:]
-        axis_names = tuple(mesh.shape)
-        sizes = tuple(int(s) for s in mesh.shape.values())
-        launch = _new_launch(params, axis_names, sizes, mesh, outer, axis_vals, name)
-        vals = [Buffer(f"core_map operand {i}", sp if sp is not None else blocks.GMEM,
-                       jnp.asarray(x)) if r else jnp.asarray(x)
-                for i, (x, r, sp) in enumerate(zip(operands, is_ref, spaces))]
-
-        def make_args(th):
-            scratch = [launch.allocate(th, t, f"core_map scratch {i}", ("__core_map__", i), ())
-                       for i, t in enumerate(scratch_types)]
-            return [*vals, *scratch]
-
-        _run_threads_on_mesh(launch, jaxpr, make_args)
-        return [np.asarray(v.value) for v in vals if isinstance(v, Buffer)]
+        return _execute(group_cfg, outer, axis_vals, name, functools.partial(
+            _core_map_body, params, jaxpr, mesh, scratch_types, outer, is_ref, spaces,
+            name, operands, axis_vals))
     finally:
         _end_launch()
 
 
+def _core_map_body(params, jaxpr, mesh, scratch_types, outer, is_ref, spaces, name,
+                   operands, axis_vals, group, device):
+    axis_names = tuple(mesh.shape)
+    sizes = tuple(int(s) for s in mesh.shape.values())
+    launch = _new_launch(params, axis_names, sizes, mesh, outer, axis_vals, name, group,
+                         device)
+    vals = [launch.register(Buffer(f"core_map operand {i}",
+                                   sp if sp is not None else blocks.GMEM, jnp.asarray(x)),
+                            ("core_map", i)) if r else jnp.asarray(x)
+            for i, (x, r, sp) in enumerate(zip(operands, is_ref, spaces))]
+
+    def make_args(th):
+        scratch = [launch.allocate(th, t, f"core_map scratch {i}", ("__core_map__", i), ())
+                   for i, t in enumerate(scratch_types)]
+        return [*vals, *scratch]
+
+    return launch, _mesh_threads(launch, jaxpr, make_args), lambda: [
+        np.asarray(v.value) for v in vals if isinstance(v, Buffer)]

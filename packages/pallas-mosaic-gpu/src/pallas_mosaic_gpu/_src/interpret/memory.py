@@ -38,18 +38,22 @@ def fill_value(dtype, mode: str):
 class Buffer:
     """One allocation: ``value`` (a jax array), where it lives, and a readable name.
 
-    ``sync`` holds per-element synchronisation state for barrier and semaphore buffers.
+    ``sync`` holds per-element synchronisation state for barrier and semaphore buffers;
+    ``sym`` names the allocation alike on every device (symmetric memory: a kernel
+    operand, scratch buffer, ...), so that other devices can address it.
     """
 
-    __slots__ = ("key", "name", "space", "value", "sync", "group")
+    __slots__ = ("key", "name", "space", "value", "sync", "group", "sym", "memref")
 
-    def __init__(self, name: str, space: Any, value, sync=None, group=None):
+    def __init__(self, name: str, space: Any, value, sync=None, group=None, sym=None):
         self.key = next(_keys)
         self.name = name
         self.space = space
         self.value = value
         self.sync = sync
         self.group = group  # the allocation's sharing group (collective scratch), if any
+        self.sym = sym
+        self.memref = None
 
     @property
     def shape(self) -> tuple[int, ...]:

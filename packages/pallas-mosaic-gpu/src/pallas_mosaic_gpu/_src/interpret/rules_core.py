@@ -19,6 +19,7 @@ from pallas.plugins import (
     run_scoped_p,
 )
 from pallas_mosaic_gpu._src import jax_compat as jc
+from pallas_mosaic_gpu._src.interpret.devices import resolve
 from pallas_mosaic_gpu._src.interpret.evaluator import eval_jaxpr, register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.memory import (
     Buffer,
@@ -40,7 +41,9 @@ def _region(th, buf: Buffer, flat, tree, kind: str):
 
 
 def read(th, buf: Buffer, flat, tree):
-    """The value a ref view reads (logged; bounds-checked)."""
+    """The value a ref view reads (logged; bounds-checked; another device's memory
+    through a ``plgpu.remote_ref`` view)."""
+    buf, flat, tree = resolve(th, buf, flat, tree, "a read")
     region, ok = _region(th, buf, flat, tree, "read")
     th.access(buf, "read", region)
     value = jc.get_view(buf.value, flat, tree) if not ok else get_view(buf, flat, tree)
@@ -51,6 +54,7 @@ def read(th, buf: Buffer, flat, tree):
 
 
 def write(th, buf: Buffer, flat, tree, value) -> None:
+    buf, flat, tree = resolve(th, buf, flat, tree, "a write")
     region, _ = _region(th, buf, flat, tree, "write")
     th.access(buf, "write", region)
     buf.value = set_view(buf, value, flat, tree)
@@ -120,12 +124,7 @@ def _run_scoped(th, eqn, invals):
 def _get_global(th, eqn, invals):
     """``pl.get_global(t)``: one buffer per call site for the whole launch, shared by
     every block and thread (semaphores start at zero)."""
-    launch, t = th.launch, eqn.params["what"]
-    key = ("__global__", id(eqn))
-    if key not in launch.shared:
-        launch.shared[key] = launch.new_buffer(
-            t, f"pl.get_global buffer ({t.memory_space})", group=())
-    return [launch.shared[key]]
+    return [th.launch.global_buffer(("__global__", id(eqn)), eqn.params["what"])]
 
 
 @register_gpu_rule(jc.run_state_p)

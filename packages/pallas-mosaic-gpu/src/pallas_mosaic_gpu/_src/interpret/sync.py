@@ -15,10 +15,12 @@ Semaphores count; a wait blocks until the count reaches the value, then subtract
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pallas.plugins import semaphore_read_p, semaphore_signal_p, semaphore_wait_p
+from pallas_mosaic_gpu._src.interpret import devices
 from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.memory import access_region
 from pallas_mosaic_gpu._src.interpret.threads import Blocker
@@ -220,10 +222,12 @@ def _sem_operands(eqn, invals):
 def _signal_rule(th, eqn, invals):
     p = eqn.params
     buf, idx, rest = _sem_operands(eqn, invals)
-    if p["device_id_tree"].num_leaves:
-        raise NotImplementedError(
-            "semaphore_signal with device_id (remote semaphores) is not supported by GPU "
-            "interpret mode (pallas-mosaic-gpu) yet")
+    if p["device_id_tree"].num_leaves:  # another device's copy of the semaphore
+        n_dev = p["device_id_tree"].num_leaves
+        device_id = jax.tree_util.tree_unflatten(p["device_id_tree"], rest[1:1 + n_dev])
+        what = "pl.semaphore_signal(..., device_id=...)"
+        dev = devices.peer_device(th, device_id, p["device_id_type"], what)
+        buf = devices.copy_on(th, dev, buf, what)
     signal(th, buf, idx, p["tree"], rest[0])
     return []
 

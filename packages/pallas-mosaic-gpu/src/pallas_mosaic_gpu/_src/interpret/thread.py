@@ -19,11 +19,13 @@ from pallas_mosaic_gpu._src.mesh import Mesh as GpuMesh
 class Launch:
     """One kernel launch on one device: its mesh, shared allocations, clocks, races.
 
-    Vector-clock entries: one per thread of the mesh, then one per simulated TMA unit.
+    Vector-clock entries: one per thread of the mesh, then one per simulated TMA unit
+    (on several devices, each device's entries from ``clock_base`` in the clocks the
+    devices share). ``symmetric`` holds the allocations other devices can address.
     """
 
     def __init__(self, params, *, axis_names, sizes, mesh, outer_axes, num_threads, report,
-                 name):
+                 name, group=None, device: int = 0):
         self.params = params
         self.axis_names = tuple(axis_names)
         self.sizes = tuple(sizes)
@@ -36,13 +38,23 @@ class Launch:
         self.cluster_axes = tuple(mesh.cluster_names) if isinstance(mesh, GpuMesh) else ()
         self.num_tma = params.num_tma_threads_per_device
         self.tma_next = 0
-        if params.detect_races:
-            self.clocks = VectorClocks(num_threads + self.num_tma)
-            self.detector = RaceDetector(report)
-        else:
+        self.group = group
+        self.device = device
+        per_device = num_threads + self.num_tma
+        self.clock_base = device * per_device
+        if not params.detect_races:
             self.clocks = None
             self.detector = None
+        elif group is None:
+            self.clocks = VectorClocks(per_device)
+            self.detector = RaceDetector(report)
+        else:  # one clock space for every device (remote accesses, remote signals)
+            if group.clocks is None:
+                group.clocks = VectorClocks(group.num_devices * per_device)
+                group.detector = RaceDetector(report)
+            self.clocks, self.detector = group.clocks, group.detector
         self.shared: dict = {}
+        self.symmetric: dict = {}
         self.barriers: list[Buffer] = []
         # tcgen05 arrivals per issuing thread, and the latest one some thread observed
         self.tc_issued: dict[int, int] = {}
@@ -50,11 +62,44 @@ class Launch:
 
     def tma_unit(self) -> int:
         """The clock entry of the TMA unit that takes the next copy (round robin)."""
-        unit = self.num_threads + self.tma_next % self.num_tma
+        unit = self.clock_base + self.num_threads + self.tma_next % self.num_tma
         self.tma_next += 1
         return unit
 
+    def register(self, buf: Buffer, sym) -> Buffer:
+        """Makes ``buf`` addressable by other devices as the allocation ``sym``."""
+        buf.sym = sym
+        self.symmetric[sym] = buf
+        return buf
+
+    def global_buffer(self, key, memref) -> Buffer:
+        """The launch's ``pl.get_global`` buffer ``key`` (made on first use)."""
+        if key not in self.shared:
+            buf = self.new_buffer(memref, f"pl.get_global buffer ({memref.memory_space})",
+                                  group=())
+            self.shared[key] = self.register(buf, key)
+        return self.shared[key]
+
+    def materialize(self, like: Buffer) -> Buffer:
+        """This launch's copy of the symmetric allocation ``like`` (another device's),
+        made now if this device's threads have not reached it yet: symmetric memory
+        exists on every device for the whole launch."""
+        buf = self.symmetric.get(like.sym)
+        if buf is None:
+            if like.memref is None:
+                raise RuntimeError(f"{like.name} does not exist on device {self.device}")
+            buf = self.new_buffer(like.memref, like.name, group=like.group)
+            if like.group is not None:
+                self.shared[like.sym] = buf
+            self.register(buf, like.sym)
+        return buf
+
     def new_buffer(self, memref, name: str, group=None) -> Buffer:
+        buf = self._new_buffer(memref, name, group)
+        buf.memref = memref
+        return buf
+
+    def _new_buffer(self, memref, name: str, group=None) -> Buffer:
         space = memref.memory_space
         shape, dtype = tuple(memref.shape), memref.dtype
         if isinstance(space, BarrierSpace):
@@ -98,12 +143,16 @@ class Launch:
                                  f"{missing} are not axes of the kernel {self.axis_names}")
             collective_axes = (*collective_axes, *cluster)
         if not collective_axes:
-            return self.new_buffer(memref, name)
+            sym = (site, count, th.point)
+            buf = self.symmetric.get(sym)  # made already by another device's access
+            return buf if buf is not None else self.register(self.new_buffer(memref, name),
+                                                             sym)
         group = tuple((n, th.coords[n]) for n in self.axis_names if n not in collective_axes)
         key = (site, count, group)
         buf = self.shared.get(key)
         if buf is None:
-            buf = self.shared[key] = self.new_buffer(memref, name, group=group)
+            buf = self.shared[key] = self.register(self.new_buffer(memref, name, group=group),
+                                                   key)
         return buf
 
 
@@ -113,6 +162,7 @@ class ThreadCtx:
     def __init__(self, launch: Launch, tid: int, point: tuple[int, ...]):
         self.launch = launch
         self.tid = tid
+        self.entry = launch.clock_base + tid  # its vector-clock entry
         self.point = point
         self.coords = dict(zip(launch.axis_names, point))
         self.axis_names = launch.axis_names
@@ -128,6 +178,9 @@ class ThreadCtx:
             self.thread_index = 0
         where = ", ".join(f"{n}={i}" for n, i in self.coords.items())
         self.name = f"thread ({where})" if where else "thread"
+        if launch.group is not None:
+            coords = launch.group.coords(launch.device)
+            self.name += f" of device {launch.device} ({', '.join(f'{n}={i}' for n, i in coords.items())})"
 
     @property
     def site(self) -> str:
@@ -139,11 +192,12 @@ class ThreadCtx:
         launch = self.launch
         if launch.detector is None or buf.sync is not None:
             return
-        entry = self.tid if unit is None else unit
+        entry = self.entry if unit is None else unit
         clock = launch.clocks.tick(entry)
         if region is None:
             region = whole(buf.shape)
-        who = who or (self.name if unit is None else f"TMA unit {unit - launch.num_threads} "
+        tma = unit - launch.clock_base - launch.num_threads if unit is not None else 0
+        who = who or (self.name if unit is None else f"TMA unit {tma} "
                       f"(copy issued by {self.name})")
         launch.detector.record(buf.key, Access(entry, clock, kind, region, self.site, who),
                                buf.name)
@@ -151,8 +205,8 @@ class ThreadCtx:
     def release(self) -> np.ndarray | None:
         """This thread's clock to hand to a synchronisation object (ticks first)."""
         clocks = self.launch.clocks
-        return None if clocks is None else clocks.release(self.tid)
+        return None if clocks is None else clocks.release(self.entry)
 
     def acquire(self, clock) -> None:
         if self.launch.clocks is not None:
-            self.launch.clocks.acquire(self.tid, clock)
+            self.launch.clocks.acquire(self.entry, clock)

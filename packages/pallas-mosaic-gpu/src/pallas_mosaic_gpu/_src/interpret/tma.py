@@ -11,6 +11,7 @@ The data moves when the copy is issued.
 
 from __future__ import annotations
 
+from pallas_mosaic_gpu._src.interpret.devices import resolve
 from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.memory import (
     access_region,
@@ -31,7 +32,7 @@ def _start_unit(th) -> int | None:
     if launch.clocks is None:
         return None
     unit = launch.tma_unit()
-    launch.clocks.fork(th.tid, unit)
+    launch.clocks.fork(th.entry, unit)
     return unit
 
 
@@ -48,7 +49,8 @@ def _copy(th, src, dst, unit, combine=None, gmem="src"):
     """A TMA copy. Its GMEM box (``gmem``: "src" or "dst") may overhang the array, as
     the hardware allows: a load reads zeros there, a store drops those elements. The
     SMEM side must lie in bounds."""
-    (sbuf, sflat, stree), (dbuf, dflat, dtree) = src, dst
+    sbuf, sflat, stree = resolve(th, *src, "a TMA copy's source")
+    dbuf, dflat, dtree = resolve(th, *dst, "a TMA copy's destination")
     if gmem == "src":
         sreg = clipped_region(sbuf.shape, sflat, stree)
         dreg = _checked_region(th, dbuf, dflat, dtree, "destination")
