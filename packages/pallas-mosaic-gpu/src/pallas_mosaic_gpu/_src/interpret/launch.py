@@ -252,6 +252,12 @@ def _points(sizes):
         yield tuple(int(i) for i in np.unravel_index(flat, sizes))
 
 
+def _host(x) -> np.ndarray:
+    """A GMEM buffer's value on several devices: a writable numpy array, read and written
+    in place (large JAX computations there could wait behind a blocked device)."""
+    return np.array(x)
+
+
 def _simulate(threads, launches) -> None:
     """Runs the threads of one or more launches (several devices: together) to the end."""
     run_threads(threads)
@@ -301,16 +307,17 @@ def _pallas_call_body(params, jaxpr, gm, outer, name, operands, axis_vals, group
     nsp = gm.num_scalar_prefetch
     prefetch = [jnp.asarray(a) for a in operands[:nsp]]
     body_ops = operands[nsp:]
-    ins = [Buffer(bm.origin, blocks.GMEM, jnp.asarray(x), sym=("in", i))
+    host = _host if group is not None else jnp.asarray
+    ins = [Buffer(bm.origin, blocks.GMEM, host(x), sym=("in", i))
            for i, (bm, x) in enumerate(zip(gm.in_block_mappings, body_ops))]
     aliases = dict((o, i) for i, o in gm.input_output_aliases)
     outs = []
     for k, bm in enumerate(gm.out_block_mappings):
         a = bm.array_aval
         if k in aliases:
-            value = jnp.asarray(operands[aliases[k]])
+            value = host(operands[aliases[k]])
         else:
-            value = jnp.full(a.shape, fill_value(a.dtype, params.uninitialized_memory))
+            value = host(jnp.full(a.shape, fill_value(a.dtype, params.uninitialized_memory)))
         outs.append(Buffer(bm.origin, blocks.GMEM, value, sym=("out", k)))
     launch = _new_launch(params, axis_names, sizes if mesh is not None else (), mesh,
                          outer, axis_vals, name, group, device)
@@ -353,8 +360,9 @@ def _core_map_body(params, jaxpr, mesh, scratch_types, outer, is_ref, spaces, na
     sizes = tuple(int(s) for s in mesh.shape.values())
     launch = _new_launch(params, axis_names, sizes, mesh, outer, axis_vals, name, group,
                          device)
+    host = _host if group is not None else jnp.asarray
     vals = [launch.register(Buffer(f"core_map operand {i}",
-                                   sp if sp is not None else blocks.GMEM, jnp.asarray(x)),
+                                   sp if sp is not None else blocks.GMEM, host(x)),
                             ("core_map", i)) if r else jnp.asarray(x)
             for i, (x, r, sp) in enumerate(zip(operands, is_ref, spaces))]
 

@@ -138,14 +138,38 @@ def box_index(shape, flat, tree) -> tuple | None:
                  for d, (s, e, p) in zip(dims_of, region))
 
 
+def _host_view(buf, flat, tree):
+    """For a buffer held in numpy (several devices, see :mod:`.devices`): the numpy view
+    of its value that the ref view's leading ``ref.reshape(...)`` transforms give, and
+    the numpy index of the box the remaining transforms touch; None if not a box."""
+    if not isinstance(buf.value, np.ndarray):
+        return None
+    transforms = list(jax.tree_util.tree_unflatten(tree, flat)) if tree is not None else []
+    shape = buf.shape
+    while transforms and isinstance(transforms[0], jc.ReshapeTransform):
+        shape = tuple(transforms.pop(0).shape)
+    rflat, rtree = jax.tree_util.tree_flatten(transforms)
+    idx = box_index(shape, rflat, rtree)
+    return None if idx is None else (buf.value.reshape(shape), idx)
+
+
 def get_view(buf, flat, tree):
     """The part of ``buf``'s value a ref view reads."""
+    host = _host_view(buf, flat, tree)
+    if host is not None:
+        view, idx = host
+        return view[idx].copy()
     idx = box_index(buf.shape, flat, tree)
     return jc.get_view(buf.value, flat, tree) if idx is None else buf.value[idx]
 
 
 def set_view(buf, new, flat, tree):
     """``buf``'s value with the part a ref view sees replaced by ``new``."""
+    host = _host_view(buf, flat, tree)
+    if host is not None:  # in place: nobody holds the old value
+        view, idx = host
+        view[idx] = np.broadcast_to(np.asarray(new, view.dtype), view[idx].shape)
+        return buf.value
     idx = box_index(buf.shape, flat, tree)
     if idx is None:
         return jc.set_view(buf.value, jnp.asarray(new, buf.value.dtype), flat, tree)
@@ -201,6 +225,10 @@ def clipped_get(buf, flat, tree):
     base, part, box = c
     if box is None:
         return jnp.zeros(access_view_shape(buf.shape, flat, tree), buf.value.dtype)
+    if isinstance(buf.value, np.ndarray):
+        out = np.zeros(box, buf.value.dtype)
+        out[part] = buf.value[base]
+        return out
     out = jnp.zeros(box, buf.value.dtype)
     return out.at[part].set(jnp.asarray(buf.value)[base])
 
@@ -212,6 +240,10 @@ def clipped_set(buf, new, flat, tree):
     if c is None:
         return set_view(buf, new, flat, tree)
     base, part, box = c
+    if isinstance(buf.value, np.ndarray):  # in place (see set_view)
+        if box is not None:
+            buf.value[base] = np.broadcast_to(np.asarray(new, buf.value.dtype), box)[part]
+        return buf.value
     value = jnp.asarray(buf.value)
     if box is None:
         return value
