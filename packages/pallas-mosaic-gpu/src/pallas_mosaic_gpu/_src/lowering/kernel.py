@@ -22,6 +22,7 @@ import re
 
 import jax
 import jax.extend.core as jex
+import jax.extend.core.primitives as P
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.mosaic import gpu as mgpu
@@ -314,10 +315,24 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
                         if p.entry is not None and k not in stack.member})
         if stack.union is not None:  # the buffers scopes share by lifetime
             entries["scoped_stack"] = stack.union
-        for i, (_, avals) in enumerate(spills):
-            if keep is None or i in keep:
-                entries.update({("spill", i, j): _sds(per_wg(a.shape), a.dtype)
-                                for j, a in enumerate(avals) if a is not None})
+        # Staging buffers live only within their eqn's rule (written, read, then a
+        # barrier), so those of different eqns share SMEM: a union with one member per
+        # eqn. A scan's rows stay live across its loop (whose body may stage values):
+        # they get their own.
+        members, state["in_union"] = [], {}
+        for i, (e, avals) in enumerate(spills):
+            if keep is not None and i not in keep:
+                continue
+            own = {("spill", i, j): _sds(per_wg(a.shape), a.dtype)
+                   for j, a in enumerate(avals) if a is not None}
+            if e.primitive is P.scan_p:
+                entries.update(own)
+            elif own:
+                tree, where, _ = aligned(own)
+                state["in_union"].update({k: (len(members), w) for k, w in where.items()})
+                members.append(tree)
+        if members:
+            entries["staging"] = mgpu.Union(members)
         if blocked_in:
             entries["barriers"] = mgpu.Barrier(arrival_count=1, num_barriers=len(blocked_in))
         tree, where, total = aligned(entries)
@@ -339,6 +354,9 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
         if sem_shapes:  # the semaphore buffer comes after the inputs (an in/out buffer)
             sem_refs = collectives.semaphore_refs(sems, gmem_refs.pop(len(ins)), cuda_grid)
         ref = {key: smem_refs[i] for key, i in state["where"].items()}
+        staging = ref.pop("staging", None)
+        for key, (m, pos) in state["in_union"].items():
+            ref[key] = staging.members[m][pos]
         if nt > 1:
             for key in ref:
                 if key == "red" or key[0] == "spill":

@@ -34,6 +34,10 @@ def _part(key, block_names: dict) -> str:
         return "TMA barriers"
     if key == "scoped_stack":  # the run_scoped buffers sharing bytes by lifetime
         return "run_scoped buffers"
+    if key == "staging":
+        return ("staging buffers for values read across the warpgroup (dot operands, "
+                "reductions, transposes, broadcasts; shared between operations, the "
+                "largest counts)")
     kind = key[0]
     if kind == "buf":
         return f"block of {block_names.get(key[1], f'operand {key[1]}')}"
@@ -42,8 +46,7 @@ def _part(key, block_names: dict) -> str:
     if kind == "scoped":
         return "run_scoped buffers"
     if kind == "spill":
-        return ("staging buffers for values read across the warpgroup (dot operands, "
-                "reductions, transposes, broadcasts, scanned rows)")
+        return "scanned rows and stacked results of lax.scan"
     return str(key)
 
 
