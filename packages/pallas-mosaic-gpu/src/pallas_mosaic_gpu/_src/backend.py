@@ -21,9 +21,9 @@ CAPABILITIES: frozenset = frozenset({
     # buffers (lowering/rules_control.py).
     "control_flow",
     # indexing: strided windows and masked pl.load/pl.store element by element
-    # (lowering/elements.py), BoundedSlice blocks copied by threads up to their size.
-    # Three flash-attention cases need more SMEM than a block has: SmemExceededError,
-    # reported unsupported (lowering/smem_budget.py).
+    # (lowering/elements.py), BoundedSlice blocks copied by threads up to their size. A
+    # kernel needing more SMEM than a block has raises SmemExceededError, which the
+    # suite reports unsupported (lowering/smem_budget.py); no catalogue case does today.
     "indexing",
     # aliasing: input_output_aliases become XLA buffer aliases of the custom call, and an
     # aliased output's blocks are loaded before each step (lowering/aliases.py).
