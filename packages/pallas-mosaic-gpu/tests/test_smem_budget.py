@@ -52,3 +52,30 @@ def test_scratch_counts_towards_the_budget():
     jax.jit(_copy(64)).trace(x)  # 64 KiB of blocks fit
     with pytest.raises(SmemExceededError, match=r"scratch_shapes\[0\]: 196608 bytes"):
         jax.jit(_copy(64, [plgpu.SMEM((384, 128), jnp.float32)])).trace(x)
+
+
+def test_staging_buffers_of_different_operations_share_smem():
+    # Two row reductions of computed (not loaded) arrays: each stages its 32 KiB operand
+    # in SMEM within its own rule, so one region serves both.
+    import numpy as np
+
+    from pallas_mosaic_gpu._src.backend import params
+    from pallas_mosaic_gpu._src.emulate import run_kernel
+    from pallas_mosaic_gpu._src.lowering import build
+
+    x = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)
+
+    def kernel(x_ref, a_ref, b_ref):
+        a_ref[...] = jnp.max(x_ref[...] * 2.0, axis=1)
+        b_ref[...] = jnp.sum(x_ref[...] + 1.0, axis=1)
+
+    out = (jax.ShapeDtypeStruct((64,), jnp.float32),) * 2
+    f = pl.pallas_call(kernel, out_shape=out, backend="mosaic_gpu")
+    (eqn,) = [e for e in jax.make_jaxpr(f)(x).jaxpr.eqns if e.primitive is pl.pallas_call_p]
+    req = pallas.plugins.KernelRequest.from_params(eqn.params, eqn.params["compiler_params"])
+    k = build(req.jaxpr, req.grid_mapping, params(req.compiler_params), "k")
+    a, b = run_kernel(k, [x])
+    np.testing.assert_allclose(a, (x * 2).max(1), rtol=1e-6)
+    np.testing.assert_allclose(b, (x + 1).sum(1), rtol=1e-5, atol=1e-4)
+    block = x.nbytes  # 32 KiB: the input block, and one staging region of that size
+    assert 2 * block <= k.smem_bytes < 3 * block
