@@ -174,7 +174,10 @@ def _scan(th, eqn, invals):
 
 def _inline(param: str, closed: bool = True):
     def rule(th, eqn, invals):
-        if not _has_effects(eqn) and not any(isinstance(x, Buffer) for x in invals):
+        # On several devices the inner equations run one by one (see devices.py: a
+        # compiled call of them may wait forever behind the blocked devices).
+        if (not _has_effects(eqn) and not any(isinstance(x, Buffer) for x in invals)
+                and th.launch.group is None):
             return pure(th, eqn, invals)
         sub = eqn.params[param]
         if closed:
