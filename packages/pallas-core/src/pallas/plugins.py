@@ -14,6 +14,7 @@ from pallas._src.grid_spec import BlockMapping, GridMapping
 from pallas._src.interpreter.analysis import scratch_live_in
 from pallas._src.interpreter.evaluator import Cell, KernelContext, eval_jaxpr
 from pallas._src.interpreter.grid_runner import Checks, interpret_pallas_call
+from pallas._src.interpreter.host_call import host_call, host_call_p
 from pallas._src.interpreter.modes import (
     InterpretMode,
     forced_interpret,
@@ -120,4 +121,6 @@ __all__ = [
     "RefOperands", "ref_and_transforms", "ref_operands_end", "unpack_ref_operands",
     # Kernel jaxprs print a backend primitive's ref access as `a[i]`, as core's own.
     "RefAccess", "register_ref_access_printer", "transforms_of",
+    # A host callback handed numpy operands (interpret modes simulating several devices).
+    "host_call", "host_call_p",
 ]

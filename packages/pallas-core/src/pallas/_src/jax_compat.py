@@ -180,3 +180,26 @@ pp_vars = core.pp_vars
 pp_kv_pairs = core.pp_kv_pairs
 DropVar = core.DropVar
 pp_ref_transforms = state_primitives.pp_ref_transforms
+
+
+def io_effect():
+    """The effect of an unordered ``jax.experimental.io_callback`` (never DCE'd, allowed
+    in control flow and under ``shard_map``)."""
+    from jax._src import callback
+
+    return callback._IOEffect
+
+
+def emit_host_callback(ctx, fn, operands):
+    """Emits a call of ``fn(*numpy operands) -> sequence of arrays`` on every device (under
+    a fully manual ``shard_map``, once per device; otherwise once), as ``io_callback`` does
+    but without placing the operands on a JAX device first: they reach ``fn`` as the
+    numpy arrays XLA hands over."""
+    from jax._src import callback
+
+    sharding = callback._callback_op_sharding(ctx.module_context.axis_context, None,
+                                              ctx.avals_out)
+    results, _, _ = callback.emit_python_callback(
+        ctx, fn, None, list(operands), ctx.avals_in, ctx.avals_out, has_side_effect=True,
+        returns_token=False, sharding=sharding)
+    return results

@@ -25,7 +25,6 @@ __all__ = [
     "ReshapeTransform", "device_mesh", "ShapedArray", "Slice", "TransformedRef", "WriteEffect", "addupdate_p", "core",
     "get_p", "get_view", "gpu_effect", "mlir", "set_view", "source_site", "swap_p",
     "ref_type_aval_mappings", "reshard_p", "run_state_p", "transform_type", "uninitialized",
-    "apply_primitive", "emit_host_callback", "io_effect",
 ]
 
 # -- state (Refs) ------------------------------------------------------------------------
@@ -147,35 +146,3 @@ def mosaic_gpu_custom_call(ctx, *args, module, out_types, input_output_aliases):
     return mgpu_core._mosaic_gpu_lowering_rule(
         ctx, *args, module=module, out_types=out_types, inout_types=(),
         input_output_aliases=tuple(input_output_aliases))
-
-
-# -- GPU interpret mode over several devices: each device's host callback ---------------
-def io_effect():
-    """The effect of an unordered ``jax.experimental.io_callback`` (never DCE'd, allowed
-    in control flow and under ``shard_map``)."""
-    from jax._src import callback
-
-    return callback._IOEffect
-
-
-def emit_host_callback(ctx, fn, operands):
-    """Emits a call of ``fn(*numpy operands) -> sequence of arrays`` on every device (under
-    a fully manual ``shard_map``, once per device), as ``io_callback`` does but without
-    placing the operands on a JAX device first: another device's simulation may read
-    them, and a device-placed copy can wait forever for the device whose execution runs
-    the callback (blocked in it, waiting for that other device)."""
-    from jax._src import callback
-
-    sharding = callback._callback_op_sharding(ctx.module_context.axis_context, None,
-                                              ctx.avals_out)
-    results, _, _ = callback.emit_python_callback(
-        ctx, fn, None, list(operands), ctx.avals_in, ctx.avals_out, has_side_effect=True,
-        returns_token=False, sharding=sharding)
-    return results
-
-
-def apply_primitive(prim, *args, **params):
-    """Runs ``prim`` eagerly by compiling it alone (JAX's default ``impl``)."""
-    from jax._src import dispatch
-
-    return dispatch.apply_primitive(prim, *args, **params)

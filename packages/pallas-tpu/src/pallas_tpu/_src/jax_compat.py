@@ -203,35 +203,3 @@ def no_abstract_mesh():
     from jax._src import mesh as mesh_lib
 
     return mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh)
-
-
-# -- TPU interpret mode: the host callback of each device ---------------------------------
-def io_effect():
-    """The effect of an unordered ``jax.experimental.io_callback`` (never DCE'd, allowed
-    in control flow and under ``shard_map``)."""
-    from jax._src import callback
-
-    return callback._IOEffect
-
-
-def emit_host_callback(ctx, fn, operands):
-    """Emits a call of ``fn(*numpy operands) -> sequence of arrays`` on every device (under
-    a fully manual ``shard_map``, once per device; otherwise once), as ``io_callback`` does
-    but without its placement of the operands on a JAX device first: the operands reach
-    ``fn`` as the numpy arrays XLA hands over. (Converting device-placed copies back to
-    numpy inside the callback can wait forever for the device that runs the callback.)"""
-    from jax._src import callback
-
-    sharding = callback._callback_op_sharding(ctx.module_context.axis_context, None,
-                                              ctx.avals_out)
-    results, _, _ = callback.emit_python_callback(
-        ctx, fn, None, list(operands), ctx.avals_in, ctx.avals_out, has_side_effect=True,
-        returns_token=False, sharding=sharding)
-    return results
-
-
-def apply_primitive(prim, *args, **params):
-    """Runs ``prim`` eagerly by compiling it alone (JAX's default ``impl``)."""
-    from jax._src import dispatch
-
-    return dispatch.apply_primitive(prim, *args, **params)

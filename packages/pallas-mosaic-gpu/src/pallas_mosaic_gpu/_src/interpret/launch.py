@@ -21,11 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas.plugins import RaceReport, axis_index_p, run_scoped_p, semaphore_signal_p
+from pallas.plugins import RaceReport, axis_index_p, host_call, run_scoped_p, semaphore_signal_p
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.interpret import blocks, devices
 from pallas_mosaic_gpu._src.interpret.evaluator import eval_jaxpr
-from pallas_mosaic_gpu._src.interpret.host_call import gpu_interpret_call
 from pallas_mosaic_gpu._src.interpret.memory import Buffer, fill_value
 from pallas_mosaic_gpu._src.interpret.sync import check_barriers_at_exit
 from pallas_mosaic_gpu._src.interpret.thread import Launch, ThreadCtx
@@ -173,10 +172,10 @@ def _device_axes(jaxpr, outer) -> tuple[tuple, tuple | None]:
 
 def _callback(run, shapes, group, *args):
     """The host callback of each device: a ``pure_callback``, or for a kernel that
-    reaches other devices, one whose operands stay numpy (see :mod:`.host_call`)."""
+    reaches other devices, one whose operands stay numpy (``pallas.plugins.host_call``)."""
     if group is None:
         return jax.pure_callback(run, shapes, *args, vmap_method="sequential")
-    return gpu_interpret_call(run, shapes, *args)
+    return host_call(run, shapes, *args)
 
 
 # -- lowering ----------------------------------------------------------------------------

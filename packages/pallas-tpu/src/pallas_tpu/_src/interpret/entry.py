@@ -17,10 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas.plugins import dynamic_grid_dim, load_p, run_scoped_p, swap_p
+from pallas.plugins import dynamic_grid_dim, host_call, load_p, run_scoped_p, swap_p
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.interpret.grid import Config, is_hbm, run_device
-from pallas_tpu._src.interpret.host_call import tpu_interpret_call
 from pallas_tpu._src.interpret.params import InterpretParams
 
 _DIRECT = {jc.get_p: "get_p", jc.swap_p: "swap_p", jc.addupdate_p: "addupdate_p",
@@ -151,8 +150,7 @@ def _device_coords(axes):
 def _callback(cfg: Config, result_avals, args):
     axes = cfg.mesh_axes
     dev, coords = _device_coords(axes)
-    return tpu_interpret_call(functools.partial(run_device, cfg), result_avals, dev, coords,
-                              *args)
+    return host_call(functools.partial(run_device, cfg), result_avals, dev, coords, *args)
 
 
 def lower_pallas_call(params: InterpretParams, ctx, *in_nodes, jaxpr, grid_mapping,
