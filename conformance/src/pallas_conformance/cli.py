@@ -105,6 +105,7 @@ def _progress_bar(total: int, quiet: bool):
     with tqdm(total=total, unit="result", file=sys.stderr, dynamic_ncols=True,
               leave=False) as bar:
         yield bar
+        bar.refresh()  # tqdm rate-limits redraws: draw the final count before clearing
 
 
 if __name__ == "__main__":  # pragma: no cover
