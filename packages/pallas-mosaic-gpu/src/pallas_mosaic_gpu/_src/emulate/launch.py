@@ -23,6 +23,7 @@ from pallas_mosaic_gpu._src.emulate import (  # noqa: F401 - each module registe
 )
 from pallas_mosaic_gpu._src.emulate.engine import Compiler, Machine, Plan, run
 from pallas_mosaic_gpu._src.emulate.memory import Memory
+from pallas_mosaic_gpu._src.emulate.sched import DivergentWait
 from pallas_mosaic_gpu._src.emulate.types import EmulationUnsupported
 from pallas_mosaic_gpu._src.lowering.aliases import module_of_fn
 
@@ -41,6 +42,7 @@ class CompiledModule:
 
     def __init__(self, module: ir.Module):
         self.compiler = Compiler(module)
+        self.split_warps = False  # its warps wait for each other: a strand per warp
         main = [f for f in module.body.operations if f.operation.name == "func.func"
                 and "llvm.emit_c_interface" in f.operation.attributes]
         if len(main) != 1:
@@ -59,9 +61,23 @@ def execute(compiled: CompiledModule, operands: Sequence[np.ndarray],
             out_shapes: Sequence[tuple], aliases: Sequence[tuple] = ()) -> list[np.ndarray]:
     """Runs the kernel on ``operands``; returns its outputs (``(shape, dtype)`` each).
     Output ``o`` of each ``(i, o)`` in ``aliases`` is operand ``i``'s buffer, as XLA
-    aliases them (``input_output_aliases``)."""
+    aliases them (``input_output_aliases``).
+
+    Warpgroups run as strands of 128 threads in lockstep; a kernel whose warps wait for
+    each other (:class:`~.sched.DivergentWait`) runs again from the start, on fresh
+    memory, with a strand per warp (and is remembered as such)."""
+    if not compiled.split_warps:
+        try:
+            return _execute(compiled, operands, out_shapes, aliases, split_warps=False)
+        except DivergentWait:
+            compiled.split_warps = True
+    return _execute(compiled, operands, out_shapes, aliases, split_warps=True)
+
+
+def _execute(compiled, operands, out_shapes, aliases, split_warps: bool):
     mem = Memory()
     m = Machine(mem, compiled.compiler)
+    m.split_warps = split_warps
     ins = [mem.put(np.ascontiguousarray(x), f"operand {i}") for i, x in enumerate(operands)]
     shared = {o: i for i, o in aliases}
     outs = [ins[shared[k]] if k in shared else

@@ -1,16 +1,27 @@
-"""The warpgroups of one CUDA block, each its own SIMT machine, run as coroutines.
+"""The threads of one CUDA block (or cluster) run as coroutines ("strands"): each
+warpgroup, or each warp, its own SIMT machine in lockstep.
 
-On a GPU the warpgroups of a block make progress independently and meet only at
-synchronisation: mbarrier waits, named barriers (``bar.sync``), ``__syncthreads``. The
-executor runs each warpgroup (128 threads in lockstep) until it must wait for something
-another warpgroup (or a copy) has not done yet, then switches to the next warpgroup
+On a GPU the warpgroups of a block, and the warps of a warpgroup, make progress
+independently and meet only at synchronisation: mbarrier waits, named barriers
+(``bar.sync``), ``__syncthreads``. The executor runs each strand until it must wait for
+something another strand (or a copy) has not done yet, then switches to the next one
 that can go on, round robin; so a warp-specialised kernel (a producer warpgroup issuing
 TMA copies, a consumer waiting on their barriers and releasing the slots) runs as it
-does on the hardware. Exactly one warpgroup runs at a time (a baton passed between
-Python threads), so runs are deterministic. When every unfinished warpgroup waits for
-something no one can do any more, the wait is a deadlock (:class:`EmulationError`),
-or, when the waiting warpgroup's own threads diverge (a lockstep executor cannot let
-one branch wait for the other), :class:`EmulationUnsupported`.
+does on the hardware. Exactly one strand runs at a time (a baton passed between Python
+threads), so runs are deterministic.
+
+A strand is a warpgroup (128 threads) by default. Lanes of a strand that diverge are
+run one side after the other (``ops_scf``); a side that waits while lanes of the same
+strand are *parked* (they skipped a branch, or left a loop, and go on only after it)
+may be waiting for those very lanes: a ``plgpu.WarpMesh`` producer warp issuing TMA
+copies and MMAs, a consumer warp waiting on the mbarrier the producer arrives on. When
+that wait cannot complete, the run stops with :class:`DivergentWait`, and the launcher
+runs the kernel again from the start with a strand per warp (32 threads): warps then
+make progress on their own, as on the hardware. Kernels whose lanes never wait for
+parked lanes keep the faster warpgroup strands. When every unfinished strand waits for
+something no one can do any more and none has parked lanes, the wait is a deadlock
+(:class:`EmulationError`); with parked lanes even with a strand per warp (lanes of one
+warp waiting for each other), :class:`EmulationUnsupported`.
 """
 
 from __future__ import annotations
@@ -25,11 +36,16 @@ from pallas_mosaic_gpu._src.emulate.types import EmulationError, EmulationUnsupp
 WARPGROUP = 128
 
 
-class _Group:
-    __slots__ = ("index", "machine", "blocked", "done", "error", "abort", "thread")
+class DivergentWait(EmulationUnsupported):
+    """A strand waits for something only its own parked lanes could do: the kernel
+    needs a strand per warp (or is unsupported if it already has one)."""
 
-    def __init__(self, index, machine):
-        self.index, self.machine = index, machine
+
+class _Group:
+    __slots__ = ("index", "name", "machine", "blocked", "done", "error", "abort", "thread")
+
+    def __init__(self, index, machine, name):
+        self.index, self.machine, self.name = index, machine, name
         self.blocked = None  # (condition, description) while waiting
         self.done = False
         self.error = None
@@ -41,8 +57,9 @@ class Block:
     """Runs ``fn(machine)`` for every warpgroup machine of a block, switching between
     them where they wait."""
 
-    def __init__(self, machines):
-        self.groups = [_Group(i, m) for i, m in enumerate(machines)]
+    def __init__(self, machines, names=None):
+        names = names or [f"warpgroup {i}" for i in range(len(machines))]
+        self.groups = [_Group(i, m, n) for i, (m, n) in enumerate(zip(machines, names))]
         for g in self.groups:
             g.machine.block = self
             g.machine.group = g.index
@@ -146,14 +163,16 @@ class Block:
             raise _Aborted()
 
     def _deadlock(self, waiting) -> Exception:
-        lines = "; ".join(f"warpgroup {g.index} waits: {what()}" for g, what in waiting)
-        divergent = [g.index for g, _ in waiting if g.machine.mask is not None
-                     and not g.machine.mask.all()]
-        if divergent:
-            return EmulationUnsupported(
-                f"warpgroup {divergent[0]} waits in code where its threads diverge, which "
-                f"the executor (a warpgroup's threads in lockstep) cannot run: {lines}")
-        return EmulationError(f"deadlock: every warpgroup of the block waits for "
+        lines = "; ".join(f"{g.name} waits: {what()}" for g, what in waiting)
+        parked = [g.name for g, _ in waiting if g.machine.mask is not None
+                  and not g.machine.mask.all()]
+        if parked:
+            return DivergentWait(
+                f"{parked[0]} waits while some of its threads are parked at a "
+                f"reconvergence point (they skipped a branch or left a loop, and go on "
+                f"only after the wait), which the executor (a {parked[0].split()[0]}'s "
+                f"threads in lockstep) cannot run: {lines}")
+        return EmulationError(f"deadlock: every thread of the block waits for "
                               f"something that can no longer happen ({lines})")
 
 
