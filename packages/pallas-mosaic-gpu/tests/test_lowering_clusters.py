@@ -4,8 +4,8 @@ in its cluster), ``copy_gmem_to_smem(leader_tracked=CopyPartition.PARTITIONED(ax
 splits a copy across the pair, ``tcgen05_mma``/``tcgen05_commit_arrive`` with
 ``collective_axis`` are 2-CTA tensor-core ops on collective TMEM, and
 ``plgpu.ClusterBarrier`` arrivals reach every block of the cluster. Bad cluster use is
-refused at trace time naming the argument; the interpreters refuse CTA-pair forms
-naming the primitive. (The compile level of the pair kernel runs in
+refused at trace time naming the argument (GPU interpret mode runs CTA pairs:
+``test_interpret_clusters``). (The compile level of the pair kernel runs in
 ``test_lowering_tcgen05``'s compile subprocess.)"""
 
 from __future__ import annotations
@@ -140,9 +140,3 @@ def test_bad_partitioned_copies_are_refused_at_trace_time_naming_the_argument():
     with pytest.raises(TypeError, match=r"leader_tracked=0\): expected "
                                         r"plgpu.CopyPartition.PARTITIONED"):
         jax.make_jaxpr(copy(leader_tracked=0, collective_axes="x"))(x)
-
-
-def test_the_interpreters_refuse_cta_pair_forms_naming_the_primitive():
-    with pytest.raises(NotImplementedError, match=r"plgpu.copy_gmem_to_smem\(leader_tracked="
-                                                  r".*do not simulate clusters"):
-        jax.jit(cta_pair_matmul(interpret=True))(*_operands())

@@ -120,20 +120,6 @@ def check_collective_allocations(jaxpr, mesh) -> None:
                 f"collective_axes={mesh.thread_name!r})")
 
 
-def check_no_cta_pairs(jaxpr) -> None:
-    """CTA-pair forms (``collective_axis``, ``leader_tracked``) are refused at trace
-    time, naming the primitive: the interpreters run each block alone."""
-    from pallas_mosaic_gpu._src.primitives import copies, mma, tmem
-    from pallas_mosaic_gpu._src.primitives.refs import check_not_collective
-
-    names = {copies.copy_gmem_to_smem_p: "copy_gmem_to_smem", mma.tcgen05_mma_p: "tcgen05_mma",
-             tmem.tcgen05_commit_arrive_p: "tcgen05_commit_arrive",
-             tmem.copy_smem_to_tmem_p: "async_copy_smem_to_tmem"}
-    for eqn in _all_eqns(jaxpr):
-        if eqn.primitive in names:
-            check_not_collective(eqn, names[eqn.primitive])
-
-
 def _trees(params):
     for v in params.values():
         if isinstance(v, jax.tree_util.PyTreeDef):
@@ -197,7 +183,6 @@ def _mesh_axes(mesh, grid_mapping) -> tuple[tuple[str, ...], tuple[int, ...]]:
 def lower_pallas_call(params, ctx, *in_nodes, jaxpr, grid_mapping, name, out_avals):
     mesh = grid_mapping.mesh
     check_collective_allocations(jaxpr, mesh)
-    check_no_cta_pairs(jaxpr)
     axis_names, _ = _mesh_axes(mesh, grid_mapping)
     outer, group = _device_axes(jaxpr, outer_axis_names(jaxpr, axis_names))
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
@@ -215,7 +200,6 @@ def lower_pallas_call(params, ctx, *in_nodes, jaxpr, grid_mapping, name, out_ava
 
 def discharge_core_map(params, in_avals, args, *, jaxpr, mesh, scratch_types, name):
     check_collective_allocations(jaxpr, mesh)
-    check_no_cta_pairs(jaxpr)
     outer, group = _device_axes(jaxpr, outer_axis_names(jaxpr, tuple(mesh.shape)))
     is_ref = [isinstance(a, jc.AbstractRef) for a in in_avals]
     shapes = [jax.ShapeDtypeStruct(a.inner_aval.shape, a.inner_aval.dtype)

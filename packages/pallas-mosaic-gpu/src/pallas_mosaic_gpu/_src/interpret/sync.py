@@ -58,6 +58,9 @@ class BarrierState:
         # a thread or a TMA copy arrived too (see tensor_core_arrive).
         self.phase_tc: list = []
         self.pending_tc: list | None = []
+        # Leader-tracked copies: per block of the cluster, the clocks of its parts that
+        # have not yet been matched with the other blocks' parts.
+        self.tracked: dict[int, list] = {}
 
     def arrive(self, clock, tc=None) -> None:
         self.pending_clock = _join(self.pending_clock, clock)
@@ -79,6 +82,18 @@ class BarrierState:
         self.pending_clock = None
         self.pending_tc = []
         self.arrivals = 0
+
+
+    def tracked_arrive(self, block: int, blocks: int, clock) -> None:
+        """One block's part of a leader-tracked copy (this is the leader's barrier): the
+        parts of the ``blocks`` blocks are matched in issue order, and each complete set
+        is one arrival carrying the join of their clocks (all its bytes landed)."""
+        self.tracked.setdefault(block, []).append(clock)
+        if all(self.tracked.get(b) for b in range(blocks)):
+            joined = None
+            for b in range(blocks):
+                joined = _join(joined, self.tracked[b].pop(0))
+            self.arrive(joined)
 
 
 class BarrierArray:
@@ -122,14 +137,17 @@ def arrive(state: BarrierState, clock) -> None:
     state.arrive(clock)
 
 
-def tensor_core_arrive(th, state: BarrierState) -> None:
+def tensor_core_arrive(th, *states: BarrierState) -> None:
     """An arrival of the tensor core (``tcgen05_mma``'s barrier, ``tcgen05_commit_arrive``)
     for the tcgen05 operations ``th`` issued so far. They complete in issue order, so a
     thread that observes this arrival knows that every earlier one of the same issuer
-    has happened too (``check_barriers_at_exit`` counts their phases as observed)."""
+    has happened too (``check_barriers_at_exit`` counts their phases as observed).
+    Several ``states``: one arrival on each (a CTA pair's multicast commit)."""
     seqs = th.launch.tc_issued
     seqs[th.tid] = seqs.get(th.tid, 0) + 1
-    state.arrive(th.release(), tc=(th.tid, seqs[th.tid]))
+    clock = th.release()
+    for state in states:  # several: a CTA pair's commit, multicast to both blocks
+        state.arrive(clock, tc=(th.tid, seqs[th.tid]))
 
 
 def wait(th, state: BarrierState):
@@ -164,6 +182,16 @@ def _arrive_rule(th, eqn, invals):
 
 @register_gpu_rule(barrier_wait_p)
 def _wait_rule(th, eqn, invals):
+    buf = R.unflatten(eqn.params["refs"], invals)[0][0]
+    space = buf.space
+    if getattr(space, "kind", None) == "cluster_barrier" and space.leader_tracked:
+        axes = [a for axes in space.collective_axes
+                for a in ((axes,) if isinstance(axes, str) else axes)]
+        if any(th.coords.get(a, 0) for a in axes):
+            raise BarrierError(
+                f"{buf.name} is a plgpu.ClusterBarrier(leader_tracked=True): arrivals reach "
+                f"only the leader block's copy (index 0 along {axes}), so this wait by "
+                f"{th.name} would never complete")
     yield from wait(th, barrier_of(th, eqn.params["refs"], invals))
     return []
 

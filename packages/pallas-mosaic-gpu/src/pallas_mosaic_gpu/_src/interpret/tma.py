@@ -11,6 +11,10 @@ The data moves when the copy is issued.
 
 from __future__ import annotations
 
+import jax
+
+from pallas_mosaic_gpu._src import jax_compat as jc
+from pallas_mosaic_gpu._src.interpret import pairs
 from pallas_mosaic_gpu._src.interpret.devices import resolve
 from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.memory import (
@@ -72,16 +76,49 @@ def _copy(th, src, dst, unit, combine=None, gmem="src"):
 @register_gpu_rule(C.copy_gmem_to_smem_p)
 def _gmem_to_smem(th, eqn, invals):
     p = eqn.params
-    R.check_not_collective(eqn, "copy_gmem_to_smem")
+    src, dst, bar = R.unflatten(p["refs"], invals)
+    if p["leader_tracked"] is not None:
+        _leader_tracked(th, p, src, dst, bar)
+        return []
     # A multicast copy (collective_axes) is issued alike by every block of the cluster
     # along those axes, and each block's SMEM receives the whole source: each block's
     # copy is simulated as landing in its own buffer and arriving on its own barrier.
-    src, dst, bar = R.unflatten(p["refs"], invals)
     unit = _start_unit(th)
     _copy(th, src, dst, unit)
     state = barrier_of(th, p["refs"][2:], invals)
     arrive(state, None if unit is None else th.launch.clocks.release(unit))
     return []
+
+
+def _part(view, axis: int, index: int, size: int):
+    """``view`` narrowed to its ``index``-th of equal parts along ``axis``."""
+    buf, flat, tree = view
+    transforms = list(jax.tree_util.tree_unflatten(tree, flat)) if tree is not None else []
+    shape = jc.transform_type(transforms, jax.typeof(buf.value)).shape
+    n = shape[axis] // size
+    idx = tuple(jc.Slice(index * n, n) if d == axis else slice(None)
+                for d in range(len(shape)))
+    transforms.append(jc.NDIndexer.from_indices_shape(idx, shape))
+    flat, tree = jax.tree_util.tree_flatten(transforms)
+    return buf, flat, tree
+
+
+def _leader_tracked(th, p, src, dst, bar) -> None:
+    """``copy_gmem_to_smem(leader_tracked=...)``: every block of the cluster along the
+    (one) collective axis loads into its own ``dst``: its part of ``src`` along the
+    partition axis (``PARTITIONED(axis)``) or all of it (``REPLICATED``). Only the
+    leader's barrier tracks the copy: it gets one arrival once every block has issued
+    its part (all the bytes have landed)."""
+    (axis,) = p["collective_axes"]
+    what = f"plgpu.copy_gmem_to_smem(leader_tracked={p['leader_tracked']})"
+    index, size = pairs.rank(th, axis, what)
+    part = getattr(p["leader_tracked"], "axis", None)
+    if part is not None:
+        src = _part(src, part, index, size)
+    unit = _start_unit(th)
+    _copy(th, src, dst, unit)
+    state = pairs.peer_barrier(th, bar, axis, 0)
+    state.tracked_arrive(index, size, None if unit is None else th.launch.clocks.release(unit))
 
 
 @register_gpu_rule(C.copy_smem_to_gmem_p)

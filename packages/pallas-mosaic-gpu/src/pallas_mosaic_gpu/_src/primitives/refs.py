@@ -41,14 +41,15 @@ def ref_positions(spec) -> list[int]:
 
 
 def check_not_collective(eqn, fn: str) -> None:
-    """Interpreters' refusal of CTA-pair forms (``collective_axis``, ``leader_tracked``):
-    the ``mosaic_gpu`` lowering emits them, but the interpreters run each block alone and
-    do not simulate a cluster's shared tensor core, TMEM or barriers."""
+    """The reference interpreter's refusal of CTA-pair forms (``collective_axis``,
+    ``leader_tracked``): it runs one block at a time, so a pair's shared tensor core,
+    TMEM and barriers need GPU interpret mode (``interpret/pairs.py``)."""
     p = eqn.params
     what = [f"{k}={p[k]!r}" for k in ("collective_axis", "leader_tracked")
             if p.get(k) is not None]
     if what:
         raise NotImplementedError(
-            f"plgpu.{fn}({', '.join(what)}) (CTA pairs): pallas-mosaic-gpu's interpreters "
-            "do not simulate clusters of blocks yet; backend 'mosaic_gpu' lowers and "
-            "compiles it (interpret=False)")
+            f"plgpu.{fn}({', '.join(what)}) (CTA pairs): pallas-mosaic-gpu's reference "
+            "interpreter runs one block at a time; run the kernel in GPU interpret mode "
+            "(interpret=plgpu.InterpretParams(), or plgpu.kernel(..., interpret=True)), "
+            "or lower it with backend 'mosaic_gpu' (interpret=False)")
