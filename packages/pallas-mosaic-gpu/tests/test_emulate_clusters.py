@@ -1,7 +1,8 @@
 """The emulate level runs clusters of blocks together: a multicast TMA load lands in
 every block of the cluster and signals each one's barrier, ``plgpu.ClusterBarrier``
 arrivals reach other blocks' mbarriers through ``mapa``, and the cluster barrier
-synchronises the blocks; CTA pairs (2-CTA ``tcgen05``) are reported unsupported."""
+synchronises the blocks; a CTA pair's 2-CTA ``tcgen05`` MMA splits A and B between its
+blocks and gives each block its rows of D."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from jax import lax
 import pallas as pl
 import pallas.plugins
 import pallas_mosaic_gpu as plgpu
-from pallas_mosaic_gpu._src.emulate import EmulationUnsupported
 
 pytest.importorskip("jax_plugins.xla_cuda13", reason="lowering for cuda needs jax-cuda13-plugin")
 
@@ -64,10 +64,33 @@ def test_a_multicast_load_reaches_every_block_of_the_cluster(emulate):
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
-def test_a_cta_pair_matmul_is_unsupported_naming_the_cta_pair(emulate):
+def _pair_kernels():
     path = Path(__file__).with_name("test_lowering_clusters.py")
     spec = importlib.util.spec_from_file_location("lowering_clusters_kernels", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    with pytest.raises(EmulationUnsupported, match=r"CTA pair \(cta_group::2\)"):
-        emulate(mod.cta_pair_matmul(), *mod._operands())
+    return mod
+
+
+def test_a_cta_pair_matmul_splits_a_and_b_between_the_blocks_and_d_by_rows(emulate):
+    # Each block loads its 128 rows of a and 64 columns of b; the leader's one 2-CTA MMA
+    # (M = 256) gives each block's TMEM its 128 rows of a @ b, all 128 columns.
+    mod = _pair_kernels()
+    a, b = mod._operands()
+    (got,) = emulate(mod.cta_pair_matmul(), a, b)
+    want = np.asarray(jnp.dot(a, b, preferred_element_type=F32))
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=1e-2, atol=5e-2)
+
+
+def test_a_pair_mma_with_the_blocks_halves_swapped_gives_wrong_numbers(emulate, monkeypatch):
+    # A planted fault: the pair MMA takes block 1 for block 0 (its rows of a, its columns
+    # of b, its TMEM) and back; the case must fail.
+    from pallas_mosaic_gpu._src.emulate import ops_cta_pair
+
+    right = ops_cta_pair.pair_blocks
+    monkeypatch.setattr(ops_cta_pair, "pair_blocks", lambda m, what: right(m, what)[::-1])
+    mod = _pair_kernels()
+    a, b = mod._operands()
+    (got,) = emulate(mod.cta_pair_matmul(), a, b)
+    want = np.asarray(jnp.dot(a, b, preferred_element_type=F32))
+    assert not np.allclose(np.asarray(got, np.float32), want, rtol=1e-2, atol=5e-2)

@@ -145,8 +145,12 @@ def test_an_mma_form_the_executor_does_not_run_is_unsupported_naming_it():
     text = ("{ .reg .b32 a_desc_low, a_desc_high, b_desc_low, b_desc_high; .reg .b64 a_desc;"
             " .reg .b64 b_desc; add.s32 a_desc_low, $1, 0; add.s32 b_desc_low, $2, 0; "
             "mov.b64 b_desc, {b_desc_low, 0}; mov.b64 a_desc, {a_desc_low, 0}; "
-            "tcgen05.mma.cta_group::2.kind::f16 [$0], a_desc, b_desc, $3, $4; }")
-    with pytest.raises(EmulationUnsupported, match=r"tcgen05\.mma\.cta_group::2\.kind::f16"):
+            "tcgen05.mma.cta_group::1.kind::f16 [$0], [$1], b_desc, $3, $4; }")  # A in TMEM
+    with pytest.raises(EmulationUnsupported, match=r"tcgen05\.mma\.cta_group::1\.kind::f16"):
         T._tcgen05_mma(None, re.fullmatch(r".*tcgen05\.mma.*", text, re.S))
     with pytest.raises(EmulationUnsupported, match="M = 64"):
         T.mma(None, 0, 0, 0, (1 << 4) | (16 << 17) | (4 << 24), False, "f16")
+    from pallas_mosaic_gpu._src.emulate.ops_cta_pair import pair_mma
+
+    with pytest.raises(EmulationUnsupported, match=r"cta_group::2 with M = 128"):
+        pair_mma(None, 0, 0, 0, (1 << 4) | (16 << 17) | (8 << 24), False, "f16")

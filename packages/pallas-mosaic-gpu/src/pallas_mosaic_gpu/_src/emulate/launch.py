@@ -12,6 +12,7 @@ from pallas_mosaic_gpu._src.emulate import (  # noqa: F401 - each module registe
     ops_arith,
     ops_async,
     ops_cluster,
+    ops_cta_pair,
     ops_gpu,
     ops_llvm,
     ops_math,

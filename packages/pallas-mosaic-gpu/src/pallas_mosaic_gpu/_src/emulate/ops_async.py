@@ -125,25 +125,31 @@ def _tma_load(o, cc):
 
         dst, desc_ptr, coords, mbar = xs[0], xs[1], xs[2:2 + ncoord], xs[2 + ncoord]
         for i in m.lanes(_pred(o, xs)):
-            desc = _descriptor(m, _lane(desc_ptr, i))
-            gaddr, inside, soff, es = _box(desc, [_lane(c, i) for c in coords])
-            data = np.zeros((len(gaddr), es), np.uint8)
-            if inside.any():
-                data[inside] = m.memory.gather(_bytes(gaddr[inside], es), np.uint8).reshape(
-                    -1, es)
             addr, bar = _lane(dst, i), _lane(mbar, i)
             targets = [(addr, bar)]
             if multicast is not None:
                 cl, mask = cluster_of(m), _lane(xs[multicast], i) & 0xFFFF
                 targets = [(cl.remote(m, addr, r), cl.remote(m, bar, r))
                            for r in range(len(cl.smem)) if mask >> r & 1]
-            for a, b in targets:
-                _state(m, b)  # the barrier exists when the copy is issued
-                landing = (_bytes(_swizzle_at(a, soff, desc["swizzle"]), es),
-                           data.reshape(-1), b, len(gaddr) * es)
-                m.pending.setdefault(("load", b), []).append(landing)
+            tma_load(m, _lane(desc_ptr, i), [_lane(c, i) for c in coords], targets)
 
     return run
+
+
+def tma_load(m, desc_ptr: int, coords, targets) -> None:
+    """Issues a TMA load of the box at ``coords`` (innermost first) of the tensor map at
+    ``desc_ptr``: it reads GMEM now and lands at each ``(SMEM address, mbarrier)`` of
+    ``targets`` when that mbarrier is waited on (or the block ends)."""
+    desc = _descriptor(m, desc_ptr)
+    gaddr, inside, soff, es = _box(desc, coords)
+    data = np.zeros((len(gaddr), es), np.uint8)
+    if inside.any():
+        data[inside] = m.memory.gather(_bytes(gaddr[inside], es), np.uint8).reshape(-1, es)
+    for a, b in targets:
+        _state(m, b)  # the barrier exists when the copy is issued
+        landing = (_bytes(_swizzle_at(a, soff, desc["swizzle"]), es),
+                   data.reshape(-1), b, len(gaddr) * es)
+        m.pending.setdefault(("load", b), []).append(landing)
 
 
 def land_loads(m, bar: int) -> None:

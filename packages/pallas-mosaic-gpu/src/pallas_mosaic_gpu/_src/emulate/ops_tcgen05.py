@@ -17,7 +17,8 @@ Semantics from the PTX ISA ("Tensor Memory", "tcgen05.mma", "Instruction descrip
   (swizzle in bits 61-63: 2 = 128 B, 4 = 64 B, 6 = 32 B). With M = 128, row ``i`` of D
   is TMEM lane ``i``, column ``j`` the address's column plus ``j``;
 - the tensor core runs the block's ``tcgen05`` ops in issue order, asynchronously:
-  ``tcgen05.commit`` makes an mbarrier arrive once every earlier op has completed. Here
+  ``tcgen05.commit`` makes an mbarrier arrive once every earlier op has completed (with
+  a multicast mask, the mbarrier at the same offset in each block it names). Here
   an MMA runs (reading SMEM and TMEM then) when a thread waits on the mbarrier of a
   later commit, or at the end of the block, so a kernel that reads TMEM or refills an
   operand's SMEM before waiting for the MMA sees stale data, as on the hardware;
@@ -28,8 +29,9 @@ Semantics from the PTX ISA ("Tensor Memory", "tcgen05.mma", "Instruction descrip
   (l/4 + 8((r/2)%2), r%2 + 2(l%4) + 8(r/4)). They complete when issued, so
   ``tcgen05.wait`` has nothing left to wait for.
 
+CTA pairs' MMAs and partitioned loads (``cta_group::2``) are in ``ops_cta_pair``.
 What is not implemented raises :class:`EmulationUnsupported` naming it: A in TMEM,
-``cta_group::2`` and multicast commits (CTA pairs), M other than 128, f16 accumulators,
+M other than 128 (256 for pairs), f16 accumulators,
 sparse/scaled/weight-stationary MMAs, ``pack::16b``/``unpack::16b``, ``tcgen05.cp``/
 ``shift``.
 """
@@ -71,7 +73,7 @@ class Tmem:
         self.cells = np.full((LANES, COLUMNS), _GARBAGE, np.uint32)
         self.allocated: dict[int, int] = {}  # first column -> columns
         self.relinquished = False
-        self.queue: list = []  # ("op", fn) | ("commit", mbarrier address), issue order
+        self.queue: list = []  # ("op", fn) | ("commit", mbarrier addresses), issue order
 
     def alloc(self, ncols: int) -> int:
         if ncols < 32 or ncols > COLUMNS or ncols & (ncols - 1):
@@ -109,7 +111,7 @@ class Tmem:
         if bar is None:
             last = len(self.queue) - 1
         else:
-            hits = [i for i, (k, x) in enumerate(self.queue) if k == "commit" and x == bar]
+            hits = [i for i, (k, x) in enumerate(self.queue) if k == "commit" and bar in x]
             if not hits:
                 return
             last = hits[-1]
@@ -118,15 +120,21 @@ class Tmem:
             if kind == "op":
                 x()
             else:
-                arrive(m, x)
+                for b in x:
+                    arrive(m, b)
 
 
 def tmem_of(m) -> Tmem:
     """The TMEM of the machine's block (created at its first use; blocks of a cluster
     share ``m.pending`` and are told apart by their SMEM)."""
-    t = m.pending.get(("tmem", m.smem))
+    return tmem_at(m, m.smem)
+
+
+def tmem_at(m, smem: int) -> Tmem:
+    """The TMEM of the block of the cluster whose SMEM starts at ``smem``."""
+    t = m.pending.get(("tmem", smem))
     if t is None:
-        t = m.pending[("tmem", m.smem)] = Tmem()
+        t = m.pending[("tmem", smem)] = Tmem()
     return t
 
 
@@ -151,10 +159,19 @@ def finish_block(m) -> None:
                                  f"tcgen05.dealloc them first")
 
 
-def _cta_group_1(o, what: str) -> None:
+def _pair(o) -> bool:
+    """Whether the op is the ``cta_group::2`` form (a CTA pair's)."""
     g = o.attributes["group"] if "group" in o.attributes else None
-    if g is not None and "cta_2" in str(g):
-        raise EmulationUnsupported(f"{what} for a CTA pair (cta_group::2)")
+    return g is not None and "cta_2" in str(g)
+
+
+def _check_pair(m, what: str) -> None:
+    """A ``cta_group::2`` op needs the block's peer (rank ^ 1) in its cluster."""
+    from pallas_mosaic_gpu._src.emulate.ops_cluster import cluster_of
+
+    if (m.cta_rank ^ 1) >= len(cluster_of(m).smem):
+        raise EmulationError(f"{what}.cta_group::2 in block {m.cta_rank} of a cluster of "
+                             f"{len(cluster_of(m).smem)}: it has no peer block")
 
 
 def _warps(m) -> np.ndarray:
@@ -172,9 +189,13 @@ def _linear_tid(m) -> np.ndarray:
 
 @op("nvvm.tcgen05.alloc", "nvvm.tcgen05.alloc.shared")
 def _alloc(o, cc):
-    _cta_group_1(o, "tcgen05.alloc")
+    """With ``cta_group::2`` a warp of each block of the pair allocates the same columns
+    of its own TMEM (blocks that allocate alike get the same columns here)."""
+    pair = _pair(o)
 
     def run(m, ptr, ncols):
+        if pair:
+            _check_pair(m, "tcgen05.alloc")
         t = tmem_of(m)
         lanes = m.lanes()
         tids = _linear_tid(m)[lanes]
@@ -188,9 +209,11 @@ def _alloc(o, cc):
 
 @op("nvvm.tcgen05.dealloc")
 def _dealloc(o, cc):
-    _cta_group_1(o, "tcgen05.dealloc")
+    pair = _pair(o)
 
     def run(m, taddr, ncols):
+        if pair:
+            _check_pair(m, "tcgen05.dealloc")
         t = tmem_of(m)
         lanes = m.lanes()
         tids = _linear_tid(m)[lanes]
@@ -203,8 +226,6 @@ def _dealloc(o, cc):
 
 @op("nvvm.tcgen05.relinquish_alloc_permit")
 def _relinquish(o, cc):
-    _cta_group_1(o, "tcgen05.relinquish_alloc_permit")
-
     def run(m):
         if m.lanes().size:
             tmem_of(m).relinquished = True
@@ -223,18 +244,29 @@ def _fence(o, cc):
 
 @op("nvvm.tcgen05.commit")
 def _commit(o, cc):
-    _cta_group_1(o, "tcgen05.commit")
-    if len(o.operands) != 1:
-        raise EmulationUnsupported("tcgen05.commit multicast to the blocks of a cluster")
+    """The mbarrier arrives once the issuing thread's earlier tensor core ops have
+    completed; with a multicast mask, the mbarrier at the same offset in each block of
+    the cluster the mask names."""
+    pair = _pair(o)
+    multicast = len(o.operands) == 2
 
-    def run(m, bar):
+    def run(m, bar, *mask):
         from pallas_mosaic_gpu._src.emulate.ops_async import mbarrier_state
+        from pallas_mosaic_gpu._src.emulate.ops_cluster import cluster_of
 
+        if pair:
+            _check_pair(m, "tcgen05.commit")
         t = tmem_of(m)
         for i in m.lanes():
             a = _lane(bar, i)
-            mbarrier_state(m, a)  # the barrier exists when the commit is issued
-            t.queue.append(("commit", a))
+            targets = (a,)
+            if multicast:
+                cl, bits = cluster_of(m), _lane(mask[0], i) & 0xFFFF
+                targets = tuple(cl.remote(m, a, r) for r in range(len(cl.smem))
+                                if bits >> r & 1)
+            for x in targets:
+                mbarrier_state(m, x)  # the barrier exists when the commit is issued
+            t.queue.append(("commit", targets))
 
     return run
 
@@ -247,7 +279,8 @@ _MMA = re.compile(
     r"add\.s32 a_desc_low, \$1, (?P<alo>-?\d+);\s*add\.s32 b_desc_low, \$2, (?P<blo>-?\d+);\s*"
     r"mov\.b64 b_desc, \{b_desc_low, (?P<bhi>-?\d+)\};\s*"
     r"mov\.b64 a_desc, \{a_desc_low, (?P<ahi>-?\d+)\};\s*"
-    r"tcgen05\.mma\.cta_group::1\.kind::(?P<kind>\w+) \[\$0\], a_desc, b_desc, \$3, \$4;\s*\}",
+    r"tcgen05\.mma\.cta_group::(?P<group>[12])\.kind::(?P<kind>\w+) \[\$0\], a_desc, b_desc, "
+    r"\$3, \$4;\s*\}",
     re.S)
 
 
@@ -264,9 +297,8 @@ def _operand(m, desc: int, rows: int, k: int, dtype, k_major: bool, what: str):
     return smem_operand(m, desc, rows, k, dtype, k_major)  # bits 62-63 as for wgmma
 
 
-def mma(m, d_addr: int, a_desc: int, b_desc: int, idesc: int, accumulate: bool,
-        kind: str) -> None:
-    """Runs one ``tcgen05.mma.cta_group::1`` with SMEM operands (see the module doc)."""
+def decode_idesc(idesc: int, kind: str):
+    """The instruction descriptor's A, B and D types, N and M; K is 32 bytes of A."""
     if idesc & 0b1100:
         raise EmulationUnsupported("a sparse or saturating tcgen05.mma")
     d_code, a_code, b_code = (idesc >> 4) & 3, (idesc >> 7) & 7, (idesc >> 10) & 7
@@ -278,18 +310,21 @@ def mma(m, d_addr: int, a_desc: int, b_desc: int, idesc: int, accumulate: bool,
     if d_code not in _D_TYPES:
         raise EmulationUnsupported(f"tcgen05.mma with an accumulator of type code {d_code} "
                                    f"(f16 accumulators)")
-    d_t = _D_TYPES[d_code]
     n, mm = ((idesc >> 17) & 0x3F) << 3, ((idesc >> 24) & 0x1F) << 4
-    if mm != 128:
-        raise EmulationUnsupported(f"tcgen05.mma with M = {mm} (only M = 128 is executed)")
-    k = 32 // a_t.itemsize
-    lane, col = (d_addr >> 16) & 0xFFFF, d_addr & 0xFFFF
-    if lane:
-        raise EmulationError(f"tcgen05.mma with M = 128 into TMEM lane {lane} (not 0)")
-    t = tmem_of(m)
-    t.check(col, n, "tcgen05.mma's accumulator")
-    a = _operand(m, a_desc, mm, k, a_t, not (idesc >> 15) & 1, "A")
-    b = _operand(m, b_desc, n, k, b_t, not (idesc >> 16) & 1, "B")
+    return a_t, b_t, _D_TYPES[d_code], n, mm, 32 // a_t.itemsize
+
+
+def operands(m, a_desc: int, b_desc: int, idesc: int, rows: int, cols: int, k: int,
+             a_t, b_t):
+    """A (``rows x k``) and B (``cols x k``) of an MMA, from SMEM of ``m``'s block."""
+    a = _operand(m, a_desc, rows, k, a_t, not (idesc >> 15) & 1, "A")
+    b = _operand(m, b_desc, cols, k, b_t, not (idesc >> 16) & 1, "B")
+    return a, b
+
+
+def accumulate_into(t: Tmem, col: int, a, b, d_t, idesc: int, kind: str,
+                    accumulate: bool) -> None:
+    """``D = A @ B^T (+ D)`` into TMEM lanes ``0..rows`` from column ``col``."""
     if d_t == np.int32:
         prod = a.astype(np.int64) @ b.astype(np.int64).T
     else:
@@ -302,16 +337,36 @@ def mma(m, d_addr: int, a_desc: int, b_desc: int, idesc: int, accumulate: bool,
         prod = -prod
     if (idesc >> 14) & 1:
         prod = -prod
-    cells = t.cells[:mm, col:col + n]
+    rows, n = prod.shape
+    cells = t.cells[:rows, col:col + n]
     if accumulate:
         prod = prod + cells.view(d_t)
-    t.cells[:mm, col:col + n] = np.asarray(prod).astype(d_t).view(np.uint32)
+    t.cells[:rows, col:col + n] = np.asarray(prod).astype(d_t).view(np.uint32)
+
+
+def mma(m, d_addr: int, a_desc: int, b_desc: int, idesc: int, accumulate: bool,
+        kind: str) -> None:
+    """Runs one ``tcgen05.mma.cta_group::1`` with SMEM operands (see the module doc)."""
+    a_t, b_t, d_t, n, mm, k = decode_idesc(idesc, kind)
+    if mm != 128:
+        raise EmulationUnsupported(f"tcgen05.mma with M = {mm} (only M = 128 is executed)")
+    lane, col = (d_addr >> 16) & 0xFFFF, d_addr & 0xFFFF
+    if lane:
+        raise EmulationError(f"tcgen05.mma with M = 128 into TMEM lane {lane} (not 0)")
+    t = tmem_of(m)
+    t.check(col, n, "tcgen05.mma's accumulator")
+    a, b = operands(m, a_desc, b_desc, idesc, mm, n, k, a_t, b_t)
+    accumulate_into(t, col, a, b, d_t, idesc, kind, accumulate)
 
 
 def _mma_builder(o, match):
     g = match.groupdict()
     alo, blo, ahi, bhi = (int(g[x]) for x in ("alo", "blo", "ahi", "bhi"))
     kind = g["kind"]
+    if g["group"] == "2":
+        from pallas_mosaic_gpu._src.emulate.ops_cta_pair import pair_mma as run_mma
+    else:
+        run_mma = mma
 
     def run(m, d, a, b, idesc, acc):
         t = tmem_of(m)
@@ -319,7 +374,7 @@ def _mma_builder(o, match):
             args = (_lane(d, i) & 0xFFFFFFFF, _desc(_lane(a, i), alo, ahi),
                     _desc(_lane(b, i), blo, bhi), _lane(idesc, i) & 0xFFFFFFFF,
                     bool(_lane(acc, i)))
-            t.queue.append(("op", lambda args=args: mma(m, *args, kind)))
+            t.queue.append(("op", lambda args=args: run_mma(m, *args, kind)))
 
     return run
 
@@ -331,7 +386,7 @@ def _tcgen05_mma(o, match):
     if full is None:
         what = re.search(r"tcgen05\.mma\S*", text).group(0)
         raise EmulationUnsupported(
-            f"the Mosaic GPU executor runs tcgen05.mma.cta_group::1 with A and B in SMEM; "
+            f"the Mosaic GPU executor runs tcgen05.mma.cta_group::1/2 with A and B in SMEM; "
             f"not {what} in: {' '.join(text.split())[:300]}")
     return _mma_builder(o, full)
 
