@@ -1,8 +1,9 @@
 """The emulate level runs the warps of a warpgroup on their own where they wait for each
 other (``pl.core_map(plgpu.WarpMesh(...))`` producer/consumer code: one warp issues TMA
 copies or MMAs, another waits on the mbarrier the first arrives on): such a kernel runs
-again with a strand per warp instead of failing as lockstep lanes would, and a wait no
-warp can satisfy is still reported as a deadlock naming the warps."""
+again with a strand per warp for that warpgroup instead of failing as lockstep lanes
+would, and a wait no warp can satisfy is still reported as a deadlock naming the
+warps."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 import pallas as pl
 import pallas_mosaic_gpu as plgpu
-from pallas_mosaic_gpu._src.emulate import EmulationError
+from pallas_mosaic_gpu._src.emulate import EmulationError, launch
 
 pytest.importorskip("jax_plugins.xla_cuda13", reason="lowering for cuda needs jax-cuda13-plugin")
 
@@ -164,10 +165,17 @@ def warp_specialized_matmul(k_steps=4):
 
 
 @pytest.mark.usefixtures("_blackwell")
-def test_a_tma_warp_and_an_mma_warp_compute_a_matmul_on_blackwell(emulate):
+def test_a_tma_warp_and_an_mma_warp_compute_a_matmul_on_blackwell(emulate, monkeypatch):
+    # Only warpgroup 0 (whose warps wait for each other) gets a strand per warp, on the
+    # second run; warpgroup 1 stays one strand of 128 threads.
+    runs = []
+    execute = launch._execute
+    monkeypatch.setattr(launch, "_execute",
+                        lambda *a: runs.append(set(a[-1])) or execute(*a))
     a = jax.random.normal(jax.random.key(0), (128, 256), F32).astype(F16)
     b = jax.random.normal(jax.random.key(1), (256, 128), F32).astype(F16)
     (got,) = emulate(warp_specialized_matmul(), a, b)
+    assert runs == [set(), {0}]
     want = jnp.dot(a, b, preferred_element_type=F32)
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want),
                                rtol=1e-2, atol=5e-2)

@@ -57,7 +57,9 @@ class Machine:
         self.pending: dict = {}  # per-cluster state of async units (bulk groups, TMEM)
         self.cluster = None  # the cluster of the current block (ops_cluster.Cluster)
         self.cta_rank = 0  # the block's rank in its cluster
-        self.split_warps = False  # a strand per warp, not per warpgroup (sched.py)
+        self.split_warps: frozenset = frozenset()  # warpgroups run a strand per warp
+        self.warpgroup = 0  # this strand's warpgroup in the block (sched.py)
+        self.is_warp = False  # this strand is one warp of it
 
     def fork(self, thread_ids: np.ndarray) -> Machine:
         """A machine for some threads of the current block (a warpgroup): its own

@@ -43,7 +43,8 @@ class CompiledModule:
 
     def __init__(self, module: ir.Module):
         self.compiler = Compiler(module)
-        self.split_warps = False  # its warps wait for each other: a strand per warp
+        # Warpgroups whose warps wait for each other: a strand per warp.
+        self.split_warps: frozenset = frozenset()
         main = [f for f in module.body.operations if f.operation.name == "func.func"
                 and "llvm.emit_c_interface" in f.operation.attributes]
         if len(main) != 1:
@@ -64,18 +65,20 @@ def execute(compiled: CompiledModule, operands: Sequence[np.ndarray],
     Output ``o`` of each ``(i, o)`` in ``aliases`` is operand ``i``'s buffer, as XLA
     aliases them (``input_output_aliases``).
 
-    Warpgroups run as strands of 128 threads in lockstep; a kernel whose warps wait for
-    each other (:class:`~.sched.DivergentWait`) runs again from the start, on fresh
-    memory, with a strand per warp (and is remembered as such)."""
-    if not compiled.split_warps:
+    Warpgroups run as strands of 128 threads in lockstep; one whose warps wait for each
+    other (:class:`~.sched.DivergentWait`) makes the kernel run again from the start, on
+    fresh memory, with a strand per warp for that warpgroup (remembered for the module).
+    """
+    while True:
         try:
-            return _execute(compiled, operands, out_shapes, aliases, split_warps=False)
-        except DivergentWait:
-            compiled.split_warps = True
-    return _execute(compiled, operands, out_shapes, aliases, split_warps=True)
+            return _execute(compiled, operands, out_shapes, aliases, compiled.split_warps)
+        except DivergentWait as e:
+            if e.warpgroups <= compiled.split_warps:
+                raise
+            compiled.split_warps = compiled.split_warps | e.warpgroups
 
 
-def _execute(compiled, operands, out_shapes, aliases, split_warps: bool):
+def _execute(compiled, operands, out_shapes, aliases, split_warps: frozenset):
     mem = Memory()
     m = Machine(mem, compiled.compiler)
     m.split_warps = split_warps

@@ -38,10 +38,8 @@ def _launch(o, cc):
         if any(g % c for g, c in zip(grid, cluster)):
             raise EmulationError(f"a grid of {grid} blocks in clusters of {cluster}")
         threads = block[0] * block[1] * block[2]
-        # Warpgroups (or warps, if the kernel's warps wait for each other) run as
-        # coroutines (sched.py); a block of another size is one group.
-        size = WARP if m.split_warps and threads % WARP == 0 else \
-            WARPGROUP if threads % WARPGROUP == 0 else threads
+        # Warpgroups run as coroutines (sched.py); a block of another size is one group.
+        size = WARPGROUP if threads % WARPGROUP == 0 else threads
         saved = (m.threads, m.thread_id, m.block_id, m.block_dim, m.grid_dim, m.mask)
         m.block_dim, m.grid_dim = tuple(block), tuple(grid)
         g = [np.asarray([v], np.int64) for v in grid]
@@ -78,11 +76,15 @@ def run_cluster(m, cid, cluster, smem, threads, size, body_of):
         m.block_id = tuple(np.asarray([v], np.int64) for v in bid)
         m.smem, m.smem_size, m.cta_rank, m.cluster = base, smem, rank, cl
         for i in range(0, threads, size):
-            gm = m.fork(np.arange(i, i + size))
-            groups.append(gm)
-            name = f"warpgroup {i // WARPGROUP}" if size != WARP else \
-                f"warp {i // WARP} (of warpgroup {i // WARPGROUP})"
-            names.append(f"block {rank} {name}" if len(bids) > 1 else name)
+            # A strand per warp for the warpgroups whose warps wait for each other.
+            split = i // size in m.split_warps and size % WARP == 0
+            for j in range(i, i + size, WARP if split else size):
+                gm = m.fork(np.arange(j, j + (WARP if split else size)))
+                gm.warpgroup, gm.is_warp = i // size, split
+                groups.append(gm)
+                name = f"warp {j // WARP} (of warpgroup {i // size})" if split else \
+                    f"warpgroup {i // size}"
+                names.append(f"block {rank} {name}" if len(bids) > 1 else name)
     try:
         Block(groups, names).run(lambda gm: body_of(gm, gm.block_id, cid))
         flush_async(m)

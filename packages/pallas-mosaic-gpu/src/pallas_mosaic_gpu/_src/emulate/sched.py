@@ -16,9 +16,10 @@ strand are *parked* (they skipped a branch, or left a loop, and go on only after
 may be waiting for those very lanes: a ``plgpu.WarpMesh`` producer warp issuing TMA
 copies and MMAs, a consumer warp waiting on the mbarrier the producer arrives on. When
 that wait cannot complete, the run stops with :class:`DivergentWait`, and the launcher
-runs the kernel again from the start with a strand per warp (32 threads): warps then
-make progress on their own, as on the hardware. Kernels whose lanes never wait for
-parked lanes keep the faster warpgroup strands. When every unfinished strand waits for
+runs the kernel again from the start with a strand per warp (32 threads) for that
+warpgroup: its warps then make progress on their own, as on the hardware. Warpgroups
+whose lanes never wait for parked lanes keep the faster warpgroup strands (and can
+issue warpgroup-wide ``wgmma``). When every unfinished strand waits for
 something no one can do any more and none has parked lanes, the wait is a deadlock
 (:class:`EmulationError`); with parked lanes even with a strand per warp (lanes of one
 warp waiting for each other), :class:`EmulationUnsupported`.
@@ -37,8 +38,12 @@ WARPGROUP = 128
 
 
 class DivergentWait(EmulationUnsupported):
-    """A strand waits for something only its own parked lanes could do: the kernel
-    needs a strand per warp (or is unsupported if it already has one)."""
+    """A warpgroup strand waits for something only its own parked lanes could do: the
+    kernel needs a strand per warp for ``warpgroups`` (their indices in the block)."""
+
+    def __init__(self, message: str, warpgroups: set[int]):
+        super().__init__(message)
+        self.warpgroups = warpgroups
 
 
 class _Group:
@@ -164,14 +169,16 @@ class Block:
 
     def _deadlock(self, waiting) -> Exception:
         lines = "; ".join(f"{g.name} waits: {what()}" for g, what in waiting)
-        parked = [g.name for g, _ in waiting if g.machine.mask is not None
+        parked = [g for g, _ in waiting if g.machine.mask is not None
                   and not g.machine.mask.all()]
         if parked:
-            return DivergentWait(
-                f"{parked[0]} waits while some of its threads are parked at a "
-                f"reconvergence point (they skipped a branch or left a loop, and go on "
-                f"only after the wait), which the executor (a {parked[0].split()[0]}'s "
-                f"threads in lockstep) cannot run: {lines}")
+            whole = {g.machine.warpgroup for g in parked if not g.machine.is_warp}
+            unit = "warpgroup" if whole else "warp"
+            message = (f"{parked[0].name} waits while some of its threads are parked at a "
+                       f"reconvergence point (they skipped a branch or left a loop, and go "
+                       f"on only after the wait), which the executor (a {unit}'s threads in "
+                       f"lockstep) cannot run: {lines}")
+            return DivergentWait(message, whole) if whole else EmulationUnsupported(message)
         return EmulationError(f"deadlock: every thread of the block waits for "
                               f"something that can no longer happen ({lines})")
 
