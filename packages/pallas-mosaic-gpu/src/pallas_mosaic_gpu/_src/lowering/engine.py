@@ -19,6 +19,7 @@ from pallas import plugins
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.primitives.barriers import barrier_arrive_p, barrier_wait_p
 from pallas_mosaic_gpu._src.primitives.copies import copy_gmem_to_smem_p
+from pallas_mosaic_gpu._src.primitives.hints import commit_tmem_p, wait_load_tmem_p
 
 BACKEND = "mosaic_gpu"
 
@@ -185,8 +186,10 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
 
 
 # Primitives whose rules access no memory through the generic proxy once the scope is
-# synchronised: a TMA load (one thread issues it), a barrier wait or arrival.
-SYNC_KEEPING = frozenset({copy_gmem_to_smem_p, barrier_wait_p, barrier_arrive_p})
+# synchronised: a TMA load (one thread issues it), a barrier wait or arrival; and the
+# TMEM waits, which end synchronising the scope themselves (their rules set ``synced``).
+SYNC_KEEPING = frozenset({copy_gmem_to_smem_p, barrier_wait_p, barrier_arrive_p,
+                          commit_tmem_p, wait_load_tmem_p})
 
 
 def keeps_sync(eqn) -> bool:

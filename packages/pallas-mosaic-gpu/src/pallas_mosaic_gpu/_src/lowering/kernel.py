@@ -50,6 +50,10 @@ from pallas_mosaic_gpu._src.lowering.scoped import plan, plan_type, value
 from pallas_mosaic_gpu._src.lowering.scoped_stack import buffer, plan_stack
 from pallas_mosaic_gpu._src.lowering.smem_tree import aligned, size_and_alignment
 from pallas_mosaic_gpu._src.lowering.spill import reduces, spill_buffers
+from pallas_mosaic_gpu._src.lowering.tmem_alloc import TmemAddress
+from pallas_mosaic_gpu._src.lowering.tmem_alloc import allocate as allocate_tmem
+from pallas_mosaic_gpu._src.lowering.tmem_alloc import free as free_tmem
+from pallas_mosaic_gpu._src.lowering.tmem_alloc import plan as plan_tmem
 from pallas_mosaic_gpu._src.lowering.threads import (
     cluster_of,
     entry_values,
@@ -290,6 +294,11 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
             "TMEM is allocated by a CTA pair, a cluster of 2 blocks (plgpu.kernel(cluster="
             f"(2,), cluster_names=...)); the kernel's cluster is {cluster} (x, y, z)")
     stack = plan_stack(jaxpr.jaxpr, scoped, threads.num, repeated=bool(seq))
+    # TMEM: one allocation of the body's own (tmem_alloc.py), not SMEM tree entries.
+    tmem = plan_tmem({**{("scratch", i): p.entry for i, p in enumerate(scratch)
+                         if p.kind == "tmem"},
+                      **{("scoped", *k): p.entry for k, p in scoped.items()
+                         if p.kind == "tmem"}}, name)
     sems = collectives.layout(scratch, scoped, jaxpr.jaxpr)
     sem_words = sems.words(int(np.prod(cuda_grid)))
     sem_shapes = (_sds((sem_words,), jnp.int32),) if sem_words else ()
@@ -310,9 +319,12 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
         entries = {"red": red} if red is not None and with_red else {}
         entries.update({("buf", k): b for k, b in zip(blocked, bufs)})
         entries.update({("scratch", i): p.entry for i, p in enumerate(scratch)
-                        if p.entry is not None})
+                        if p.entry is not None and p.kind != "tmem"})
         entries.update({("scoped", *k): p.entry for k, p in scoped.items()
-                        if p.entry is not None and k not in stack.member})
+                        if p.entry is not None and k not in stack.member
+                        and p.kind != "tmem"})
+        if tmem is not None:
+            entries["tmem_addr"] = TmemAddress()
         if stack.union is not None:  # the buffers scopes share by lifetime
             entries["scoped_stack"] = stack.union
         # Staging buffers live only within their eqn's rule (written, read, then a
@@ -354,6 +366,8 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
         if sem_shapes:  # the semaphore buffer comes after the inputs (an in/out buffer)
             sem_refs = collectives.semaphore_refs(sems, gmem_refs.pop(len(ins)), cuda_grid)
         ref = {key: smem_refs[i] for key, i in state["where"].items()}
+        tmem_refs = allocate_tmem(tmem, ref.pop("tmem_addr")) if tmem is not None else {}
+        ref.update({k: r for k, r in tmem_refs.items() if k})
         staging = ref.pop("staging", None)
         for key, (m, pos) in state["in_union"].items():
             ref[key] = staging.members[m][pos]
@@ -436,6 +450,8 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
                                 to_smem=False, bounds=bounds[k])
             if any(k in by_tma for k in stores):
                 launch_ctx.await_async_copy(0)
+        if tmem is not None:
+            free_tmem(tmem, tmem_refs)
         state["uses"] = frozenset(lctx.uses)
         state["red_used"] = red_ref is not None and any(True for _ in red_ref.uses)
 

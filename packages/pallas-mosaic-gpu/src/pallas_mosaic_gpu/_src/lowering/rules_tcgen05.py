@@ -156,6 +156,7 @@ def _commit_tmem(lctx, eqn):
     check_target(lctx, "commit_tmem", BLACKWELL)
     nvvm.tcgen05_wait(nvvm.Tcgen05WaitKind.STORE)
     warps.sync(lctx)
+    lctx.synced = True  # a barrier arrival right after needs no synchronisation again
     return []
 
 
@@ -164,4 +165,5 @@ def _wait_load_tmem(lctx, eqn):
     check_target(lctx, "wait_load_tmem", BLACKWELL)
     nvvm.tcgen05_wait(nvvm.Tcgen05WaitKind.LOAD)
     warps.sync(lctx)
+    lctx.synced = True  # a barrier arrival right after needs no synchronisation again
     return []

@@ -42,8 +42,8 @@ def size_and_alignment(e) -> tuple[int, int]:
     at :func:`alignment`."""
     if isinstance(e, (mgpu.Barrier, mgpu.ClusterBarrier)):
         return 8 * e.num_barriers, 8
-    if isinstance(e, mgpu.TMEM):
-        return 4, 4  # the TMEM address Mosaic GPU's allocation writes to SMEM
+    if isinstance(e, mgpu.TMEM) or getattr(e, "tmem_address", False):
+        return 4, 4  # the TMEM address tcgen05.alloc writes to SMEM
     if isinstance(e, mgpu.Union):
         sizes = [sum(buffer_bytes(b) for b in m) for m in e.members]
         aligns = [alignment(buffer_bytes(m[-1])) for m in e.members]
