@@ -50,10 +50,6 @@ from pallas_mosaic_gpu._src.lowering.scoped import plan, plan_type, value
 from pallas_mosaic_gpu._src.lowering.scoped_stack import buffer, plan_stack
 from pallas_mosaic_gpu._src.lowering.smem_tree import aligned, size_and_alignment
 from pallas_mosaic_gpu._src.lowering.spill import reduces, spill_buffers
-from pallas_mosaic_gpu._src.lowering.tmem_alloc import TmemAddress
-from pallas_mosaic_gpu._src.lowering.tmem_alloc import allocate as allocate_tmem
-from pallas_mosaic_gpu._src.lowering.tmem_alloc import free as free_tmem
-from pallas_mosaic_gpu._src.lowering.tmem_alloc import plan as plan_tmem
 from pallas_mosaic_gpu._src.lowering.threads import (
     cluster_of,
     entry_values,
@@ -63,6 +59,10 @@ from pallas_mosaic_gpu._src.lowering.threads import (
     threads_of,
     warpgroup,
 )
+from pallas_mosaic_gpu._src.lowering.tmem_alloc import TmemAddress
+from pallas_mosaic_gpu._src.lowering.tmem_alloc import allocate as allocate_tmem
+from pallas_mosaic_gpu._src.lowering.tmem_alloc import free as free_tmem
+from pallas_mosaic_gpu._src.lowering.tmem_alloc import plan as plan_tmem
 
 ENV_TARGET = "PALLAS_MOSAIC_GPU_TARGET"
 MAX_CUDA_GRID_AXES = 3
