@@ -60,6 +60,8 @@ class DeviceGroup:
         self.failed_where = ""
         self.clocks = None
         self.detector = None
+        # Its key in the registry of running calls (set by ``join``, which made it).
+        self.registry_key: tuple | None = None
 
     # -- device ids ----------------------------------------------------------------------
     def coords(self, device: int) -> dict[str, int]:
@@ -194,7 +196,7 @@ def leave(group: DeviceGroup) -> None:
     with _lock:
         group.left += 1
         if group.left >= group.num_devices:
-            _running.pop(getattr(group, "registry_key", None), None)
+            _running.pop(group.registry_key, None)
 
 
 def reset_all() -> None:
