@@ -144,3 +144,85 @@ def test_a_collective_tmem_copy_moves_each_blocks_smem_into_its_own_tmem():
                            ready=plgpu.ClusterBarrier(collective_axes=("x",))))(x_in)
     np.testing.assert_array_equal(out, x_in)
     assert not gpu_interpret.get_races().races_found, gpu_interpret.get_races()
+
+
+# -- another block's SMEM: plgpu.cluster_ref and plgpu.async_store_smem -------------------
+
+
+def _pair_kernel(kernel, out_shape, **scratch):
+    return plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(out_shape, F32),
+                        cluster=(2,), cluster_names=("x",), interpret=IP,
+                        scratch_types=scratch)
+
+
+@pytest.mark.parametrize("wait", [True, False], ids=["synchronised", "racy"])
+def test_cluster_ref_writes_the_peer_blocks_smem_and_arrives_on_its_barrier(wait):
+    """Block 0 writes block 1's SMEM and arrives on block 1's barrier, both through
+    ``plgpu.cluster_ref``; block 1 reads its SMEM after waiting (without the wait the
+    race detector reports block 0's write and block 1's read)."""
+
+    def kernel(o_gmem, smem, bar):
+        x = lax.axis_index("x")
+
+        @pl.when(x == 0)
+        def _():
+            plgpu.cluster_ref(smem, {"x": 1})[...] = jnp.full((8, 128), 7.0, F32)
+            plgpu.barrier_arrive(plgpu.cluster_ref(bar.at[0], {"x": 1}))
+
+        @pl.when(x == 1)
+        def _():
+            if wait:
+                plgpu.barrier_wait(bar.at[0])
+            o_gmem[...] = smem[...]
+
+    out = _pair_kernel(kernel, (8, 128), smem=plgpu.SMEM((8, 128), F32),
+                       bar=plgpu.Barrier())()
+    report = gpu_interpret.get_races()
+    if wait:
+        np.testing.assert_array_equal(out, np.full((8, 128), 7.0))
+        assert not report.races_found, report
+    else:
+        assert "by thread (x=0)" in str(report) and "by thread (x=1)" in str(report)
+
+
+def test_async_store_smem_combines_into_a_peer_block_and_arrives_there():
+    """Both blocks atomically add their rows into block 0's SMEM (after block 0 has set
+    it to 1 and the pair has met on a cluster barrier); block 0's barrier gets one
+    arrival per store."""
+    x_in = jnp.arange(2 * 8 * 128, dtype=F32).reshape(2, 8, 128)
+
+    def kernel(x_gmem, o_gmem, smem, bar, met):
+        x = lax.axis_index("x")
+
+        @pl.when(x == 0)
+        def _():
+            smem[...] = jnp.ones((8, 128), F32)
+
+        plgpu.barrier_arrive(met.at[0])
+        plgpu.barrier_wait(met.at[0])
+        plgpu.async_store_smem(x_gmem[x], smem, bar.at[0], cluster_idx=0, cluster_dim="x",
+                               atomic="add")
+
+        @pl.when(x == 0)
+        def _():
+            plgpu.barrier_wait(bar.at[0])
+            o_gmem[...] = smem[...]
+
+    out = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((8, 128), F32), cluster=(2,),
+                       cluster_names=("x",), interpret=IP,
+                       scratch_types=dict(smem=plgpu.SMEM((8, 128), F32),
+                                          bar=plgpu.Barrier(num_arrivals=2),
+                                          met=plgpu.ClusterBarrier(collective_axes=("x",)))
+                       )(x_in)
+    np.testing.assert_array_equal(out, 1 + x_in[0] + x_in[1])
+    assert not gpu_interpret.get_races().races_found, gpu_interpret.get_races()
+
+
+def test_a_plain_access_through_multicast_ref_is_refused_naming_it():
+    def kernel(o_gmem):
+        plgpu.multicast_ref(o_gmem, "x")[...] = jnp.zeros((8, 128), F32)
+
+    with pytest.raises(Exception, match=r"through plgpu.multicast_ref: only "
+                                        r"plgpu.copy_smem_to_gmem"):
+        jax.block_until_ready(plgpu.kernel(
+            kernel, out_type=jax.ShapeDtypeStruct((8, 128), F32), interpret=IP)())

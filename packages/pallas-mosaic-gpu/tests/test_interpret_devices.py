@@ -1,6 +1,7 @@
 """GPU interpret mode over several devices: under ``jax.shard_map``, each device's
 kernel (its own host callback) shares memory with the others: ``plgpu.remote_ref``
-reads and writes another device's buffers, ``pl.semaphore_signal(device_id=...)``
+reads and writes another device's buffers (a TMA store through ``plgpu.multicast_ref``
+every device's), ``pl.semaphore_signal(device_id=...)``
 signals its semaphores, ``multimem_store``/``multimem_load_reduce`` reach every
 device along the collective axes; a wait nobody will satisfy is a deadlock error.
 
@@ -125,6 +126,31 @@ _SCRIPT = textwrap.dedent('''
     np.testing.assert_array_equal(np.asarray(m).reshape(N, 8, 128), np.stack([xs[-1]] * N))
     print("ok multimem", flush=True)
 
+    def multicast(x_ref, g_ref, done):
+        """All-gather by TMA stores through plgpu.multicast_ref: each reaches every
+        device's output."""
+        me = lax.axis_index("x")
+
+        def body(smem):
+            smem[...] = x_ref[...]
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(
+                smem, plgpu.multicast_ref(g_ref.at[pl.ds(me * 8, 8)], "x"))
+            plgpu.wait_smem_to_gmem(0)
+
+        pl.run_scoped(body, plgpu.SMEM((8, 128), jnp.float32))
+        plgpu.semaphore_signal_multicast(done, collective_axes="x")
+        pl.semaphore_wait(done, N)
+        g_ref[0, 0] = g_ref[0, 0] + 1  # after the wait: every device's store happened
+
+    g = run(multicast, SDS((N * 8, 128), jnp.float32), x,
+            scratch=[plgpu.SemaphoreType.REGULAR])
+    want = np.stack([xs.reshape(N * 8, 128)] * N)
+    want[:, 0, 0] += 1
+    np.testing.assert_array_equal(np.asarray(g).reshape(N, N * 8, 128), want)
+    assert not gpu_interpret.get_races().races_found, gpu_interpret.get_races()
+    print("ok multicast ref", flush=True)
+
     def unsignalled(o_ref, sem):
         """Device 0 waits for a signal that no device sends."""
         @pl.when(lax.axis_index("x") == 0)
@@ -159,8 +185,8 @@ def test_remote_refs_semaphores_multimem_and_deadlocks_across_four_devices():
                           text=True, timeout=600)
     out = proc.stdout + proc.stderr[-5000:]
     assert proc.returncode == 0, out
-    for line in ("ok remote copy", "ok ping pong", "ok multimem", "ok deadlock",
-                 "ok remote race"):
+    for line in ("ok remote copy", "ok ping pong", "ok multimem", "ok multicast ref",
+                 "ok deadlock", "ok remote race"):
         assert line in proc.stdout, out
 
 

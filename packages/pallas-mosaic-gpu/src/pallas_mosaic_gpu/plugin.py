@@ -18,9 +18,17 @@ def pallas_backends():
 @hookimpl
 def pallas_interpret_rules():
     from pallas_mosaic_gpu._src import layouts
-    from pallas_mosaic_gpu._src.primitives import barriers, copies, hints, mma, multimem, tmem
+    from pallas_mosaic_gpu._src.primitives import (
+        barriers,
+        cluster_store,
+        copies,
+        hints,
+        mma,
+        multimem,
+        tmem,
+    )
 
     rules = {}
-    for module in (barriers, copies, hints, mma, multimem, tmem, layouts):
+    for module in (barriers, cluster_store, copies, hints, mma, multimem, tmem, layouts):
         rules.update(module.INTERPRET_RULES)
     return rules

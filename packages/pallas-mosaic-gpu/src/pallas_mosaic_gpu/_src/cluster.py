@@ -4,8 +4,9 @@
 names another device or block; ``semaphore_signal_parallel`` signals several semaphores;
 ``try_cluster_cancel``/``query_cluster_cancel`` implement dynamic work stealing (in the
 interpreters no launch is ever cancelled: every block runs, which is one valid GPU
-schedule). Features that need several simulated devices or blocks to share memory
-raise ``NotImplementedError`` naming themselves.
+schedule). GPU interpret mode gives ``remote_ref``/``multicast_ref`` views the memory of
+other devices and ``cluster_ref`` views (and ``async_store_smem``, in
+``primitives/cluster_store.py``) another block's SMEM.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pallas import DeviceIdType
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.memory import SMEM
 from pallas_mosaic_gpu._src.primitives.barriers import barrier_arrive, check_barrier
+from pallas_mosaic_gpu._src.primitives.cluster_store import async_store_smem  # noqa: F401
 
 
 class PeerTransform:
@@ -129,19 +131,6 @@ def semaphore_signal_parallel(*signals: SemaphoreSignal) -> None:
     """Signals several semaphores (the hardware may issue them together)."""
     for s in signals:
         pl.semaphore_signal(s.ref, s.inc, device_id=s.device_id)
-
-
-def _unsupported(name: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"plgpu.{name} needs several devices or blocks sharing memory, which "
-        "pallas-mosaic-gpu's interpreters do not simulate yet")
-
-
-def async_store_smem(src: jax.Array, ref: Any, barrier: Any, *, cluster_idx: jax.Array,
-                     cluster_dim: Any, optimized: bool = True, atomic: Any = None) -> None:
-    """Stores ``src`` into ``ref`` in the SMEM of block ``cluster_idx`` of the cluster and
-    arrives on that block's ``barrier``."""
-    raise _unsupported("async_store_smem")
 
 
 def TryClusterCancelResult(num_buffers: int | None = None):  # noqa: N802 - upstream name

@@ -212,31 +212,80 @@ def reset_all() -> None:
 
 
 @functools.lru_cache(maxsize=512)
-def has_peer(tree) -> bool:
-    from pallas_mosaic_gpu._src.cluster import PeerMemRef
+def _peer_kinds(tree) -> frozenset:
+    """Which memory-redirecting transforms a ref view's transforms hold: "device"
+    (``remote_ref``), "multicast" (``multicast_ref``), "cluster" (``cluster_ref``)."""
+    from pallas_mosaic_gpu._src.cluster import PeerMemRef, PeerTransform, _ClusterRef
 
-    if tree is None or not tree.num_leaves:
-        return False
+    if tree is None:
+        return frozenset()
     transforms = jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)
-    return any(isinstance(t, PeerMemRef) for t in transforms)
+    return frozenset(
+        "device" if isinstance(t, PeerMemRef) else
+        "cluster" if isinstance(t, _ClusterRef) else "multicast"
+        for t in transforms if isinstance(t, PeerTransform))
+
+
+def has_peer(tree) -> bool:
+    """Whether a ref view reaches other devices (``remote_ref``, ``multicast_ref``)."""
+    return bool(_peer_kinds(tree) & {"device", "multicast"})
+
+
+def _on_cluster_block(th, buf, t, what: str):
+    """``buf`` in the block of ``th``'s cluster that a ``cluster_ref`` names."""
+    from pallas_mosaic_gpu._src.interpret import pairs
+
+    for axis, index in zip(t.axes, t.block_ids):
+        index = int(jnp.asarray(index))
+        _, size = pairs.rank(th, axis, what + " through plgpu.cluster_ref")
+        if not 0 <= index < size:
+            raise ValueError(f"{what} through plgpu.cluster_ref: block {axis}={index} is "
+                             f"out of range for the cluster's {size} blocks along {axis!r}")
+        buf = pairs.peer_buffer(th, buf, axis, index)
+    return buf
+
+
+def resolve_all(th, buf, flat, tree, what: str) -> list:
+    """Every ``(buffer, flat, tree)`` an access through a ref view touches: for a
+    ``plgpu.remote_ref`` view, the named device's copy of ``buf``; for a
+    ``plgpu.cluster_ref`` view, the named block's copy; for a ``plgpu.multicast_ref``
+    view, the copy on every device along its axes (in device order)."""
+    kinds = _peer_kinds(tree)
+    if not kinds:
+        return [(buf, flat, tree)]
+    from pallas_mosaic_gpu._src.cluster import PeerMemRef, PeerTransform, _ClusterRef
+
+    transforms = jax.tree_util.tree_unflatten(tree, list(flat))
+    peers = [t for t in transforms if isinstance(t, PeerTransform)]
+    if sum(not isinstance(t, _ClusterRef) for t in peers) > 1:
+        raise ValueError(f"{what}: a ref made remote or multicast twice "
+                         "(plgpu.remote_ref, plgpu.multicast_ref)")
+    rest = [t for t in transforms if not isinstance(t, PeerTransform)]
+    flat, tree = jax.tree_util.tree_flatten(rest)
+    bufs = [buf]
+    for t in peers:
+        if isinstance(t, _ClusterRef):
+            bufs = [_on_cluster_block(th, b, t, what) for b in bufs]
+        elif isinstance(t, PeerMemRef):
+            dev = peer_device(th, t.device_id, t.device_id_type, what)
+            bufs = [copy_on(th, dev, b, what) for b in bufs]
+        else:
+            devs = devices_along(th, t.collective_axes, what + " through plgpu.multicast_ref")
+            bufs = [copy_on(th, d, b, what) for b in bufs for d in devs]
+    return [(b, flat, tree) for b in bufs]
 
 
 def resolve(th, buf, flat, tree, what: str):
-    """``(buffer, flat, tree)`` that an access through a ref view touches: for a
-    ``plgpu.remote_ref`` view, the named device's copy of ``buf`` (and the view's other
-    transforms)."""
-    if not has_peer(tree):
-        return buf, flat, tree
-    from pallas_mosaic_gpu._src.cluster import PeerMemRef
-
-    transforms = jax.tree_util.tree_unflatten(tree, list(flat))
-    peers = [t for t in transforms if isinstance(t, PeerMemRef)]
-    if len(peers) > 1:
-        raise ValueError(f"{what}: a ref made remote twice (plgpu.remote_ref)")
-    rest = [t for t in transforms if not isinstance(t, PeerMemRef)]
-    flat, tree = jax.tree_util.tree_flatten(rest)
-    dev = peer_device(th, peers[0].device_id, peers[0].device_id_type, what)
-    return copy_on(th, dev, buf, what), flat, tree
+    """The ``(buffer, flat, tree)`` an access through a ref view touches (see
+    :func:`resolve_all`); a ``plgpu.multicast_ref`` view is refused: upstream writes
+    through one only with ``copy_smem_to_gmem`` (a TMA store to every device)."""
+    if "multicast" in _peer_kinds(tree):
+        raise NotImplementedError(
+            f"{what} through plgpu.multicast_ref: only plgpu.copy_smem_to_gmem stores to "
+            "a multicast ref (to every device along its axes), as upstream's lowering; "
+            "use plgpu.multimem_store / multimem_load_reduce for loads and stores")
+    (out,) = resolve_all(th, buf, flat, tree, what)
+    return out
 
 
 def peer_device(th, device_id, device_id_type, what: str) -> int:

@@ -127,7 +127,9 @@ class SemaphoreArray:
 
 
 def barrier_of(th, spec, invals) -> BarrierState:
+    """The barrier a barrier view names (another block's, through ``plgpu.cluster_ref``)."""
     ((buf, flat, tree),) = R.unflatten(spec, invals)[:1]
+    buf, flat, tree = devices.resolve(th, buf, flat, tree, "a barrier operation")
     if buf.sync is None or not isinstance(buf.sync, BarrierArray):
         raise TypeError(f"{buf.name} is not a barrier")
     return buf.sync.at(buf, flat, tree)

@@ -15,7 +15,7 @@ import jax
 
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.interpret import pairs
-from pallas_mosaic_gpu._src.interpret.devices import resolve
+from pallas_mosaic_gpu._src.interpret.devices import resolve, resolve_all
 from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.memory import (
     access_region,
@@ -27,6 +27,7 @@ from pallas_mosaic_gpu._src.interpret.memory import (
     set_view,
 )
 from pallas_mosaic_gpu._src.interpret.sync import arrive, barrier_of
+from pallas_mosaic_gpu._src.primitives import cluster_store
 from pallas_mosaic_gpu._src.primitives import copies as C
 from pallas_mosaic_gpu._src.primitives import refs as R
 
@@ -129,8 +130,10 @@ def _smem_to_gmem(th, eqn, invals):
         return []
     unit = _start_unit(th)
     op = p["reduction_op"]
-    _copy(th, src, dst, unit, None if op is None else (lambda o, n: C.reduce(op, o, n)),
-          gmem="dst")
+    # Through a plgpu.multicast_ref: the store reaches every device along its axes.
+    for target in resolve_all(th, *dst, "a TMA copy's destination"):
+        _copy(th, src, target, unit,
+              None if op is None else (lambda o, n: C.reduce(op, o, n)), gmem="dst")
     th.open_group.append(None if unit is None else th.launch.clocks.release(unit))
     if p["commit_group"]:
         _commit_group(th)
@@ -161,4 +164,32 @@ def _wait_smem_to_gmem(th, eqn, invals):
 
 @register_gpu_rule(C.commit_smem_p)
 def _commit_smem(th, eqn, invals):
+    return []
+
+
+@register_gpu_rule(cluster_store.async_store_smem_p)
+def _async_store_smem(th, eqn, invals):
+    """``async_store_smem``: an asynchronous unit (like a TMA copy's) writes ``src`` into
+    the ``ref`` of the block at ``cluster_idx`` along ``cluster_dim`` (combining with
+    ``atomic``) and arrives once on that block's barrier."""
+    p = eqn.params
+    spec = p["refs"]
+    ref, bar = R.unflatten(spec, invals)
+    src, index = invals[0], int(invals[R.spec_end(spec)])
+    axis, what = p["cluster_dim"], "plgpu.async_store_smem"
+    _, size = pairs.rank(th, axis, what)
+    if not 0 <= index < size:
+        raise ValueError(f"{what}: cluster_idx={index} is out of range for the "
+                         f"{size} blocks along the cluster axis {axis!r}")
+    buf, flat, tree = pairs.peer_view(th, ref, axis, index)
+    region = _checked_region(th, buf, flat, tree, "destination")
+    unit = _start_unit(th)
+    new = src
+    if p["atomic"] is not None:
+        th.access(buf, "read", region, unit=unit)
+        new = C.reduce(p["atomic"], get_view(buf, flat, tree), src)
+    th.access(buf, "write", region, unit=unit)
+    buf.value = set_view(buf, new, flat, tree)
+    arrive(pairs.peer_barrier(th, bar, axis, index),
+           None if unit is None else th.launch.clocks.release(unit))
     return []
