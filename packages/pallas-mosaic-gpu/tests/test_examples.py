@@ -58,6 +58,26 @@ def test_pipelined_matmul_compiles_to_wgmma_for_sm90a():
     assert k.instruction_mix().get("cp", 0) > 0  # TMA copies
 
 
+def test_the_warp_specialized_matmuls_k_loop_stays_a_loop_in_the_ptx():
+    # k = 256 in 64-wide steps: LLVM fully unrolled this 4-step loop (every step's
+    # wgmma block, commit, wait and barrier waits in the PTX 4 times: 32
+    # wgmma.mma_async, not 8) until the pipeline's scf.for carried LLVM's unroll-disable
+    # loop metadata, which also reaches ptxas as .pragma "nounroll" (memory warpgroup's
+    # loop and compute warpgroup's loop).
+    from pallas_mosaic_gpu import compiler
+
+    try:
+        compiler.find_toolchain()
+    except compiler.ToolchainMissingError as e:
+        pytest.skip(str(e))
+    ex = _load("mosaic_gpu_matmul_ws")
+    x, y = _load("mosaic_gpu_matmul").inputs(128, 256, 128)
+    (k,) = compiler.compile(ex.matmul_ws, x, y)
+    assert k.ptx.count("wgmma.mma_async") == 8  # one step: 128x128x64 as 2 x 4 m64n128k16
+    assert k.ptx.count('.pragma "nounroll"') == 2
+    assert k.spill_stores == 0
+
+
 def test_flash_attention_interprets_like_plain_softmax_attention_and_lowers():
     ex = _load("mosaic_gpu_flash_attention")
     q, k, v = ex.inputs(batch=1, heads=1, q_len=128, kv_len=192)  # 3 K/V steps, 2 slots

@@ -8,6 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
+from jaxlib.mlir import ir
 
 import pallas as pl
 import pallas.plugins
@@ -221,3 +222,37 @@ def test_a_fori_loop_over_traced_bounds_is_an_scf_for():
     assert "scf.for" in text and "scf.while" not in text
     (out,) = run_kernel(k, [n, x])
     assert jnp.allclose(out, (1 + 2 + 3) + 3)
+
+
+
+def _for_loops(module) -> list:
+    """The ``loop_annotation`` attribute (as text, or None) of each ``scf.for``."""
+    found = []
+
+    def visit(op):
+        if op.name == "scf.for":
+            attrs = op.attributes
+            found.append(str(attrs["loop_annotation"]) if "loop_annotation" in attrs
+                         else None)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
+def test_a_pipelines_step_loop_tells_llvm_not_to_unroll_it_and_other_loops_do_not():
+    # The pipeline's scf.for carries llvm.br's own `loop_annotation` attribute (the name
+    # that becomes !llvm.loop metadata on the back edge, "llvm.loop.unroll.disable"); a
+    # kernel author's fori_loop carries none: LLVM decides, as upstream.
+    def kernel(n_gmem, x_gmem, o_gmem, acc):
+        _first_blocks(n_gmem, x_gmem, o_gmem, acc)
+        jax.lax.fori_loop(jnp.int32(0), jnp.int32(3),
+                          lambda i, c: acc.__setitem__(..., acc[...] * 2.0), None)
+
+    f = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((64, 128), F32),
+                     scratch_types=[plgpu.SMEM((64, 128), F32)])
+    x = jnp.zeros((256, 128), F32)
+    module = module_of(_built(f, jnp.asarray([3], jnp.int32), x))
+    # The slot prologue (a traced grid), the steps, the author's loop.
+    assert _for_loops(module) == [
+        None, "#llvm.loop_annotation<unroll = <disable = true>>", None]

@@ -19,6 +19,18 @@ from pallas_mosaic_gpu._src.mesh import WarpMesh
 
 _T = TypeVar("_T")
 
+# The named scope marking a ``fori_loop`` the lowering keeps rolled (rolled_fori_loop).
+ROLLED_SCOPE = "mosaic_gpu_rolled_loop"
+
+
+def rolled_fori_loop(lower, upper, body: Callable, init: Any) -> Any:
+    """``lax.fori_loop`` whose ``scf.for`` carries LLVM's "do not unroll" loop metadata
+    (which also reaches PTX as ``.pragma "nounroll"``, for ptxas). For the pipelines'
+    step loops: a step is TMA copies, barrier waits and MMAs, and unrolled steps only
+    repeat them. The marker is a named scope: the loop's equation records it."""
+    with jax.named_scope(ROLLED_SCOPE):
+        return lax.fori_loop(lower, upper, body, init)
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class NDLoopInfo:

@@ -24,7 +24,7 @@ import numpy as np
 from jax import lax
 
 import pallas as pl
-from pallas_mosaic_gpu._src.loops import _unravel
+from pallas_mosaic_gpu._src.loops import _unravel, rolled_fori_loop
 from pallas_mosaic_gpu._src.memory import SMEM, Barrier
 from pallas_mosaic_gpu._src.primitives.barriers import barrier_wait
 from pallas_mosaic_gpu._src.primitives.copies import (
@@ -98,7 +98,8 @@ def _is_ref(x) -> bool:
 
 def fori_with_refs(n: int, body: Callable[[Any, Any], Any], carry: Any) -> Any:
     """``lax.fori_loop(0, n, body, carry)`` where ``carry`` may hold refs: they are
-    closed over (a loop cannot carry a ref) and handed back unchanged."""
+    closed over (a loop cannot carry a ref) and handed back unchanged. A pipeline's step
+    loop: kept rolled (``rolled_fori_loop``)."""
     leaves, tree = jax.tree_util.tree_flatten(carry)
     is_ref = [_is_ref(x) for x in leaves]
 
@@ -110,8 +111,8 @@ def fori_with_refs(n: int, body: Callable[[Any, Any], Any], carry: Any) -> Any:
         out = jax.tree_util.tree_leaves(body(i, merge(values)))
         return [x for x, r in zip(out, is_ref) if not r]
 
-    values = lax.fori_loop(jnp.int32(0), jnp.int32(n), step,
-                           [x for x, r in zip(leaves, is_ref) if not r])
+    values = rolled_fori_loop(jnp.int32(0), jnp.int32(n), step,
+                              [x for x, r in zip(leaves, is_ref) if not r])
     return merge(values)
 
 

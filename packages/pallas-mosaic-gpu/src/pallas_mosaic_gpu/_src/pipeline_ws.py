@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 
 import pallas as pl
-from pallas_mosaic_gpu._src.loops import _unravel
+from pallas_mosaic_gpu._src.loops import _unravel, rolled_fori_loop
 from pallas_mosaic_gpu._src.memory import GMEM, Barrier
 from pallas_mosaic_gpu._src.pipeline import (
     PipelinePipeline,
@@ -147,7 +147,7 @@ class _WarpSpecializedPipeline:
                                   full.at[slot])
             return carry
 
-        lax.fori_loop(jnp.int32(0), jnp.int32(num_steps), step, None)
+        rolled_fori_loop(jnp.int32(0), jnp.int32(num_steps), step, None)
 
         # Drain: the releases of the last steps (all but the last ``delay_release``,
         # which are never released) must be awaited before the slots are reused (by a

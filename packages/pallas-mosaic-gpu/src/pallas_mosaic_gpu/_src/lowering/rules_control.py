@@ -20,6 +20,7 @@ from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, scf
 
+from pallas_mosaic_gpu._src.loops import ROLLED_SCOPE
 from pallas_mosaic_gpu._src.lowering import small
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import Lit, lower_jaxpr, rule
@@ -179,6 +180,23 @@ def _set_accs(accs, flat) -> None:
                                       _sync=False)
 
 
+def _rolled(eqn) -> bool:
+    """Whether ``eqn`` is a loop of ``rolled_fori_loop`` (its innermost named scope)."""
+    return str(eqn.source_info.name_stack).rsplit("/", 1)[-1] == ROLLED_SCOPE
+
+
+def _keep_rolled(loop) -> None:
+    """Tells LLVM not to unroll ``loop`` (an ``scf.for``). The attribute must be named
+    as ``llvm.br``'s own ``loop_annotation``: ``convert-scf-to-cf`` copies an
+    ``scf.for``'s LLVM-dialect attributes, under their names, onto the loop's back
+    edge, and the lowering to ``llvm.br`` keeps them; only that name becomes the branch's
+    ``!llvm.loop`` metadata in LLVM IR (``llvm.loop.unroll.disable``, which LLVM's
+    unrollers honour and NVPTX prints as ``.pragma "nounroll"`` for ptxas). Named
+    ``llvm.loop_annotation``, it stays a discardable attribute that nothing reads."""
+    loop.operation.attributes["loop_annotation"] = ir.Attribute.parse(
+        "#llvm.loop_annotation<unroll = <disable = true>>")
+
+
 def _inline(lctx, closed, args):
     return lower_jaxpr(lctx, closed.jaxpr, closed.consts, list(args))
 
@@ -210,6 +228,7 @@ def _scan(lctx, eqn, *args):
     accs = _accs(consts)
     xs_avals = [v.aval for v in eqn.invars[nc + ncarry:]]
     ys_avals = [v.aval for v in eqn.outvars[ncarry:]]
+    rolled = _rolled(eqn)
     # Scanned operands and stacked results live in SMEM buffers (spill.scanned_avals):
     # iteration i reads row i of each xs and writes row i of each ys.
     bufs = lctx.spill_buffers[id(eqn)] if xs_avals or ys_avals else []
@@ -228,6 +247,8 @@ def _scan(lctx, eqn, *args):
         n = len(flat)
         lo, hi, one = (V.const(v, V.index()) for v in (0, length, 1))
         loop = scf.ForOp(lo, hi, one, flat + _acc_regs(accs))
+        if rolled:
+            _keep_rolled(loop)
         ops.append(loop)
         with ir.InsertionPoint(loop.body):
             inner = list(loop.inner_iter_args)
@@ -258,7 +279,7 @@ def _while(lctx, eqn, *args):
     avals = [v.aval for v in eqn.invars[cn + bn:]]
     accs = _accs(bconsts)
     if _is_fori(p):
-        return _fori_while(lctx, p, bconsts, init, avals, accs)
+        return _fori_while(lctx, p, bconsts, init, avals, accs, _rolled(eqn))
 
     def emit(init, ops):
         flat, specs = _flatten(init, avals)
@@ -318,7 +339,7 @@ def _is_fori(p) -> bool:
     return False
 
 
-def _fori_while(lctx, p, bconsts, init, avals, accs):
+def _fori_while(lctx, p, bconsts, init, avals, accs, rolled=False):
     """A ``fori_loop``-shaped ``while`` as an ``scf.for`` from ``i`` to ``upper`` (as
     upstream lowers it): the step count is explicit, so LLVM keeps a loop with a
     constant trip count as one loop body as it does for upstream's, where an
@@ -332,6 +353,8 @@ def _fori_while(lctx, p, bconsts, init, avals, accs):
         n = len(flat)
         loop = scf.ForOp(arith.index_cast(V.index(), lo), arith.index_cast(V.index(), hi),
                          V.const(1, V.index()), flat + _acc_regs(accs))
+        if rolled:
+            _keep_rolled(loop)
         ops.append(loop)
         with ir.InsertionPoint(loop.body):
             inner = list(loop.inner_iter_args)
