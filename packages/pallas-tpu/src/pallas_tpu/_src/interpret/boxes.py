@@ -256,6 +256,21 @@ def numpy_index(box: Box):
     return hit
 
 
+_inside: dict = {}
+
+
+def index_in(box: Box, bounds):
+    """:func:`numpy_index` of ``box`` when it lies within ``bounds``, else None (one
+    cached lookup for the bounds check and the index together)."""
+    key = (box, bounds)
+    hit = _inside.get(key, _inside)
+    if hit is _inside:
+        if len(_inside) > 4096:
+            _inside.clear()
+        hit = _inside[key] = None if out_of_bounds(box, bounds) else numpy_index(box)
+    return hit
+
+
 def clipped_read(storage: np.ndarray, box: Box, bounds, fill) -> np.ndarray:
     """Reads ``box``; elements outside ``bounds`` read as ``fill``."""
     idx, valid = [], None

@@ -26,6 +26,7 @@ from pallas_tpu._src.interpret import boxes as B
 from pallas_tpu._src.interpret.plan import (  # noqa: F401 - rule, CF re-exported
     _CONTROL,
     CF,
+    COND_RULE,
     RULES,
     Segment,
     _needs_engine,
@@ -58,10 +59,11 @@ class Core:
         self.jax_call = lambda fn, *args: fn(*args)
 
     # -- grid position ------------------------------------------------------------------
-    def set_grid_point(self, point, grid, names) -> None:
-        self.ctx.grid_indices = tuple(np.int32(i) for i in point)
-        self.ctx.grid = tuple(grid)
-        self.ctx.axis_names = tuple(names) if names else None
+    def set_grid_indices(self, indices: tuple, grid: tuple, names) -> None:
+        """Moves to the grid point ``indices`` (``np.int32``s, what ``pl.program_id``
+        returns) of ``grid`` (axis ``names`` or None); the grid loop prepares them once."""
+        ctx = self.ctx
+        ctx.grid_indices, ctx.grid, ctx.axis_names = indices, grid, names
 
     # -- race detection ---------------------------------------------------------------
     def access(self, kind: str, buf: Buffer, box, site: str) -> None:
@@ -79,7 +81,8 @@ class Core:
         in bounds, for a caller that writes it elsewhere at once)."""
         if record and self.sim.detect:
             self.access("read", buf, box, site)
-        if B.out_of_bounds(box, buf.storage.shape):
+        index = B.index_in(box, buf.storage.shape)
+        if index is None:
             if self.params.out_of_bounds_reads == "raise":
                 raise IndexError(
                     f"Out-of-bounds {what} of {buf.origin} ({_space_name(buf)}) "
@@ -89,7 +92,7 @@ class Core:
                 )
             fill = B.uninitialized_value(buf.dtype, self.params.uninitialized_memory)
             return B.clipped_read(buf.storage, box, self.bounds(buf), fill)
-        data = buf.storage[B.numpy_index(box)]
+        data = buf.storage[index]
         return np.array(data) if copy else data
 
     def write(self, buf: Buffer, box, value, site: str, what: str = "write",
@@ -101,10 +104,11 @@ class Core:
         shape = B.box_shape(box)
         if value.shape != shape:
             value = np.broadcast_to(value, shape)
-        if not B.out_of_bounds(box, storage.shape):
+        index = B.index_in(box, storage.shape)
+        if index is not None:
             if mask is None and storage.shape == buf.shape:  # unpadded: all of it
-                with self.sim.cond:
-                    (buf.own() if buf.borrowed else storage)[B.numpy_index(box)] = value
+                with self.sim.lock:
+                    (buf.own() if buf.borrowed else storage)[index] = value
                 return
         elif mask is None or _masked_oob(box, storage.shape, mask):
             raise ValueError(
@@ -112,7 +116,7 @@ class Core:
                 f"{self.device} (core {self.core}) at {site}: writing "
                 f"{B.describe(box)} but buffer has shape {buf.shape} ."
             )
-        with self.sim.cond:
+        with self.sim.lock:
             write_clipped(buf, box, value, mask)
 
     # -- evaluation -----------------------------------------------------------------------
@@ -329,8 +333,8 @@ def _swap_rule(core: Core, eqn, invals):
         return [old]
     old = core.read(buf, box, site) if _used(eqn) else None
     core.write(buf, box, val, site)
-    if old is None:
-        old = np.zeros(B.box_shape(box), buf.dtype)
+    if old is None:  # the old value is dropped: a read-only view of one zero
+        old = np.broadcast_to(np.zeros((), buf.dtype), B.box_shape(box))
     return [old]
 
 
@@ -430,6 +434,9 @@ def _cond_rule(core: Core, eqn, invals):
     branches = eqn.params["branches"]
     i = min(max(int(index), 0), len(branches) - 1)
     return core.eval_closed(branches[i], ops)
+
+
+COND_RULE.append(_cond_rule)  # programs inline it (see plan.COND_RULE)
 
 
 @rule(CF["while"])

@@ -14,6 +14,7 @@ import dataclasses
 import math
 import threading
 import warnings
+import weakref
 from typing import Any
 
 import numpy as np
@@ -329,11 +330,32 @@ def _grid_order(cfg: Config, core: int):
     sub = math.prod(g for g, q in zip(grid, par) if q) if grid else 1
     per_core = -(-sub // cfg.num_cores) * (n // sub if sub else 0)
     start, stop = core * per_core, min((core + 1) * per_core, n)
+    perms = cfg.permutations
+    dims = [int(g) for g in reversed(grid)]
     for t in range(start, stop):
-        loop = np.unravel_index(t, grid) if grid else ()
-        point = tuple(int(cfg.permutations[d][i]) if par[d] else int(i)
-                      for d, i in enumerate(loop))
-        yield tuple(int(i) for i in loop), point
+        loop, rest = [], t
+        for g in dims:  # row-major unravel of t
+            rest, i = divmod(rest, g)
+            loop.append(i)
+        loop.reverse()
+        point = tuple(int(perms[d][i]) if par[d] else i for d, i in enumerate(loop))
+        yield tuple(loop), point
+
+
+_orders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _points(cfg: Config, core: int) -> list:
+    """``_grid_order`` with each point's indices as ``np.int32`` too (what
+    ``pl.program_id`` returns), computed once per kernel configuration and core."""
+    per_core = _orders.get(cfg)
+    if per_core is None:
+        per_core = _orders[cfg] = {}
+    hit = per_core.get(core)
+    if hit is None:
+        hit = per_core[core] = [(loop, point, tuple(np.int32(i) for i in point))
+                                for loop, point in _grid_order(cfg, core)]
+    return hit
 
 
 def _run_grid(core: Core, cfg: Config, setup) -> None:
@@ -354,7 +376,7 @@ def _run_grid(core: Core, cfg: Config, setup) -> None:
             sim, key, bm.ref_shape, bm.array_aval.dtype, bm.memory_space, bm.origin))
         (kernel_in if k < n_in else kernel_out).append(buf)
     args = [*setup["prefetch"], *kernel_in, *kernel_out, *scratch]
-    points = list(_grid_order(cfg, core.core))
+    points = _points(cfg, core.core)
     in_bms, out_bms = list(gm.in_block_mappings), list(gm.out_block_mappings)
     step = compiled_body(cfg.jaxpr, gm.grid, tuple(names) or None, p)
     if step is not None and not usable(args, sim.num_cores):
@@ -362,15 +384,18 @@ def _run_grid(core: Core, cfg: Config, setup) -> None:
     core.local_only = step is not None
     history: dict = {}
     prev = None
-    boxes = _boxes_at(core, cfg, setup, points[0][1]) if points else None
+    boxes_at = _box_finder(core, cfg, setup)
+    boxes = boxes_at(points[0][1]) if points else None
     in_blocks = [(k, bm) for k, bm in enumerate(in_bms) if not is_hbm(bm.memory_space)]
     out_blocks = [(o, bm) for o, bm in enumerate(out_bms) if not is_hbm(bm.memory_space)]
-    for t, (loop, point) in enumerate(points):
-        core.set_grid_point(point, gm.grid, names)
+    grid = tuple(gm.grid)
+    axis_names = tuple(names) if names else None
+    for t, (loop, point, indices) in enumerate(points):
+        core.set_grid_indices(indices, grid, axis_names)
         if p.grid_point_recorder is not None:
             p.grid_point_recorder(np.int32(0), tuple(np.int32(i) for i in point),
                                   np.int32(core.core))
-        nxt = _boxes_at(core, cfg, setup, points[t + 1][1]) if t + 1 < len(points) else None
+        nxt = boxes_at(points[t + 1][1]) if t + 1 < len(points) else None
         for k, bm in in_blocks:
             if prev is None or boxes[k] != prev[k]:
                 _copy_in(core, setup["inputs"][k], boxes[k], kernel_in[k], bm, loop, point)
@@ -399,19 +424,35 @@ def _static(gm):
     return hit[1], hit[2]
 
 
-def _boxes_at(core: Core, cfg: Config, setup, point):
-    """The HBM box of every block operand at ``point`` (None for HBM operands)."""
+def _box_finder(core: Core, cfg: Config, setup):
+    """``boxes_at(point)``: the HBM box of every block operand at ``point`` (None for HBM
+    operands). Boxes are memoised per block index for the run (blocks recur)."""
     gm = cfg.grid_mapping
     skip, pads = _static(gm)
     fast = scalar_index_maps(gm, skip)
-    if fast is not None:
-        idxs = fast(point)
-    else:
-        maps = compiled_index_maps(gm, skip)
-        idxs = core.jax_call(maps, np.asarray(point, np.int32),
-                             *[b.value for b in setup["prefetch"]])
-    return [None if s else _block_box(bm, p, np.asarray(i))
-            for bm, s, p, i in zip(gm.block_mappings, skip, pads, idxs)]
+    maps = compiled_index_maps(gm, skip) if fast is None else None
+    bms = list(gm.block_mappings)
+    memo: list = [{} for _ in bms]
+
+    def boxes_at(point):
+        if fast is not None:
+            idxs = fast(point)
+        else:
+            idxs = core.jax_call(maps, np.asarray(point, np.int32),
+                                 *[b.value for b in setup["prefetch"]])
+        out = []
+        for bm, s, p, i, m in zip(bms, skip, pads, idxs, memo):
+            if s:
+                out.append(None)
+                continue
+            key = tuple(i) if type(i) in (list, tuple) else tuple(np.asarray(i).tolist())
+            box = m.get(key)
+            if box is None:
+                box = m[key] = _block_box(bm, p, key)
+            out.append(box)
+        return out
+
+    return boxes_at
 
 
 def _copy_in(core, hbm: Buffer, box, buf: Buffer, bm, loop, point) -> None:
@@ -460,17 +501,24 @@ def _block_index(bm, box):
 
 
 def _check_revisit(history: dict, o: int, box, loop) -> None:
-    seen = history.setdefault(o, [])
-    if seen and seen[-1][1] == box:
-        seen[-1][2].append(loop)
+    """Raises when output ``o`` comes back to ``box`` after leaving it (its earlier
+    contents would be lost). ``history[o]``: the current box, and per box visited the
+    first and last iteration of its visit."""
+    seen = history.get(o)
+    if seen is None:
+        seen = history[o] = [None, {}]
+    visits = seen[1]
+    if seen[0] == box:
+        visits[box][1] = loop
         return
-    for _, b, loops in seen:
-        if b == box:
-            raise RuntimeError(
-                f"Revisited block {B.describe(box)} of output {o} in iteration {loop}. The "
-                f"block was previously visited in iterations {loops[0]} through {loops[-1]} ."
-            )
-    seen.append((loop, box, [loop]))
+    earlier = visits.get(box)
+    if earlier is not None:
+        raise RuntimeError(
+            f"Revisited block {B.describe(box)} of output {o} in iteration {loop}. The "
+            f"block was previously visited in iterations {earlier[0]} through {earlier[1]} ."
+        )
+    seen[0] = box
+    visits[box] = [loop, loop]
 
 
 # -- core_map -----------------------------------------------------------------------------------

@@ -177,6 +177,9 @@ def _needs_engine(eqn, invals) -> bool:
 # -- programs: a jaxpr as generated Python source -------------------------------------
 
 _programs: dict = {}
+#: The base rule of ``cond`` (set by the evaluator): while it is the rule in force, a
+#: program runs the chosen branch's program itself, without the rule's three calls.
+COND_RULE: list = []
 
 
 def _control_needs_engine(eqn) -> bool:
@@ -236,7 +239,21 @@ def program_of(jaxpr):
         invals = "[" + ", ".join(name(v) for v in step.invars) + "]"
         prim = step.primitive
         direct = prim in RULES and (prim not in _CONTROL or _control_needs_engine(step))
-        if direct:
+        if direct and prim is CF["cond"] and COND_RULE:
+            branches = step.params["branches"]
+            ns[f"B{i}"] = [program_of(b.jaxpr) for b in branches]
+            ns[f"K{i}"] = [b.consts for b in branches]
+            ns["COND"] = COND_RULE[0]
+            ops = ", ".join(name(v) for v in step.invars[1:])
+            last = len(branches) - 1
+            lines += [f"    _r = RG(P{i})",
+                      "    if _r is COND:",
+                      f"        _k = int({name(step.invars[0])})",
+                      f"        _k = 0 if _k < 0 else (_k if _k < {last} else {last})",
+                      f"        _o = B{i}[_k](core, K{i}[_k], [{ops}])",
+                      "    else:",
+                      f"        _o = _r(core, E{i}, {invals})"]
+        elif direct:
             lines.append(f"    _o = RG(P{i})(core, E{i}, {invals})")
         else:
             lines.append(f"    _o = core.eval_eqn(E{i}, {invals})")

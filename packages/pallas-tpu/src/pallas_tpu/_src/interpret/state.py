@@ -108,7 +108,14 @@ class Simulation:
         self.num_devices = int(num_devices)
         self.num_cores = int(num_cores)
         self.total_cores = self.num_devices * self.num_cores
-        self.cond = threading.Condition(threading.RLock())
+        # ``lock`` is ``cond``'s lock: ``with sim.lock`` for mutual exclusion alone (a C
+        # call, where the condition's ``with`` is two Python calls).
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        # With one core on one device nobody else can wait on ``cond``: no notifications.
+        self.shared = self.total_cores > 1
+        self.logging = params.logging_mode is not None
+        self.random_dmas = params.dma_execution_mode == "random"
         self.failed: BaseException | None = None
         self.failed_where = ""
         self.buffers: dict = {}
@@ -149,9 +156,15 @@ class Simulation:
         return self.total_cores + k
 
     # -- logging (InterpretParams.logging_mode) ------------------------------------------
+    def notify_all(self) -> None:
+        """Wakes the threads waiting on ``cond`` (the caller holds it); none can wait
+        when the simulation has a single core."""
+        if self.shared:
+            self.cond.notify_all()
+
     def log(self, what: str, message) -> None:
         """Prints ``message()`` when ``what`` ("BARRIER", "SEMAPHORE", "SHARED_MEMORY") is
-        in the params' logging mode."""
+        in the params' logging mode (hot paths test ``self.logging`` first)."""
         mode = self.params.logging_mode
         if mode is not None and getattr(type(mode), what) in mode:
             print(f"[TPU interpret mode: {self.name}] {message()}", flush=True)

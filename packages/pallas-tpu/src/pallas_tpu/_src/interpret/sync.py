@@ -36,12 +36,25 @@ class SemaphoreRef(Buffer):
         self.device = device
 
 
+_flats: dict = {}
+
+
 def sem_index(ref: SemaphoreRef, flat, tree) -> int:
+    """The flat index of the single semaphore of ``ref`` that the view names (cached
+    per view and semaphore shape once checked)."""
     box, _ = view(ref, flat, tree)
+    key = (box, ref.sem.shape)
+    hit = _flats.get(key)
+    if hit is not None:
+        return hit
     if box is None or not all(d.squeezed for d in box):
         raise ValueError(f"a semaphore operation needs a single semaphore of {ref.origin}; "
                          f"got a view of shape {B.box_shape(box) if box else '?'}")
-    return ref.sem.flat([d.start for d in box])
+    out = ref.sem.flat([d.start for d in box])  # raises when out of bounds
+    if len(_flats) > 4096:
+        _flats.clear()
+    _flats[key] = out
+    return out
 
 
 def remote_sem(core: Core, ref: SemaphoreRef, device: int) -> Semaphore:
@@ -91,36 +104,42 @@ def signal(core: Core, sem: Semaphore, target_core: int, flat: int, inc: int,
            clock=None) -> None:
     """Adds ``inc`` to ``sem``'s count for ``target_core``; ``clock`` is what it carries."""
     sim = core.sim
-    with sim.cond:
+    with sim.lock:
         sem.flat_counts[target_core, flat] += inc
-        sim.log("SEMAPHORE", lambda: f"{core.who} signals {sem.name}[{flat}] of core "
-                f"{target_core} by {inc}")
+        if sim.logging:
+            sim.log("SEMAPHORE", lambda: f"{core.who} signals {sem.name}[{flat}] of core "
+                    f"{target_core} by {inc}")
         if sim.detect:
             if clock is None:
                 clock = sim.clocks.release(core.gid)
             key = (target_core, flat)
             prev = sem.clocks.get(key)
             sem.clocks[key] = clock.copy() if prev is None else np.maximum(prev, clock)
-        sim.cond.notify_all()
+        sim.notify_all()
 
 
 def wait(core: Core, sem: Semaphore, flat: int, value: int, decrement: bool = True,
-         what: str = "") -> None:
+         what=None) -> None:
     """Blocks ``core`` until its count of ``sem`` reaches ``value`` (running the DMAs
-    queued on it meanwhile), then takes ``value`` and the signals' clocks."""
+    queued on it meanwhile), then takes ``value`` and the signals' clocks. ``what``
+    names the wait in a deadlock error: a string, or a function making it (called only
+    then)."""
     sim = core.sim
     counts = sem.flat_counts
-    tasks = sem.tasks[(core.core, flat)]
-    with sim.cond:
-        while counts[core.core, flat] < value:
+    c = core.core
+    tasks = sem.tasks[(c, flat)]
+    with sim.lock:  # ``cond``'s lock: block_until waits on ``cond``
+        while counts[c, flat] < value:
             if tasks:
                 dma = _pick(sim, tasks)
                 dma.run()
                 continue
-            sim.block_until(core.who, lambda: counts[core.core, flat] >= value or bool(tasks),
-                            f"{what or sem.name} to reach {value}")
-        sim.log("SEMAPHORE", lambda: f"{core.who} waited for {sem.name}[{flat}] to reach "
-                f"{value}")
+            name = what() if callable(what) else what
+            sim.block_until(core.who, lambda: counts[c, flat] >= value or bool(tasks),
+                            f"{name or sem.name} to reach {value}")
+        if sim.logging:
+            sim.log("SEMAPHORE", lambda: f"{core.who} waited for {sem.name}[{flat}] to "
+                    f"reach {value}")
         if decrement:
             counts[core.core, flat] -= value
         if sim.detect:
@@ -161,7 +180,7 @@ def _wait_rule(core: Core, eqn, invals):
     flat, value = rest[:n], int(np.asarray(rest[n]))
     run_random_dmas(core)
     wait(core, ref.sem, sem_index(ref, flat, p["tree"]), value, p["decrement"],
-         f"{ref.origin} (at {site_of(eqn)})")
+         lambda: f"{ref.origin} (at {site_of(eqn)})")
     return []
 
 
@@ -169,7 +188,7 @@ def _wait_rule(core: Core, eqn, invals):
 def _read_rule(core: Core, eqn, invals):
     ref, *flat = invals
     idx = sem_index(ref, flat, eqn.params["tree"])
-    with core.sim.cond:
+    with core.sim.lock:
         return [np.int32(ref.sem.flat_counts[core.core, idx])]
 
 
@@ -265,10 +284,11 @@ class Dma:
         of one shape (no send semaphore, no add, unpadded destination): the source box
         goes into the destination without an intermediate array. False otherwise."""
         src, dst, sb, db = self.src, self.dst, self.src_box, self.dst_box
-        if (self.src_sem is not None or self.add or dst.storage.shape != dst.shape
-                or B.box_shape(sb) != B.box_shape(db)
-                or B.out_of_bounds(sb, src.storage.shape)
-                or B.out_of_bounds(db, dst.shape)):
+        if self.src_sem is not None or self.add or dst.storage.shape != dst.shape:
+            return False
+        src_index = B.index_in(sb, src.storage.shape)
+        dst_index = B.index_in(db, dst.shape)
+        if src_index is None or dst_index is None or B.box_shape(sb) != B.box_shape(db):
             return False
         sim = self.sim
         if sim.detect:
@@ -276,32 +296,35 @@ class Dma:
             self.clock = self.clock.copy()
             self.clock[self.thread] = sim.clocks.tick(self.thread)[self.thread]
             self._record("write", dst, db)
-        with sim.cond:
-            dst.own()[B.numpy_index(db)] = src.storage[B.numpy_index(sb)]
+        with sim.lock:
+            (dst.own() if dst.borrowed else dst.storage)[dst_index] = src.storage[src_index]
         self._finish()
         return True
 
     def _finish(self) -> None:
-        self.sim.log("SHARED_MEMORY", lambda: f"{self.who} copied {self.src.origin}"
-                     f"{B.describe(self.src_box)} to {self.dst.origin}"
-                     f"{B.describe(self.dst_box)} ({self.nbytes} bytes)")
+        sim = self.sim
+        if sim.logging:
+            sim.log("SHARED_MEMORY", lambda: f"{self.who} copied {self.src.origin}"
+                    f"{B.describe(self.src_box)} to {self.dst.origin}"
+                    f"{B.describe(self.dst_box)} ({self.nbytes} bytes)")
         self.data = None
         self.state = "done"
         _dequeue(self)  # it may still sit in the other semaphore's queue
-        self.sim.pending_random.get(self.issuer.gid, set()).discard(self)
+        if sim.random_dmas:
+            sim.pending_random.get(self.issuer.gid, set()).discard(self)
         signal(self.issuer, self.dst_sem, self.dst_core, self.dst_flat, self.nbytes,
-               self.clock if self.sim.detect else None)
+               self.clock if sim.detect else None)
 
 
 def run_random_dmas(core: Core) -> None:
     """In "random" mode: each DMA this core has in flight completes now with p = 1/2."""
     sim = core.sim
-    if sim.params.dma_execution_mode != "random":
+    if not sim.random_dmas:
         return
     pending = sim.pending_random.get(core.gid)
     if not pending:
         return
-    with sim.cond:
+    with sim.lock:
         for dma in sorted(pending, key=lambda d: d.id):
             if sim.rng.random() < 0.5:
                 _dequeue(dma)
@@ -309,12 +332,13 @@ def run_random_dmas(core: Core) -> None:
 
 
 def _dequeue(dma: Dma) -> None:
-    for sem, c, f in ((dma.dst_sem, dma.dst_core, dma.dst_flat),
-                      (dma.src_sem, dma.issuer.core, dma.src_flat)):
-        if sem is not None:
-            q = sem.tasks[(c, f)]
-            if dma in q:
-                q.remove(dma)
+    q = dma.dst_sem.tasks.get((dma.dst_core, dma.dst_flat))
+    if q and dma in q:
+        q.remove(dma)
+    if dma.src_sem is not None:
+        q = dma.src_sem.tasks.get((dma.issuer.core, dma.src_flat))
+        if q and dma in q:
+            q.remove(dma)
 
 
 def _box(buf, flat, tree, what):
@@ -378,9 +402,10 @@ def _dma_start_rule(core: Core, eqn, invals):
     ssem, sflat = None, 0
     if src_sem is not None:
         ssem, sflat = src_sem[0].sem, sem_index(*src_sem)
-    run_random_dmas(core)
     sim = core.sim
-    with sim.cond:
+    if sim.random_dmas:
+        run_random_dmas(core)
+    with sim.lock:
         dma = Dma(core, src, src_box, dst_buf, dst_box, dsem, core.core,
                   sem_index(sem, mf, mt), ssem, sflat, p["add"], site)
         mode = sim.params.dma_execution_mode
@@ -392,7 +417,7 @@ def _dma_start_rule(core: Core, eqn, invals):
         dsem.tasks[(core.core, dma.dst_flat)].append(dma)
         if mode == "random":
             sim.pending_random.setdefault(core.gid, set()).add(dma)
-        sim.cond.notify_all()
+        sim.notify_all()
     return []
 
 
@@ -403,7 +428,8 @@ def _dma_wait_rule(core: Core, eqn, invals):
     buf, flat, tree = _operand(spec[2 if eqn.params["kind"] == "recv" else 1], invals)
     box = _box(buf, flat, tree, "view")
     nbytes = math.prod(B.box_shape(box)) * buf.dtype.itemsize
-    run_random_dmas(core)
+    if core.sim.random_dmas:
+        run_random_dmas(core)
     wait(core, sem.sem, sem_index(sem, mf, mt), nbytes, True,
-         f"DMA semaphore {sem.origin} (wait at {site})")
+         lambda: f"DMA semaphore {sem.origin} (wait at {site})")
     return []
