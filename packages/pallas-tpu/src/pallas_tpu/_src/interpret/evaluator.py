@@ -27,6 +27,7 @@ from pallas_tpu._src.interpret.plan import (  # noqa: F401 - rule, CF re-exporte
     _CONTROL,
     CF,
     COND_RULE,
+    GRID_RULE,
     RULES,
     Segment,
     _needs_engine,
@@ -243,6 +244,9 @@ def _grid_rule(core: Core, eqn, invals):
     if eqn.primitive is program_id_p:
         return [np.int32(core.ctx.grid_indices[axis])]
     return [np.int32(core.ctx.grid[axis])]
+
+
+GRID_RULE.append(_grid_rule)  # programs inline it for program_id (see plan.GRID_RULE)
 
 
 @rule(axis_index_p)

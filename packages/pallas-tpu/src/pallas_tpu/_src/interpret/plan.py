@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import jax
 
-from pallas.plugins import RuleTable, interpret_rules, load_p, run_scoped_p
+from pallas.plugins import RuleTable, interpret_rules, load_p, program_id_p, run_scoped_p
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.interpret import scalars
 from pallas_tpu._src.interpret.scalars import Fallback
@@ -180,6 +180,8 @@ _programs: dict = {}
 #: The base rule of ``cond`` (set by the evaluator): while it is the rule in force, a
 #: program runs the chosen branch's program itself, without the rule's three calls.
 COND_RULE: list = []
+#: Likewise the base rule of ``program_id``: a program reads the core's grid index.
+GRID_RULE: list = []
 
 
 def _control_needs_engine(eqn) -> bool:
@@ -251,6 +253,14 @@ def program_of(jaxpr):
                       f"        _k = int({name(step.invars[0])})",
                       f"        _k = 0 if _k < 0 else (_k if _k < {last} else {last})",
                       f"        _o = B{i}[_k](core, K{i}[_k], [{ops}])",
+                      "    else:",
+                      f"        _o = _r(core, E{i}, {invals})"]
+        elif direct and prim is program_id_p and GRID_RULE:
+            ns["GRID"] = GRID_RULE[0]
+            axis = int(step.params["axis"])
+            lines += [f"    _r = RG(P{i})",
+                      f"    if _r is GRID and {axis} < len(core.ctx.grid):",
+                      f"        _o = [core.ctx.grid_indices[{axis}]]",
                       "    else:",
                       f"        _o = _r(core, E{i}, {invals})"]
         elif direct:

@@ -229,8 +229,7 @@ class Dma:
         self.src, self.src_box, self.dst, self.dst_box = src, src_box, dst, dst_box
         self.dst_sem, self.dst_core, self.dst_flat = dst_sem, dst_core, dst_flat
         self.src_sem, self.src_flat = src_sem, src_flat
-        shape = B.box_shape(src_box)
-        self.nbytes = math.prod(shape) * src.dtype.itemsize
+        self.nbytes = _nbytes(src_box, src.dtype)
         self.data = None
         self.state = "started"
         sim.dma_count += 1
@@ -421,13 +420,26 @@ def _dma_start_rule(core: Core, eqn, invals):
     return []
 
 
+_sizes: dict = {}
+
+
+def _nbytes(box, dtype) -> int:
+    """The bytes a DMA of ``box`` moves (cached per box shape and dtype)."""
+    key = (B.box_shape(box), dtype)
+    hit = _sizes.get(key)
+    if hit is None:
+        if len(_sizes) > 4096:
+            _sizes.clear()
+        hit = _sizes[key] = math.prod(key[0]) * dtype.itemsize
+    return hit
+
+
 @rule(dma_prims.dma_wait_p)
 def _dma_wait_rule(core: Core, eqn, invals):
     _, spec, site, _ = _static(eqn)
     sem, mf, mt = _operand(spec[0], invals)
     buf, flat, tree = _operand(spec[2 if eqn.params["kind"] == "recv" else 1], invals)
-    box = _box(buf, flat, tree, "view")
-    nbytes = math.prod(B.box_shape(box)) * buf.dtype.itemsize
+    nbytes = _nbytes(_box(buf, flat, tree, "view"), buf.dtype)
     if core.sim.random_dmas:
         run_random_dmas(core)
     wait(core, sem.sem, sem_index(sem, mf, mt), nbytes, True,
