@@ -424,15 +424,27 @@ def _static(gm):
     return hit[1], hit[2]
 
 
+_memos: dict = {}
+
+
+def _box_memo(gm) -> list:
+    """Per block mapping of ``gm``: block index -> its HBM box (a pure function of the
+    index; kept per grid mapping, cleared past 65536 entries per operand)."""
+    hit = _memos.get(id(gm))
+    if hit is None or hit[0] is not gm:
+        hit = _memos[id(gm)] = (gm, [{} for _ in gm.block_mappings])
+    return hit[1]
+
+
 def _box_finder(core: Core, cfg: Config, setup):
     """``boxes_at(point)``: the HBM box of every block operand at ``point`` (None for HBM
-    operands). Boxes are memoised per block index for the run (blocks recur)."""
+    operands). Boxes are memoised per block index (see :func:`_box_memo`)."""
     gm = cfg.grid_mapping
     skip, pads = _static(gm)
     fast = scalar_index_maps(gm, skip)
     maps = compiled_index_maps(gm, skip) if fast is None else None
     bms = list(gm.block_mappings)
-    memo: list = [{} for _ in bms]
+    memo = _box_memo(gm)
 
     def boxes_at(point):
         if fast is not None:
@@ -448,6 +460,8 @@ def _box_finder(core: Core, cfg: Config, setup):
             key = tuple(i) if type(i) in (list, tuple) else tuple(np.asarray(i).tolist())
             box = m.get(key)
             if box is None:
+                if len(m) > 65536:
+                    m.clear()
                 box = m[key] = _block_box(bm, p, key)
             out.append(box)
         return out
