@@ -432,6 +432,8 @@ def _box_memo(gm) -> list:
     index; kept per grid mapping, cleared past 65536 entries per operand)."""
     hit = _memos.get(id(gm))
     if hit is None or hit[0] is not gm:
+        if len(_memos) > 256:  # e.g. a dynamic grid's mapping is new at every call
+            _memos.clear()
         hit = _memos[id(gm)] = (gm, [{} for _ in gm.block_mappings])
     return hit[1]
 
