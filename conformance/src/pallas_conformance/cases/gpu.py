@@ -1,5 +1,6 @@
 """GPU kernels written with the primitives of ``pallas_mosaic_gpu`` (``plgpu``):
-warpgroups of one block that specialise and wait for each other, TMA copies with
+warpgroups of one block (and warps of one warpgroup) that specialise and wait for each
+other, TMA copies with
 mbarrier pipelines and bulk async-groups, and ``wgmma`` matmuls from swizzled SMEM tiles.
 
 They are registered only when pallas-mosaic-gpu is installed, and run for a backend
@@ -88,6 +89,52 @@ def producer_consumer(pallas_call, x):
                    scratch_types=[plgpu.SMEM(x.shape, x.dtype), plgpu.SMEM(x.shape, x.dtype),
                                   plgpu.Barrier(num_barriers=1),
                                   plgpu.Barrier(num_barriers=1)])(x)
+
+
+def warps_relay(pallas_call, x):
+    """Warps of one warpgroup waiting for each other (``pl.core_map`` over a
+    ``plgpu.WarpMesh``): warp 0 loads 16-row tiles into two SMEM slots with TMA once warp 1
+    has freed them, warp 1 waits for each load, stores the slot with TMA and frees it for
+    the next load into it."""
+    steps, rows = x.shape[0] // 16, 16
+
+    def body(x_gmem, o_gmem, slots, loaded, free):
+        @pl.core_map(plgpu.WarpMesh(axis_name="warp"))
+        def _():
+            warp = jax.lax.axis_index("warp")
+
+            @pl.when(warp == 0)
+            def _():
+                def load(i, c):
+                    @pl.when(i >= 2)
+                    def _():
+                        plgpu.barrier_wait(free.at[i % 2])
+
+                    plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(i * rows, rows)],
+                                            slots.at[i % 2], loaded.at[i % 2])
+                    return c
+
+                jax.lax.fori_loop(0, steps, load, 0)
+
+            @pl.when(warp == 1)
+            def _():
+                def store(i, c):
+                    plgpu.barrier_wait(loaded.at[i % 2])
+                    plgpu.copy_smem_to_gmem(slots.at[i % 2], o_gmem.at[pl.ds(i * rows, rows)])
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+                    @pl.when(i + 2 < steps)  # a later load reuses the slot
+                    def _():
+                        plgpu.barrier_arrive(free.at[i % 2])
+
+                    return c
+
+                jax.lax.fori_loop(0, steps, store, 0)
+
+    return _kernel(pallas_call, body, sds(x.shape, x.dtype),
+                   scratch_types=[plgpu.SMEM((2, rows, x.shape[1]), x.dtype),
+                                  plgpu.Barrier(num_barriers=2),
+                                  plgpu.Barrier(num_barriers=2)])(x)
 
 
 def rows_per_warpgroup(pallas_call, x):
@@ -405,6 +452,9 @@ def _register():
     case("gpu/warpgroups_own_rows", tags={"warpgroups", "tma_pipelines"},
          inputs=lambda rng: (randn(rng, (32, 128)),),
          reference=lambda x: x * x - 1.0)(rows_per_warpgroup)
+    case("gpu/warps_wait_for_each_other", tags={"warpgroups", "tma_pipelines"},
+         inputs=lambda rng: (randn(rng, (96, 128)),),
+         reference=lambda x: x)(warps_relay)
     case("gpu/tma_emit_pipeline_sub", tags={"tma_pipelines"},
          inputs=lambda rng: (randn(rng, (32, 256)), randn(rng, (32, 256))),
          reference=jnp.subtract)(pipeline_sub)
