@@ -9,6 +9,7 @@ race detector records.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import jax
@@ -201,8 +202,23 @@ def _box_function(shape, prog):
                 dims[b] = [f"({begin})", "1", d[2], True]
     # tuple.__new__ directly: a NamedTuple's own __new__ is a Python call per Dim.
     body = ", ".join(f"_new(Dim, ({d[0]}, {d[1]}, {d[2]}, {d[3]}))" for d in dims)
-    ns = {"Dim": Dim, "_i": _as_int, "_new": tuple.__new__}
-    code = f"def box(f):\n    return ({body}{',' if len(dims) == 1 else ''})\n"
+    # The box is a function of the leaves read: memoised by their values (an
+    # unhashable leaf, an array, is computed each time).
+    read = sorted({int(k) for k in re.findall(r"f\[(\d+)\]", body)})
+    key = "(" + "".join(f"f[{k}], " for k in read) + ")"
+    ns = {"Dim": Dim, "_i": _as_int, "_new": tuple.__new__, "_memo": {}}
+    code = (f"def build(f):\n    return ({body}{',' if len(dims) == 1 else ''})\n"
+            f"def box(f):\n"
+            f"    try:\n"
+            f"        k = {key}\n"
+            f"        hit = _memo.get(k)\n"
+            f"    except TypeError:\n"
+            f"        return build(f)\n"
+            f"    if hit is None:\n"
+            f"        if len(_memo) > 1024:\n"
+            f"            _memo.clear()\n"
+            f"        hit = _memo[k] = build(f)\n"
+            f"    return hit\n")
     exec(compile(code, "<pallas_tpu box>", "exec"), ns)  # noqa: S102
     return ns["box"]
 
