@@ -117,3 +117,29 @@ def test_tmem_buffers_over_the_columns_of_a_block_are_refused_naming_them():
     with pytest.raises(KernelError, match=r"544 TMEM columns in all \(\(128, 512\) "
                                           r"float32: 512, \(128, 32\) float32: 32\).*512"):
         _built(f)
+
+
+def test_a_cta_pairs_tmem_is_freed_after_one_cluster_barrier(monkeypatch):
+    # A pair's MMAs write both blocks' TMEM: both blocks meet on a cluster barrier
+    # (release/acquire, every thread of both blocks) before freeing it; no block barrier
+    # before it as well. The pair matmul still computes a @ b (emulate level).
+    import importlib.util
+    from pathlib import Path
+
+    monkeypatch.setenv("PALLAS_MOSAIC_GPU_TARGET", "sm_100a")
+    spec = importlib.util.spec_from_file_location(
+        "tmem_pair_kernels", Path(__file__).with_name("test_lowering_clusters.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    a, b = mod._operands()
+    k = _built(mod.cta_pair_matmul(), a, b)
+    text = str(module_of(k))
+    end = text[:text.index("nvvm.tcgen05.dealloc")]
+    arrive = end.rindex("nvvm.cluster.arrive")
+    assert end[arrive:].startswith("nvvm.cluster.arrive {aligned}")  # not .relaxed
+    # The body's last warpgroup barrier, then the cluster barrier: no block barrier.
+    assert end.rfind("gpu.barrier") < end.rfind("bar.sync") < arrive
+    (got,) = run_kernel(k, [np.asarray(a), np.asarray(b)])
+    np.testing.assert_allclose(np.asarray(got, np.float32),
+                               np.asarray(jnp.dot(a, b, preferred_element_type=F32)),
+                               rtol=1e-2, atol=5e-2)

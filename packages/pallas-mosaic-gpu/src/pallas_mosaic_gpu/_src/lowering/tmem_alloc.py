@@ -113,12 +113,14 @@ def allocate(p: TmemPlan, addr_ref) -> dict:
 
 
 def free(p: TmemPlan, refs: dict) -> None:
-    """Frees the allocation once every thread is done with it (a block barrier, and a
-    cluster one for a CTA pair's, whose MMAs write both blocks' TMEM), with the address
-    read at the start."""
-    gpu.barrier()
+    """Frees the allocation once every thread is done with it, with the address read at
+    the start: after a block barrier, or for a CTA pair's (whose MMAs write both blocks'
+    TMEM) a cluster barrier, which every thread of both blocks reaches (release/acquire:
+    it orders memory as the block barrier would, so that one is not needed too)."""
     if p.collective:
-        nvvm.cluster_arrive_relaxed(aligned=True)
+        nvvm.cluster_arrive(aligned=True)
         nvvm.cluster_wait(aligned=True)
+    else:
+        gpu.barrier()
     with mgpu.utils.when(_warp0()):
         tcgen05.tmem_dealloc(refs[""], p.cols, collective=p.collective, exact=False)
