@@ -39,12 +39,13 @@ def _pair_blocks(th, eqn, fn: str) -> tuple[int, ...]:
 def _smem_to_tmem(th, eqn, invals):
     src, dst = R.unflatten(eqn.params["refs"], invals)
     axis = eqn.params["collective_axis"]
+    kind = eqn.params["kind"]
     if axis is None:
-        write(th, *dst, read(th, *src))
+        write(th, *dst, tmem.copied_value(kind, read(th, *src)))
         return []
-    for j in _pair_blocks(th, eqn, f"async_copy_{eqn.params['kind']}_to_tmem"):
+    for j in _pair_blocks(th, eqn, f"async_copy_{kind}_to_tmem"):
         write(th, *pairs.peer_view(th, dst, axis, j),
-              read(th, *pairs.peer_view(th, src, axis, j)))
+              tmem.copied_value(kind, read(th, *pairs.peer_view(th, src, axis, j))))
     return []
 
 

@@ -22,6 +22,9 @@ def _update(th, eqn, invals, accumulate=True):
     spec = eqn.params["refs"]
     (buf, flat, tree), a, b = mma.mma_operands(spec, invals,
                                                lambda bu, f, t: read(th, bu, f, t))
+    entries = R.unflatten(spec, invals)
+    if len(entries) > 4:  # block-scaled (tcgen05_mma(a_scale=..., b_scale=...))
+        a, b = mma.scaled_operands(a, b, *(read(th, *e) for e in entries[4:6]))
     old = read(th, buf, flat, tree)
     base = old if accumulate else jnp.zeros_like(old)
     write(th, buf, flat, tree, base + mma._dot(a, b, old.dtype))

@@ -77,6 +77,9 @@ def _tcgen05_mma(lctx, eqn, *ops):
     pair = axis is not None
     if pair:
         threads.check_pair(lctx, axis, "tcgen05_mma", "collective_axis")
+    if len(spec) > 4:
+        raise NotImplementedError("plgpu.tcgen05_mma with a_scale/b_scale (block-scaled "
+                                  "MMA): the mosaic_gpu lowering does not emit it yet")
     (acc, aflat, atree), a, (b, bflat, btree), bar = R.unflatten(spec, ops)[:4]
     acc = _acc(acc, aflat, atree, "tcgen05_mma")
     if pair != acc.collective:

@@ -6,7 +6,8 @@ SMEM ref, possibly ``transpose_ref``-ed) to the accumulator, in float32 for floa
 inputs; ``wgmma_wait(n)`` waits until at most ``n`` wgmma groups are in flight and
 ``acc[...]``/``wgmma_accumulator_load`` reads the result. ``tcgen05_mma(acc, a, b,
 barrier)`` does the same into a TMEM ref (``accumulate=False`` overwrites) and arrives
-on ``barrier`` when done. Interpreters compute the product when it is issued.
+on ``barrier`` when done; with ``a_scale``/``b_scale`` the operands are scaled per block
+of K first (the block-scaled MMA). Interpreters compute the product when it is issued.
 """
 
 from __future__ import annotations
@@ -139,20 +140,70 @@ def tcgen05_mma(acc: Any, a: Any, b: Any, barrier: Any = None, *, a_scale: Any =
                 accumulate: bool | jax.Array = True, collective_axis: str | None = None
                 ) -> None:
     """``acc (TMEM) = (acc if accumulate else 0) + a @ b``; arrives on ``barrier`` when
-    done. Scaled and sparse forms (``a_scale``/``b_scale``/``a_sparse_metadata``) and
-    CTA-pair ``collective_axis`` are not supported by the interpreters yet."""
-    if a_scale is not None or b_scale is not None or a_sparse_metadata is not None:
+    done. With ``a_scale``/``b_scale`` (TMEM block scales, see :func:`scaled_operands`)
+    it is the block-scaled MMA. Sparse ``a_sparse_metadata`` is not supported yet."""
+    if a_sparse_metadata is not None:
         raise NotImplementedError(
-            "plgpu.tcgen05_mma with a_scale/b_scale/a_sparse_metadata is not supported by "
-            "pallas-mosaic-gpu's interpreters yet")
+            "plgpu.tcgen05_mma with a_sparse_metadata (sparse MMA) is not supported by "
+            "pallas-mosaic-gpu yet")
     _check_mma("tcgen05_mma", R.view_aval(acc), R.view_aval(a), R.view_aval(b),
                pair=collective_axis is not None)
     _check_spaces(acc, a, b)
+    if (a_scale is None) != (b_scale is None):
+        raise ValueError("plgpu.tcgen05_mma: a_scale and b_scale must be both present or "
+                         "both unspecified")
+    scales = ()
+    if a_scale is not None:
+        if collective_axis is not None:
+            raise NotImplementedError(
+                "plgpu.tcgen05_mma with a_scale/b_scale and collective_axis (a block-scaled "
+                "CTA-pair MMA) is not supported by pallas-mosaic-gpu yet")
+        _check_scales(R.view_aval(a), R.view_aval(b), a_scale, b_scale)
+        scales = (a_scale, b_scale)
     if barrier is not None:
         check_tensor_core_barrier(barrier, "tcgen05_mma")
-    refs = R.FlatRefs(acc, a, b, barrier)
+    refs = R.FlatRefs(acc, a, b, barrier, *scales)
     tcgen05_mma_p.bind(*refs.operands, jnp.asarray(accumulate, jnp.bool_), refs=refs.spec,
                        collective_axis=collective_axis)
+
+
+SCALE_DTYPES = {32: ("float8_e8m0fnu",), 16: ("float8_e8m0fnu", "float8_e4m3fn")}
+
+
+def _check_scales(a_aval, b_aval, a_scale, b_scale) -> None:
+    """Block scales: ``a_scale (M, K / block)``, ``b_scale (N, K / block)`` TMEM refs of
+    one scale per ``block`` (32, or 16 for 4-bit operands) consecutive elements of K."""
+    from pallas_mosaic_gpu._src.memory import MemorySpace
+
+    (m, k), (_, n) = a_aval.shape[-2:], b_aval.shape[-2:]
+    sa, sb = R.view_aval(a_scale), R.view_aval(b_scale)
+    for arg, ref, aval, rows in (("a_scale", a_scale, sa, m), ("b_scale", b_scale, sb, n)):
+        space = R.memory_space(ref)
+        if isinstance(space, MemorySpace) and space.value != "tmem":
+            raise ValueError(f"plgpu.tcgen05_mma: {arg} must be a TMEM ref, got a "
+                             f"{space.value.upper()} ref")
+        if len(aval.shape) != 2 or aval.shape[0] != rows or not aval.shape[1] or (
+                k % aval.shape[1]):
+            raise ValueError(f"plgpu.tcgen05_mma: {arg} is {aval.str_short()}; it must be "
+                             f"({rows}, K / block) for K = {k}")
+    block = k // sa.shape[1]
+    if sb.shape[1] != sa.shape[1] or block not in SCALE_DTYPES or any(
+            x.dtype.name not in SCALE_DTYPES[block] for x in (sa, sb)) or sa.dtype != sb.dtype:
+        raise ValueError(
+            f"plgpu.tcgen05_mma: a_scale {sa.str_short()} and b_scale {sb.str_short()} for "
+            f"K = {k}: both must hold one scale per block of 32 elements of K "
+            "(float8_e8m0fnu) or of 16 (float8_e8m0fnu or float8_e4m3fn), of one dtype")
+
+
+def scaled_operands(a, b, a_scale, b_scale):
+    """The block-scaled MMA's operands in float32: ``a * a_scale`` and ``b * b_scale``,
+    each scale repeated over its block of K (upstream's reference:
+    ``dot(a * repeat(a_scale, block, 1), (b.T * repeat(b_scale, block, 1)).T)``)."""
+    block = a.shape[-1] // a_scale.shape[-1]
+    sa = jnp.repeat(jnp.asarray(a_scale).astype(jnp.float32), block, axis=1)
+    sb = jnp.repeat(jnp.asarray(b_scale).astype(jnp.float32), block, axis=1)
+    return (jnp.asarray(a).astype(jnp.float32) * sa,
+            jnp.asarray(b).astype(jnp.float32) * sb.T)
 
 
 def _check_spaces(acc, a, b) -> None:
@@ -180,12 +231,13 @@ def check_tensor_core_barrier(barrier, fn: str) -> None:
 
 
 def _mma_effects(*avals, refs, **_):
-    acc, a, b, *bar = refs
+    acc, a, b, *rest = refs
     eff = {jc.WriteEffect(acc[0]), jc.ReadEffect(b[0])}
     if a is not None:
         eff.add(jc.ReadEffect(a[0]))
-    if bar and bar[0] is not None:
-        eff.add(jc.WriteEffect(bar[0][0]))
+    if rest and rest[0] is not None:
+        eff.add(jc.WriteEffect(rest[0][0]))
+    eff.update(jc.ReadEffect(s[0]) for s in rest[1:])  # block scales
     return [], eff
 
 
@@ -220,11 +272,14 @@ def tcgen05_rule(ctx, eqn, invals):
     R.check_not_collective(eqn, "tcgen05_mma")
     spec = eqn.params["refs"]
     (cell, flat, tree), a, b = mma_operands(spec, invals, _cell_read)
+    entries = R.unflatten(spec, invals)
+    if len(entries) > 4:  # block-scaled
+        a, b = scaled_operands(a, b, *(_cell_read(*e) for e in entries[4:6]))
     accumulate = invals[R.spec_end(spec)]
     old = jc.get_view(cell.value, flat, tree)
     new = jnp.where(accumulate, old, jnp.zeros_like(old)) + _dot(a, b, old.dtype)
     cell.value = jc.set_view(cell.value, new, flat, tree)
-    bar = R.unflatten(spec, invals)[3]
+    bar = entries[3]
     if bar is not None:
         bcell, bflat, btree = bar
         count = jc.get_view(bcell.value, bflat, btree)

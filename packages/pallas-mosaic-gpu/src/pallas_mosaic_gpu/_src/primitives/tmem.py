@@ -36,12 +36,37 @@ def async_store_tmem(ref: Any, value: Any) -> None:
 
 def _smem_to_tmem(kind: str, smem_ref: Any, tmem_ref: Any, collective_axis: Any) -> None:
     s, t = R.view_aval(smem_ref), R.view_aval(tmem_ref)
-    if tuple(s.shape) != tuple(t.shape) or s.dtype != t.dtype:
+    if kind == "scales":
+        want = scales_smem_shape(t.shape)
+        if want is None or tuple(s.shape) != want or s.dtype != t.dtype:
+            raise ValueError(
+                f"plgpu.async_copy_scales_to_tmem: smem_ref is {s.str_short()} but tmem_ref "
+                f"is {t.str_short()}; block scales (MN, KB) (MN a multiple of 128, KB of 4) "
+                f"are copied from SMEM in the tensor core's layout, shape "
+                "(MN / 128, KB / 4, 32, 16) of the same dtype")
+    elif tuple(s.shape) != tuple(t.shape) or s.dtype != t.dtype:
         raise ValueError(f"plgpu.async_copy_{kind}_to_tmem: smem_ref is {s.str_short()} but "
                          f"tmem_ref is {t.str_short()}; they must match")
     refs = R.FlatRefs(smem_ref, tmem_ref)
     copy_smem_to_tmem_p.bind(*refs.operands, refs=refs.spec, kind=kind,
                              collective_axis=collective_axis)
+
+
+def scales_smem_shape(tmem_shape) -> tuple | None:
+    """The SMEM shape of block scales ``(MN, KB)`` in the tensor core's layout: 128-row
+    tiles of 32 rows x 4 row groups x 4 scales, ``(MN / 128, KB / 4, 32, 16)``."""
+    if len(tmem_shape) != 2 or tmem_shape[0] % 128 or tmem_shape[1] % 4:
+        return None
+    mn, kb = tmem_shape
+    return (mn // 128, kb // 4, 32, 16)
+
+
+def scales_from_smem(x):
+    """Block scales ``(MN, KB)`` from their SMEM layout ``(MN / 128, KB / 4, 32, 16)``:
+    element ``[i, j, r, 4 g + c]`` is the scale of row ``128 i + 32 g + r`` and block
+    ``4 j + c`` (upstream's ``format_scales`` inverted)."""
+    t, q = x.shape[0], x.shape[1]
+    return x.reshape(t, q, 32, 4, 4).transpose(0, 3, 2, 1, 4).reshape(t * 128, q * 4)
 
 
 def async_copy_smem_to_tmem(smem_ref: Any, tmem_ref: Any, collective_axis: Any = None
@@ -78,9 +103,15 @@ tcgen05_commit_arrive_p.def_effectful_abstract_eval(
     lambda *a, refs, **k: ([], {jc.WriteEffect(refs[0][0])}))
 
 
+def copied_value(kind: str, x):
+    """What a copy into TMEM writes, given what it read from SMEM."""
+    return scales_from_smem(x) if kind == "scales" else x
+
+
 def _copy_rule(ctx, eqn, invals):
     (s, sf, st), (d, df, dt) = R.unflatten(eqn.params["refs"], invals)
-    d.value = jc.set_view(d.value, jc.get_view(s.value, sf, st), df, dt)
+    value = copied_value(eqn.params["kind"], jc.get_view(s.value, sf, st))
+    d.value = jc.set_view(d.value, value, df, dt)
     return []
 
 
