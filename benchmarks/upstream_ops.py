@@ -706,7 +706,17 @@ DEVICE_COUNTS = {"tpu/all_gather": 4, "all_gather_mgpu": 2, "reduce_scatter_mgpu
 
 
 def _first_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:150]}"
+    """The error's first line; for an error raised in a host callback (whose message
+    starts with the callback's traceback), the line naming the callback's own error."""
+    lines = str(e).strip().splitlines() or [""]
+    line = lines[0]
+    if "Traceback (most recent call last)" in line:
+        body = lines[1:lines.index("At:")] if "At:" in lines else lines[1:]
+        inner = [ln for ln in body if ln and not ln[0].isspace()
+                 and not ln.startswith(("Traceback", "The above exception", "During "))]
+        if inner:
+            line = f"{line.split('Traceback')[0].strip()} {inner[-1]}"
+    return f"{type(e).__name__}: {line[:150]}"
 
 
 TARGETS = os.path.join(ROOT, "..", "shared", "reference", "gpu-targets")
