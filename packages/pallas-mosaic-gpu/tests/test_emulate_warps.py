@@ -8,6 +8,7 @@ warps."""
 from __future__ import annotations
 
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +17,7 @@ import pytest
 
 import pallas as pl
 import pallas_mosaic_gpu as plgpu
-from pallas_mosaic_gpu._src.emulate import EmulationError, launch
+from pallas_mosaic_gpu._src.emulate import EmulationError, EmulationUnsupported, launch, sched
 
 pytest.importorskip("jax_plugins.xla_cuda13", reason="lowering for cuda needs jax-cuda13-plugin")
 
@@ -179,3 +180,17 @@ def test_a_tma_warp_and_an_mma_warp_compute_a_matmul_on_blackwell(emulate, monke
     want = jnp.dot(a, b, preferred_element_type=F32)
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want),
                                rtol=1e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("is_warp", [False, True], ids=["warpgroup", "warp"])
+def test_a_wait_for_parked_lanes_splits_a_warpgroup_but_not_a_warp(is_warp):
+    # Lanes 32-127 parked (mask off) while lanes 0-31 wait for something only they could
+    # do: a warpgroup strand asks for warp strands (DivergentWait naming warpgroup 1); a
+    # warp strand cannot be split further (unsupported, never a wrong result).
+    m = types.SimpleNamespace(mask=np.arange(128) < 32, warpgroup=1, is_warp=is_warp)
+    block = sched.Block([m], ["warp 4 (of warpgroup 1)" if is_warp else "warpgroup 1"])
+    with pytest.raises(EmulationUnsupported, match="parked at a reconvergence point") as e:
+        block.wait_until(m, lambda: False, lambda: "an mbarrier phase")
+    assert isinstance(e.value, sched.DivergentWait) != is_warp
+    if not is_warp:
+        assert e.value.warpgroups == {1}
