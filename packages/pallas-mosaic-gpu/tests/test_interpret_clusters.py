@@ -226,3 +226,43 @@ def test_a_plain_access_through_multicast_ref_is_refused_naming_it():
                                         r"plgpu.copy_smem_to_gmem"):
         jax.block_until_ready(plgpu.kernel(
             kernel, out_type=jax.ShapeDtypeStruct((8, 128), F32), interpret=IP)())
+
+
+def test_a_replicated_copy_loads_all_of_src_into_every_block_tracked_by_the_leader():
+    x_in = jnp.arange(8 * 128, dtype=F32).reshape(8, 128)
+
+    def kernel(x_gmem, o_gmem, smem, tma, met):
+        x = lax.axis_index("x")
+        plgpu.copy_gmem_to_smem(x_gmem, smem, tma.at[0],
+                                leader_tracked=plgpu.CopyPartition.REPLICATED,
+                                collective_axes="x")
+
+        @pl.when(x == 0)
+        def _():
+            plgpu.barrier_wait(tma.at[0])  # both blocks' copies have landed
+
+        plgpu.barrier_arrive(met.at[0])
+        plgpu.barrier_wait(met.at[0])
+        o_gmem[x] = smem[...]
+
+    out = plgpu.kernel(
+        kernel, out_type=jax.ShapeDtypeStruct((2, 8, 128), F32), cluster=(2,),
+        cluster_names=("x",), interpret=IP,
+        scratch_types=dict(smem=plgpu.SMEM((8, 128), F32), tma=plgpu.Barrier(),
+                           met=plgpu.ClusterBarrier(collective_axes=("x",))))(x_in)
+    np.testing.assert_array_equal(out, np.stack([x_in, x_in]))
+    assert not gpu_interpret.get_races().races_found, gpu_interpret.get_races()
+
+
+def test_waiting_on_a_leader_tracked_cluster_barrier_outside_the_leader_is_an_error():
+    def kernel(o_gmem, bar):
+        plgpu.barrier_arrive(bar.at[0])
+        plgpu.barrier_wait(bar.at[0])
+
+    f = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((8,), F32), cluster=(2,),
+                     cluster_names=("x",), interpret=IP,
+                     scratch_types=dict(bar=plgpu.ClusterBarrier(collective_axes=("x",),
+                                                                 leader_tracked=True)))
+    with pytest.raises(Exception, match=r"leader_tracked=True\): arrivals reach only the "
+                                        r"leader block's copy.*\(x=1\)"):
+        jax.block_until_ready(f())
