@@ -224,7 +224,6 @@ def test_a_fori_loop_over_traced_bounds_is_an_scf_for():
     assert jnp.allclose(out, (1 + 2 + 3) + 3)
 
 
-
 def _for_loops(module) -> list:
     """The ``loop_annotation`` attribute (as text, or None) of each ``scf.for``."""
     found = []
@@ -256,3 +255,78 @@ def test_a_pipelines_step_loop_tells_llvm_not_to_unroll_it_and_other_loops_do_no
     # The slot prologue (a traced grid), the steps, the author's loop.
     assert _for_loops(module) == [
         None, "#llvm.loop_annotation<unroll = <disable = true>>", None]
+
+
+def test_reading_an_accumulator_first_waits_for_its_wgmma_groups():
+    # As upstream's accumulator read: PTX leaves the registers undefined until
+    # wgmma.wait_group, and ptxas, left to insert the wait itself, put it after code
+    # that may already reuse the operands' SMEM (and cost registers).
+    from pallas_mosaic_gpu._src.emulate import run_kernel
+
+    tr = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+    def kernel(a_gmem, b_gmem, o_smem):
+        def body(a, b, bar, acc):
+            plgpu.copy_gmem_to_smem(a_gmem, a, bar.at[0])
+            plgpu.copy_gmem_to_smem(b_gmem, b, bar.at[0])
+            plgpu.barrier_wait(bar.at[0])
+            plgpu.wgmma(acc, a, b)  # no wgmma_wait: the read below waits
+            o_smem[...] = acc[...]
+
+        pl.run_scoped(body, plgpu.SMEM((64, 64), jnp.float16, transforms=tr),
+                      plgpu.SMEM((64, 64), jnp.float16, transforms=tr),
+                      plgpu.Barrier(num_arrivals=2), plgpu.ACC((64, 64)))
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((64, 64), F32),
+                       in_specs=[pl.BlockSpec(memory_space=plgpu.GMEM)] * 2,
+                       backend="mosaic_gpu")
+    a = (jnp.arange(64 * 64, dtype=F32).reshape(64, 64) % 7 - 3).astype(jnp.float16)
+    k = _built(f, a, a.T)
+    text = str(module_of(k))
+    assert text.rindex("nvvm.wgmma.wait.group.sync.aligned 0") > \
+        text.rindex("nvvm.wgmma.commit.group.sync.aligned")
+    (out,) = run_kernel(k, [a, a.T])
+    assert jnp.array_equal(out, jnp.dot(a, a.T, preferred_element_type=F32))
+
+
+@pytest.mark.parametrize("slots", [2, 3])
+def test_a_pipeline_carries_its_slot_instead_of_dividing_the_step(slots):
+    # As upstream: the slot is a counter carried through the loop, the step's index over
+    # a 1-D grid is the step itself, the refilled slot a mask of the step when the ring
+    # is a power of two: no signed remainder, and LLVM cannot tie the slot to the body's
+    # test of the step (transposed_ragged_dot_mgpu kept slot 0's SMEM addresses in
+    # registers for it).
+    from pallas_mosaic_gpu._src.emulate import run_kernel
+
+    def kernel(n_gmem, x_gmem, o_gmem, acc):
+        acc[...] = jnp.zeros((64, 128), F32)
+
+        def step(idx, x_smem):
+            acc[...] += x_smem[...] * (idx[0] + 1).astype(F32)
+
+        plgpu.emit_pipeline(step, grid=(n_gmem[0],),
+                            in_specs=[plgpu.BlockSpec((64, 128), lambda i: (i, 0))],
+                            max_concurrent_steps=slots)(x_gmem)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(acc, o_gmem)
+        plgpu.wait_smem_to_gmem(0)
+
+    f = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((64, 128), F32),
+                     scratch_types=[plgpu.SMEM((64, 128), F32)])
+    n = jnp.asarray([4], jnp.int32)
+    x = jnp.arange(256 * 128, dtype=F32).reshape(256, 128) / 1024
+    k = _built(f, n, x)
+    # A 3-slot ring divides once, for the slot the step refills.
+    assert str(module_of(k)).count("arith.remsi") == (0 if slots == 2 else 1)
+    (out,) = run_kernel(k, [n, x])
+    assert jnp.allclose(out, sum((i + 1) * x[64 * i:64 * (i + 1)] for i in range(4)))
+
+
+def test_a_kernel_without_output_blocks_ends_without_a_fence():
+    # The fence and warpgroup barrier after the body order its SMEM writes before the
+    # output blocks' copies; a plgpu.kernel writing GMEM itself has none to order.
+    f = plgpu.kernel(_first_blocks, out_type=jax.ShapeDtypeStruct((64, 128), F32),
+                     scratch_types=[plgpu.SMEM((64, 128), F32)])
+    n = jnp.asarray([3], jnp.int32)
+    text = str(module_of(_built(f, n, jnp.zeros((256, 128), F32))))
+    assert text.count("nvvm.fence.proxy") == 1  # the body's own commit_smem

@@ -43,10 +43,16 @@ class NDLoopInfo:
 
 
 def _unravel(lin, grid: Sequence[Any]) -> tuple[jax.Array, ...]:
+    """The indices of flat step ``lin`` in ``grid`` (row-major). ``lin`` is always in
+    ``[0, prod(grid))`` here, so the outermost index is what is left of it after the
+    inner dims, with no remainder (one ``rem`` fewer per step in a 1-D pipeline)."""
+    if not grid:
+        return ()
     out = []
-    for n in reversed(grid):
+    for n in reversed(grid[1:]):
         out.append(lax.rem(lin, jnp.int32(n)))
         lin = lax.div(lin, jnp.int32(n))
+    out.append(lin)
     return tuple(reversed(out))
 
 

@@ -116,6 +116,14 @@ def fori_with_refs(n: int, body: Callable[[Any, Any], Any], carry: Any) -> Any:
     return merge(values)
 
 
+def _ring_slot(step, slots: int):
+    """The slot of ``step`` (>= 0) in a ring of ``slots``: a mask when ``slots`` is a
+    power of two (a signed remainder costs a few instructions more)."""
+    if slots & (slots - 1) == 0:
+        return lax.bitwise_and(step, jnp.int32(slots - 1))
+    return lax.rem(step, jnp.int32(slots))
+
+
 def _static(grid) -> bool:
     """Whether every grid dim is a Python/numpy int (not a traced value)."""
     return all(isinstance(g, (int, np.integer)) for g in grid)
@@ -190,10 +198,9 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
     def _run(gmem_refs, bufs, barrier, invariant):
         n_in = len(in_specs)
 
-        def fetch(step, delay=None):
+        def fetch(step, slot, delay=None):
             """Fetches step ``step``'s input blocks (those released ``delay`` steps
-            late, or all) into its slot."""
-            slot = lax.rem(step, jnp.int32(slots))
+            late, or all) into its slot ``slot``."""
             indices = _unravel(step, grid)
             for spec, ref, buf in zip(in_specs, gmem_refs[:n_in], bufs[:n_in]):
                 if buf is not None and (delay is None or
@@ -208,13 +215,17 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
 
         if static:
             for s in range(slots):
-                fetch(jnp.int32(s))
+                fetch(jnp.int32(s), jnp.int32(s))
         else:  # a loop to the traced min(slots, steps): one copy per input in the code
             lax.fori_loop(jnp.int32(0), jnp.minimum(jnp.int32(slots), num_steps),
-                          lambda s, c: (fetch(s), c)[1], None)
+                          lambda s, c: (fetch(s, s), c)[1], None)
 
-        def step_fn(step, carry):
-            slot = lax.rem(step, jnp.int32(slots))
+        def step_fn(step, state):
+            # The slot is carried (0, 1, ..., slots - 1, 0, ...), as upstream, not the
+            # step's remainder: no division per step, and LLVM cannot tie the slot to
+            # the step the body tests (``block_idx == 0`` made it keep slot 0's SMEM
+            # addresses in registers through the loop).
+            slot, carry = state
             indices = _unravel(step, grid)
             if barrier is not None:
                 barrier_wait(barrier.at[slot])
@@ -237,12 +248,15 @@ def emit_pipeline(body: Callable[..., Any], *, grid: Sequence[int],
             # it, e.g. an unwaited wgmma), so after step s the slot of step s - d
             # receives step s - d + slots, as upstream.
             for d in delays:
-                pl.when((step >= d) & (step + slots - d < num_steps))(
-                    functools.partial(fetch, step + slots - d, d))
+                ahead = step + slots - d
+                pl.when((step >= d) & (ahead < num_steps))(
+                    functools.partial(fetch, ahead, _ring_slot(ahead, slots), d))
 
-            return new_carry
+            if slots > 1:
+                slot = jnp.where(slot == slots - 1, jnp.int32(0), slot + 1)
+            return slot, new_carry
 
-        out = fori_with_refs(num_steps, step_fn, init_carry)
+        _, out = fori_with_refs(num_steps, step_fn, (jnp.int32(0), init_carry))
         if at_end:
             _store_blocks(at_end, 0, _unravel(jnp.int32(num_steps - 1), grid))
         if per_step or at_end:

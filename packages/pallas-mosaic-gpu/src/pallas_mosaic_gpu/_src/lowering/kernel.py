@@ -439,8 +439,9 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
                     refs.append(RefVal(gmem_refs[k], jnp.dtype(bm.array_aval.dtype), "gmem"))
             refs.extend(scratch_vals)
             lower_jaxpr(lctx, jaxpr.jaxpr, jaxpr.consts, refs)
-            mgpu.commit_shared()
             stores = [k for k in blocked if k >= gm.num_inputs]
+            if stores:  # the body's SMEM writes, before the output blocks' copies
+                mgpu.commit_shared()
             for k in stores:
                 if k in by_tma:
                     launch_ctx.async_copy(src_ref=smem_of[k], dst_ref=gmem_refs[k],

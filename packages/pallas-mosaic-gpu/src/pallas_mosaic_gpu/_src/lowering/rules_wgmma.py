@@ -101,8 +101,12 @@ def _whole(flat, shape, what):
 
 
 def read_acc(acc: AccVal, flat, tree):
-    """``acc[...]``: the accumulator's value (WGMMA layout)."""
+    """``acc[...]``: the accumulator's value (WGMMA layout), once every wgmma group in
+    flight has completed (``wgmma.wait_group 0``, as upstream's accumulator read): PTX
+    leaves the registers undefined until then (ptxas would inject the wait itself, at
+    the first use, after code that may already reuse the operands' SMEM)."""
     _whole((None, flat, tree), acc.shape, "reading")
+    nvvm.wgmma_wait_group_sync_aligned(0)
     return acc.acc.value
 
 
