@@ -223,3 +223,56 @@ def test_scopes_all_warpgroups_run_share_bytes_behind_a_block_barrier():
     a, b = [e for e in eqns if (id(e), 0) in stack.member]
     assert _offset(stack, a) == _offset(stack, b) == 0
     assert set(stack.syncs) == {id(b)} and stack.syncs[id(b)].block
+
+
+def _two_scopes_swapping_waiters(arrivals=(1, 1)):
+    """Two sequential scopes of two warpgroups, each with an SMEM buffer and a barrier:
+    warpgroup 0 loads and waits in the first, warpgroup 1 in the second (it never
+    followed the barrier's phase in the first)."""
+
+    def body(x_gmem, o_gmem):
+        wg = jax.lax.axis_index("wg")
+        for waiter, n in enumerate(arrivals):
+            def scope(buf, bar, waiter=waiter):
+                @pl.when(wg == waiter)
+                def _():
+                    plgpu.copy_gmem_to_smem(x_gmem, buf, bar.at[0])
+                    plgpu.barrier_wait(bar.at[0])
+                    buf[...] = buf[...] * (waiter + 2)
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(buf, o_gmem.at[pl.ds(8 * waiter, 8)])
+                    plgpu.wait_smem_to_gmem(0)
+
+            pl.run_scoped(scope, plgpu.SMEM((8, 128), F32), plgpu.Barrier(num_arrivals=n),
+                          collective_axes="wg")
+
+    return body
+
+
+def test_a_scope_after_its_sibling_reuses_its_barriers_initialised_again():
+    # As upstream, barriers of a type are a pool scopes take from by lifetime
+    # (collective_matmul_mgpu's two matmuls: 65568 bytes, as upstream, not 65600). The
+    # later scope initialises them again: a thread that did not wait on them before
+    # (warpgroup 1 here) would otherwise wait on a phase that already went by.
+    from pallas_mosaic_gpu._src.emulate.launch import module_of
+
+    x, out = _x(), jax.ShapeDtypeStruct((16, 128), F32)
+    body = _two_scopes_swapping_waiters()
+    stack, eqns = _stack(body, out, x, threads=2)
+    a, b = [e for e in eqns if len(e.params["types"]) == 2]
+    assert stack.barrier_of == {(id(b), 1): (id(a), 1)}
+    assert stack.syncs[id(b)].barriers == ((id(b), 1),) and stack.syncs[id(b)].block
+    k = _kernel(body, out, x, threads=2)
+    assert k.smem_bytes == TILE + BARRIER  # one buffer, one barrier for both scopes
+    text = str(module_of(k))
+    assert text.count("nvvm.mbarrier.init") == 2  # at the kernel's entry, then again
+    assert text.count("nvvm.fence.mbarrier.init") == 2
+    (got,) = run_kernel(k, [x])
+    np.testing.assert_array_equal(got, np.concatenate([2 * x, 3 * x]))
+
+
+def test_barriers_of_different_types_are_not_shared():
+    x = _x()
+    stack, _ = _stack(_two_scopes_swapping_waiters(arrivals=(1, 2)),
+                      jax.ShapeDtypeStruct((16, 128), F32), x, threads=2)
+    assert stack.barrier_of == {}

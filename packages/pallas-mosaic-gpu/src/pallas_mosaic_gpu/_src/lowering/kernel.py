@@ -322,7 +322,7 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
                         if p.entry is not None and p.kind != "tmem"})
         entries.update({("scoped", *k): p.entry for k, p in scoped.items()
                         if p.entry is not None and k not in stack.member
-                        and p.kind != "tmem"})
+                        and p.kind != "tmem" and k not in stack.barrier_of})
         if tmem is not None:
             entries["tmem_addr"] = TmemAddress()
         if stack.union is not None:  # the buffers scopes share by lifetime
@@ -391,7 +391,8 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
                                semantics=semantics, jax_mesh=mesh_axes, sems=sem_refs)
         lctx.scoped = {k: (p, sem_refs.get(("scoped", *k)) if p.kind == "sem"
                            else buffer(ref["scoped_stack"], stack.member[k])
-                           if k in stack.member else ref.get(("scoped", *k)))
+                           if k in stack.member
+                           else ref.get(("scoped", *stack.barrier_of.get(k, k))))
                        for k, p in scoped.items()}
         lctx.scope_syncs = stack.syncs
         dims = (gpu.Dimension.x, gpu.Dimension.y, gpu.Dimension.z)

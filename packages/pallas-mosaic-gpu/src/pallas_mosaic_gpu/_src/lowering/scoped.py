@@ -209,7 +209,9 @@ def value(p: Planned, allocated) -> Any:
 
 @rule(plugins.run_scoped_p)
 def _run_scoped(lctx, eqn, *consts):
-    scoped_stack.enter(lctx.scope_syncs.get(id(eqn)))  # bytes an earlier scope used
+    sync = lctx.scope_syncs.get(id(eqn))  # bytes or barriers an earlier scope used
+    scoped_stack.enter(sync, [(lctx.scoped[k][1], lctx.scoped[k][0].entry.arrival_count)
+                              for k in (sync.barriers if sync else ())])
     refs = []
     for k in range(len(eqn.params["types"])):
         if (id(eqn), k) not in lctx.scoped:
