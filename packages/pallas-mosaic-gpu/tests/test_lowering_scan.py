@@ -128,3 +128,38 @@ def test_a_fori_style_scan_needs_no_smem_buffer():
     k, (out,) = _emulate(kernel, jax.ShapeDtypeStruct(x.shape, F32), x)
     np.testing.assert_allclose(out, x * 8.0)
     assert k.smem_bytes < 3 * x.nbytes
+
+
+def _loops(k) -> list:
+    """The trip counts (upper bounds) of the kernel's scf.for ops, outermost first."""
+    import re
+
+    from pallas_mosaic_gpu._src.emulate import module_of
+
+    text = str(module_of(k))
+    consts = dict(re.findall(r"(%c\w*) = arith\.constant (\d+) : index", text))
+    return [consts.get(hi, hi) for hi in re.findall(r"scf\.for %\w+ = %\w+ to (%\w+)", text)]
+
+
+@pytest.mark.parametrize("unroll, loops", [(1, ["8"]), (2, ["4"]), (3, ["2"]), (True, [])])
+def test_fori_loop_unroll_repeats_the_body_in_each_step_as_upstream(unroll, loops):
+    # unroll=k: the body k times per scf.for step (8 // k steps), the steps left over
+    # (8 % k) after the loop; unroll=True: no loop. Reversed rows check the indices.
+    x = _rng().standard_normal((8, 128), np.float32)
+
+    def kernel(x_ref, o_ref):
+        def step(acc, row):
+            acc = acc * 0.5 + row
+            return acc, acc
+
+        o_ref[...] = lax.scan(step, jnp.zeros((128,), F32), x_ref[...], reverse=True,
+                              unroll=unroll)[1]
+
+    k, (out,) = _emulate(kernel, jax.ShapeDtypeStruct(x.shape, F32), x)
+    assert _loops(k) == loops
+    want = np.zeros_like(x)
+    acc = np.zeros((128,), np.float32)
+    for i in reversed(range(8)):
+        acc = acc * 0.5 + x[i]
+        want[i] = acc
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)

@@ -242,10 +242,24 @@ def _scan(lctx, eqn, *args):
         return [load_view(mgpu.memref_slice(b, (i,)), a.dtype, tuple(a.shape[1:]))
                 for b, a in zip(xs_bufs, xs_avals)], i
 
+    def step(i, carry):
+        """Iteration ``i`` (an index value): the body on ``carry`` and row ``i``."""
+        xs, i = rows(i)
+        outs = _inline(lctx, closed, [*consts, *carry, *xs])
+        for b, y, a in zip(ys_bufs, outs[ncarry:], ys_avals):
+            row = jax.ShapeDtypeStruct(tuple(a.shape[1:]), a.dtype)
+            store_view(mgpu.memref_slice(b, (i,)), y, row, "smem")
+        return list(outs[:ncarry])
+
+    # ``unroll=k`` (fori_loop/scan): the body k times per scf.for step, as upstream; the
+    # steps left over (length % k) after the loop; k >= length: no loop at all.
+    unroll = max(1, min(int(p.get("unroll", 1)), length))
+    groups = length // unroll
+
     def emit(init, ops):
         flat, specs = _flatten(init, avals)
         n = len(flat)
-        lo, hi, one = (V.const(v, V.index()) for v in (0, length, 1))
+        lo, hi, one = (V.const(v, V.index()) for v in (0, groups, 1))
         loop = scf.ForOp(lo, hi, one, flat + _acc_regs(accs))
         if rolled:
             _keep_rolled(loop)
@@ -254,20 +268,28 @@ def _scan(lctx, eqn, *args):
             inner = list(loop.inner_iter_args)
             _set_accs(accs, inner[n:])
             carry = _unflatten(inner[:n], specs)
-            xs, i = rows(loop.induction_variable)
-            outs = _inline(lctx, closed, [*consts, *carry, *xs])
-            new, _ = _flatten(outs[:ncarry], avals, specs)
-            for b, y, a in zip(ys_bufs, outs[ncarry:], ys_avals):
-                row = jax.ShapeDtypeStruct(tuple(a.shape[1:]), a.dtype)
-                store_view(mgpu.memref_slice(b, (i,)), y, row, "smem")
+            base = loop.induction_variable
+            if unroll > 1:
+                base = arith.muli(base, V.const(unroll, V.index()))
+            for j in range(unroll):
+                i = base if j == 0 else arith.addi(base, V.const(j, V.index()))
+                carry = step(i, carry)
+            new, _ = _flatten(carry, avals, specs)
             scf.YieldOp(new + _acc_regs(accs))
         results = list(loop.results)
         _set_accs(accs, results[n:])
         return _unflatten(results[:n], specs)
 
-    # A carry the body returns in another layout: enter the loop in that layout.
-    carry = _settle_layouts(emit, init, lambda init, e: _relayout(init, avals, e), accs,
-                            "a fori_loop/scan")
+    carry = init
+    if groups > 1 or (groups == 1 and unroll == 1):
+        # A carry the body returns in another layout: enter the loop in that layout.
+        carry = _settle_layouts(emit, init, lambda init, e: _relayout(init, avals, e),
+                                accs, "a fori_loop/scan")
+        start = groups * unroll
+    else:
+        start = 0
+    for k in range(start, length):
+        carry = step(V.const(k, V.index()), carry)
     return [*carry, *(load_view(b, a.dtype, tuple(a.shape)) for b, a in zip(ys_bufs, ys_avals))]
 
 
