@@ -1,7 +1,8 @@
 """Lowering Blackwell's tensor cores (sm_100a): TMEM buffers, ``tcgen05_mma`` into
 them, ``tcgen05_commit_arrive``, TMEM loads and stores, column views; the compile level
-finds tcgen05 instructions in the PTX; bad input is refused at trace time naming the
-argument, the target and what is valid."""
+finds tcgen05 instructions in the PTX; the emulate level runs the warp-specialised
+matmul (its TMA warp and MMA warp wait for each other); bad input is refused at trace
+time naming the argument, the target and what is valid."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import pallas as pl
 import pallas_mosaic_gpu as plgpu
+from pallas_mosaic_gpu._src.emulate import launch
 from pallas_mosaic_gpu._src.lowering import build
 
 pytest.importorskip("jax_plugins.xla_cuda13", reason="lowering for cuda needs jax-cuda13-plugin")
@@ -158,6 +161,28 @@ def test_warps_of_a_warpgroup_issue_tma_copies_and_mmas_on_their_own():
     got = warp_specialized(interpret=plgpu.InterpretParams())(a, b)
     want = jnp.dot(a, b, preferred_element_type=F32)
     assert jnp.allclose(got.astype(F32), want, rtol=2e-2, atol=2e-1)
+
+
+@pytest.fixture
+def _blackwell(monkeypatch):
+    monkeypatch.setenv("PALLAS_MOSAIC_GPU_TARGET", "sm_100a")
+
+
+@pytest.mark.usefixtures("_blackwell")
+def test_a_tma_warp_and_an_mma_warp_compute_a_matmul_on_blackwell(emulate, monkeypatch):
+    # Only warpgroup 0 (whose warps wait for each other) gets a strand per warp, on the
+    # second run; warpgroup 1 stays one strand of 128 threads.
+    runs = []
+    execute = launch._execute
+    monkeypatch.setattr(launch, "_execute",
+                        lambda *a: runs.append(set(a[-1])) or execute(*a))
+    a = jax.random.normal(jax.random.key(0), (128, 256), F32).astype(F16)
+    b = jax.random.normal(jax.random.key(1), (256, 128), F32).astype(F16)
+    (got,) = emulate(warp_specialized(), a, b)
+    assert runs == [set(), {0}]
+    want = jnp.dot(a, b, preferred_element_type=F32)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want),
+                               rtol=1e-2, atol=5e-2)
 
 
 def test_arrays_inside_a_warp_are_refused_naming_the_mesh():
