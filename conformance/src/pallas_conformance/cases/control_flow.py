@@ -71,6 +71,28 @@ def fori_unroll(pallas_call, x):
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(x)
 
 
+def _partial_unroll_reference(x):
+    v = x
+    for k in range(7):
+        v = v * 0.5 + x * k
+    return v
+
+
+@case("control_flow/fori_loop_partially_unrolled", tags={"control_flow"},
+      inputs=lambda rng: (randn(rng, (8, C)),),
+      reference=_partial_unroll_reference)
+def fori_partial_unroll(pallas_call, x):
+    """lax.fori_loop(0, 7, ..., unroll=3): two steps of three bodies and one step left
+    over; each body uses its own index, so a wrong index in an unrolled copy or in the
+    leftover step changes the result."""
+    def kernel(x_ref, o_ref):
+        x = x_ref[...]
+        o_ref[...] = lax.fori_loop(0, 7, lambda k, v: v * 0.5 + x * k.astype(jnp.float32),
+                                   x, unroll=3)
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(x)
+
+
 @case("control_flow/fori_loop_dynamic_bound", tags={"control_flow"},
       inputs=lambda rng: (randn(rng, (32, C)),),
       reference=lambda x: x + jnp.repeat(jnp.arange(4, dtype=jnp.float32), 8)[:, None])
