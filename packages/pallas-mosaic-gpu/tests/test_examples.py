@@ -27,6 +27,17 @@ def _load(name):
     return mod
 
 
+def _compiler():
+    """``pallas_mosaic_gpu.compiler``, or a skip naming the missing toolchain package."""
+    from pallas_mosaic_gpu import compiler
+
+    try:
+        compiler.find_toolchain()
+    except compiler.ToolchainMissingError as e:
+        pytest.skip(str(e))
+    return compiler
+
+
 @pytest.mark.parametrize("name,fn", [("mosaic_gpu_matmul", "matmul"),
                                      ("mosaic_gpu_matmul_ws", "matmul_ws"),
                                      ("mosaic_gpu_matmul_blackwell", "matmul")])
@@ -44,12 +55,7 @@ def test_matmul_interprets_like_jnp_dot_and_lowers(name, fn):
 
 
 def test_pipelined_matmul_compiles_to_wgmma_for_sm90a():
-    from pallas_mosaic_gpu import compiler
-
-    try:
-        compiler.find_toolchain()
-    except compiler.ToolchainMissingError as e:
-        pytest.skip(str(e))
+    compiler = _compiler()
     ex = _load("mosaic_gpu_matmul")
     x, y = ex.inputs(128, 128, 128)
     (k,) = compiler.compile(ex.matmul, x, y)
@@ -64,12 +70,7 @@ def test_the_warp_specialized_matmuls_k_loop_stays_a_loop_in_the_ptx():
     # wgmma.mma_async, not 8) until the pipeline's scf.for carried LLVM's unroll-disable
     # loop metadata, which also reaches ptxas as .pragma "nounroll" (memory warpgroup's
     # loop and compute warpgroup's loop).
-    from pallas_mosaic_gpu import compiler
-
-    try:
-        compiler.find_toolchain()
-    except compiler.ToolchainMissingError as e:
-        pytest.skip(str(e))
+    compiler = _compiler()
     ex = _load("mosaic_gpu_matmul_ws")
     x, y = _load("mosaic_gpu_matmul").inputs(128, 256, 128)
     (k,) = compiler.compile(ex.matmul_ws, x, y)
@@ -111,12 +112,7 @@ def test_flash_attention_generated_code_matches_plain_jax_at_emulate():
 
 
 def test_flash_attention_compiles_to_wgmma_for_sm90a_without_spills():
-    from pallas_mosaic_gpu import compiler
-
-    try:
-        compiler.find_toolchain()
-    except compiler.ToolchainMissingError as e:
-        pytest.skip(str(e))
+    compiler = _compiler()
     ex = _load("mosaic_gpu_flash_attention")
     q, k, v = ex.inputs(batch=1, heads=1, q_len=128, kv_len=128)
     (kern,) = compiler.compile(ex.flash_attention, q, k, v)
