@@ -40,8 +40,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEAVY = ("triton", "nvidia-", "jax-cuda", "torch")
 
 # Extras that let a backend reach its CPU levels (lowering for cuda needs the CUDA plugin;
-# Mosaic GPU's compile level also needs ptxas, libdevice and nvdisasm from pip).
-EXTRAS = {"pallas-triton": "cuda", "pallas-mosaic-gpu": "compile"}
+# Mosaic GPU's compile level also needs ptxas, libdevice and nvdisasm from pip; the TPU
+# backends' compile level needs libtpu, the real TPU compiler for a deviceless TPU).
+EXTRAS = {"pallas-triton": "cuda", "pallas-mosaic-gpu": "compile", "pallas-tpu": "compile",
+          "pallas-tpu-sparsecore": "compile"}
 
 # The conformance subset the wheel check runs per backend: the whole-kernel cases, the
 # export round trips (serialisation needs flatbuffers), the transformation cases (jvp,

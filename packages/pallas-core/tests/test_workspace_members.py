@@ -27,3 +27,14 @@ def test_mosaic_gpu_is_installed_with_its_pip_cuda_tools():
     gpu = [m for m in env["workspace"]["members"]
            if isinstance(m, dict) and m["path"] == "packages/pallas-mosaic-gpu"]
     assert gpu and "compile" in gpu[0]["features"]
+
+
+def test_tpu_backends_are_installed_with_libtpu():
+    """pallas-tpu's (and pallas-tpu-sparsecore's) compile level needs libtpu, the real TPU
+    compiler, which the workspace installs through their ``compile`` extra."""
+    env = tomllib.loads((ROOT / "hatch.toml").read_text())["envs"]["default"]
+    for path in ("packages/pallas-tpu", "packages/pallas-tpu-sparsecore"):
+        tpu = [m for m in env["workspace"]["members"]
+               if isinstance(m, dict) and m["path"] == path]
+        assert tpu and "compile" in tpu[0]["features"], path
+    assert env["env-vars"]["ALLOW_MULTIPLE_LIBTPU_LOAD"] == "1"
