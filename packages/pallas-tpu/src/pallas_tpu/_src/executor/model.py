@@ -68,7 +68,9 @@ class Kernel:
     num_prefetch: int
     num_scratch: int
     arg_types: list  # (dtype, shape, memory space) of each @main argument
-    windows: list  # per windowed operand: (transform plan, bounds, element window) or None
+    # per block operand: (transform plan, bounds, element window), or None (passed
+    # whole); None for them all when the module has no window params (no grid)
+    windows: list | None
     core_type: str
 
 
@@ -97,7 +99,7 @@ def compile_module(payload: bytes) -> Kernel:
             space = str(MemRefType(a.type).memory_space) if isinstance(a.type, MemRefType) \
                 else ""
             arg_types.append((dt, shape, space))
-        windows = []
+        windows = [] if "window_params" in attrs else None
         wps = list(ir.ArrayAttr(attrs["window_params"])) if "window_params" in attrs else []
         for wp in wps:
             wp = ir.DictAttr(wp)
@@ -166,14 +168,15 @@ def execute(kernel: Kernel, operands, out_shapes, aliases=()) -> list[np.ndarray
     block_types = kernel.arg_types[ng + npf:]
     hbm = hbm_in[npf:] + outs
     nblocks = len(hbm)
-    if len(kernel.windows) != nblocks or len(block_types) != nblocks + kernel.num_scratch:
+    windows = [None] * nblocks if kernel.windows is None else kernel.windows
+    if len(windows) != nblocks or len(block_types) != nblocks + kernel.num_scratch:
         raise ExecutorError(
             f"the module's @main takes {len(block_types) - kernel.num_scratch} block "
-            f"operands and has {len(kernel.windows)} window params; the call passes "
+            f"operands and has {len(windows)} window params; the call passes "
             f"{len(hbm_in) - npf} inputs and {len(outs)} outputs")
     n_in = len(hbm_in) - npf
     wins = []
-    for k, (w, (dt, shape, _space)) in enumerate(zip(kernel.windows, block_types)):
+    for k, (w, (dt, shape, _space)) in enumerate(zip(windows, block_types)):
         if w is None:
             wins.append(None)
             continue
@@ -193,7 +196,7 @@ def execute(kernel: Kernel, operands, out_shapes, aliases=()) -> list[np.ndarray
                 if w is None:
                     refs.append(hbm[k])
                     continue
-                plan, bounds, elem = kernel.windows[k]
+                plan, bounds, elem = windows[k]
                 idx = [int(v) for v in engine.run(plan, env, pid + prefetch)]
                 at = tuple(idx) if elem else tuple(i * b for i, b in zip(idx, bounds))
                 w.move_to(at)

@@ -117,16 +117,16 @@ def _element_window_attr(bm) -> ir.Attribute:
     return ir.Attribute.parse(f"#tpu.element_window<[{low}], [{high}]>")
 
 
-def _emit_transform(k, bm, gm, prefetch_types, name, mesh_axes) -> str:
+def _emit_transform(k, bm, gm, grid, prefetch_types, name, mesh_axes) -> str:
     fname = f"transform_{k}"
-    grid_types = [T.i32()] * len(gm.grid)
+    grid_types = [T.i32()] * len(grid)
     n_out = len(bm.block_dims)
     f = func.FuncOp(fname, (grid_types + prefetch_types, [T.i32()] * n_out))
     with ir.InsertionPoint(f.add_entry_block()):
         args = list(f.arguments)
-        grid_args = args[: len(gm.grid)]
+        grid_args = args[: len(gm.grid)]  # the (1,) stand-in grid's index is unused
         pf = [RefVal(a, av.dtype, MemorySpace.SMEM, (False,) * len(av.shape))
-              for a, av in zip(args[len(gm.grid):], gm.prefetch_avals)]
+              for a, av in zip(args[len(grid):], gm.prefetch_avals)]
         lctx = LoweringContext(gm.grid, [], f"index_map of {bm.origin} in {name}",
                                mesh_axes=mesh_axes)
         cj = bm.index_map_jaxpr
@@ -139,10 +139,29 @@ def _emit_transform(k, bm, gm, prefetch_types, name, mesh_axes) -> str:
     return fname
 
 
-def _semantics_attr(params: CompilerParams, gm) -> ir.ArrayAttr:
-    rank = len(gm.grid)
+def has_trivial_window(bm) -> bool:
+    """Whether the block is the whole operand (so a grid-less kernel needs no window)."""
+    return (all(isinstance(d, (pl.Blocked, pl.Squeezed)) for d in bm.block_dims)
+            and tuple(bm.block_shape) == tuple(bm.array_aval.shape))
+
+
+def mosaic_grid(gm) -> tuple:
+    """The grid Mosaic is given. A kernel without a grid whose blocks are all whole
+    operands has none: Mosaic then takes no ``iteration_bounds`` or ``window_params``
+    (it rejects window attributes without iteration bounds). One with a partial block
+    (or an element window) runs on the one-step grid ``(1,)``."""
+    if gm.grid or all(has_trivial_window(bm) or is_any_space(bm.memory_space)
+                      or T.space_of(bm.memory_space) is MemorySpace.HOST
+                      for bm in gm.block_mappings):
+        return tuple(gm.grid)
+    return (1,)
+
+
+def _semantics_attr(params: CompilerParams, gm, grid) -> ir.ArrayAttr:
+    rank = len(grid)
     default = CORE_PARALLEL if gm.grid_names else ARBITRARY  # pl.kernel over cores
-    sem = params.dimension_semantics or (default,) * rank
+    sem = (params.dimension_semantics if len(grid) == len(gm.grid) else None) \
+        or (default,) * rank
     return ir.ArrayAttr.get(
         [ir.Attribute.parse(f"#tpu.dimension_semantics<{s.value}>") for s in sem])
 
@@ -154,6 +173,7 @@ def build_module(jaxpr, gm, params: CompilerParams, name: str,
     ctx = new_context()
     with ctx, ir.Location.unknown(), placeholders(True) as env:
         module = ir.Module.create()
+        grid = mosaic_grid(gm)
         with ir.InsertionPoint(module.body):
             prefetch_types = [T.memref_type(a.shape, a.dtype, MemorySpace.SMEM)
                               for a in gm.prefetch_avals]
@@ -164,7 +184,9 @@ def build_module(jaxpr, gm, params: CompilerParams, name: str,
                 if is_any_space(bm.memory_space) or space is MemorySpace.HOST:
                     window_params.append(ir.DictAttr.get({}))
                     continue
-                tname = _emit_transform(k, bm, gm, prefetch_types, name, mesh_axes)
+                if not grid:
+                    continue
+                tname = _emit_transform(k, bm, gm, grid, prefetch_types, name, mesh_axes)
                 wp = {
                     "transform_indices": ir.FlatSymbolRefAttr.get(tname),
                     "window_bounds": ir.DenseI64ArrayAttr.get(static_shape(bm.block_shape)),
@@ -175,13 +197,13 @@ def build_module(jaxpr, gm, params: CompilerParams, name: str,
             scratch = []
             for t in gm.scratch_types:
                 scratch.append((T.memref_type(t.shape, t.dtype, t.memory_space), t))
-            arg_types = ([T.i32()] * len(gm.grid) + prefetch_types
+            arg_types = ([T.i32()] * len(grid) + prefetch_types
                          + [b[0] for b in block_args] + [s[0] for s in scratch])
             main = func.FuncOp("main", (arg_types, []))
             with ir.InsertionPoint(main.add_entry_block()):
                 args = list(main.arguments)
-                ng, npf = len(gm.grid), len(prefetch_types)
-                grid_idx = args[:ng]
+                ng, npf = len(grid), len(prefetch_types)
+                grid_idx = args[:len(gm.grid)]
                 refs = [RefVal(a, av.dtype, MemorySpace.SMEM, (False,) * len(av.shape))
                         for a, av in zip(args[ng:ng + npf], gm.prefetch_avals)]
                 for a, (_mt, squeezed, space, bm) in zip(args[ng + npf:], block_args):
@@ -192,16 +214,17 @@ def build_module(jaxpr, gm, params: CompilerParams, name: str,
                                        grid_names=tuple(gm.grid_names or ()))
                 lower_jaxpr(lctx, jaxpr.jaxpr, jaxpr.consts, refs)
                 func.ReturnOp([])
-            main.attributes["dimension_semantics"] = _semantics_attr(params, gm)
-            # A dynamic grid size is MLIR's dynamic size here; its value is an operand of
-            # the custom call (before all others) and tpu.iteration_bound reads it.
-            main.attributes["iteration_bounds"] = ir.DenseI64ArrayAttr.get(
-                [ir.ShapedType.get_dynamic_size() if g is dynamic_grid_dim else g
-                 for g in gm.grid])
+            main.attributes["dimension_semantics"] = _semantics_attr(params, gm, grid)
+            if grid:
+                # A dynamic grid size is MLIR's dynamic size here; its value is an operand
+                # of the custom call (before all others) and tpu.iteration_bound reads it.
+                main.attributes["iteration_bounds"] = ir.DenseI64ArrayAttr.get(
+                    [ir.ShapedType.get_dynamic_size() if g is dynamic_grid_dim else g
+                     for g in grid])
+                main.attributes["window_params"] = ir.ArrayAttr.get(window_params)
             main.attributes["scalar_prefetch"] = T.i64_attr(gm.num_scalar_prefetch)
             main.attributes["scratch_operands"] = T.i64_attr(len(gm.scratch_types))
             main.attributes["tpu.core_type"] = ir.Attribute.parse("#tpu.core_type<tc>")
-            main.attributes["window_params"] = ir.ArrayAttr.get(window_params)
         try:
             module.operation.verify()
         except ir.MLIRError as e:

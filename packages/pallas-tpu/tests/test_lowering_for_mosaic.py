@@ -1,0 +1,70 @@
+"""What the lowering emits so that Mosaic's own compiler (libtpu) accepts it: structural
+checks on the emitted modules, one per kind of module Mosaic used to reject. (The
+conformance catalogue, compiled by libtpu at its ``compile`` level, is the check that
+Mosaic accepts them; these tests pin what the lowering emits and run without libtpu.)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pallas as pl
+from pallas.plugins import KernelRequest
+from pallas_conformance import pallas_call_eqns
+from pallas_tpu._src.backend import MOSAIC_TPU
+
+F32 = jnp.float32
+
+
+def _main(module):
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and str(op.attributes["sym_name"]) == '"main"':
+            return op
+    raise AssertionError("no @main")
+
+
+def emulate(f, *args):
+    """The generated module of ``f``'s single ``pallas_call``, run by the executor."""
+    (eqn,) = pallas_call_eqns(jax.make_jaxpr(f)(*args))
+    request = KernelRequest.from_params(eqn.params, eqn.params["compiler_params"])
+    return MOSAIC_TPU.emulate(request, *args)
+
+
+def _funcs(module):
+    return [str(op.attributes["sym_name"]) for op in module.body.operations
+            if op.operation.name == "func.func"]
+
+
+def test_a_kernel_without_a_grid_has_no_iteration_bounds_or_windows(lower_tpu):
+    # Mosaic rejects window attributes without iteration bounds ("window attributes can
+    # only be specified when explicit iteration_bounds are used").
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    x = jnp.ones((8, 128), F32)
+    f = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, F32))(x)
+    _, (m,) = lower_tpu(f, x)
+    attrs = _main(m).attributes
+    assert "iteration_bounds" not in attrs and "window_params" not in attrs
+    assert str(attrs["dimension_semantics"]) == "[]"
+    assert _funcs(m) == ['"main"']
+    (got,) = emulate(f, x)
+    np.testing.assert_array_equal(got, x * 2)
+
+
+def test_a_kernel_without_a_grid_but_a_partial_block_runs_on_a_one_step_grid(lower_tpu):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1
+
+    x = jnp.arange(16 * 128, dtype=F32).reshape(16, 128)
+    f = lambda x: pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((8, 128), F32),
+        in_specs=[pl.BlockSpec((8, 128), lambda: (1, 0))])(x)
+    _, (m,) = lower_tpu(f, x)
+    attrs = _main(m).attributes
+    assert str(attrs["iteration_bounds"]) == "array<i64: 1>"
+    assert len(list(attrs["window_params"])) == 2
+    (got,) = emulate(f, x)
+    np.testing.assert_array_equal(got, x[8:] + 1)
