@@ -243,6 +243,35 @@ def test_kernel_returning_a_value():
                   "should return None", "returns float32[4,8]")
 
 
+def test_kernel_missing_a_parameter_says_what_pallas_call_passes():
+    kernel = lambda a_ref, b_ref, c_ref: None  # noqa: E731 (one output ref too few)
+
+    with pytest.raises(TypeError) as info:
+        pl.pallas_call(kernel, SDS((4, 8), jnp.float32), interpret=True)(
+            jnp.zeros((4, 8), jnp.float32))
+    _assert_names(str(info.value), "pallas_call <lambda> at test_errors.py",
+                  "2 positional argument(s)", "1 input ref(s)", "1 output ref(s)",
+                  "0 scratch ref(s)", "0 scalar-prefetch operand(s)",
+                  "<lambda>(a_ref, b_ref, c_ref)", "missing a required argument: 'c_ref'")
+
+
+def test_kernel_with_too_many_parameters_counts_prefetch_and_scratch():
+    def kernel(s_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    grid_spec = pl.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(1,), in_specs=[pl.BlockSpec((4, 8), lambda i, s: (0, 0))],
+        out_specs=pl.BlockSpec((4, 8), lambda i, s: (0, 0)),
+        scratch_shapes=[pl.ANY((4, 8), jnp.float32)])
+    with pytest.raises(TypeError) as info:
+        pl.pallas_call(kernel, SDS((4, 8), jnp.float32), grid_spec=grid_spec,
+                       interpret=True)(jnp.zeros((1,), jnp.int32), jnp.zeros((4, 8)))
+    _assert_names(str(info.value), "pallas_call kernel at test_errors.py",
+                  "4 positional argument(s)", "1 scalar-prefetch operand(s)",
+                  "1 input ref(s)", "1 output ref(s)", "1 scratch ref(s)",
+                  "kernel(s_ref, x_ref, o_ref)", "too many positional arguments")
+
+
 @pytest.mark.parametrize("value_shape", [(4,), (3, 8), (8, 4)])
 def test_store_of_the_wrong_shape_names_the_ref_and_both_shapes(value_shape):
     def kernel(x_ref, o_ref):

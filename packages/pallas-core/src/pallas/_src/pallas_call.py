@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import inspect
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -139,10 +140,15 @@ def trace_kernel(kernel: Callable, gm: GridMapping, in_tree_args, out_tree, scra
         scratch_args = jax.tree_util.tree_unflatten(scratch_tree, scratch)
         if prefetch_tree is not None:
             pf = jax.tree_util.tree_unflatten(prefetch_tree, pf)
+        groups = (tuple(pf), _splat(in_args), _splat(out_args))
+        args, kwargs = [a for g in groups for a in g], {}
         if isinstance(scratch_args, Mapping):  # scratch_shapes=dict(...): by keyword
-            result = kernel(*pf, *_splat(in_args), *_splat(out_args), **scratch_args)
+            kwargs = dict(scratch_args)
         else:
-            result = kernel(*pf, *_splat(in_args), *_splat(out_args), *_splat(scratch_args))
+            args.extend(_splat(scratch_args))
+        _check_kernel_arity(kernel, name, args, kwargs,
+                            [len(g) for g in groups] + [len(args) + len(kwargs) - sum(map(len, groups))])
+        result = kernel(*args, **kwargs)
         if result is not None:
             raise KernelTracingError(
                 f"The kernel function in the pallas_call {name} should return None. It "
@@ -180,6 +186,34 @@ def trace_kernel(kernel: Callable, gm: GridMapping, in_tree_args, out_tree, scra
                 f"[{shapes}]. You should pass them as inputs (with a BlockSpec)."
             )
     return jc.ClosedJaxpr(jaxpr, consts)
+
+
+def _check_kernel_arity(kernel, name, args, kwargs, counts) -> None:
+    """Raises a TypeError naming the kernel and what ``pallas_call`` passes it when the
+    kernel's signature cannot take those arguments (Python's own message names neither)."""
+    try:
+        sig = inspect.signature(kernel)
+    except (TypeError, ValueError):  # builtins and other callables without a signature
+        return
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        n_pf, n_in, n_out, n_scratch = counts
+        parts = [f"{n_pf} scalar-prefetch operand(s)", f"{n_in} input ref(s)",
+                 f"{n_out} output ref(s)", f"{n_scratch} scratch ref(s)"]
+        how = f"{len(args)} positional argument(s)"
+        if kwargs:
+            how += f" and keyword argument(s) {sorted(kwargs)}"
+        raise TypeError(
+            f"The kernel function in the pallas_call {name} cannot take the arguments "
+            f"pallas_call passes it: {how}, that is {', '.join(parts)} (in that order), "
+            f"but its signature is {_signature_str(kernel, sig)} ({e})."
+        ) from None
+
+
+def _signature_str(kernel, sig) -> str:
+    base = getattr(kernel, "__name__", None) or type(kernel).__name__
+    return f"{base}{sig}"
 
 
 def _short(x) -> str:
