@@ -6,7 +6,10 @@ from typing import Any
 
 from pallas import plugins
 from pallas_triton.__about__ import __version__
+from pallas_triton._src import quiet_rocm
 from pallas_triton._src.api import CompilerParams
+
+quiet_rocm.install()
 
 CAPABILITIES = frozenset({
     "elementwise", "special_functions", "broadcasting", "reductions", "indexing",
@@ -20,12 +23,39 @@ CAPABILITIES = frozenset({
 })
 
 
+def _platform(request) -> str:
+    """The platform a request is for: the lowering's, else option ``platform`` (the
+    conformance suite's ``--platform``), else ``"rocm"`` when option ``target`` names an
+    AMD architecture, else ``"cuda"``."""
+    platform = getattr(request, "platform", None) or request.options.get("platform")
+    if platform is None and hasattr(request, "ctx"):
+        platform = request.ctx.module_context.platforms[0]
+    if platform is None:
+        platform = "rocm" if str(request.options.get("target", "")).startswith(
+            ("gfx", "rocm")) else "cuda"
+    return platform
+
+
+def _amd_arch(request) -> str:
+    from pallas_triton._src.targets import amd_target, rocm_arch
+
+    target = request.options.get("target")
+    return amd_target(target).arch if target else rocm_arch(request.compiler_params)
+
+
 class TritonBackend(plugins.Backend):
-    """Lowers kernels to Triton for NVIDIA GPUs (compute capability 8.0+)."""
+    """Lowers kernels to Triton for NVIDIA GPUs (compute capability 8.0+) and AMD GPUs
+    (CDNA2/3/4, RDNA3: gfx90a, gfx942, gfx950, gfx1100)."""
 
     def lower(self, request: plugins.LoweringRequest):
-        from pallas_triton._src import gpu_call
+        from pallas_triton._src import gpu_call, rocm_call
 
+        if _platform(request) == "rocm":
+            return rocm_call.lower_pallas_call(
+                request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
+                grid_mapping=request.grid_mapping,
+                compiler_params=request.compiler_params, name=request.name,
+                out_avals=request.out_avals)
         return gpu_call.lower_pallas_call(
             request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
             grid_mapping=request.grid_mapping, compiler_params=request.compiler_params,
@@ -46,31 +76,42 @@ class TritonBackend(plugins.Backend):
         lower_kernel(request.jaxpr, request.grid_mapping, compiler_params)
 
     def compile(self, request: plugins.KernelRequest):
-        """Lowers and compiles with ``triton.compile``; option ``compute_capability``
-        (default: the compiler params', else 80)."""
+        """Lowers and compiles with ``triton.compile``. Options: ``platform``
+        (``"cuda"``, ``"rocm"``) and ``target`` (``"sm_90"``/``90``, ``"gfx942"``), or
+        ``compute_capability``; defaults: the compiler params', the environment's
+        (``PALLAS_TRITON_COMPUTE_CAPABILITY``, ``PALLAS_TRITON_ROCM_ARCH``), sm_80 and
+        gfx942."""
         from pallas_triton._src import compile as tc
         from pallas_triton._src.lowering import lower_kernel
 
+        if _platform(request) == "rocm":
+            arch = _amd_arch(request)
+            lowered = lower_kernel(request.jaxpr, request.grid_mapping,
+                                   request.compiler_params, request.name, target=arch)
+            return tc.compile_lowered(lowered, arch)
         lowered = lower_kernel(request.jaxpr, request.grid_mapping, request.compiler_params,
                                request.name)
-        cc = (request.options.get("compute_capability")
+        cc = (request.options.get("target") or request.options.get("compute_capability")
               or tc.compute_capability(request.compiler_params))
         return tc.compile_lowered(lowered, cc)
 
     def emulate(self, request: plugins.KernelRequest, *args: Any):
-        """Runs the generated kernel under Triton's interpreter; returns the outputs."""
+        """Runs the generated kernel under Triton's interpreter; returns the outputs.
+        For ``platform="rocm"`` it is the source generated for the AMD target (options
+        as :meth:`compile`), which differs from NVIDIA's only where the target does."""
         from pallas_triton._src.emulate import emulate_lowered
         from pallas_triton._src.lowering import lower_kernel
 
+        target = _amd_arch(request) if _platform(request) == "rocm" else None
         lowered = lower_kernel(request.jaxpr, request.grid_mapping, request.compiler_params,
-                               request.name)
+                               request.name, target=target)
         return emulate_lowered(lowered, *args)
 
 
 BACKEND = TritonBackend(
     name="triton",
     version=__version__,
-    platforms=("cuda",),
+    platforms=("cuda", "rocm"),
     compiler_params_type=CompilerParams,
     capabilities=CAPABILITIES,
     levels=("lower", "compile", "emulate"),

@@ -580,7 +580,7 @@ def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compi
                 jaxpr=jaxpr, grid_mapping=grid_mapping,
                 compiler_params=registry.resolve_compiler_params(b, compiler_params),
                 cost_estimate=cost_estimate, name=name, metadata=metadata,
-                out_avals=tuple(out_avals)))
+                out_avals=tuple(out_avals), platform=platform))
 
         return rule
 

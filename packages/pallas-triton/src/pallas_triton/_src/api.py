@@ -23,6 +23,10 @@ class CompilerParams(pl.CompilerParams):
       compute_capability: the target GPU as ``major * 10 + minor`` (80 = A100,
         90 = H100). Not in upstream: when None, the ``PALLAS_TRITON_COMPUTE_CAPABILITY``
         environment variable, then the local GPU, then 80.
+      rocm_arch: the AMD GPU when lowering for platform ``rocm`` (``"gfx942"`` = MI300,
+        ``"gfx90a"``, ``"gfx950"``, ``"gfx1100"``; see ``pltriton.AMD_TARGETS``). Not in
+        upstream: when None, the ``PALLAS_TRITON_ROCM_ARCH`` environment variable, then
+        gfx942.
     """
 
     BACKEND: ClassVar[str] = "triton"
@@ -30,6 +34,7 @@ class CompilerParams(pl.CompilerParams):
     num_warps: int | None = None
     num_stages: int | None = None
     compute_capability: int | None = None
+    rocm_arch: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +46,10 @@ class PallasCall:
     grid_mapping: Any
     compiler_params: Any
 
-    def lower(self) -> LoweredKernel:
-        return lower_kernel(self.jaxpr, self.grid_mapping, self.compiler_params, self.name)
+    def lower(self, target: str | None = None) -> LoweredKernel:
+        """The kernel's Triton source, for NVIDIA (``target=None``) or an AMD arch."""
+        return lower_kernel(self.jaxpr, self.grid_mapping, self.compiler_params, self.name,
+                            target=target)
 
 
 def _walk(jaxpr, out: list) -> None:

@@ -1,7 +1,9 @@
-"""The compile level: ``triton.compile`` of the generated kernel to PTX and cubin.
+"""The compile level: ``triton.compile`` of the generated kernel, for NVIDIA or AMD.
 
 No GPU is needed: Triton compiles for a ``GPUTarget`` named by compute capability
-(80 for A100, 90 for H100) with its bundled ``ptxas``.
+(80 for A100, 90 for H100) to PTX and a cubin with its bundled ``ptxas``, or by AMD
+architecture (``"gfx942"`` for MI300, see :mod:`.targets`) to AMDGCN and a ``hsaco``
+with its bundled LLVM and ``ld.lld``.
 """
 
 from __future__ import annotations
@@ -19,16 +21,23 @@ DEFAULT_COMPUTE_CAPABILITY = 80
 
 @dataclasses.dataclass(frozen=True)
 class CompiledKernel:
-    """What ``triton.compile`` produced for one kernel and one compute capability."""
+    """What ``triton.compile`` produced for one kernel and one target."""
 
-    name: str  # the kernel's symbol in the PTX
-    compute_capability: int
+    name: str  # the kernel's symbol in the PTX / hsaco
+    compute_capability: int | None  # NVIDIA targets; None for AMD ones
     num_warps: int
     num_stages: int
     shared_mem_bytes: int
     global_scratch_bytes: int  # Triton's per-launch global scratch (0 for most kernels)
-    asm: dict  # stage -> text or bytes: ttir, ttgir, llir, ptx, cubin
+    asm: dict  # stage -> text or bytes: ttir, ttgir, llir, ptx, cubin (amdgcn, hsaco)
     lowered: LoweredKernel
+    arch: str = ""  # "sm_80", "gfx942"
+    warp_size: int = 32
+
+    @property
+    def platform(self) -> str:
+        """The JAX platform the kernel runs on: ``"cuda"`` or ``"rocm"``."""
+        return "rocm" if self.arch.startswith("gfx") else "cuda"
 
     @property
     def ptx(self) -> str:
@@ -42,13 +51,30 @@ class CompiledKernel:
     def cubin(self) -> bytes:
         return self.asm["cubin"]
 
+    @property
+    def amdgcn(self) -> str:
+        return self.asm["amdgcn"]
+
+    @property
+    def hsaco(self) -> bytes:
+        return self.asm["hsaco"]
+
     def uses_tensor_cores(self) -> bool:
-        """Whether the PTX has ``mma``/``wgmma`` instructions."""
+        """Whether the kernel multiplies on the matrix units: ``mma``/``wgmma`` in the PTX,
+        ``v_mfma``/``v_wmma`` in the AMDGCN."""
+        if self.platform == "rocm":
+            return "v_mfma" in self.amdgcn or "v_wmma" in self.amdgcn
         return "mma" in self.ptx
 
     def resource_usage(self) -> dict[str, int]:
-        """Registers, stack, shared and local memory (bytes) of the compiled kernel, as
-        ``cuobjdump -res-usage`` (bundled with Triton) reads them from the cubin."""
+        """What the compiled kernel uses. NVIDIA: registers, stack, shared and local
+        memory (bytes), as ``cuobjdump -res-usage`` (bundled with Triton) reads them
+        from the cubin. AMD: see :func:`.amdgcn.resource_usage` (VGPRs, SGPRs, LDS,
+        scratch, spills, occupancy, from the code object's metadata)."""
+        if self.platform == "rocm":
+            from pallas_triton._src import amdgcn
+
+            return amdgcn.resource_usage(self)
         return resource_usage(self.cubin, self.name)
 
 
@@ -83,11 +109,23 @@ def jit_function(lowered: LoweredKernel):
 _CACHE: dict = {}
 
 
-def _compile(lowered: LoweredKernel, cc: int) -> CompiledKernel:
-    import triton
+def _gpu_target(target):
+    """Triton's ``GPUTarget`` for a compute capability (int) or an AMD arch (str)."""
     from triton.backends.compiler import GPUTarget
+
+    if isinstance(target, str):
+        from pallas_triton._src.targets import amd_target
+
+        t = amd_target(target)
+        return GPUTarget("hip", t.arch, t.warp_size)
+    return GPUTarget("cuda", int(target), 32)
+
+
+def _compile(lowered: LoweredKernel, target) -> CompiledKernel:
+    import triton
     from triton.compiler import ASTSource
 
+    gpu_target = _gpu_target(target)
     fn = jit_function(lowered)
     # XLA's buffers are 16-byte aligned: let Triton vectorise accesses.
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(lowered.params))}
@@ -95,25 +133,44 @@ def _compile(lowered: LoweredKernel, cc: int) -> CompiledKernel:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
         kernel = triton.compile(
-            src, target=GPUTarget("cuda", cc, 32),
+            src, target=gpu_target,
             options={"num_warps": lowered.num_warps, "num_stages": lowered.num_stages},
         )
     md = kernel.metadata
+    is_amd = gpu_target.backend == "hip"
     return CompiledKernel(
-        name=md.name, compute_capability=cc, num_warps=lowered.num_warps,
+        name=md.name, compute_capability=None if is_amd else int(target),
+        arch=str(target) if is_amd else f"sm_{target}", warp_size=gpu_target.warp_size,
+        num_warps=lowered.num_warps,
         num_stages=lowered.num_stages, shared_mem_bytes=int(md.shared),
         global_scratch_bytes=int(getattr(md, "global_scratch_size", 0) or 0),
         asm=dict(kernel.asm), lowered=lowered,
     )
 
 
-def compile_lowered(lowered: LoweredKernel, compute_capability: int = 80) -> CompiledKernel:
-    """Compiles a lowered kernel for ``sm_{compute_capability}`` (cached by source)."""
+def compile_lowered(lowered: LoweredKernel, compute_capability: int | str = 80
+                    ) -> CompiledKernel:
+    """Compiles a lowered kernel (cached by source) for ``sm_{compute_capability}``, or,
+    given an AMD architecture name (``"gfx942"``), for that AMD GPU."""
+    target = compute_capability
+    if isinstance(target, str) and target.startswith("sm_"):
+        target = int(target[3:].rstrip("a"))
+    if not isinstance(target, str):
+        target = int(target)
+    else:
+        from pallas_triton._src.targets import amd_target
+
+        target = amd_target(target).arch
+        if lowered.target != target:
+            raise ValueError(
+                f"kernel {lowered.name} was lowered for "
+                f"{lowered.target or 'NVIDIA GPUs'}, not for AMD target {target}: lower it "
+                f"with target={target!r}")
     key = (lowered.source, tuple(sorted(lowered.signature.items())), lowered.num_warps,
-           lowered.num_stages, int(compute_capability))
+           lowered.num_stages, target)
     hit = _CACHE.get(key)
     if hit is None:
-        hit = _CACHE[key] = _compile(lowered, int(compute_capability))
+        hit = _CACHE[key] = _compile(lowered, target)
     return hit
 
 

@@ -67,11 +67,15 @@ class LoweringRequest(KernelRequest):
         ``dynamic_grid_dim`` in ``grid_mapping.grid``, in order; empty for a static grid.
         Only backends that claim the ``dynamic_grid`` capability receive any. ``ctx``'s
         ``avals_in`` start with their avals, then those of ``in_nodes``.
+      platform: the one platform this lowering is for (``"cuda"``, ``"rocm"``, ...).
+        When a module is lowered for several platforms at once, ``ctx`` lists them all
+        and the backend's ``lower`` is called once per platform it is chosen for.
     """
 
     ctx: Any  # jax.interpreters.mlir.LoweringRuleContext
     in_nodes: Sequence[Any] = ()
     grid_bounds: Sequence[Any] = ()
+    platform: str | None = None
 
     @property
     def kernel(self) -> KernelRequest:

@@ -62,10 +62,12 @@ class LoweringContext:
     """Per-kernel state: the emitter, the grid, the program ids, the kernel's name and
     the jaxpr variables that are read later (e.g. the old value of a swap)."""
 
-    def __init__(self, em: Emitter, grid: tuple[int, ...], name: str = "kernel"):
+    def __init__(self, em: Emitter, grid: tuple[int, ...], name: str = "kernel",
+                 target: str | None = None):
         self.em = em
         self.grid = grid
         self.name = name
+        self.target = target  # None: NVIDIA; else an AMD architecture ("gfx942")
         self.pids: list[Value] = []
         self.used_vars: set = set()
 

@@ -51,6 +51,7 @@ class LoweredKernel:
     num_warps: int
     num_stages: int
     input_output_aliases: tuple
+    target: str | None = None  # None: NVIDIA; else the AMD architecture it was made for
 
     def __str__(self) -> str:
         return self.source
@@ -114,34 +115,38 @@ def _scalar_expr(v: Value) -> str:
     return v.expr
 
 
-def _cache_key(jaxpr, grid_mapping, num_warps, num_stages, name):
-    return (id(jaxpr), id(grid_mapping), num_warps, num_stages, name)
+def _cache_key(jaxpr, grid_mapping, num_warps, num_stages, name, target):
+    return (id(jaxpr), id(grid_mapping), num_warps, num_stages, name, target)
 
 
 _CACHE: dict = {}
 
 
-def lower_kernel(jaxpr, grid_mapping, compiler_params=None, name: str | None = None
-                 ) -> LoweredKernel:
-    """Lowers a ``pallas_call``'s kernel jaxpr (a ClosedJaxpr) to Triton source."""
+def lower_kernel(jaxpr, grid_mapping, compiler_params=None, name: str | None = None,
+                 target: str | None = None) -> LoweredKernel:
+    """Lowers a ``pallas_call``'s kernel jaxpr (a ClosedJaxpr) to Triton source.
+
+    ``target``: None for NVIDIA GPUs, else an AMD architecture (``"gfx942"``); the
+    source differs only where a target lacks something (TF32 dots, PTX inline asm).
+    """
     num_warps = getattr(compiler_params, "num_warps", None) or 4
     num_stages = getattr(compiler_params, "num_stages", None) or 3
-    key = _cache_key(jaxpr, grid_mapping, num_warps, num_stages, name)
+    key = _cache_key(jaxpr, grid_mapping, num_warps, num_stages, name, target)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is jaxpr and hit[1] is grid_mapping:
         return hit[2]
-    lowered = _lower_kernel(jaxpr, grid_mapping, num_warps, num_stages, name)
+    lowered = _lower_kernel(jaxpr, grid_mapping, num_warps, num_stages, name, target)
     if len(_CACHE) > 256:
         _CACHE.clear()
     _CACHE[key] = (jaxpr, grid_mapping, lowered)
     return lowered
 
 
-def _lower_kernel(jaxpr, gm, num_warps, num_stages, name) -> LoweredKernel:
+def _lower_kernel(jaxpr, gm, num_warps, num_stages, name, target) -> LoweredKernel:
     fname = kernel_name(name)
     em = Emitter()
     grid = tuple(int(g) for g in gm.grid)
-    ctx = LoweringContext(em, grid, fname)
+    ctx = LoweringContext(em, grid, fname, target)
     seq_axes = grid_lib.sequential_axes(gm)
     par_axes = [a for a in range(len(grid)) if a not in seq_axes]
     par_grid = tuple(grid[a] for a in par_axes)
@@ -230,7 +235,7 @@ def _lower_kernel(jaxpr, gm, num_warps, num_stages, name) -> LoweredKernel:
         operand_avals=tuple(avals), num_prefetch=len(prefetch_refs),
         num_inputs=gm.num_inputs, num_outputs=gm.num_outputs, launch_grid=launch,
         grid=grid, num_warps=int(num_warps), num_stages=int(num_stages),
-        input_output_aliases=tuple(gm.input_output_aliases),
+        input_output_aliases=tuple(gm.input_output_aliases), target=target,
     )
 
 

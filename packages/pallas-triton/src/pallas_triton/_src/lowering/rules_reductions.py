@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from jax import lax
 
+from pallas_triton._src import targets
 from pallas_triton._src.codegen import (
     check_pow2,
     dtype_name,
@@ -93,7 +94,7 @@ def _cumsum(ctx, eqn, x):
     return _emit(ctx, eqn, f"tl.cumsum({_wide(x)}, axis={axis}, reverse={rev}).to({tl_dtype(dtype)})")
 
 
-def _precision(eqn, dtype) -> str:
+def _precision(ctx, eqn, dtype) -> str:
     if not is_float(dtype) or dtype_name(dtype) != "float32":
         return ""
     p = eqn.params.get("precision")
@@ -102,6 +103,10 @@ def _precision(eqn, dtype) -> str:
         for q in (p if isinstance(p, tuple) else (p,)):
             names.append(str(getattr(q, "name", q)).upper())
     if any(n in ("HIGHEST", "FLOAT32", "HIGH") for n in names):
+        return ', input_precision="ieee"'
+    # DEFAULT precision is the fastest the target has: TF32 where it exists, else f32
+    # (AMD's gfx90a, gfx950 and RDNA3 have no TF32; Triton rejects "tf32" for them).
+    if not targets.allows_tf32(ctx.target):
         return ', input_precision="ieee"'
     return ', input_precision="tf32"'
 
@@ -137,7 +142,7 @@ def _dot_general(ctx, eqn, a, b):
     out_t = "tl.float32" if is_float(acc) and dtype_name(acc) != "float16" else tl_dtype(acc)
     if is_signed_int(acc):
         out_t = "tl.int32"
-    expr = f"tl.dot({a_expr}, {b_expr}, out_dtype={out_t}{_precision(eqn, a.dtype)})"
+    expr = f"tl.dot({a_expr}, {b_expr}, out_dtype={out_t}{_precision(ctx, eqn, a.dtype)})"
     if out_t != tl_dtype(dtype):
         expr = f"({expr}).to({tl_dtype(dtype)})"
     return _emit(ctx, eqn, expr)
