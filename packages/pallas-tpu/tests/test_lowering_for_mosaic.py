@@ -68,3 +68,28 @@ def test_a_kernel_without_a_grid_but_a_partial_block_runs_on_a_one_step_grid(low
     assert len(list(attrs["window_params"])) == 2
     (got,) = emulate(f, x)
     np.testing.assert_array_equal(got, x[8:] + 1)
+
+
+def test_bool_refs_hold_int32_and_bools_cross_the_call_as_int32(lower_tpu):
+    # Mosaic cannot lay out 1-bit memrefs ("layout too complicated"); as upstream, a bool
+    # ref holds int32, loads compare with 0 and stores widen.
+    def kernel(m_ref, x_ref, o_ref, b_ref):
+        m = m_ref[...]
+        o_ref[...] = jnp.where(m, x_ref[...], 0.0)
+        b_ref[...] = jnp.logical_not(m)
+
+    m = (jnp.arange(8 * 128).reshape(8, 128) % 3) == 0
+    x = jnp.ones((8, 128), F32)
+    f = lambda m, x: pl.pallas_call(
+        kernel, out_shape=(jax.ShapeDtypeStruct(x.shape, F32),
+                           jax.ShapeDtypeStruct(x.shape, jnp.bool_)))(m, x)
+    lowered, (mod,) = lower_tpu(f, m, x)
+    args = list(_main(mod).regions[0].blocks[0].arguments)
+    assert [str(a.type).split(",")[0] for a in args] == [
+        "memref<8x128xi32", "memref<8x128xf32", "memref<8x128xf32", "memref<8x128xi32"]
+    assert "tensor<8x128xi1>" not in lowered.as_text().split("tpu_custom_call")[1].split(
+        "\n")[0]
+    o, b = emulate(f, m, x)
+    np.testing.assert_array_equal(o, np.where(m, 1.0, 0.0))
+    assert b.dtype == jnp.bool_
+    np.testing.assert_array_equal(b, ~np.asarray(m))

@@ -77,6 +77,7 @@ class MosaicTpuBackend(Backend):
 
         from pallas_tpu._src.executor import run_custom_call
         from pallas_tpu._src.lowering.custom_call import backend_config
+        from pallas_tpu._src.lowering.types import memory_dtype
 
         params = _params(request.compiler_params)
         self.validate(dataclasses.replace(request, compiler_params=params))
@@ -85,10 +86,14 @@ class MosaicTpuBackend(Backend):
         # As in the custom call, dynamic grid sizes are the first operands (``args``
         # starts with them) and alias indices count them.
         nb = request.grid_mapping.num_dynamic_grid_bounds
-        outs = run_custom_call(config, args, [(a.shape, a.dtype) for a in request.out_avals],
+        # Bools cross the call as int32, as in the custom call (T.memory_dtype).
+        args = [jnp.asarray(a).astype(jnp.int32) if jnp.asarray(a).dtype == jnp.bool_
+                else a for a in args]
+        outs = run_custom_call(config, args, [(a.shape, memory_dtype(a.dtype))
+                                              for a in request.out_avals],
                                tuple((i + nb, o) for i, o in
                                      request.grid_mapping.input_output_aliases))
-        return [jnp.asarray(o) for o in outs]
+        return [jnp.asarray(o).astype(a.dtype) for o, a in zip(outs, request.out_avals)]
 
     def interpret(self, request: KernelRequest, *args):
         """TPU interpret mode: the kernel jaxpr in the core interpreter with the TPU

@@ -107,6 +107,11 @@ def lower_module_to_custom_call(ctx, *in_nodes, **kwargs):
     return _tcc.lower_module_to_custom_call(ctx, *in_nodes, **kwargs)
 
 
+def convert_hlo(ctx, x, aval_in, aval_out):
+    """HLO's convert (a cast to bool is ``x != 0``)."""
+    return mlir.convert_hlo(ctx, x, aval_in, aval_out)
+
+
 def backend_config_of(module, **kwargs):
     """The ``CustomCallBackendConfig`` JAX would attach for ``module`` (for inspection)."""
     return _tcc._lower_to_custom_call_config(module, **kwargs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.compiler_params import CompilerParams, SideEffectType
 from pallas_tpu._src.lowering.kernel import build_module
@@ -79,13 +81,28 @@ def lower_pallas_call(ctx, *in_nodes, jaxpr, grid_mapping, compiler_params: Comp
                  tuple(gm.grid_bound_dims) or (None,) * nb)
     if nb and config["input_memory_spaces"] is not None:
         config["input_memory_spaces"] = (None,) * nb + tuple(config["input_memory_spaces"])
-    return jc.lower_module_to_custom_call(
+    # Bool operands cross the call as int32, the type their refs hold (T.memory_dtype).
+    in_avals = ctx.avals_in[nb:]
+    in_nodes = [jc.convert_hlo(ctx, x, a, _in_memory(a)) if _is_bool(a) else x
+                for x, a in zip(in_nodes, in_avals)]
+    outs = jc.lower_module_to_custom_call(
         ctx, *grid_bounds, *in_nodes,
         module=kernel.module,
-        out_type=tuple(out_avals),
+        out_type=tuple(_in_memory(a) for a in out_avals),
         kernel_name=name.split(" ")[0],
         input_output_aliases=tuple((i + nb, o) for i, o in gm.input_output_aliases),
         has_side_effects=side_effect_type(p.has_side_effects),
         metadata=dict(metadata) if metadata else None,
         **config,
     )
+    return [jc.convert_hlo(ctx, o, _in_memory(a), a) if _is_bool(a) else o
+            for o, a in zip(outs, out_avals)]
+
+
+def _is_bool(aval) -> bool:
+    return jnp.dtype(aval.dtype) == jnp.bool_
+
+
+def _in_memory(aval):
+    """``aval`` as the kernel's memory holds it (bools as int32)."""
+    return aval.update(dtype=jnp.int32) if _is_bool(aval) else aval

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
 import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, func
@@ -61,7 +60,7 @@ def _block_memref(bm):
     shape = tuple(bm.block_shape)
     squeezed = tuple(isinstance(d, pl.Squeezed) for d in bm.block_dims)
     if (not shape and bm.memory_space is None
-            and jnp.dtype(bm.array_aval.dtype).itemsize == 4):
+            and T.memory_dtype(bm.array_aval.dtype).itemsize == 4):
         # A 0-d operand has no (8, 128) tile to live in: unless placed explicitly, a
         # 32-bit scalar goes to SMEM (read and written with memref.load/store).
         space = MemorySpace.SMEM

@@ -169,6 +169,9 @@ def _check_vector_window(w: Window, what: str) -> None:
 
 
 def load_window(w: Window, dtype) -> ir.Value:
+    if jnp.dtype(dtype) == jnp.bool_:  # stored as int32 (see T.memory_dtype)
+        v = load_window(w, jnp.int32)
+        return arith.cmpi(arith.CmpIPredicate.ne, v, const(w.shape, jnp.int32, 0))
     ref = w.ref
     if _is_smem(ref):
         if w.shape:
@@ -189,6 +192,9 @@ def load_window(w: Window, dtype) -> ir.Value:
 
 
 def store_window(w: Window, value: ir.Value, dtype, mask=None) -> None:
+    if jnp.dtype(dtype) == jnp.bool_:  # stored as int32 (see T.memory_dtype)
+        value = arith.extui(T.value_type(w.shape, jnp.int32), value)
+        dtype = jnp.int32
     ref = w.ref
     if _is_smem(ref):
         if w.shape:

@@ -85,11 +85,18 @@ def is_semaphore(space) -> bool:
     return isinstance(s, SemaphoreType) or s is MemorySpace.SEMAPHORE
 
 
+def memory_dtype(dtype):
+    """The dtype a ref of ``dtype`` holds in memory: bools are stored as int32 (as
+    upstream does; Mosaic cannot lay out 1-bit memrefs, and XLA's pred is a byte), and
+    converted to and from ``i1`` vectors by loads and stores."""
+    return jnp.dtype(jnp.int32) if jnp.dtype(dtype) == jnp.bool_ else jnp.dtype(dtype)
+
+
 def memref_type(shape, dtype, space) -> ir.MemRefType:
     if is_semaphore(space):
         return ir.MemRefType.get(static_shape(shape), semaphore_elem(space),
                                  memory_space=memory_space_attr(MemorySpace.SEMAPHORE))
-    return ir.MemRefType.get(static_shape(shape), elem_type(dtype),
+    return ir.MemRefType.get(static_shape(shape), elem_type(memory_dtype(dtype)),
                              memory_space=memory_space_attr(space))
 
 
