@@ -93,3 +93,27 @@ def test_bool_refs_hold_int32_and_bools_cross_the_call_as_int32(lower_tpu):
     np.testing.assert_array_equal(o, np.where(m, 1.0, 0.0))
     assert b.dtype == jnp.bool_
     np.testing.assert_array_equal(b, ~np.asarray(m))
+
+
+def test_generic_any_scratch_and_run_scoped_buffers_live_in_vmem(lower_tpu):
+    # pl.ANY scratch is the backend's choice; Mosaic can neither infer the memory space
+    # of an `any` scratch operand nor memref.alloca one.
+    def kernel(x_ref, o_ref, acc_ref):
+        acc_ref[...] = x_ref[...]
+
+        def body(tmp):
+            tmp[...] = acc_ref[...] * 2
+            o_ref[...] = tmp[...]
+
+        pl.run_scoped(body, pl.ANY((8, 128), F32))
+
+    x = jnp.ones((8, 128), F32)
+    f = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, F32),
+                                 scratch_shapes=[pl.ANY((8, 128), F32)])(x)
+    _, (m,) = lower_tpu(f, x)
+    text = str(m)
+    assert "#tpu.memory_space<any>" not in text
+    assert "memref.alloca() : memref<8x128xf32, #tpu.memory_space<vmem>>" in text
+    (got,) = emulate(f, x)
+    np.testing.assert_array_equal(got, x * 2)
+

@@ -195,7 +195,8 @@ def build_module(jaxpr, gm, params: CompilerParams, name: str,
                 window_params.append(ir.DictAttr.get(wp))
             scratch = []
             for t in gm.scratch_types:
-                scratch.append((T.memref_type(t.shape, t.dtype, t.memory_space), t))
+                space = T.scratch_space(t.memory_space)
+                scratch.append((T.memref_type(t.shape, t.dtype, space), t, space))
             arg_types = ([T.i32()] * len(grid) + prefetch_types
                          + [b[0] for b in block_args] + [s[0] for s in scratch])
             main = func.FuncOp("main", (arg_types, []))
@@ -207,8 +208,8 @@ def build_module(jaxpr, gm, params: CompilerParams, name: str,
                         for a, av in zip(args[ng:ng + npf], gm.prefetch_avals)]
                 for a, (_mt, squeezed, space, bm) in zip(args[ng + npf:], block_args):
                     refs.append(RefVal(a, bm.array_aval.dtype, space, squeezed))
-                for a, (_mt, t) in zip(args[ng + npf + len(block_args):], scratch):
-                    refs.append(RefVal(a, t.dtype, t.memory_space, (False,) * len(t.shape)))
+                for a, (_mt, t, space) in zip(args[ng + npf + len(block_args):], scratch):
+                    refs.append(RefVal(a, t.dtype, space, (False,) * len(t.shape)))
                 lctx = LoweringContext(gm.grid, grid_idx, name, mesh_axes=mesh_axes,
                                        grid_names=tuple(gm.grid_names or ()))
                 lower_jaxpr(lctx, jaxpr.jaxpr, jaxpr.consts, refs)

@@ -246,12 +246,13 @@ def _run_scoped(lctx, eqn, *consts):
     with ir.InsertionPoint(region.body):
         refs = []
         for t in p["types"]:
-            mt = T.memref_type(t.shape, t.dtype, t.memory_space)
-            if T.is_semaphore(t.memory_space):
+            space = T.scratch_space(t.memory_space)
+            mt = T.memref_type(t.shape, t.dtype, space)
+            if T.is_semaphore(space):
                 m = tpu.sem_alloc(mt)
             else:
                 m = memref.alloca(mt, [], [])
-            refs.append(RefVal(m, t.dtype, t.memory_space, (False,) * len(t.shape)))
+            refs.append(RefVal(m, t.dtype, space, (False,) * len(t.shape)))
         outs = lower_jaxpr(lctx, jaxpr, (), [*consts, *refs])
         tpu.yield_([materialize(o, a) for o, a in zip(outs, out_avals)])
     return list(region.results)

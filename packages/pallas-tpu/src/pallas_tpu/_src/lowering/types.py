@@ -66,6 +66,15 @@ def space_of(space, default=MemorySpace.VMEM):
     return default if s is None else s
 
 
+def scratch_space(space):
+    """Where a scratch buffer (``scratch_shapes``, ``run_scoped``) lives: the generic
+    ``pl.ANY`` (and the default) means the backend's choice, VMEM, the memory a kernel
+    can allocate in and address with vector ops (Mosaic cannot infer or allocate an
+    ``any`` buffer)."""
+    s = space_of(space)
+    return MemorySpace.VMEM if s is MemorySpace.ANY else s
+
+
 def memory_space_attr(space) -> ir.Attribute:
     s = space_of(space)
     if isinstance(s, SemaphoreType):
