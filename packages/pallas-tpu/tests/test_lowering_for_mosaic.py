@@ -117,3 +117,27 @@ def test_generic_any_scratch_and_run_scoped_buffers_live_in_vmem(lower_tpu):
     (got,) = emulate(f, x)
     np.testing.assert_array_equal(got, x * 2)
 
+
+def test_argmax_accumulates_from_the_neutral_element(lower_tpu):
+    # Mosaic takes only the neutral element as a reduction's splat accumulator.
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.argmax(x_ref[...], axis=1).astype(jnp.int32)
+
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 128)), F32)
+    f = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8,), jnp.int32))(x)
+    _, (m,) = lower_tpu(f, x)
+    assert "dense<2147483647> : vector<8xi32>" in str(m)
+    (got,) = emulate(f, x)
+    np.testing.assert_array_equal(got, np.argmax(x, axis=1))
+
+
+def test_bf16_dots_carry_no_fp32_contract_precision(lower_tpu):
+    # Mosaic rejects fp32 contract precision for bf16 operands ("Bad lhs type").
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = jnp.dot(x_ref[...], y_ref[...], precision=jax.lax.Precision.HIGHEST,
+                             preferred_element_type=F32)
+
+    x = jnp.ones((8, 128), jnp.bfloat16)
+    f = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 8), F32))(x, x.T)
+    _, (m,) = lower_tpu(f, x)
+    assert "tpu.matmul" in str(m) and "contract_precision" not in str(m)

@@ -491,7 +491,7 @@ _REDUCE = {P.reduce_sum_p: "add", P.reduce_max_p: "max", P.reduce_min_p: "min",
 
 @rule(*_REDUCE)
 def _reduce(lctx, eqn, x):
-    src, out = aval_in(eqn, 0), aval_out(eqn)
+    src = aval_in(eqn, 0)
     v = materialize(x, src)
     axes = list(eqn.params["axes"])
     name = _REDUCE[eqn.primitive]
@@ -510,9 +510,24 @@ def _reduce(lctx, eqn, x):
         kname, init = "and", 1
     else:
         kname, init = "or", 0
-    acc = const(out.shape, out.dtype, init)
+    return multi_reduction(kname, v, src.shape, src.dtype, axes, init)
+
+
+def multi_reduction(kname, v, shape, dtype, axes, init):
+    """``vector.multi_reduction`` of ``v`` over ``axes``. Mosaic reduces vectors to
+    vectors only: a reduction to a scalar reduces to ``vector<1>`` (the leading axes,
+    then the last one) and extracts the element."""
     kattr = ir.Attribute.parse(f"#vector.kind<{kname}>")
-    return vector.multi_reduction(kattr, v, acc, axes)
+    rest = tuple(n for i, n in enumerate(shape) if i not in axes)
+    if rest:
+        return vector.multi_reduction(kattr, v, const(rest, dtype, init), list(axes))
+    n = len(shape)
+    if n > 1:
+        v = vector.multi_reduction(kattr, v, const(shape[-1:], dtype, init),
+                                   list(range(n - 1)))
+    v = vector.shape_cast(T.value_type((1, shape[-1]), dtype), v)
+    v = vector.multi_reduction(kattr, v, const((1,), dtype, init), [1])
+    return vector.extract(v, [], [0])
 
 
 @rule(P.dot_general_p)
@@ -545,7 +560,10 @@ def _dot_general(lctx, eqn, x, y):
     acc = const(out.shape, acc_dtype, 0)
     precision = eqn.params.get("precision")
     prec_attr = None
-    if precision is not None:
+    # fp32 contract precision is for f32 operands; Mosaic rejects it for narrower ones
+    # ("Bad lhs type"), whose products are exact in f32 anyway.
+    f32_operands = all(jnp.dtype(a.dtype) == jnp.float32 for a in (lhs_aval, rhs_aval))
+    if precision is not None and f32_operands:
         p = precision[0] if isinstance(precision, tuple) else precision
         if str(p) in ("HIGHEST", "Precision.HIGHEST"):
             prec_attr = ir.Attribute.parse("#tpu.contract_precision<fp32>")
@@ -574,8 +592,7 @@ def _argminmax(lctx, eqn, x):
     else:
         raise NotImplementedError(f"{eqn.primitive.name} of {src.dtype}")
     red_shape = tuple(n for i, n in enumerate(src.shape) if i != axis)
-    best = vector.multi_reduction(ir.Attribute.parse(f"#vector.kind<{kname}>"), v,
-                                  const(red_shape, src.dtype, init), [axis])
+    best = multi_reduction(kname, v, src.shape, src.dtype, [axis], init)
     keep = list(src.shape)
     keep[axis] = 1
     best = broadcast_to(vector.shape_cast(T.value_type(tuple(keep), src.dtype), best)
@@ -585,5 +602,6 @@ def _argminmax(lctx, eqn, x):
     idx = tpu.iota(T.value_type(src.shape, jnp.int32), [axis])
     big = const(src.shape, jnp.int32, src.shape[axis])
     cand = arith.select(eq, idx, big)
-    return vector.multi_reduction(ir.Attribute.parse("#vector.kind<minsi>"), cand,
-                                  const(out.shape, jnp.int32, src.shape[axis]), [axis])
+    # Mosaic takes only the neutral element (INT32_MAX for minsi) as the accumulator.
+    return multi_reduction("minsi", cand, src.shape, jnp.int32, [axis],
+                           np.iinfo(np.int32).max)
