@@ -1,0 +1,1 @@
+"""Autotuning of Pallas kernels: configs timed or modelled, winners cached (``pallas.tuning``)."""
