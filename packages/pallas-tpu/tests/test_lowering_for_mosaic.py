@@ -141,3 +141,34 @@ def test_bf16_dots_carry_no_fp32_contract_precision(lower_tpu):
     f = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 8), F32))(x, x.T)
     _, (m,) = lower_tpu(f, x)
     assert "tpu.matmul" in str(m) and "contract_precision" not in str(m)
+
+
+def test_comparisons_use_what_mosaic_compares(lower_tpu):
+    # Mosaic rejects unordered float predicates ("Unsupported comparison direction:
+    # une"), compares no i1 vectors and, on v5e/v6e, no i8 ones.
+    def kernel(x_ref, b_ref, i_ref, o_ref):
+        x, b, i = x_ref[...], b_ref[...], i_ref[...]
+        ne = x != 2.0
+        nan = jnp.isnan(x)
+        lt_b = b < ne
+        eq_b = b == nan
+        gt_i8 = i > jnp.int8(3)
+        o_ref[...] = (ne.astype(jnp.int32) + 2 * nan + 4 * lt_b + 8 * eq_b + 16 * gt_i8)
+
+    x = jnp.asarray(np.tile([1.0, 2.0, np.nan, -4.0], (8, 32)), F32)
+    b = (jnp.arange(8 * 128).reshape(8, 128) % 3) == 0
+    i = (jnp.arange(8 * 128).reshape(8, 128) % 7 - 3).astype(jnp.int8)
+    f = lambda x, b, i: pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct(x.shape, jnp.int32))(x, b, i)
+    _, (m,) = lower_tpu(f, x, b, i)
+    text = str(m)
+    assert "une" not in text and "uno" not in text
+    assert "xi1>, vector<8x128xi1>" not in text.split("arith.cmpi")[-1].split("\n")[0]
+    for line in text.splitlines():
+        if "arith.cmpi" in line:
+            assert "xi32>" in line, line
+    (got,) = emulate(f, x, b, i)
+    xn, bn, in_ = np.asarray(x), np.asarray(b), np.asarray(i)
+    ne, nan = xn != 2.0, np.isnan(xn)
+    want = ne + 2 * nan + 4 * (bn < ne) + 8 * (bn == nan) + 16 * (in_ > 3)
+    np.testing.assert_array_equal(got, want)

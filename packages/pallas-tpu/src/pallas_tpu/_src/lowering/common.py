@@ -22,6 +22,67 @@ def rule(*prims):
 
 
 # ------------------------------------------------------------------------------------------
+# Comparisons Mosaic accepts.
+
+_UNORDERED = {  # an unordered predicate is the negation of an ordered one
+    "UNE": "OEQ", "UEQ": "ONE", "ULT": "OGE", "ULE": "OGT", "UGT": "OLE", "UGE": "OLT",
+}
+_SIGNED = {"slt", "sle", "sgt", "sge"}
+
+
+def _shape_of(v: ir.Value) -> tuple:
+    t = v.type
+    return tuple(ir.VectorType(t).shape) if isinstance(t, ir.VectorType) else ()
+
+
+def _not(v: ir.Value) -> ir.Value:
+    true = arith.ConstantOp(v.type, T.splat_attr(v.type, True, jnp.bool_)).result
+    return arith.xori(v, true)
+
+
+def cmpf(pred, a: ir.Value, b: ir.Value) -> ir.Value:
+    """``arith.cmpf`` with Mosaic's ordered predicates only: it rejects the unordered
+    ones ("Unsupported comparison direction: une"), which are the ordered ones negated
+    (``uno`` is "either is NaN")."""
+    name = str(pred).split(".")[-1].upper() if not isinstance(pred, str) else pred.upper()
+    if name == "UNO":
+        return _not(arith.andi(cmpf("OEQ", a, a), cmpf("OEQ", b, b)))
+    if name == "ORD":
+        return arith.andi(cmpf("OEQ", a, a), cmpf("OEQ", b, b))
+    if name in _UNORDERED:
+        return _not(cmpf(_UNORDERED[name], a, b))
+    return arith.cmpf(getattr(arith.CmpFPredicate, name), a, b)
+
+
+def cmpi(pred, a: ir.Value, b: ir.Value) -> ir.Value:
+    """``arith.cmpi``, on 32-bit integers: Mosaic compares no 1-bit vectors and, on
+    v5e/v6e, no 8- or 16-bit ones ("Target does not support this comparison"), so
+    narrower operands are widened first (sign- or zero-extended as the predicate reads
+    them)."""
+    name = str(pred).split(".")[-1].lower() if not isinstance(pred, str) else pred.lower()
+    et = a.type.element_type if isinstance(a.type, ir.VectorType) else a.type
+    width = ir.IntegerType(et).width
+    if width == 1:  # as logic (a widened compare is folded back to an i1 one)
+        if name in ("eq", "ne"):
+            x = arith.xori(a, b)
+            return _not(x) if name == "eq" else x
+        if name in ("ult", "slt", "ugt", "sgt"):  # false < true (unsigned)
+            lo, hi = (a, b) if name[1:] == "lt" else (b, a)
+            if name[0] == "s":  # signed i1: true is -1 < 0
+                lo, hi = hi, lo
+            return arith.andi(_not(lo), hi)
+        lo, hi = (a, b) if name[1:] == "le" else (b, a)
+        if name[0] == "s":
+            lo, hi = hi, lo
+        return arith.ori(_not(lo), hi)
+    if width < 32 and _shape_of(a):
+        t = T.value_type(_shape_of(a), jnp.int32)
+        ext = arith.extsi if name in _SIGNED else arith.extui
+        a, b = ext(t, a), ext(t, b)
+    return arith.cmpi(getattr(arith.CmpIPredicate, name), a, b)
+
+
+# ------------------------------------------------------------------------------------------
 # Values.
 
 
@@ -94,8 +155,8 @@ def convert(v, shape, src_dtype, dst_dtype):
     if kd == "b":
         zero = const(shape, s, 0)
         if ks == "f":
-            return arith.cmpf(arith.CmpFPredicate.UNE, v, zero)
-        return arith.cmpi(arith.CmpIPredicate.ne, v, zero)
+            return cmpf("UNE", v, zero)
+        return cmpi("ne", v, zero)
     if ks == "f" and kd == "f":
         if d.itemsize == s.itemsize:  # bf16 <-> f16: through f32
             v = arith.extf(T.value_type(shape, jnp.float32), v)

@@ -16,6 +16,8 @@ from pallas_tpu._src.lowering.common import (
     aval_in,
     aval_out,
     broadcast_to,
+    cmpf,
+    cmpi,
     const,
     convert,
     kind,
@@ -130,7 +132,7 @@ def _erf_inv(lctx, eqn, x):
 
     central = poly(_ERF_INV_CENTRAL, arith.subf(w, c(2.5)))
     tail = poly(_ERF_INV_TAIL, arith.subf(math.sqrt(w), c(3.0)))
-    p = arith.select(arith.cmpf(arith.CmpFPredicate.OLT, w, c(5.0)), central, tail)
+    p = arith.select(cmpf(arith.CmpFPredicate.OLT, w, c(5.0)), central, tail)
     return arith.mulf(p, v)
 
 
@@ -150,14 +152,14 @@ def _nextafter(lctx, eqn, x, y):
     up = arith.addi(xb, ci(1))
     down = arith.subi(xb, ci(1))
     towards_larger_magnitude = arith.xori(
-        arith.cmpf(arith.CmpFPredicate.OLT, xv, yv), arith.cmpf(arith.CmpFPredicate.OLT, xv, cf(0.0)))
+        cmpf(arith.CmpFPredicate.OLT, xv, yv), cmpf(arith.CmpFPredicate.OLT, xv, cf(0.0)))
     stepped = arith.select(towards_larger_magnitude, up, down)
     sign_y = arith.andi(yb, ci(-(1 << 31)))
     from_zero = arith.ori(sign_y, ci(1))
-    is_zero = arith.cmpf(arith.CmpFPredicate.OEQ, xv, cf(0.0))
+    is_zero = cmpf(arith.CmpFPredicate.OEQ, xv, cf(0.0))
     out = arith.bitcast(T.value_type(shape, a.dtype), arith.select(is_zero, from_zero, stepped))
-    out = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, xv, yv), yv, out)
-    unordered = arith.cmpf(arith.CmpFPredicate.UNO, xv, yv)
+    out = arith.select(cmpf(arith.CmpFPredicate.OEQ, xv, yv), yv, out)
+    unordered = cmpf(arith.CmpFPredicate.UNO, xv, yv)
     return arith.select(unordered, cf(np.nan), out)
 
 
@@ -245,13 +247,13 @@ def _sign(lctx, eqn, x):
     a = aval_in(eqn, 0)
     zero, one, minus = (const(a.shape, a.dtype, c) for c in (0, 1, -1))
     if kind(a.dtype) == "f":
-        gt = arith.cmpf(arith.CmpFPredicate.OGT, v, zero)
-        lt = arith.cmpf(arith.CmpFPredicate.OLT, v, zero)
+        gt = cmpf(arith.CmpFPredicate.OGT, v, zero)
+        lt = cmpf(arith.CmpFPredicate.OLT, v, zero)
     elif kind(a.dtype) == "i":
-        gt = arith.cmpi(arith.CmpIPredicate.sgt, v, zero)
-        lt = arith.cmpi(arith.CmpIPredicate.slt, v, zero)
+        gt = cmpi(arith.CmpIPredicate.sgt, v, zero)
+        lt = cmpi(arith.CmpIPredicate.slt, v, zero)
     else:
-        return arith.select(arith.cmpi(arith.CmpIPredicate.ne, v, zero), one, zero)
+        return arith.select(cmpi(arith.CmpIPredicate.ne, v, zero), one, zero)
     # sign(nan) is nan: x where neither comparison holds and x != 0
     pos = arith.select(gt, one, v if kind(a.dtype) == "f" else zero)
     return arith.select(lt, minus, pos)
@@ -276,9 +278,9 @@ def _compare(lctx, eqn, x, y):
     f, s, u = _CMP[eqn.primitive]
     k = kind(a_aval.dtype)
     if k == "f":
-        return arith.cmpf(getattr(arith.CmpFPredicate, f), a, b)
+        return cmpf(getattr(arith.CmpFPredicate, f), a, b)
     pred = s if k == "i" else u
-    return arith.cmpi(getattr(arith.CmpIPredicate, pred), a, b)
+    return cmpi(getattr(arith.CmpIPredicate, pred), a, b)
 
 
 @rule(P.select_n_p)
@@ -296,7 +298,7 @@ def _select_n(lctx, eqn, which, *cases):
         return arith.select(w, vals[1], vals[0])
     out = vals[-1]
     for i in range(len(vals) - 2, -1, -1):
-        is_i = arith.cmpi(arith.CmpIPredicate.eq, w, const(w_aval.shape if shape else (),
+        is_i = cmpi(arith.CmpIPredicate.eq, w, const(w_aval.shape if shape else (),
                                                           w_aval.dtype, i))
         out = arith.select(is_i, vals[i], out)
     return out
@@ -349,7 +351,7 @@ def _cumulative(lctx, eqn, x):
     shift = 1
     while shift < a.shape[axis]:
         rolled = tpu.dynamic_rotate(v, const((), jnp.int32, shift), axis)
-        inside = arith.cmpi(arith.CmpIPredicate.sge, pos, const(a.shape, jnp.int32, shift))
+        inside = cmpi(arith.CmpIPredicate.sge, pos, const(a.shape, jnp.int32, shift))
         v = combine(v, arith.select(inside, rolled, identity))
         shift *= 2
     return v
@@ -597,8 +599,8 @@ def _argminmax(lctx, eqn, x):
     keep[axis] = 1
     best = broadcast_to(vector.shape_cast(T.value_type(tuple(keep), src.dtype), best)
                         if red_shape else best, src.shape, src.dtype)
-    eq = (arith.cmpf(arith.CmpFPredicate.OEQ, v, best) if k == "f"
-          else arith.cmpi(arith.CmpIPredicate.eq, v, best))
+    eq = (cmpf(arith.CmpFPredicate.OEQ, v, best) if k == "f"
+          else cmpi(arith.CmpIPredicate.eq, v, best))
     idx = tpu.iota(T.value_type(src.shape, jnp.int32), [axis])
     big = const(src.shape, jnp.int32, src.shape[axis])
     cand = arith.select(eq, idx, big)

@@ -15,6 +15,7 @@ from pallas_tpu._src.core_compat import dynamic_grid_dim
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import (
     aval_in,
+    cmpi,
     const,
     materialize,
     rule,
@@ -95,7 +96,7 @@ def _cond(lctx, eqn, index, *ops):
     if len(branches) == 1:
         return _branch(lctx, branches[0], ops)
     if len(branches) == 2:  # pl.when / lax.cond: then is branch 1, else branch 0
-        pred = arith.cmpi(arith.CmpIPredicate.ne, idx, const((), idx_aval.dtype, 0))
+        pred = cmpi(arith.CmpIPredicate.ne, idx, const((), idx_aval.dtype, 0))
         op = scf.IfOp(pred, _types_of(out_avals), has_else=True)
         with ir.InsertionPoint(op.then_block):
             scf.yield_(_branch(lctx, branches[1], ops))
@@ -106,7 +107,7 @@ def _cond(lctx, eqn, index, *ops):
     def emit(k):  # lax.switch: a chain of scf.if on index == k
         if k == len(branches) - 1:
             return _branch(lctx, branches[k], ops)
-        pred = arith.cmpi(arith.CmpIPredicate.eq, idx, const((), idx_aval.dtype, k))
+        pred = cmpi(arith.CmpIPredicate.eq, idx, const((), idx_aval.dtype, k))
         op = scf.IfOp(pred, _types_of(out_avals), has_else=True)
         with ir.InsertionPoint(op.then_block):
             scf.yield_(_branch(lctx, branches[k], ops))

@@ -16,6 +16,7 @@ from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import (
     aval_in,
     aval_out,
+    cmpi,
     const,
     kind,
     materialize,
@@ -171,7 +172,7 @@ def _check_vector_window(w: Window, what: str) -> None:
 def load_window(w: Window, dtype) -> ir.Value:
     if jnp.dtype(dtype) == jnp.bool_:  # stored as int32 (see T.memory_dtype)
         v = load_window(w, jnp.int32)
-        return arith.cmpi(arith.CmpIPredicate.ne, v, const(w.shape, jnp.int32, 0))
+        return cmpi(arith.CmpIPredicate.ne, v, const(w.shape, jnp.int32, 0))
     ref = w.ref
     if _is_smem(ref):
         if w.shape:

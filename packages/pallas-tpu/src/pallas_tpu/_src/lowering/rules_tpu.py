@@ -13,6 +13,7 @@ from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import (
     aval_in,
     aval_out,
+    cmpi,
     const,
     materialize,
     rule,
@@ -216,7 +217,7 @@ def _core_barrier(lctx, eqn, sem, *idx):
     me = to_i32(lctx.grid_indices[lctx.grid_names.index(name)])
     view = _sem_view(sem, idx, p["tree"])
     for core in range(n):  # signal every other core
-        other = arith.cmpi(arith.CmpIPredicate.ne, me, to_i32(core))
+        other = cmpi(arith.CmpIPredicate.ne, me, to_i32(core))
         op = scf.IfOp(other, [], has_else=False)
         with ir.InsertionPoint(op.then_block):
             tpu.sem_signal(view, to_i32(1), core_id=to_i32(core))
