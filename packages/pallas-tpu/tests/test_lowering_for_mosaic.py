@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import pallas as pl
 from pallas.plugins import KernelRequest
@@ -172,3 +173,32 @@ def test_comparisons_use_what_mosaic_compares(lower_tpu):
     ne, nan = xn != 2.0, np.isnan(xn)
     want = ne + 2 * nan + 4 * (bn < ne) + 8 * (bn == nan) + 16 * (in_ > 3)
     np.testing.assert_array_equal(got, want)
+
+
+def test_float16_is_computed_as_float32_and_crosses_the_call_as_float32(lower_tpu):
+    # Mosaic has no f16 vectors ("Invalid vector type for load"): f16 refs hold f32, f16
+    # values are f32, and the custom call converts operands and results.
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = jnp.dot(x_ref[...], y_ref[...]) + x_ref[...]
+
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(8, 8)), jnp.float16)
+    f = lambda x, y: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape,
+                                                                           jnp.float16))(x, y)
+    lowered, (m,) = lower_tpu(f, x, x)
+    assert "f16" not in str(m)
+    call = lowered.as_text().split("tpu_custom_call")[1].split("\n")[0]
+    assert "f16" not in call
+    (got,) = emulate(f, x, x)
+    assert got.dtype == jnp.float16
+    want = np.asarray(x, np.float32) @ np.asarray(x, np.float32) + np.asarray(x, np.float32)
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=2e-3, atol=2e-3)
+
+
+def test_bitcasting_float16_is_a_clear_error(lower_tpu):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jax.lax.bitcast_convert_type(x_ref[...], jnp.int16)
+
+    x = jnp.ones((8, 128), jnp.float16)
+    f = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, jnp.int16))(x)
+    with pytest.raises(Exception, match="float16 as float32"):
+        lower_tpu(f, x)

@@ -86,9 +86,9 @@ class MosaicTpuBackend(Backend):
         # As in the custom call, dynamic grid sizes are the first operands (``args``
         # starts with them) and alias indices count them.
         nb = request.grid_mapping.num_dynamic_grid_bounds
-        # Bools cross the call as int32, as in the custom call (T.memory_dtype).
-        args = [jnp.asarray(a).astype(jnp.int32) if jnp.asarray(a).dtype == jnp.bool_
-                else a for a in args]
+        # Bools (f16) cross the call as int32 (f32), as in the custom call
+        # (T.memory_dtype).
+        args = [jnp.asarray(a).astype(memory_dtype(jnp.asarray(a).dtype)) for a in args]
         outs = run_custom_call(config, args, [(a.shape, memory_dtype(a.dtype))
                                               for a in request.out_avals],
                                tuple((i + nb, o) for i, o in

@@ -148,8 +148,8 @@ def kind(dtype) -> str:
 
 def convert(v, shape, src_dtype, dst_dtype):
     s, d = jnp.dtype(src_dtype), jnp.dtype(dst_dtype)
-    if s == d:
-        return v
+    if s == d or (T.elem_type(s) == T.elem_type(d) and kind(s) == kind(d)):
+        return v  # (f16 is f32 in the kernel)
     out_t = T.value_type(shape, d)
     ks, kd = kind(s), kind(d)
     if kd == "b":
@@ -158,10 +158,8 @@ def convert(v, shape, src_dtype, dst_dtype):
             return cmpf("UNE", v, zero)
         return cmpi("ne", v, zero)
     if ks == "f" and kd == "f":
-        if d.itemsize == s.itemsize:  # bf16 <-> f16: through f32
-            v = arith.extf(T.value_type(shape, jnp.float32), v)
-            return arith.truncf(out_t, v)
-        return arith.extf(out_t, v) if d.itemsize > s.itemsize else arith.truncf(out_t, v)
+        ws, wd = (T.memory_dtype(x).itemsize for x in (s, d))  # f16 is f32
+        return arith.extf(out_t, v) if wd > ws else arith.truncf(out_t, v)
     if ks in "iu" and kd == "f":
         return arith.sitofp(out_t, v) if ks == "i" else arith.uitofp(out_t, v)
     if ks == "b" and kd == "f":

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.compiler_params import CompilerParams, SideEffectType
 from pallas_tpu._src.lowering.kernel import build_module
 from pallas_tpu._src.lowering.symbolic import annotate
+from pallas_tpu._src.lowering.types import is_widened, memory_dtype
 
 
 def side_effect_type(value):
@@ -81,7 +80,8 @@ def lower_pallas_call(ctx, *in_nodes, jaxpr, grid_mapping, compiler_params: Comp
                  tuple(gm.grid_bound_dims) or (None,) * nb)
     if nb and config["input_memory_spaces"] is not None:
         config["input_memory_spaces"] = (None,) * nb + tuple(config["input_memory_spaces"])
-    # Bool operands cross the call as int32, the type their refs hold (T.memory_dtype).
+    # Bool (f16) operands cross the call as int32 (f32), what their refs hold
+    # (T.memory_dtype).
     in_avals = ctx.avals_in[nb:]
     in_nodes = [jc.convert_hlo(ctx, x, a, _in_memory(a)) if _is_bool(a) else x
                 for x, a in zip(in_nodes, in_avals)]
@@ -100,9 +100,10 @@ def lower_pallas_call(ctx, *in_nodes, jaxpr, grid_mapping, compiler_params: Comp
 
 
 def _is_bool(aval) -> bool:
-    return jnp.dtype(aval.dtype) == jnp.bool_
+    """Whether ``aval`` crosses the call as another dtype (bool, float16)."""
+    return is_widened(aval.dtype)
 
 
 def _in_memory(aval):
-    """``aval`` as the kernel's memory holds it (bools as int32)."""
-    return aval.update(dtype=jnp.int32) if _is_bool(aval) else aval
+    """``aval`` as the kernel's memory holds it (bools as int32, float16 as float32)."""
+    return aval.update(dtype=memory_dtype(aval.dtype)) if _is_bool(aval) else aval

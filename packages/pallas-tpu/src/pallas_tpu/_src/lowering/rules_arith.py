@@ -235,6 +235,11 @@ def _bitcast_convert_type(lctx, eqn, x):
             f"lax.bitcast_convert_type between dtypes of different widths "
             f"({jnp.dtype(src.dtype).name} -> {jnp.dtype(out.dtype).name}); use pltpu.bitcast"
         )
+    if jnp.float16 in (jnp.dtype(src.dtype), jnp.dtype(out.dtype)):
+        raise NotImplementedError(
+            f"lax.bitcast_convert_type {jnp.dtype(src.dtype).name} -> "
+            f"{jnp.dtype(out.dtype).name}: pallas-tpu computes float16 as float32 (Mosaic "
+            f"has no float16 vectors on any TPU), so its bits are not there to bitcast")
     (v,) = operands(eqn, [x])
     if jnp.dtype(src.dtype) == jnp.dtype(out.dtype):
         return v

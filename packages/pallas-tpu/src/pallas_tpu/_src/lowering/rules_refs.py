@@ -101,6 +101,12 @@ def _reshaped_or_bitcast(w: Window, t) -> RefVal:
     if isinstance(t, jc.ReshapeTransform):
         new = tpu.memref_reshape(new_t, src)
     else:
+        if T.is_widened(aval.dtype) or T.is_widened(ref.dtype):
+            raise NotImplementedError(
+                f"ref.bitcast {jnp.dtype(ref.dtype).name} -> {jnp.dtype(aval.dtype).name}: "
+                f"a {jnp.dtype(ref.dtype).name if T.is_widened(ref.dtype) else aval.dtype} "
+                f"ref holds {T.memory_dtype(ref.dtype if T.is_widened(ref.dtype) else aval.dtype)}"
+                f" in pallas-tpu's kernels (bool as int32, float16 as float32)")
         new = tpu.memref_bitcast(new_t, src)
     return RefVal(new, aval.dtype, ref.space, (False,) * len(aval.shape))
 

@@ -16,8 +16,8 @@ def elem_type(dtype) -> ir.Type:
         return ir.F32Type.get()
     if dt == jnp.bfloat16:
         return ir.BF16Type.get()
-    if dt == jnp.float16:
-        return ir.F16Type.get()
+    if dt == jnp.float16:  # computed and stored as f32 (see memory_dtype)
+        return ir.F32Type.get()
     if dt == jnp.bool_:
         return ir.IntegerType.get_signless(1)
     if dt.kind in "iu":
@@ -97,8 +97,22 @@ def is_semaphore(space) -> bool:
 def memory_dtype(dtype):
     """The dtype a ref of ``dtype`` holds in memory: bools are stored as int32 (as
     upstream does; Mosaic cannot lay out 1-bit memrefs, and XLA's pred is a byte), and
-    converted to and from ``i1`` vectors by loads and stores."""
-    return jnp.dtype(jnp.int32) if jnp.dtype(dtype) == jnp.bool_ else jnp.dtype(dtype)
+    converted to and from ``i1`` vectors by loads and stores. float16, which Mosaic
+    neither loads nor computes on any chip ("Invalid vector type for load"), is widened
+    to float32: refs hold f32 and f16 values are f32 in the kernel (beyond upstream,
+    which refuses f16); operands and results are converted at the custom call, so
+    only the intermediate roundings differ (they are more precise)."""
+    dt = jnp.dtype(dtype)
+    if dt == jnp.bool_:
+        return jnp.dtype(jnp.int32)
+    if dt == jnp.float16:
+        return jnp.dtype(jnp.float32)
+    return dt
+
+
+def is_widened(dtype) -> bool:
+    """Whether ``dtype`` crosses the custom call as another dtype (``memory_dtype``)."""
+    return memory_dtype(dtype) != jnp.dtype(dtype)
 
 
 def memref_type(shape, dtype, space) -> ir.MemRefType:
