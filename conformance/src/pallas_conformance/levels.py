@@ -7,7 +7,8 @@ Levels, in order:
     plain-JAX reference. Its claims are :func:`interpreter_claims`.
 ``lower``
     ``jax.jit(f).trace(*args).lower(lowering_platforms=backend.platforms[:1])`` and
-    ``jax.export`` for that platform succeed, with ``pallas_call(..., backend=NAME)``.
+    ``jax.export`` for that platform succeed, with ``pallas_call(..., backend=NAME)``,
+    and the exported artifact survives ``serialize``/``deserialize``.
 ``compile``
     Every ``pallas_call`` equation of the traced case is handed to
     ``backend.compile(request)`` (a ``pallas.plugins.KernelRequest``) and must not
@@ -402,8 +403,11 @@ class CaseRunner:
             targets = sorted(set(_CUSTOM_CALL.findall(text)))
             checks = [jax.export.DisabledSafetyCheck.custom_call(t) for t in targets]
             try:
-                jax.export.export(jax.jit(f), platforms=[platform],
-                                  disabled_checks=checks)(*args)
+                exp = jax.export.export(jax.jit(f), platforms=[platform],
+                                        disabled_checks=checks)(*args)
+                # The artifact must survive serialisation (what a bundle ships): e.g.
+                # an effect type of a backend that escapes the kernel cannot.
+                jax.export.deserialize(exp.serialize())
             except NotImplementedError as e:
                 # The core interpreter checks SparseCore gather/scatter/DMA indices at run
                 # time through a host callback, which jax.export cannot serialise: a limit

@@ -134,3 +134,61 @@ def test_checkify_without_user_checks_leaves_debug_checks_to_the_interpreter():
     with pl.enable_debug_checks(True):
         with pytest.raises(pl.InterpreterError, match="x must be positive"):
             f(jnp.ones(8).at[0].set(-1.0))
+
+
+# ------------------------------------------------------------------------------------
+# What stays inside the kernel: a jax.export artifact must serialise and load where the
+# backend that made it is not installed (the bundles of pallas-conformance).
+
+
+def _round_trip(f, *args):
+    exp = jax.export.export(jax.jit(f), platforms=["cpu"])(*args)
+    return jax.export.deserialize(exp.serialize())
+
+
+def test_named_axes_of_the_kernels_mesh_do_not_escape_the_call():
+    from pallas._src.mesh import CoreMesh  # the backend-neutral mesh of the interpreter
+
+    def f(x):
+        def body(x_ref, o_ref):
+            c = jax.lax.axis_index("core")
+
+            # A nested core_map binds its own axis, which must not escape either.
+            @pl.core_map(CoreMesh(lane=2), interpret=True)
+            def _():
+                lane = jax.lax.axis_index("lane")
+                o_ref[c * 2 + lane] = x_ref[c * 2 + lane] + 1.0
+
+        return pl.kernel(body, SDS((8,), jnp.float32), mesh=CoreMesh(core=4),
+                         interpret=True)(x)
+
+    x = jnp.arange(8, dtype=jnp.float32)
+    assert not jax.make_jaxpr(f)(x).effects
+    exp = _round_trip(f, x)
+    assert not exp.ordered_effects and not exp.unordered_effects
+    np.testing.assert_array_equal(exp.call(x), np.arange(8) + 1.0)
+
+
+def test_a_registered_kernel_local_effect_stays_inside_the_call():
+    import pallas.plugins
+    from pallas._src import jax_compat as jc
+
+    class FenceEffect(jc.effects.Effect):  # as a backend's fences and barriers
+        pass
+
+    fence = jc.Primitive("test_fence")
+    fence.multiple_results = True
+    fence.def_effectful_abstract_eval(lambda: ([], {FenceEffect()}))
+    jc.effects.lowerable_effects.add_type(FenceEffect)
+    jc.effects.control_flow_allowed_effects.add_type(FenceEffect)
+
+    def kernel(x_ref, o_ref):
+        fence.bind()
+        o_ref[...] = x_ref[...]
+
+    x = jnp.zeros(8)
+    (eqn,) = jax.make_jaxpr(_grid_call(kernel))(x).jaxpr.eqns
+    assert any(isinstance(e, FenceEffect) for e in eqn.effects)  # not registered yet
+    pallas.plugins.register_kernel_local_effect(FenceEffect)
+    (eqn,) = jax.make_jaxpr(_grid_call(kernel))(x).jaxpr.eqns
+    assert not eqn.effects

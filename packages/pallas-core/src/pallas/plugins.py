@@ -84,6 +84,7 @@ from pallas._src.registry.registry import (
 )
 from pallas._src.registry.requests import KernelRequest, LoweringRequest
 from pallas._src.registry.rule_table import RuleConflictError, RuleTable
+from pallas._src.transforms.effects import register_kernel_local_effect
 
 # The primitives of pallas-core that a backend lowers (besides JAX's own, e.g. the state
 # primitives get/swap/addupdate and lax's), and the interpreter pieces it may reuse.
@@ -105,6 +106,7 @@ __all__ = [
     "Backend", "BackendLoadError", "BackendNotFoundError", "Cell", "CoreMesh", "ENTRY_POINT_GROUP",
     "KernelContext", "LEVELS", "LevelUnsupportedError", "Mesh", "PluginLoadWarning", "env_var", "get_backend", "hookimpl",
     "hookspec", "list_backends", "load_failures", "register_backend",
+    "register_kernel_local_effect",
     "register_interpret_rule", "reset", "scratch_live_in", "select_backend",
     # Backends whose cores cooperate (e.g. SparseCore barriers) schedule kernels themselves.
     "interpret_schedules", "register_interpret_schedule",

@@ -149,6 +149,7 @@ instantiate_zeros = ad.instantiate_zeros
 float0 = dtypes.float0
 jaxpr_as_fun = core.jaxpr_as_fun
 JaxprInputEffect = effects.JaxprInputEffect
+NamedAxisEffect = core.NamedAxisEffect
 checkify_error_checks = checkify_internal.error_checks
 check_vma = config._check_vma  # context manager: shard_map's varying-axes type checks
 pcast = lax_parallel.pcast

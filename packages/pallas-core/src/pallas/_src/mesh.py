@@ -203,8 +203,17 @@ def core_map(mesh: Mesh, *, compiler_params: Any = None, interpret: bool = False
     return wrapped
 
 
+def _core_map_effects(jaxpr, num_consts, mesh) -> set:
+    """The body's effects seen from outside: on the operands, less the named axes of the
+    mesh itself (bound only inside; an effect on them would escape into a jax.export
+    artifact, which cannot serialise it)."""
+    own = set(mesh.axis_names)
+    return {e for e in operand_effects(jaxpr, num_consts)
+            if not (isinstance(e, jc.NamedAxisEffect) and e.name in own)}
+
+
 core_map_p.def_effectful_abstract_eval(
-    lambda *args, jaxpr, num_consts, **_: ([], operand_effects(jaxpr, num_consts))
+    lambda *args, jaxpr, num_consts, mesh, **_: ([], _core_map_effects(jaxpr, num_consts, mesh))
 )
 
 
@@ -213,7 +222,7 @@ def _core_map_typecheck(_, *in_atoms, jaxpr, num_consts, mesh, **__):
     reads ``lax.axis_index`` of them)."""
     with jc.extend_axis_env_nd(list(zip(mesh.axis_names, mesh.sizes))):
         jc.check_jaxpr(jaxpr)
-    return [], operand_effects(jaxpr, num_consts)
+    return [], _core_map_effects(jaxpr, num_consts, mesh)
 
 
 jc.register_typecheck(core_map_p, _core_map_typecheck)

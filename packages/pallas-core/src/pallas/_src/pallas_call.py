@@ -484,10 +484,12 @@ def _typecheck(_, *in_atoms, jaxpr, grid_mapping, **params):
         jc.check_jaxpr(getattr(jaxpr, "jaxpr", jaxpr))
     out = _abstract_eval(*(a.aval for a in in_atoms), jaxpr=jaxpr,
                          grid_mapping=grid_mapping, **params)
-    # The call carries its kernel's effects other than those on the kernel's own refs
-    # (named axes, debug prints), as JAX records them when the call is traced.
-    inner = getattr(jaxpr, "effects", ())
-    return out, {e for e in inner if not isinstance(e, jc.JaxprInputEffect)}
+    # The call carries its kernel's effects other than those on the kernel's own refs,
+    # grid axes and kernel-local effects (debug prints, outer named axes), as the
+    # abstract evaluation records them when the call is traced.
+    from pallas._src.transforms.effects import call_effects
+
+    return out, call_effects(getattr(jaxpr, "jaxpr", jaxpr), names)
 
 
 jc.register_typecheck(pallas_call_p, _typecheck)

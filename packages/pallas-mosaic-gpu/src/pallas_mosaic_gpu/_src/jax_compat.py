@@ -20,6 +20,8 @@ from jax._src.state import indexing as state_indexing
 from jax._src.state import primitives as state_primitives
 from jax._src.state import types as state_types
 
+import pallas.plugins
+
 __all__ = [
     "AbstractRef", "GpuEffect", "Literal", "NDIndexer", "Primitive", "ReadEffect",
     "ReshapeTransform", "device_mesh", "ShapedArray", "Slice", "TransformedRef", "WriteEffect", "addupdate_p", "core",
@@ -103,6 +105,9 @@ class GpuEffect(effects.Effect):
 
 
 gpu_effect = GpuEffect()
+# Not an effect of the pallas_call outside the kernel: an exported kernel must load
+# where pallas-mosaic-gpu is not installed.
+pallas.plugins.register_kernel_local_effect(GpuEffect)
 for _allowed in (effects.control_flow_allowed_effects, effects.lowerable_effects,
                  effects.remat_allowed_effects, effects.custom_derivatives_allowed_effects):
     _allowed.add_type(GpuEffect)

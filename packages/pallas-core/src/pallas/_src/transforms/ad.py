@@ -587,7 +587,8 @@ def _partial_eval_custom_rule(saveable, unks_in, inst_in, eqn):
     k, m = origin.n_in, origin.n_out
     known_eqn = eqn.replace(invars=eqn.invars[:k], outvars=eqn.outvars[:m],
                             params=origin.params,
-                            effects=call_effects(origin.params["jaxpr"].jaxpr))
+                            effects=call_effects(origin.params["jaxpr"].jaxpr,
+                                                 origin.params["grid_mapping"].grid_names))
     staged_eqn = eqn.replace(
         outvars=[jc.core.DropVar(v.aval) for v in eqn.outvars[:m]] + eqn.outvars[m:])
     res = [v for v, i in zip(eqn.invars[:k], inst_in[:k])

@@ -3,7 +3,9 @@
 - **Effects**: a ``pallas_call`` has the effects of its kernel other than the kernel's
   reads and writes of its own refs (``debug_print``, ``jax.debug.callback``, ordered
   callbacks, ...). So a call that prints is never removed as dead code, and ordered
-  effects are threaded through ``jit`` in program order.
+  effects are threaded through ``jit`` in program order. A backend's kernel-local
+  effects (``pallas.plugins.register_kernel_local_effect``: fences, barriers) stay
+  inside, so ``jax.export`` can serialise the call where the backend is not installed.
 - **shard_map**: outputs vary over the manual mesh axes that any operand varies over
   (``check_vma=True`` works).
 - **checkify**: with ``errors=checkify.user_checks`` (or any set with
@@ -24,10 +26,27 @@ from pallas._src.jaxpr_util import contains
 from pallas._src.pallas_call import _abstract_eval, pallas_call_p
 from pallas._src.primitives.debug import debug_check_p
 
+# Effect types that order a kernel's own instructions (fences, barriers, waits on
+# asynchronous copies) and mean nothing outside it: a backend registers them so that they
+# do not become effects of the pallas_call (jax.export could not serialise the call:
+# their type is unknown where the artifact is loaded).
+_KERNEL_LOCAL_EFFECTS: set[type] = set()
 
-def call_effects(jaxpr) -> set:
-    """The effects a ``pallas_call`` of ``jaxpr`` has outside the kernel."""
-    return {e for e in jaxpr.effects if not isinstance(e, jc.JaxprInputEffect)}
+
+def register_kernel_local_effect(effect_type: type) -> type:
+    """Keeps effects of ``effect_type`` inside the kernel (see ``call_effects``)."""
+    _KERNEL_LOCAL_EFFECTS.add(effect_type)
+    return effect_type
+
+
+def call_effects(jaxpr, grid_names=None) -> set:
+    """The effects a ``pallas_call`` of ``jaxpr`` has outside the kernel: not the
+    kernel's reads and writes of its own refs, nor kernel-local effects, nor the named
+    axes of its own grid or mesh (``grid_names``; bound only inside the kernel)."""
+    own = set(grid_names or ())
+    return {e for e in jaxpr.effects if not isinstance(e, jc.JaxprInputEffect)
+            and type(e) not in _KERNEL_LOCAL_EFFECTS
+            and not (isinstance(e, jc.NamedAxisEffect) and e.name in own)}
 
 
 def _varying(avals) -> frozenset:
@@ -49,7 +68,7 @@ def _effectful_abstract_eval(*avals, jaxpr, **params):
                            sharding=jc.core.get_cur_mesh_sharding(), manual_axis_type=mat)
             for o in outs
         ]
-    return outs, call_effects(jaxpr.jaxpr)
+    return outs, call_effects(jaxpr.jaxpr, params["grid_mapping"].grid_names)
 
 
 pallas_call_p.def_effectful_abstract_eval(_effectful_abstract_eval)

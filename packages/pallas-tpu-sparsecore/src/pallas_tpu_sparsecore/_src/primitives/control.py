@@ -22,7 +22,7 @@ from jaxlib.mlir.dialects import scf
 from jaxlib.mosaic.python import tpu
 
 import pallas as pl
-from pallas.plugins import eval_jaxpr
+from pallas.plugins import eval_jaxpr, register_kernel_local_effect
 from pallas_tpu import MemorySpace
 from pallas_tpu import extend as tpx
 from pallas_tpu_sparsecore._src import jax_compat as jc
@@ -39,6 +39,9 @@ class BarrierEffect(jc.Effect):
 
 jc.control_flow_allowed_effects.add_type(BarrierEffect)
 jc.lowerable_effects.add_type(BarrierEffect)
+# Orders the kernel's own subcores only: not an effect of the pallas_call (an exported
+# kernel must load where pallas-tpu-sparsecore is not installed).
+register_kernel_local_effect(BarrierEffect)
 _barrier_effect = BarrierEffect()
 
 subcore_barrier_p = jc.Primitive("sc_subcore_barrier")
