@@ -4,6 +4,7 @@
     pallas-conformance --backend interpret --level interpret --level lower -k matmul
     pallas-conformance --list-backends
     pallas-conformance --list-cases --tag dot
+    pallas-conformance bundle --backend triton DIR   # exported cases for a GPU host
 
 The exit status is 1 when any claimed case fails at a reachable level, 2 on usage errors.
 """
@@ -24,7 +25,8 @@ from pallas_conformance.suite import resolve_backend, run_suite, select_cases
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pallas-conformance",
-        description="Run the Pallas conformance catalogue for a backend.",
+        description="Run the Pallas conformance catalogue for a backend. "
+                    "`pallas-conformance bundle --help`: export it for a GPU host.",
     )
     p.add_argument("--backend", "-b", default="interpret",
                    help="installed backend name (default: interpret)")
@@ -47,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bundle"]:
+        from pallas_conformance import bundle_cli
+
+        return bundle_cli.main(argv[1:])
     args = _parser().parse_args(argv)
     if args.list_backends:
         for b in pallas.plugins.list_backends():
