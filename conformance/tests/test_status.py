@@ -41,6 +41,18 @@ def test_the_newest_release_of_a_backend_is_shown(tmp_path, report):
     assert shown["backend_version"] == "0.10.0"
 
 
+def test_a_run_on_a_device_is_shown_beside_the_cpu_levels(tmp_path, report):
+    write(tmp_path, "interpret.json", report)
+    on_gpu = dict(report, levels=["execute"], created="2099-01-01 00:00 UTC",
+                  device={"platform": "gpu", "kind": "NVIDIA H100 80GB HBM3"})
+    write(tmp_path, "interpret-execute-h100.json", on_gpu)
+    assert len(load_reports([str(tmp_path)])) == 2
+    page = render_status([str(tmp_path)])
+    assert "## `interpret` 0.1.0 on NVIDIA H100 80GB HBM3" in page
+    assert "(#interpret-010-on-nvidia-h100-80gb-hbm3)" in page
+    assert "| tag | cases | interpret | lower |" in page
+
+
 def test_failures_are_marked(tmp_path, report):
     bad = json.loads(json.dumps(report))
     bad["ok"] = False

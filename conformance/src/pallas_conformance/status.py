@@ -19,11 +19,12 @@ _ORDER = ("pass", "fail", "unsupported", "skipped")
 
 def load_reports(paths: Iterable[str]) -> list[dict]:
     """The newest report per backend among ``paths`` (JSON files or folders of them),
-    sorted by backend name. Files of another schema raise ``ValueError`` naming them."""
+    and the newest run of it on a device (level ``execute`` alone), sorted by backend
+    name. Files of another schema raise ``ValueError`` naming them."""
     files: list[str] = []
     for p in paths:
         files += sorted(glob.glob(os.path.join(p, "*.json"))) if os.path.isdir(p) else [p]
-    newest: dict[str, dict] = {}
+    newest: dict[tuple, dict] = {}
     for f in files:
         with open(f, encoding="utf-8") as fh:
             data = json.load(fh)
@@ -31,10 +32,23 @@ def load_reports(paths: Iterable[str]) -> list[dict]:
             raise ValueError(f"{f}: not a pallas-conformance report (schema "
                              f"{data.get('schema')!r}, expected {SCHEMA!r})")
         key = (_version_key(data["backend_version"]), data.get("created", ""))
-        old = newest.get(data["backend"])
+        # A run on a device (a bundle's run_bundle.py: level execute only) is shown
+        # beside the backend's CPU levels, not instead of them.
+        slot = (data["backend"], _on_device(data))
+        old = newest.get(slot)
         if old is None or key > (_version_key(old["backend_version"]), old.get("created", "")):
-            newest[data["backend"]] = data
+            newest[slot] = data
     return [newest[k] for k in sorted(newest)]
+
+
+def _on_device(data: dict) -> bool:
+    return list(data.get("levels", [])) == ["execute"]
+
+
+def _title(data: dict) -> str:
+    device = data.get("device", {}).get("kind") if _on_device(data) else None
+    where = f" on {device}" if device else (" on a device" if _on_device(data) else "")
+    return f"{data['backend']} {data['backend_version']}{where}"
 
 
 def _version_key(v: str) -> tuple:
@@ -63,7 +77,7 @@ def render_report(data: dict) -> str:
             n_cases[t] = n_cases.get(t, 0) + 1
     totals = ", ".join(f"{data['totals'].get(s, 0)} {s}" for s in _ORDER)
     lines = [
-        f"## `{data['backend']}` {data['backend_version']}",
+        f"## `{data['backend']}` {_title(data)[len(data['backend']) + 1:]}",
         "",
         f"- platforms: {', '.join(data['platforms']) or '-'}; levels run: "
         f"{', '.join(levels)}",
@@ -90,13 +104,13 @@ def render_status(paths: Iterable[str]) -> str:
         return "_No reports have been published yet._\n"
     index = ["| backend | version | result | run |", "|---|---|---|---|"]
     for d in reports:
-        index.append(f"| [`{d['backend']}`](#{_anchor(d)}) | {d['backend_version']} | "
+        index.append(f"| [`{d['backend']}`](#{_anchor(d)}) | {_title(d)[len(d['backend']) + 1:]} | "
                      f"{'PASS' if d['ok'] else '**FAIL**'} | {d.get('created', '?')} |")
     return "\n".join(index) + "\n\n" + "\n".join(render_report(d) for d in reports)
 
 
 def _anchor(d: dict) -> str:
     """The anchor MkDocs' toc extension gives the backend's heading."""
-    text = f"{d['backend']} {d['backend_version']}".lower()
+    text = _title(d).lower()
     return "".join(c if c.isalnum() or c in "-_" else "-" if c == " " else ""
                    for c in text)
