@@ -202,3 +202,34 @@ def test_bitcasting_float16_is_a_clear_error(lower_tpu):
     f = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, jnp.int16))(x)
     with pytest.raises(Exception, match="float16 as float32"):
         lower_tpu(f, x)
+
+
+def test_narrow_integer_arithmetic_runs_in_i32_and_wraps(lower_tpu):
+    # v5e/v6e do no 8-bit vector arithmetic ("Only vector<i32> ... are supported") and
+    # no unsigned max/min or reductions: widened to i32 (beyond upstream, which asks the
+    # user to cast), truncated back, so results wrap as the narrow ops would.
+    def kernel(x_ref, u_ref, o_ref, m_ref, a_ref):
+        x = x_ref[...]
+        o_ref[...] = x * x + jnp.abs(x) - (x >> 1)
+        m_ref[...] = jnp.maximum(u_ref[...], jnp.uint32(1 << 31))
+        a_ref[...] = jnp.argmax(u_ref[...], axis=1).astype(jnp.int32)
+
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.integers(-128, 128, (8, 128)), jnp.int8)
+    u = jnp.asarray(rng.integers(0, 1 << 32, (8, 128), dtype=np.uint64), jnp.uint32)
+    f = lambda x, u: pl.pallas_call(kernel, out_shape=(
+        jax.ShapeDtypeStruct(x.shape, jnp.int8), jax.ShapeDtypeStruct(u.shape, jnp.uint32),
+        jax.ShapeDtypeStruct((8,), jnp.int32)))(x, u)
+    _, (m,) = lower_tpu(f, x, u)
+    text = str(m)
+    for op in ("arith.muli", "arith.addi", "arith.subi", "arith.shrsi", "math.absi"):
+        for line in text.splitlines():
+            if op in line:
+                assert "xi32>" in line and "xi8>" not in line, line
+    assert "maxui" not in text and "minui" not in text
+    o, mx, am = emulate(f, x, u)
+    xn, un = np.asarray(x), np.asarray(u)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(o, xn * xn + np.abs(xn) - (xn >> 1))
+    np.testing.assert_array_equal(mx, np.maximum(un, np.uint32(1 << 31)))
+    np.testing.assert_array_equal(am, np.argmax(un, axis=1))

@@ -137,6 +137,26 @@ def operands(eqn, invals):
     return out
 
 
+def is_narrow_int(dtype, shape) -> bool:
+    """Whether values of ``dtype`` and ``shape`` are 8/16-bit integer vectors, on which
+    Mosaic does no arithmetic on v5e/v6e ("Only vector<i32> ... are supported"): the
+    lowering computes them in i32 and truncates (wrapping as the narrow op would)."""
+    dt = jnp.dtype(dtype)
+    return bool(shape) and dt.kind in "iu" and dt.itemsize < 4
+
+
+def widen_int(v: ir.Value, shape, dtype, zero_extend: bool = False) -> ir.Value:
+    """A narrow integer vector as i32 (sign- or zero-extended as its dtype reads)."""
+    t = T.value_type(shape, jnp.int32)
+    if jnp.dtype(dtype).kind == "u" or zero_extend:
+        return arith.extui(t, v)
+    return arith.extsi(t, v)
+
+
+def narrow_int(v: ir.Value, shape, dtype) -> ir.Value:
+    return arith.trunci(T.value_type(shape, dtype), v)
+
+
 def kind(dtype) -> str:
     dt = jnp.dtype(dtype)
     if dt == jnp.bool_:

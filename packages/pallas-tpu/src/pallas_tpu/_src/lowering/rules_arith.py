@@ -20,10 +20,13 @@ from pallas_tpu._src.lowering.common import (
     cmpi,
     const,
     convert,
+    is_narrow_int,
     kind,
     materialize,
+    narrow_int,
     operands,
     rule,
+    widen_int,
 )
 from pallas_tpu._src.lowering.symbolic import static_dim
 
@@ -52,10 +55,21 @@ _BINARY = {
 def _binary(lctx, eqn, x, y):
     a, b = operands(eqn, [x, y])
     fop, sop, uop = _BINARY[eqn.primitive]
-    k = kind(aval_in(eqn, 0).dtype)
+    dtype, shape = aval_in(eqn, 0).dtype, aval_out(eqn).shape
+    k = kind(dtype)
     op = {"f": fop, "i": sop, "u": uop, "b": uop}[k]
     if op is None:
-        raise NotImplementedError(f"{eqn.primitive.name} on {aval_in(eqn, 0).dtype}")
+        raise NotImplementedError(f"{eqn.primitive.name} on {dtype}")
+    if is_narrow_int(dtype, shape):
+        # In i32: a zero-extended unsigned value is non-negative, so the signed op is
+        # the unsigned one, except the logical shift, which reads the bits as unsigned.
+        logical = eqn.primitive is P.shift_right_logical_p
+        a32, b32 = (widen_int(v, shape, dtype, zero_extend=logical) for v in (a, b))
+        return narrow_int((arith.shrui if logical else sop)(a32, b32), shape, dtype)
+    if k == "u" and eqn.primitive in (P.max_p, P.min_p):
+        # No unsigned max/min on the TPU VPU: compare unsigned and select.
+        pred = "ugt" if eqn.primitive is P.max_p else "ult"
+        return arith.select(cmpi(pred, a, b), a, b)
     return op(a, b)
 
 
@@ -163,13 +177,24 @@ def _nextafter(lctx, eqn, x, y):
     return arith.select(unordered, cf(np.nan), out)
 
 
+def _in_i32(fn):
+    """A unary integer rule ``fn(v, shape, dtype)`` run in i32 for narrow integers."""
+    def rule_fn(lctx, eqn, x):
+        (v,) = operands(eqn, [x])
+        a = aval_in(eqn, 0)
+        if is_narrow_int(a.dtype, a.shape):
+            r = fn(widen_int(v, a.shape, a.dtype), a.shape, jnp.int32)
+            return narrow_int(r, a.shape, a.dtype)
+        return fn(v, a.shape, a.dtype)
+    return rule_fn
+
+
 @rule(P.neg_p)
-def _neg(lctx, eqn, x):
-    (v,) = operands(eqn, [x])
-    a = aval_in(eqn, 0)
-    if kind(a.dtype) == "f":
+@_in_i32
+def _neg(v, shape, dtype):
+    if kind(dtype) == "f":
         return arith.negf(v)
-    return arith.subi(const(a.shape, a.dtype, 0), v)
+    return arith.subi(const(shape, dtype, 0), v)
 
 
 @rule(P.not_p)
@@ -180,9 +205,9 @@ def _not(lctx, eqn, x):
 
 
 @rule(P.abs_p)
-def _abs(lctx, eqn, x):
-    (v,) = operands(eqn, [x])
-    return math.absf(v) if kind(aval_in(eqn, 0).dtype) == "f" else math.absi(v)
+@_in_i32
+def _abs(v, shape, dtype):
+    return math.absf(v) if kind(dtype) == "f" else math.absi(v)
 
 
 @rule(P.logistic_p)
@@ -194,16 +219,19 @@ def _logistic(lctx, eqn, x):
 
 
 @rule(P.square_p)
-def _square(lctx, eqn, x):
-    (v,) = operands(eqn, [x])
-    return arith.mulf(v, v) if kind(aval_in(eqn, 0).dtype) == "f" else arith.muli(v, v)
+@_in_i32
+def _square(v, shape, dtype):
+    return arith.mulf(v, v) if kind(dtype) == "f" else arith.muli(v, v)
 
 
 @rule(P.integer_pow_p)
 def _integer_pow(lctx, eqn, x):
-    (v,) = operands(eqn, [x])
-    a = aval_in(eqn, 0)
-    y = eqn.params["y"]
+    return _in_i32(lambda v, shape, dtype: _pow_by_squaring(v, shape, dtype, eqn.params["y"]))(
+        lctx, eqn, x)
+
+
+def _pow_by_squaring(v, shape, dtype, y):
+    a = jc.ShapedArray(shape, dtype)
     mul = arith.mulf if kind(a.dtype) == "f" else arith.muli
     if y == 0:
         return const(a.shape, a.dtype, 1)
@@ -247,9 +275,9 @@ def _bitcast_convert_type(lctx, eqn, x):
 
 
 @rule(P.sign_p)
-def _sign(lctx, eqn, x):
-    (v,) = operands(eqn, [x])
-    a = aval_in(eqn, 0)
+@_in_i32
+def _sign(v, shape, dtype):
+    a = jc.ShapedArray(shape, dtype)
     zero, one, minus = (const(a.shape, a.dtype, c) for c in (0, 1, -1))
     if kind(a.dtype) == "f":
         gt = cmpf(arith.CmpFPredicate.OGT, v, zero)
@@ -498,26 +526,37 @@ _REDUCE = {P.reduce_sum_p: "add", P.reduce_max_p: "max", P.reduce_min_p: "min",
 
 @rule(*_REDUCE)
 def _reduce(lctx, eqn, x):
-    src = aval_in(eqn, 0)
+    """Reductions Mosaic can do: in f32/bf16 or i32 (bools and narrow integers widened
+    to i32, unsigned 32-bit max/min through a sign flip), from the neutral element."""
+    src, out = aval_in(eqn, 0), aval_out(eqn)
     v = materialize(x, src)
     axes = list(eqn.params["axes"])
     name = _REDUCE[eqn.primitive]
     k = kind(src.dtype)
-    if name == "add":
-        kname, init = "add", 0
-    elif name == "max":
-        kname = {"f": "maximumf", "i": "maxsi", "u": "maxui", "b": "maxui"}[k]
-        init = -np.inf if k == "f" else (jnp.iinfo(src.dtype).min if k != "b" else 0)
-    elif name == "min":
-        kname = {"f": "minimumf", "i": "minsi", "u": "minui", "b": "minui"}[k]
-        init = np.inf if k == "f" else (jnp.iinfo(src.dtype).max if k != "b" else 1)
-    elif name == "mul":
-        kname, init = "mul", 1
-    elif name == "and":
-        kname, init = "and", 1
-    else:
-        kname, init = "or", 0
-    return multi_reduction(kname, v, src.shape, src.dtype, axes, init)
+    if k == "f":
+        kname, init = {"add": ("add", 0), "max": ("maximumf", -np.inf),
+                       "min": ("minimumf", np.inf), "mul": ("mul", 1)}[name]
+        return multi_reduction(kname, v, src.shape, src.dtype, axes, init)
+    i32 = jnp.int32
+    if k == "b" or is_narrow_int(src.dtype, src.shape):
+        v = widen_int(v, src.shape, src.dtype, zero_extend=k == "b")
+    flip = k == "u" and not is_narrow_int(src.dtype, src.shape) and name in ("max", "min")
+    sign = const(src.shape, i32, np.iinfo(np.int32).min)
+    if flip:  # unsigned order is signed order with the sign bit flipped
+        v = arith.xori(v, sign)
+    if k == "b":
+        name = {"and": "min", "or": "max"}.get(name, name)
+    kname, init = {"add": ("add", 0), "mul": ("mul", 1), "and": ("and", -1), "or": ("or", 0),
+                   "max": ("maxsi", np.iinfo(np.int32).min),
+                   "min": ("minsi", np.iinfo(np.int32).max)}[name]
+    r = multi_reduction(kname, v, src.shape, i32, axes, init)
+    if flip:
+        r = arith.xori(r, const(out.shape, i32, np.iinfo(np.int32).min))
+    if k == "b":
+        return cmpi("ne", r, const(out.shape, i32, 0))
+    if jnp.dtype(src.dtype).itemsize < 4:
+        return narrow_int(r, out.shape, src.dtype)
+    return r
 
 
 def multi_reduction(kname, v, shape, dtype, axes, init):
@@ -588,22 +627,26 @@ def _argminmax(lctx, eqn, x):
         raise NotImplementedError(f"{eqn.primitive.name} with index dtype {out.dtype}")
     v = materialize(x, src)
     is_max = eqn.primitive is P.argmax_p
-    k = kind(src.dtype)
+    k, dt = kind(src.dtype), src.dtype
     if k == "f":
         kname, init = ("maximumf", -np.inf) if is_max else ("minimumf", np.inf)
-    elif k == "i":
-        info = jnp.iinfo(src.dtype)
+    elif k in "iu":
+        # In i32 (Mosaic reduces no narrower integers, and no unsigned ones: unsigned
+        # order is signed order with the sign bit flipped).
+        if is_narrow_int(dt, src.shape):
+            v = widen_int(v, src.shape, dt)
+        elif k == "u":
+            v = arith.xori(v, const(src.shape, jnp.int32, np.iinfo(np.int32).min))
+        dt, info = jnp.int32, np.iinfo(np.int32)
         kname, init = ("maxsi", info.min) if is_max else ("minsi", info.max)
-    elif k == "u":
-        kname, init = ("maxui", 0) if is_max else ("minui", jnp.iinfo(src.dtype).max)
     else:
         raise NotImplementedError(f"{eqn.primitive.name} of {src.dtype}")
     red_shape = tuple(n for i, n in enumerate(src.shape) if i != axis)
-    best = multi_reduction(kname, v, src.shape, src.dtype, [axis], init)
+    best = multi_reduction(kname, v, src.shape, dt, [axis], init)
     keep = list(src.shape)
     keep[axis] = 1
-    best = broadcast_to(vector.shape_cast(T.value_type(tuple(keep), src.dtype), best)
-                        if red_shape else best, src.shape, src.dtype)
+    best = broadcast_to(vector.shape_cast(T.value_type(tuple(keep), dt), best)
+                        if red_shape else best, src.shape, dt)
     eq = (cmpf(arith.CmpFPredicate.OEQ, v, best) if k == "f"
           else cmpi(arith.CmpIPredicate.eq, v, best))
     idx = tpu.iota(T.value_type(src.shape, jnp.int32), [axis])
