@@ -233,3 +233,34 @@ def test_narrow_integer_arithmetic_runs_in_i32_and_wraps(lower_tpu):
         np.testing.assert_array_equal(o, xn * xn + np.abs(xn) - (xn >> 1))
     np.testing.assert_array_equal(mx, np.maximum(un, np.uint32(1 << 31)))
     np.testing.assert_array_equal(am, np.argmax(un, axis=1))
+
+
+def test_math_mosaic_cannot_legalize_is_expanded_and_accurate(lower_tpu):
+    # "failed to legalize operation 'math.acos'" (and the others): expanded into exp,
+    # log, log1p, sqrt, atan2, erf; bf16 transcendentals are computed in f32.
+    fns = [jnp.arccos, jnp.arcsin, jnp.arctan, jnp.arcsinh, jnp.arctanh, jnp.cbrt,
+           jnp.sinh, jnp.cosh, jnp.expm1, jax.scipy.special.erfc,
+           lambda x: jnp.arccosh(1 + jnp.abs(x) * 4),
+           lambda x: jnp.where(jnp.isfinite(x), x, 0.0),
+           lambda x: x ** jnp.int32(3),
+           lambda x: jnp.prod(x + 1.0, axis=0, keepdims=True) + 0 * x]
+
+    def kernel(x_ref, o_ref):
+        x = x_ref[...]
+        for i, fn in enumerate(fns):
+            o_ref[i] = fn(x)
+
+    xs = np.linspace(-0.99, 0.99, 8 * 128, dtype=np.float32).reshape(8, 128)
+    xs[0, :4] = [0.0, 1e-4, -3e-3, 0.4]
+    x = jnp.asarray(xs)
+    f = lambda x: pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((len(fns), 8, 128), F32))(x)
+    _, (m,) = lower_tpu(f, x)
+    text = str(m)
+    for op in ("acos", "asin", "atan ", "asinh", "acosh", "atanh", "cbrt", "sinh", "cosh",
+               "expm1", "erfc", "isfinite", "fpowi"):
+        assert f"math.{op}" not in text, op
+    assert "<mul>" not in text
+    (got,) = emulate(f, x)
+    want = np.stack([np.asarray(fn(x)) for fn in fns])
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)

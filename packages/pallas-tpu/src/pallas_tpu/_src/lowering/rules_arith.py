@@ -6,11 +6,11 @@ from __future__ import annotations
 import jax.extend.core.primitives as P
 import jax.numpy as jnp
 import numpy as np
-from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, math, vector
 from jaxlib.mosaic.python import tpu
 
 from pallas_tpu._src import jax_compat as jc
+from pallas_tpu._src.lowering import rules_math as M
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import (
     aval_in,
@@ -79,17 +79,25 @@ _UNARY_FLOAT = {
     P.exp_p: math.exp, P.log_p: math.log, P.tanh_p: math.tanh, P.sqrt_p: math.sqrt,
     P.rsqrt_p: math.rsqrt, P.sin_p: math.sin, P.cos_p: math.cos, P.exp2_p: math.exp2,
     P.log1p_p: math.log1p, P.floor_p: math.floor, P.ceil_p: math.ceil, P.erf_p: math.erf,
-    P.tan_p: math.tan, P.expm1_p: math.expm1, P.atan_p: math.atan, P.cbrt_p: math.cbrt,
-    P.acos_p: math.acos, P.asin_p: math.asin, P.asinh_p: math.asinh, P.acosh_p: math.acosh,
-    P.atanh_p: math.atanh, P.sinh_p: math.sinh, P.cosh_p: math.cosh, P.erfc_p: math.erfc,
+    P.tan_p: math.tan,
+    # Mosaic legalizes none of these ("failed to legalize operation 'math.acos'"): they
+    # are expanded into ops it has (rules_math).
+    P.expm1_p: M.expm1, P.atan_p: M.atan, P.cbrt_p: M.cbrt, P.acos_p: M.acos,
+    P.asin_p: M.asin, P.asinh_p: M.asinh, P.acosh_p: M.acosh, P.atanh_p: M.atanh,
+    P.sinh_p: M.sinh, P.cosh_p: M.cosh, P.erfc_p: M.erfc,
 }
 
 
 @rule(*_UNARY_FLOAT)
 def _unary_float(lctx, eqn, x):
-    if kind(aval_in(eqn, 0).dtype) != "f":
-        raise NotImplementedError(f"{eqn.primitive.name} on {aval_in(eqn, 0).dtype}")
+    a = aval_in(eqn, 0)
+    if kind(a.dtype) != "f":
+        raise NotImplementedError(f"{eqn.primitive.name} on {a.dtype}")
     (v,) = operands(eqn, [x])
+    if jnp.dtype(a.dtype) != jnp.float32:
+        # bf16: in f32 (v5e has no bf16 VPU/EUP; upcasting is exact), then rounded.
+        v32 = convert(v, a.shape, a.dtype, jnp.float32)
+        return convert(_UNARY_FLOAT[eqn.primitive](v32), a.shape, jnp.float32, a.dtype)
     return _UNARY_FLOAT[eqn.primitive](v)
 
 
@@ -101,7 +109,10 @@ def _atan2(lctx, eqn, x, y):
 
 @rule(P.is_finite_p)
 def _is_finite(lctx, eqn, x):
-    return math.isfinite(materialize(x, aval_in(eqn, 0)))
+    """``|x| < inf`` (false for NaN); Mosaic has no ``math.isfinite``."""
+    a = aval_in(eqn, 0)
+    v = materialize(x, a)
+    return cmpf("OLT", math.absf(v), const(a.shape, a.dtype, np.inf))
 
 
 @rule(P.round_p)
@@ -251,7 +262,14 @@ def _pow_by_squaring(v, shape, dtype, y):
 def _pow(lctx, eqn, x, y):
     a, b = operands(eqn, [x, y])
     if kind(aval_in(eqn, 1).dtype) in "iu":  # float base, integer exponents
-        return math.fpowi(a, b)
+        # |a|^n with the sign of a when n is odd (Mosaic has no math.fpowi).
+        sh, dt, it = aval_out(eqn).shape, aval_out(eqn).dtype, aval_in(eqn, 1).dtype
+        if is_narrow_int(it, sh):
+            b, it = widen_int(b, sh, it), jnp.int32
+        mag = math.powf(math.absf(a), convert(b, sh, it, dt))
+        odd = cmpi("ne", arith.andi(b, const(sh, it, 1)), const(sh, it, 0))
+        neg = arith.andi(odd, cmpf("OLT", a, const(sh, dt, 0.0)))
+        return arith.select(neg, arith.negf(mag), mag)
     return math.powf(a, b)
 
 
@@ -515,143 +533,3 @@ def _tile(lctx, eqn, x):
             cur = tpu.concatenate([cur] * reps, axis,
                                   results=[T.value_type(tuple(shape), src.dtype)])
     return cur
-
-
-# ------------------------------------------------------------------------------------------
-# Reductions and matmul.
-
-_REDUCE = {P.reduce_sum_p: "add", P.reduce_max_p: "max", P.reduce_min_p: "min",
-           P.reduce_and_p: "and", P.reduce_or_p: "or", P.reduce_prod_p: "mul"}
-
-
-@rule(*_REDUCE)
-def _reduce(lctx, eqn, x):
-    """Reductions Mosaic can do: in f32/bf16 or i32 (bools and narrow integers widened
-    to i32, unsigned 32-bit max/min through a sign flip), from the neutral element."""
-    src, out = aval_in(eqn, 0), aval_out(eqn)
-    v = materialize(x, src)
-    axes = list(eqn.params["axes"])
-    name = _REDUCE[eqn.primitive]
-    k = kind(src.dtype)
-    if k == "f":
-        kname, init = {"add": ("add", 0), "max": ("maximumf", -np.inf),
-                       "min": ("minimumf", np.inf), "mul": ("mul", 1)}[name]
-        return multi_reduction(kname, v, src.shape, src.dtype, axes, init)
-    i32 = jnp.int32
-    if k == "b" or is_narrow_int(src.dtype, src.shape):
-        v = widen_int(v, src.shape, src.dtype, zero_extend=k == "b")
-    flip = k == "u" and not is_narrow_int(src.dtype, src.shape) and name in ("max", "min")
-    sign = const(src.shape, i32, np.iinfo(np.int32).min)
-    if flip:  # unsigned order is signed order with the sign bit flipped
-        v = arith.xori(v, sign)
-    if k == "b":
-        name = {"and": "min", "or": "max"}.get(name, name)
-    kname, init = {"add": ("add", 0), "mul": ("mul", 1), "and": ("and", -1), "or": ("or", 0),
-                   "max": ("maxsi", np.iinfo(np.int32).min),
-                   "min": ("minsi", np.iinfo(np.int32).max)}[name]
-    r = multi_reduction(kname, v, src.shape, i32, axes, init)
-    if flip:
-        r = arith.xori(r, const(out.shape, i32, np.iinfo(np.int32).min))
-    if k == "b":
-        return cmpi("ne", r, const(out.shape, i32, 0))
-    if jnp.dtype(src.dtype).itemsize < 4:
-        return narrow_int(r, out.shape, src.dtype)
-    return r
-
-
-def multi_reduction(kname, v, shape, dtype, axes, init):
-    """``vector.multi_reduction`` of ``v`` over ``axes``. Mosaic reduces vectors to
-    vectors only: a reduction to a scalar reduces to ``vector<1>`` (the leading axes,
-    then the last one) and extracts the element."""
-    kattr = ir.Attribute.parse(f"#vector.kind<{kname}>")
-    rest = tuple(n for i, n in enumerate(shape) if i not in axes)
-    if rest:
-        return vector.multi_reduction(kattr, v, const(rest, dtype, init), list(axes))
-    n = len(shape)
-    if n > 1:
-        v = vector.multi_reduction(kattr, v, const(shape[-1:], dtype, init),
-                                   list(range(n - 1)))
-    v = vector.shape_cast(T.value_type((1, shape[-1]), dtype), v)
-    v = vector.multi_reduction(kattr, v, const((1,), dtype, init), [1])
-    return vector.extract(v, [], [0])
-
-
-@rule(P.dot_general_p)
-def _dot_general(lctx, eqn, x, y):
-    lhs_aval, rhs_aval, out = aval_in(eqn, 0), aval_in(eqn, 1), aval_out(eqn)
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    lc, rc, lb, rb = tuple(lc), tuple(rc), tuple(lb), tuple(rb)
-    nl, nr = len(lhs_aval.shape), len(rhs_aval.shape)
-    if len(lc) != 1 or len(rc) != 1 or nl - len(lb) != 2 or nr - len(rb) != 2:
-        raise NotImplementedError(
-            f"dot_general of shapes {lhs_aval.shape} x {rhs_aval.shape} with dimension "
-            f"numbers {eqn.params['dimension_numbers']}: Mosaic TPU matmuls contract one "
-            f"dimension of 2-D operands (plus optional leading batch dimensions)"
-        )
-    if lb != tuple(range(len(lb))) or rb != tuple(range(len(rb))):
-        raise NotImplementedError("dot_general whose batch dimensions are not leading")
-    lhs = materialize(x, lhs_aval)
-    rhs = materialize(y, rhs_aval)
-    lhs_nc = [d for d in range(nl) if d not in lc and d not in lb]
-    rhs_nc = [d for d in range(nr) if d not in rc and d not in rb]
-    order = [f"0, {d}" for d in lb] + [f"0, {lhs_nc[0]}", f"1, {rhs_nc[0]}"]
-    dn = ir.Attribute.parse(
-        f"#tpu.dot_dimension_numbers<[{lc[0]}], [{rc[0]}], [{lhs_nc[0]}], [{rhs_nc[0]}], "
-        f"[{', '.join(order)}], [{', '.join(map(str, lb))}], [{', '.join(map(str, rb))}]>"
-    )
-    # Mosaic accumulates in 32 bits; narrower results are converted afterwards.
-    acc_dtype = out.dtype
-    if jnp.dtype(out.dtype).itemsize < 4:
-        acc_dtype = jnp.float32 if kind(out.dtype) == "f" else jnp.int32
-    acc = const(out.shape, acc_dtype, 0)
-    precision = eqn.params.get("precision")
-    prec_attr = None
-    # fp32 contract precision is for f32 operands; Mosaic rejects it for narrower ones
-    # ("Bad lhs type"), whose products are exact in f32 anyway.
-    f32_operands = all(jnp.dtype(a.dtype) == jnp.float32 for a in (lhs_aval, rhs_aval))
-    if precision is not None and f32_operands:
-        p = precision[0] if isinstance(precision, tuple) else precision
-        if str(p) in ("HIGHEST", "Precision.HIGHEST"):
-            prec_attr = ir.Attribute.parse("#tpu.contract_precision<fp32>")
-    res = tpu.matmul(T.value_type(out.shape, acc_dtype), lhs, rhs, acc, False,
-                     dimension_numbers=dn, precision=prec_attr)
-    return convert(res, out.shape, acc_dtype, out.dtype)
-
-
-@rule(P.argmax_p, P.argmin_p)
-def _argminmax(lctx, eqn, x):
-    """argmax/argmin as: the smallest index where the value equals the max/min."""
-    src, out = aval_in(eqn, 0), aval_out(eqn)
-    (axis,) = eqn.params["axes"]
-    if jnp.dtype(out.dtype) != jnp.int32:
-        raise NotImplementedError(f"{eqn.primitive.name} with index dtype {out.dtype}")
-    v = materialize(x, src)
-    is_max = eqn.primitive is P.argmax_p
-    k, dt = kind(src.dtype), src.dtype
-    if k == "f":
-        kname, init = ("maximumf", -np.inf) if is_max else ("minimumf", np.inf)
-    elif k in "iu":
-        # In i32 (Mosaic reduces no narrower integers, and no unsigned ones: unsigned
-        # order is signed order with the sign bit flipped).
-        if is_narrow_int(dt, src.shape):
-            v = widen_int(v, src.shape, dt)
-        elif k == "u":
-            v = arith.xori(v, const(src.shape, jnp.int32, np.iinfo(np.int32).min))
-        dt, info = jnp.int32, np.iinfo(np.int32)
-        kname, init = ("maxsi", info.min) if is_max else ("minsi", info.max)
-    else:
-        raise NotImplementedError(f"{eqn.primitive.name} of {src.dtype}")
-    red_shape = tuple(n for i, n in enumerate(src.shape) if i != axis)
-    best = multi_reduction(kname, v, src.shape, dt, [axis], init)
-    keep = list(src.shape)
-    keep[axis] = 1
-    best = broadcast_to(vector.shape_cast(T.value_type(tuple(keep), dt), best)
-                        if red_shape else best, src.shape, dt)
-    eq = (cmpf(arith.CmpFPredicate.OEQ, v, best) if k == "f"
-          else cmpi(arith.CmpIPredicate.eq, v, best))
-    idx = tpu.iota(T.value_type(src.shape, jnp.int32), [axis])
-    big = const(src.shape, jnp.int32, src.shape[axis])
-    cand = arith.select(eq, idx, big)
-    # Mosaic takes only the neutral element (INT32_MAX for minsi) as the accumulator.
-    return multi_reduction("minsi", cand, src.shape, jnp.int32, [axis],
-                           np.iinfo(np.int32).max)
