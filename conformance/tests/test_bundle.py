@@ -3,6 +3,7 @@ stand-alone ``run_bundle.py`` runs them where only jax and numpy are installed."
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -25,9 +26,18 @@ KEYWORD = "softmax"  # four cases (grad, bf16, sequential grids) and two benchma
 
 @pytest.fixture(scope="module")
 def interpret_bundle(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("bundle") / "interpret")
-    manifest = build_bundle("interpret", out, keyword=KEYWORD, benchmarks="small")
-    return out, manifest
+    """An interpret bundle, built once per test run (shared by pytest-xdist's workers,
+    which take turns on a lock: the first builds it)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    out = root / "interpret-bundle"
+    with open(root / "interpret-bundle.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "run_bundle.py").exists():
+            build_bundle("interpret", str(out), keyword=KEYWORD, benchmarks="small")
+    with open(out / "manifest.json") as f:
+        return str(out), json.load(f)
 
 
 def _clean_env() -> dict:
