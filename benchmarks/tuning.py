@@ -4,7 +4,8 @@ Three kernels on the CPU path (``pallas_call`` on the core interpreter backend):
 blocked matmul, a causal flash-attention forward and a row-blocked layer norm. For each,
 the default config (the block sizes a user would write by hand, the first config of the
 list) and the tuned one are timed the same way (``jax.jit``, one warm-up call, then the
-median of ``--repeats`` calls with ``block_until_ready``), and the search itself is
+median of ``--repeats`` calls with ``block_until_ready``, the two configs' calls
+alternated so a change in the machine's load falls on both), and the search itself is
 timed (``pallas.tuning.tune`` with an empty cache: tracing, pruning, compiling and
 timing every config). "break-even" is how many calls of the tuned kernel repay the
 search. The model's agreement with the measured ranking is Kendall's tau.
@@ -135,15 +136,19 @@ def cases(small: bool):
     ]
 
 
-def timed(f, args, repeats: int) -> float:
-    f = jax.jit(f)
+def timed_pair(f, g, args, repeats: int) -> tuple[float, float]:
+    """Medians of ``f`` and ``g``, their runs alternated so that a change in the
+    machine's load falls on both."""
+    f, g = jax.jit(f), jax.jit(g)
     jax.block_until_ready(f(*args))
-    times = []
+    jax.block_until_ready(g(*args))
+    times: tuple[list, list] = ([], [])
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, out in ((f, times[0]), (g, times[1])):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            out.append(time.perf_counter() - t0)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def main() -> None:
@@ -162,8 +167,8 @@ def main() -> None:
         report = tuning.tune(f, *args)
         search = time.perf_counter() - t0
         default, chosen = configs[0], report.chosen
-        t_default = timed(functools.partial(fn, **default), args, a.repeats)
-        t_tuned = timed(functools.partial(fn, **chosen), args, a.repeats)
+        t_default, t_tuned = timed_pair(functools.partial(fn, **default),
+                                        functools.partial(fn, **chosen), args, a.repeats)
         np.testing.assert_allclose(jax.jit(functools.partial(fn, **chosen))(*args),
                                    jax.jit(functools.partial(fn, **default))(*args),
                                    rtol=2e-3, atol=2e-3)

@@ -21,10 +21,10 @@ class ScriptedTimer(tuning.Timer):
         super().__init__()
         self.seconds, self.timed = seconds, []
 
-    def measure(self, call, *, warmup, repeats, config=None):
+    def time_once(self, call, config=None):
         jax.block_until_ready(call())
         self.timed.append(dict(config))
-        return [self.seconds(config)] * repeats
+        return self.seconds(config)
 
 
 def _scale(x, *, block, seen=None):
@@ -57,6 +57,8 @@ def test_the_config_timed_fastest_wins_and_is_cached(cache):
     x = jnp.arange(64 * 128, dtype=jnp.float32).reshape(64, 128)
     np.testing.assert_array_equal(f(x), x * 2)
     report = f.last_report
+    # Timed in rounds, one run of each config per round, so load changes fall on all.
+    assert [t["block"] for t in timer.timed[:6]] == [8, 16, 32, 8, 16, 32]
     assert report.method == "measured" and report.chosen == {"block": 16}
     assert [r.status for r in report.results] == ["ranked", "chosen", "ranked"]
     assert [r.median for r in report.results] == [3.0, 1.0, 2.0]
@@ -66,7 +68,7 @@ def test_the_config_timed_fastest_wins_and_is_cached(cache):
     assert "interpret" in entry["backend"] and "float32[64, 128]" in entry["signature"]
     # A second call with the same shapes reuses the winner without timing anything.
     f(x)
-    assert f.last_report.method == "cache" and len(timer.timed) == 3
+    assert f.last_report.method == "cache" and len(timer.timed) == 3 * 5
 
 
 def test_ties_break_by_config_order(cache):
@@ -275,3 +277,18 @@ def test_kendall_tau():
     assert tuning.kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
     assert tuning.kendall_tau([1, 2, 3], [30, 20, 10]) == -1.0
     assert tuning.kendall_tau([1], [1]) is None
+
+
+def test_a_config_that_raises_while_running_is_failed_with_its_error(cache):
+    class Failing(ScriptedTimer):
+        def time_once(self, call, config=None):
+            if config["block"] == 16:
+                raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+            return super().time_once(call, config)
+
+    f = tuning.autotune(CONFIGS, timer=Failing(lambda c: 1.0 / c["block"]))(_scale)
+    f(jnp.ones((64, 128)))
+    failed = f.last_report.results[1]
+    assert failed.status == "failed" and failed.times == [] and failed.median is None
+    assert failed.reason == "raised while running: RuntimeError: RESOURCE_EXHAUSTED: out of memory"
+    assert f.last_report.chosen == {"block": 32}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -122,6 +123,42 @@ def examine(bound: Bound, r: ConfigResult, target: Target, prune: Any) -> None:
     r.estimate = model.estimate(kfigs, compiled, target)
 
 
+def _time_in_rounds(bound: Bound, results: list[ConfigResult], timer: Timer, warmup: int,
+                    repeats: int, bar: Progress) -> None:
+    """Warms each live config up, then times one run of each per round (``repeats``
+    rounds), so that load changes fall on all of them; a config that raises is failed."""
+    def fail(r: ConfigResult, e: Exception) -> None:
+        r.status, r.reason, r.times = "failed", f"raised while running: {_first_line(e)}", []
+
+    calls = {}
+    for r in results:
+        if r.status != "ranked":
+            continue
+        fn = jax.jit(bound.with_config(r.config))
+        call = functools.partial(lambda fn: fn(*bound.arrays), fn)
+        try:
+            for _ in range(warmup):
+                timer.warm(call, r.config)
+        except Exception as e:  # noqa: BLE001 - the reason is reported
+            fail(r, e)
+            continue
+        calls[r.index] = call
+    for _ in range(repeats):
+        for r in results:
+            if r.index not in calls:
+                continue
+            try:
+                r.times.append(timer.time_once(calls[r.index], r.config))
+            except Exception as e:  # noqa: BLE001
+                fail(r, e)
+                del calls[r.index]
+                continue
+            bar.step(config_json(r.config))
+    for r in results:
+        if r.times:
+            r.median = median(r.times)
+
+
 def _pick(results: list[ConfigResult], score: str) -> ConfigResult | None:
     live = [r for r in results if r.status == "ranked" and getattr(r, score) is not None]
     return min(live, key=lambda r: (getattr(r, score), r.index), default=None)
@@ -135,26 +172,14 @@ def run_search(f: Callable, configs: Sequence[dict], args: Sequence, kwargs: Map
     start = time.perf_counter()
     bound = Bound.of(f, args, kwargs)
     results = [ConfigResult(i, dict(c)) for i, c in enumerate(configs)]
-    n_timed = sum(1 for _ in configs) if target.measured else 0
+    n_timed = len(results) * repeats if target.measured else 0
     bar = Progress(name, len(results) + n_timed)
     try:
         for r in results:
             examine(bound, r, target, prune)
             bar.step(config_json(r.config))
         if target.measured:
-            for r in results:
-                if r.status != "ranked":
-                    bar.step()
-                    continue
-                fn = jax.jit(bound.with_config(r.config))
-                try:
-                    r.times = timer.measure(lambda fn=fn: fn(*bound.arrays),
-                                            warmup=warmup, repeats=repeats,
-                                            config=r.config)
-                    r.median = median(r.times)
-                except Exception as e:  # noqa: BLE001
-                    r.status, r.reason = "failed", f"raised while running: {_first_line(e)}"
-                bar.step(config_json(r.config))
+            _time_in_rounds(bound, results, timer, warmup, repeats, bar)
     finally:
         bar.close()
     best = _pick(results, "median" if target.measured else "estimate")

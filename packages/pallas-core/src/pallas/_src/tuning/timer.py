@@ -22,26 +22,33 @@ def block(out: Any) -> Any:
 
 @dataclasses.dataclass
 class Timer:
-    """Times a zero-argument call: ``warmup`` untimed runs, then ``repeats`` timed ones.
+    """Times zero-argument calls, each run waited for (``block_until_ready``).
 
-    ``clock`` is injectable (seconds as a float, like :func:`time.perf_counter`), so tests
-    can drive the measurements without depending on the machine's speed.
+    A search warms every config up first, then times them in rounds, one run of each
+    config per round, so that a change in the machine's load falls on every config alike
+    rather than on whichever was being timed. ``clock`` is injectable (seconds as a
+    float, like :func:`time.perf_counter`); a subclass may override :meth:`time_once` to
+    report scripted seconds per config, so tests do not depend on the machine's speed.
     """
 
     clock: Callable[[], float] = time.perf_counter
 
+    def warm(self, call: Callable[[], Any], config: dict | None = None) -> None:
+        """One untimed run (compilation happens in the first)."""
+        block(call())
+
+    def time_once(self, call: Callable[[], Any], config: dict | None = None) -> float:
+        """The seconds of one run of ``call`` (which runs ``config``)."""
+        t0 = self.clock()
+        block(call())
+        return self.clock() - t0
+
     def measure(self, call: Callable[[], Any], *, warmup: int, repeats: int,
                 config: dict | None = None) -> list[float]:
-        """The seconds of each timed run, in order (``config``: the config ``call`` runs,
-        for timers that report per config)."""
+        """``warmup`` untimed runs, then the seconds of ``repeats`` timed ones."""
         for _ in range(warmup):
-            block(call())
-        times = []
-        for _ in range(repeats):
-            t0 = self.clock()
-            block(call())
-            times.append(self.clock() - t0)
-        return times
+            self.warm(call, config)
+        return [self.time_once(call, config) for _ in range(repeats)]
 
 
 def median(times: list[float]) -> float:
