@@ -286,3 +286,18 @@ def test_a_ref_indexed_by_broadcast_row_and_column_vectors():
     np.testing.assert_array_equal(f(x), want)  # the interpreter
     np.testing.assert_array_equal(pltriton.emulate(f, x), want)
     pltriton.compile(f, x, compute_capability=90)
+
+
+@pytest.mark.parametrize("name", [None, "triton", "tl"])
+def test_a_kernel_named_by_a_keyword_or_a_module_name_lowers(name):
+    # A lambda kernel is named "<lambda>": its def was `def lambda(...)`, a SyntaxError
+    # (found by pallas.tuning, whose configs are often lambdas).
+    x = jnp.arange(16 * 128, dtype=jnp.float32).reshape(16, 128)
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    f = pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 2),
+                       out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,),
+                       in_specs=[spec], out_specs=spec, backend="triton", name=name)
+    source = pltriton.inspect(f, x)
+    assert f"def {name or 'lambda'}_kernel(" in source
+    jax.jit(f).trace(x).lower(lowering_platforms=("cuda",))
+    np.testing.assert_array_equal(pltriton.emulate(f, x), x * 2)

@@ -198,3 +198,17 @@ def _scalar_fn(pallas_call, x):
 register(Case(name="elementwise/scalar_literals_f32", fn=_scalar_fn,
               inputs=lambda rng: (randn(rng, SHAPE),), reference=lambda x: x * 2.5 + 1.0,
               tags=frozenset({"elementwise"}), description="Python scalars in a kernel"))
+
+
+def _lambda_kernel_fn(pallas_call, x):
+    # The kernel's name is "<lambda>": a backend that names generated code after the
+    # kernel must make it an identifier (pallas-triton emitted `def lambda(...)`).
+    return pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 3.0),
+                       out_shape=sds(x.shape, x.dtype), grid=(2,),
+                       in_specs=[_spec()], out_specs=_spec())(x)
+
+
+register(Case(name="elementwise/lambda_kernel_f32", fn=_lambda_kernel_fn,
+              inputs=lambda rng: (randn(rng, SHAPE),), reference=lambda x: x * 3.0,
+              tags=frozenset({"elementwise"}),
+              description="a kernel written as a lambda (named '<lambda>')"))

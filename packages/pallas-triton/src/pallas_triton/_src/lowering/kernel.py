@@ -11,6 +11,7 @@ rules. Scratch buffers live in registers. :mod:`..compile` hands the source to
 from __future__ import annotations
 
 import dataclasses
+import keyword
 import re
 
 import numpy as np
@@ -57,11 +58,19 @@ class LoweredKernel:
         return self.source
 
 
+# Names the generated module binds itself: a kernel called so would shadow them.
+_MODULE_NAMES = frozenset({"triton", "tl", "libdevice"})
+
+
 def kernel_name(name: str | None) -> str:
+    """The kernel's name as a Python identifier for the generated ``def`` (a lambda's
+    ``<lambda>`` is ``lambda``, a keyword: it becomes ``lambda_kernel``)."""
     base = (name or "kernel").split(" at ")[0]
     base = re.sub(r"\W+", "_", base).strip("_") or "kernel"
     if base[0].isdigit():
         base = "k_" + base
+    if keyword.iskeyword(base) or base in _MODULE_NAMES:
+        base += "_kernel"
     return base
 
 
