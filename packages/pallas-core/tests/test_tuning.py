@@ -292,3 +292,18 @@ def test_a_config_that_raises_while_running_is_failed_with_its_error(cache):
     assert failed.status == "failed" and failed.times == [] and failed.median is None
     assert failed.reason == "raised while running: RuntimeError: RESOURCE_EXHAUSTED: out of memory"
     assert f.last_report.chosen == {"block": 32}
+
+
+@pytest.mark.parametrize("platform, kind, options", [
+    ("cuda", "NVIDIA H100 80GB HBM3", {"target": "sm_90a", "compute_capability": 90}),
+    ("cuda", "NVIDIA B200", {"target": "sm_100a", "compute_capability": 100}),
+    ("cuda", "NVIDIA A100-SXM4-40GB", {"target": "sm_80", "compute_capability": 80}),
+    ("cuda", "sm_90a", {"target": "sm_90a", "compute_capability": 90}),
+    ("tpu", "TPU v5 lite", {"target": "v5e"}),
+    ("tpu", "TPU v6 lite", {"target": "v6e"}),
+    ("tpu", "TPU7x", {"target": "7x"}),
+])
+def test_a_device_kind_names_its_compiler_target(platform, kind, options):
+    # A measured search on a real device asks the backend's compiler for figures: it
+    # must name the target as the compiler does, not as jax.Device.device_kind does.
+    assert tuning.Target(platform, kind, measured=True).compile_options() == options

@@ -111,10 +111,21 @@ class Target:
     def spec(self) -> DeviceSpec:
         return spec_for(self.platform, self.kind)
 
+    @property
+    def compiler_target(self) -> str:
+        """The kind as compilers name it: ``"NVIDIA H100 80GB HBM3"`` is ``"sm_90a"``,
+        ``"TPU v5 lite"`` is ``"v5e"`` (the kind itself when no spec matches)."""
+        spec = self.spec
+        for name, s in SPECS.items():
+            if s is spec and name.startswith(self.platform + ":"):
+                return name.split(":", 1)[1]
+        return self.kind
+
     def compile_options(self) -> dict:
         """Options for a backend's compile level naming this target."""
-        opts: dict = {"target": self.kind}
-        digits = "".join(c for c in self.kind if c.isdigit())
+        target = self.compiler_target
+        opts: dict = {"target": target}
+        digits = "".join(c for c in target if c.isdigit())
         if self.platform in ("cuda", "rocm") and digits:
             opts["compute_capability"] = int(digits)
         return opts

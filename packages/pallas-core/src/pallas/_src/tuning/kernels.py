@@ -14,6 +14,7 @@ from typing import Any
 import jax.extend.core as jex
 import numpy as np
 
+from pallas.__about__ import __version__
 from pallas._src import block_spec as bs
 from pallas._src.pallas_call import pallas_call_p
 from pallas._src.registry import registry
@@ -49,7 +50,8 @@ def backend_label(eqns: list, platform: str) -> str:
     names = set()
     for eqn in eqns:
         b = backend_of(eqn.params, platform)
-        names.add("interpret (core)" if b is None else f"{b.name} {b.version}")
+        names.add(f"interpret (pallas-core {__version__})" if b is None
+                  else f"{b.name} {b.version}")
     return ", ".join(sorted(names)) or "no pallas_call"
 
 

@@ -109,11 +109,14 @@ def examine(bound: Bound, r: ConfigResult, target: Target, prune: Any) -> None:
             b = kernels.backend_of(eqn.params, target.platform)
             try:
                 bf = figs.backend_figures(b, eqn.params, target) if b is not None else None
+                values = bf.values if bf is not None else {}
             except Exception as e:  # noqa: BLE001
-                r.status = "pruned"
-                r.reason = f"rejected by {b.name}'s compiler: {_first_line(e)}"
-                return
-            values = bf.values if bf is not None else {}
+                if target.measured:  # the device will say whether it runs; keep the note
+                    values = {"error": f"{b.name}'s compile figures: {_first_line(e)}"}
+                else:  # without the device, the compiler is the only judge
+                    r.status = "pruned"
+                    r.reason = f"rejected by {b.name}'s compiler: {_first_line(e)}"
+                    return
         compiled.append(values)
     problem = model.memory_problem(kfigs, compiled, target)
     if problem:
