@@ -26,6 +26,7 @@ from pallas._src.config import (
     enable_debug_checks,
     enable_poison_buffers,
     grad_fallback,
+    sharding_gather,
 )
 from pallas._src.cost import CostEstimate, estimate_cost
 from pallas._src.grid_spec import GridSpec, PrefetchScalarGridSpec
@@ -34,6 +35,7 @@ from pallas._src.jax_compat import Slice, ds
 from pallas._src.memory import ANY, HOST, MemoryRef, MemorySpace, semaphore
 from pallas._src.mesh import core_map, kernel
 from pallas._src.pallas_call import InterpretParams, pallas_call, pallas_call_p
+from pallas._src.partitioning import ShardingGatherWarning
 from pallas._src.primitives.control import loop, when
 from pallas._src.primitives.debug import debug_check, debug_print, delay
 from pallas._src.primitives.globals import get_global
@@ -67,7 +69,7 @@ from pallas._src.utils import (
 dslice = ds
 
 # Errors and warnings print the path users import them from.
-for _cls in (InterpreterError, GradFallbackWarning):
+for _cls in (InterpreterError, GradFallbackWarning, ShardingGatherWarning):
     _cls.__module__ = "pallas"
 del _cls
 
@@ -84,6 +86,7 @@ __all__ = [
     "broadcast_to", "cdiv", "core_map", "debug_check", "debug_print", "delay", "ds", "dslice", "empty",
     "empty_like", "empty_ref_like", "enable_bounds_checks", "enable_debug_checks",
     "enable_poison_buffers", "estimate_cost", "grad_fallback", "GradFallbackWarning",
+    "sharding_gather", "ShardingGatherWarning",
     "get_global", "kernel", "load", "loop", "lower_as_mlir",
     "multiple_of", "next_power_of_2", "no_block_spec", "num_programs", "pallas_call",
     "pallas_call_p", "pallas_export_experimental", "program_id", "reciprocal", "run_scoped",

@@ -127,3 +127,54 @@ class grad_fallback:  # noqa: N801 - used like a function, as the switches are
 def grad_fallback_mode() -> str:
     """The current mode of :class:`grad_fallback`."""
     return str(_grad_fallback.value)
+
+
+# ------------------------------------------------------------------------------------
+# What a pallas_call partitioned by jax.jit does with a sharded dimension it cannot split.
+
+SHARDING_GATHER_MODES = ("warn", "allow", "error")
+
+_sharding_gather = jc.config.enum_state(
+    name="pallas_sharding_gather",
+    enum_values=SHARDING_GATHER_MODES,
+    default="warn",
+    help="What a pallas_call under jax.jit does when an operand is sharded along a "
+         "dimension that no independent grid axis tiles: 'warn' (default: gather it once "
+         "and warn, naming the operand, the dimension and why), 'allow' (the same, "
+         "silently) or 'error'. Also set by the environment variable "
+         "PALLAS_SHARDING_GATHER.",
+    include_in_jit_key=True,
+    include_in_trace_context=True,
+)
+
+
+class sharding_gather:  # noqa: N801 - used like a function, as the switches are
+    """``pl.sharding_gather("error")``: sets what a partitioned ``pallas_call`` does with
+    a sharded dimension it cannot split (``"warn"``, ``"allow"`` or ``"error"``); globally
+    at once, and for a ``with`` block only when used as a context manager."""
+
+    def __init__(self, mode: str):
+        import jax
+
+        if mode not in SHARDING_GATHER_MODES:
+            raise ValueError(f"sharding_gather mode must be one of {SHARDING_GATHER_MODES}; "
+                             f"got {mode!r}")
+        self._old = _sharding_gather.get_global()
+        jax.config.update("pallas_sharding_gather", mode)
+        self._ctx = _sharding_gather(mode)
+
+    def __enter__(self):
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        import jax
+
+        self._ctx.__exit__(*exc)
+        jax.config.update("pallas_sharding_gather", self._old)
+        return False
+
+
+def sharding_gather_mode() -> str:
+    """The current mode of :class:`sharding_gather`."""
+    return str(_sharding_gather.value)

@@ -17,6 +17,7 @@ from jax._src import (
     dtypes,
     effects,
     pjit,
+    sharding_impls,
     source_info_util,
 )
 from jax._src import checkify as checkify_internal
@@ -204,3 +205,23 @@ def emit_host_callback(ctx, fn, operands):
         ctx, fn, None, list(operands), ctx.avals_in, ctx.avals_out, has_side_effect=True,
         returns_token=False, sharding=sharding)
     return results
+
+
+# Partitioning pallas_call under jit (pallas/_src/partitioning.py): the context a
+# lowering runs in (a jit over several devices, or inside a manual partition).
+ShardingContext = sharding_impls.ShardingContext
+SPMDAxisContext = sharding_impls.SPMDAxisContext
+
+
+def lowering_for_export(ctx) -> bool:
+    """Whether ``ctx`` lowers for ``jax.export`` (whose modules take no partitioner
+    callbacks)."""
+    params = getattr(ctx.module_context, "lowering_parameters", None)
+    return bool(getattr(params, "for_export", False))
+
+
+def require_devices_during_lowering(prim) -> None:
+    """Makes ``jit`` lower jaxprs holding ``prim`` with their devices (and mesh) known,
+    as custom partitioning needs; lowering over an ``AbstractMesh`` alone is refused."""
+    dispatch.prim_requires_devices_during_lowering.add(prim)
+

@@ -21,6 +21,7 @@ import numpy as np
 
 from pallas._src import block_spec as bs
 from pallas._src import jax_compat as jc
+from pallas._src import partitioning
 from pallas._src.compiler_params import CompilerParams, FrozenParams
 from pallas._src.cost import CostEstimate
 from pallas._src.grid_spec import (
@@ -37,6 +38,9 @@ from pallas._src.registry.requests import KernelRequest, LoweringRequest
 
 pallas_call_p = jc.Primitive("pallas_call")
 pallas_call_p.multiple_results = True
+# Under jit over several devices the call partitions itself (partitioning.py), which
+# needs the devices and mesh at lowering.
+jc.require_devices_during_lowering(pallas_call_p)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -555,6 +559,12 @@ def _interpret_hook(interpret):
 def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compiler_params,
               cost_estimate, metadata, backend, out_avals, checks):
     hook = _interpret_hook(interpret)
+    if hook is None and partitioning.wants_partitioning(ctx, grid_mapping, checks):
+        return partitioning.lower_partitioned(  # over devices: see partitioning.py
+            ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
+            interpret=interpret, debug=debug, name=name, compiler_params=compiler_params,
+            cost_estimate=cost_estimate, metadata=metadata, backend=backend,
+            out_avals=out_avals, checks=checks)
     if hook is not None:
         if grid_mapping.num_dynamic_grid_bounds and not getattr(
                 interpret, "supports_dynamic_grid", False):

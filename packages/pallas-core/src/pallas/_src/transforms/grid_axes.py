@@ -106,3 +106,46 @@ def reverse_program_ids(jaxpr, grid):
             eqns.append(eqn.replace(
                 params={k: _map_param(v, fn) for k, v in eqn.params.items()}))
     return jaxpr.replace(eqns=eqns)
+
+
+def offset_grid_indices(jaxpr, offsets, grid, names=()):
+    """``jaxpr`` (a Jaxpr) run on one device's part of a split grid: ``program_id(a)``
+    (and ``lax.axis_index`` of a named grid axis) becomes ``offsets[a] + program_id(a)``
+    and ``num_programs(a)`` the global ``grid[a]``, at any depth, so index arithmetic in
+    the kernel keeps its global meaning."""
+    import numpy as np
+    from jax import lax
+
+    names = tuple(names or ())
+
+    def lit(value, aval):
+        return jc.Literal(np.asarray(value, aval.dtype), aval)
+
+    def rewrite(j):
+        eqns = []
+        for eqn in j.eqns:
+            axis = None
+            if eqn.primitive in (program_id_p, num_programs_p):
+                axis = eqn.params["axis"]
+            elif eqn.primitive is jc.axis_index_p and names:
+                an = eqn.params.get("axis_name")
+                an = an if isinstance(an, tuple) else (an,)
+                if len(an) == 1 and an[0] in names:
+                    axis = names.index(an[0])
+            (out,) = eqn.outvars if axis is not None else (None,)
+            if axis is None or axis not in offsets or isinstance(out, jc.DropVar):
+                eqns.append(eqn.replace(
+                    params={k: _map_param(v, rewrite) for k, v in eqn.params.items()}))
+            elif eqn.primitive is num_programs_p:
+                eqns.append(jc.new_jaxpr_eqn([lit(grid[axis], out.aval)], [out],
+                                             lax.convert_element_type_p,
+                                             {"new_dtype": out.aval.dtype, "weak_type": False,
+                                              "sharding": None}, set(), eqn.source_info))
+            else:
+                raw = jc.Var(out.aval)
+                eqns.append(eqn.replace(outvars=[raw]))
+                eqns.append(jc.new_jaxpr_eqn([lit(offsets[axis], out.aval), raw], [out],
+                                             lax.add_p, {}, set(), eqn.source_info))
+        return j.replace(eqns=eqns)
+
+    return rewrite(jaxpr)
