@@ -18,6 +18,14 @@ from pallas._src import jax_compat as jc
 from pallas._src.interpreter.blocks import block_indices_np
 from pallas._src.jaxpr_util import eqn_sub_jaxprs
 
+# Index tables are kept *compact*: shape (*grid', outputs) where grid'[a] is grid[a] for
+# the axes the index map reads and 1 for the others, so a table broadcasts against the
+# whole grid and its size does not grow with axes it ignores (a grid of 10**9 programs
+# with constant index maps has a one-row table). Past this many points a table is not
+# built at all (None, as for an index map that reads scalar-prefetch data): the
+# interpreter then evaluates index maps per grid point, in memory independent of the grid.
+MAX_TABLE_POINTS = 1 << 21
+
 
 def grid_coords(grid) -> list[np.ndarray]:
     """Per-axis coordinates of every grid point, in lexicographic (row-major) order."""
@@ -27,12 +35,23 @@ def grid_coords(grid) -> list[np.ndarray]:
     return [c.astype(np.int32) for c in np.unravel_index(np.arange(n), grid)]
 
 
+def axes_read(jaxpr, n_axes: int) -> set[int]:
+    """The grid axes (the first ``n_axes`` invars of ``jaxpr``) its outputs depend on;
+    an equation with a nested jaxpr makes every output depend on every input."""
+    deps: dict = {v: {a} for a, v in enumerate(jaxpr.invars[:n_axes])}
+    for eqn in jaxpr.eqns:
+        d = set().union(*(deps.get(v, set()) for v in eqn.invars if isinstance(v, jc.Var)))
+        for v in eqn.outvars:
+            deps[v] = d
+    return set().union(*(deps.get(v, set()) for v in jaxpr.outvars if isinstance(v, jc.Var)))
+
+
 def index_table(bm, grid) -> np.ndarray | None:
-    """The index map's outputs at every grid point, shape (points, outputs); None if
-    they depend on scalar-prefetch data."""
+    """The index map's outputs over the grid, compact (see MAX_TABLE_POINTS): shape
+    (*grid', outputs); None if they depend on scalar-prefetch data or the table is too
+    large to build."""
     if bm.index_map_uses_prefetch:
         return None
-    n = math.prod(grid)
     jaxpr = bm.index_map_jaxpr
     # The scalar-prefetch refs are unused: evaluate without them (binding a stand-in
     # would fail JAX's type checks under jax_enable_checks).
@@ -41,38 +60,53 @@ def index_table(bm, grid) -> np.ndarray | None:
     if any(isinstance(v, jc.Var) and v in extra for v in used):
         return None
     grid_only = jaxpr.jaxpr.replace(invars=jaxpr.jaxpr.invars[:len(grid)])
-    coords = grid_coords(grid)
+    n_out = len(jaxpr.jaxpr.outvars)
+    if 0 in grid:
+        return np.zeros((*grid, n_out), np.int64)
+    read = axes_read(grid_only, len(grid))
+    compact = tuple(g if a in read else 1 for a, g in enumerate(grid))
+    n = math.prod(compact)
+    if n > MAX_TABLE_POINTS:
+        return None
 
     def f(*idx):
         return jax.core.eval_jaxpr(grid_only, jaxpr.consts, *idx)
 
     with jax.ensure_compile_time_eval():
-        if n == 0:
-            return np.zeros((0, len(jaxpr.jaxpr.outvars)), np.int64)
-        if not grid:
-            outs = f()
-            return np.asarray([[int(o) for o in outs]], np.int64)
-        outs = jax.vmap(f)(*coords)
+        if n == 1:
+            outs = f(*[np.int32(0)] * len(grid))
+            return np.asarray([int(o) for o in outs], np.int64).reshape(*compact, n_out)
+        outs = jax.vmap(f)(*grid_coords(compact))
         cols = [np.broadcast_to(np.asarray(o), (n,)) for o in outs]
     if not cols:
-        return np.zeros((n, 0), np.int64)
-    return np.stack(cols, axis=1).astype(np.int64)
+        return np.zeros((*compact, 0), np.int64)
+    return np.stack(cols, axis=1).astype(np.int64).reshape(*compact, n_out)
 
 
 def start_table(bm, table: np.ndarray) -> np.ndarray:
-    return block_indices_np(bm, table)
+    """Element starts of a compact index table (same leading shape)."""
+    rows = block_indices_np(bm, flat_rows(table))
+    return rows.reshape(*table.shape[:-1], rows.shape[-1])
+
+
+def flat_rows(table: np.ndarray) -> np.ndarray:
+    """A compact table as (points, outputs), row-major (explicit sizes: a table may
+    have no outputs)."""
+    return table.reshape(math.prod(table.shape[:-1]), table.shape[-1])
 
 
 def influencing_axes(table: np.ndarray, grid) -> set[int]:
-    """The grid axes along which the table's rows change."""
-    if table.shape[1] == 0 or not grid:
+    """The grid axes along which the (compact) table's rows change."""
+    if table.shape[-1] == 0 or not grid:
         return set()
-    t = table.reshape(*grid, table.shape[1])
-    out = set()
-    for a in range(len(grid)):
-        if grid[a] > 1 and np.any(np.diff(t, axis=a) != 0):
-            out.add(a)
-    return out
+    return {a for a in range(len(grid))
+            if table.shape[a] > 1 and np.any(np.diff(table, axis=a) != 0)}
+
+
+def lane_rows(table: np.ndarray, grid, lanes) -> np.ndarray:
+    """One row per point of the ``lanes`` axes (row-major), the other axes at 0."""
+    sub = table[tuple(slice(None) if a in lanes else 0 for a in range(len(grid)))]
+    return flat_rows(np.broadcast_to(sub, (*(grid[a] for a in sorted(lanes)), table.shape[-1])))
 
 
 def rows_distinct(table: np.ndarray) -> bool:

@@ -126,10 +126,11 @@ class _Plan:
 def static_bounds_check(plan: _Plan) -> None:
     """Raises at trace time when a data-independent index map leaves its array."""
     gm = plan.gm
-    coords = analysis.grid_coords(gm.grid)
     for bm, table, starts in zip(gm.block_mappings, plan.tables, plan.starts):
-        if table is None or bm.whole or not len(table):
+        if table is None or bm.whole or not table.size:
             continue
+        compact = table.shape[:-1]
+        table, starts = analysis.flat_rows(table), analysis.flat_rows(starts)
         bad = np.zeros(len(table), bool)
         c = 0
         for dim, (d, n) in enumerate(zip(bm.block_dims, bm.array_aval.shape)):
@@ -147,7 +148,8 @@ def static_bounds_check(plan: _Plan) -> None:
             c += 2 if type(d).__name__ == "BoundedSlice" else 1
         if bad.any():
             t = int(np.argmax(bad))
-            point = tuple(int(c[t]) for c in coords)
+            # the first such point in row-major order (axes the map ignores at 0)
+            point = tuple(int(i) for i in np.unravel_index(t, compact))
             raise IndexError(
                 f"block index out of bounds for {bm.origin} (array "
                 f"{tuple(bm.array_aval.shape)}, block {bm.block_shape}): at grid iteration "
@@ -175,15 +177,15 @@ def choose_lanes(plan: _Plan, jaxpr, checks: Checks):
     for s in out_starts:
         lanes |= analysis.influencing_axes(s, gm.grid)
     lanes_t = tuple(sorted(lanes))
+    if math.prod(gm.grid[a] for a in lanes_t) > analysis.MAX_TABLE_POINTS:
+        return None  # too many lanes to vectorise (or to tabulate): point by point
     seq = tuple(a for a in range(len(gm.grid)) if a not in lanes)
     grid = gm.grid
     for bm, s in zip(gm.out_block_mappings, out_starts):
         if not lanes_t:
             break
         # one row per lane (the table is constant along the sequential axes)
-        lane_rows = s.reshape(*grid, s.shape[1])[tuple(slice(None) if a in lanes else 0
-                                               for a in range(len(grid)))]
-        lane_rows = lane_rows.reshape(-1, s.shape[1])
+        lane_rows = analysis.lane_rows(s, grid, lanes_t)
         if not analysis.rows_distinct(lane_rows) or not analysis.blocks_are_disjoint(bm):
             return None
     first_scratch = gm.num_scalar_prefetch + gm.num_inputs + gm.num_outputs
@@ -528,9 +530,7 @@ def _tiled_scatter(bm, pads, start_table, lane_blocks, buf, lanes, grid):
     # The grid point that starts each lane (the sequential axes at zero), row-major.
     if not shape:
         return lane_blocks.reshape(()) if len(lane_blocks) == 1 else None
-    rows = start_table.reshape(*grid, start_table.shape[1])[
-        tuple(slice(None) if a in lanes else 0 for a in range(len(grid)))
-    ].reshape(-1, start_table.shape[1])
+    rows = analysis.lane_rows(start_table, grid, lanes)
     expected = np.stack(np.unravel_index(np.arange(len(rows)), counts), axis=1)
     if not np.array_equal(rows // np.asarray(bshape), expected):
         return None
