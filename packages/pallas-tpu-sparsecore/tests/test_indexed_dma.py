@@ -28,6 +28,15 @@ def _index_of(kind, iv, n):
             "ref_view": lambda: iv.at[pl.ds(0, n)]}[kind]()
 
 
+# Each interpreter: the core's (interpret=True) and TPU interpret mode's, which simulates
+# DMAs, semaphores and races (it raised TypeError 'Buffer' on a ref of indices).
+INTERPRETERS = [pytest.param(True, id="core"),
+                pytest.param(pltpu.InterpretParams(), id="tpu"),
+                pytest.param(pltpu.InterpretParams(detect_races=True,
+                                                   dma_execution_mode="eager"),
+                             id="tpu-races-eager")]
+
+
 @pytest.fixture
 def table():
     return jnp.arange(64 * 4, dtype=I32).reshape(64, 4)
@@ -58,30 +67,33 @@ def _gather(vector_kernel, lanes, kind, interpret=True, ignored=None):
     return k, n
 
 
+@pytest.mark.parametrize("interpret", INTERPRETERS)
 @pytest.mark.parametrize("kind", ["array", "ref", "ref_view"])
-def test_gather_with_each_kind_of_index(vector_kernel, lanes, table, perm, kind):
-    k, n = _gather(vector_kernel, lanes, kind)
+def test_gather_with_each_kind_of_index(vector_kernel, lanes, table, perm, kind, interpret):
+    k, n = _gather(vector_kernel, lanes, kind, interpret)
     got = np.asarray(k(table, perm, FILL[:lanes]))
     np.testing.assert_array_equal(got[:n], np.asarray(table)[np.asarray(perm)[:n]])
     assert (got[n:] == -1).all()
 
 
-def test_gather_skips_the_ignored_value(vector_kernel, lanes, table, perm):
+@pytest.mark.parametrize("interpret", INTERPRETERS[:2])
+def test_gather_skips_the_ignored_value(vector_kernel, lanes, table, perm, interpret):
     idx = perm.at[2].set(-5).at[lanes - 1].set(-5)  # ignored entries need not be in range
-    k, _ = _gather(vector_kernel, lanes, "ref", ignored=-5)
+    k, _ = _gather(vector_kernel, lanes, "ref", interpret, ignored=-5)
     want = np.asarray(table)[np.maximum(np.asarray(idx), 0)]
     want[[2, lanes - 1]] = -1  # untouched
     np.testing.assert_array_equal(k(table, idx, FILL[:lanes]), want)
 
 
+@pytest.mark.parametrize("interpret", INTERPRETERS[:2])
 @pytest.mark.parametrize("add", [False, True])
-def test_scatter_skips_the_ignored_value(vector_kernel, lanes, add):
+def test_scatter_skips_the_ignored_value(vector_kernel, lanes, add, interpret):
     idx = jnp.asarray(np.arange(lanes) % 5, I32).at[3].set(-1)
     rows = jnp.arange(lanes * 4, dtype=I32).reshape(lanes, 4) + 1
     if not add:  # distinct destination rows for a plain scatter
         idx = jnp.asarray(np.arange(lanes), I32).at[3].set(-1)
 
-    @vector_kernel(sds((lanes, 4), I32),
+    @vector_kernel(sds((lanes, 4), I32), interpret=interpret,
                    scratch=[pltpu.VMEM((lanes,), I32), pltpu.VMEM((lanes, 4), I32)])
     def k(i_hbm, r_hbm, z_hbm, o_hbm, iv, rv):
         pltpu.sync_copy(i_hbm, iv)
@@ -98,11 +110,37 @@ def test_scatter_skips_the_ignored_value(vector_kernel, lanes, add):
     np.testing.assert_array_equal(k(idx, rows, jnp.zeros_like(rows)), want)
 
 
-def test_out_of_range_index_from_a_ref_fails(vector_kernel, lanes, table, perm):
-    k, _ = _gather(vector_kernel, lanes, "ref")
+@pytest.mark.parametrize("interpret", INTERPRETERS[:2])
+def test_out_of_range_index_from_a_ref_fails(vector_kernel, lanes, table, perm, interpret):
+    k, _ = _gather(vector_kernel, lanes, "ref", interpret)
     with pytest.raises(Exception, match=r"indexed DMA: an index of the source .* outside "
                                         r"\[0, 64\).*do not clamp"):
         jax.block_until_ready(k(table, perm.at[1].set(64), FILL[:lanes]))
+
+
+@pytest.mark.parametrize("interpret", INTERPRETERS)
+def test_async_gather_and_scatter_add_with_indices_in_a_ref(vector_kernel, lanes, interpret):
+    # The embedding gather (table_hbm.at[idx_ref] -> VMEM, on a DMA semaphore) and the
+    # scatter-add of the same shape back into HBM, repeated indices included.
+    table = jnp.arange(16 * 8, dtype=jnp.float32).reshape(16, 8)
+    idx = jnp.asarray(np.arange(lanes) * 7 % 5, I32)  # repeats
+
+    @vector_kernel((sds((lanes, 8), jnp.float32), sds((16, 8), jnp.float32)),
+                   interpret=interpret,
+                   scratch=[pltpu.VMEM((lanes,), I32), pltpu.VMEM((lanes, 8), jnp.float32),
+                            pltpu.SemaphoreType.DMA])
+    def k(t_hbm, i_hbm, g_hbm, acc_hbm, idx_ref, rows, sem):
+        pltpu.sync_copy(i_hbm, idx_ref)
+        pltpu.async_copy(t_hbm.at[idx_ref], rows, sem).wait()
+        pltpu.sync_copy(rows, g_hbm)
+        pltpu.sync_copy(t_hbm, acc_hbm)
+        pltpu.async_copy(rows, acc_hbm.at[idx_ref], sem, add=True).wait()
+
+    gathered, acc = k(table, idx)
+    want = np.asarray(table).copy()
+    np.add.at(want, np.asarray(idx), np.asarray(table)[np.asarray(idx)])
+    np.testing.assert_array_equal(gathered, np.asarray(table)[np.asarray(idx)])
+    np.testing.assert_array_equal(acc, want)
 
 
 @pytest.mark.parametrize("kind", ["array", "ref", "ref_view"])

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas as pl
-from pallas_conformance.catalogue import case, randn, sds
+from pallas_conformance.catalogue import call_options, case, randn, sds
 
 pltpu = plsc = None
 try:  # the SparseCore frontend; without it there are no SparseCore cases
@@ -176,6 +176,31 @@ def barrier_exchange(pallas_call, x):
                         pltpu.VMEM((lanes,), x.dtype)])(x)
 
 
+def gather_scatter_add_simulated(pallas_call, table, ids):
+    """The embedding gather with its indices in a VMEM ref (``t_hbm.at[idx_ref]``, async
+    on a DMA semaphore) and the scatter-add of the gathered rows back into a copy of the
+    table (repeated ids add up), on one vector subcore. At level ``interpret`` it runs in
+    TPU interpret mode (``pltpu.InterpretParams()``), which simulates DMAs and
+    semaphores (it raised TypeError 'Buffer' on the ref of indices)."""
+    mode = call_options(pallas_call)
+    if mode.get("interpret"):
+        mode["interpret"] = pltpu.InterpretParams()
+    n = ids.shape[0]
+
+    def kernel(t_hbm, i_hbm, g_hbm, acc_hbm, idx_ref, rows, sem):
+        pltpu.sync_copy(i_hbm, idx_ref)
+        pltpu.async_copy(t_hbm.at[idx_ref], rows, sem).wait()
+        pltpu.sync_copy(rows, g_hbm)
+        pltpu.sync_copy(t_hbm, acc_hbm)
+        pltpu.async_copy(rows, acc_hbm.at[idx_ref], sem, add=True).wait()
+
+    return getattr(pallas_call, "func", pl.pallas_call)(
+        kernel, out_shape=(sds((n, DIM), table.dtype), sds(table.shape, table.dtype)),
+        grid=(1, 1), in_specs=[ANY, ANY], out_specs=(ANY, ANY),
+        scratch_shapes=[pltpu.VMEM((n,), jnp.int32), pltpu.VMEM((n, DIM), table.dtype),
+                        pltpu.SemaphoreType.DMA], **mode)(table, ids)
+
+
 def _register():
     case("sparsecore/embedding_gather", tags={"sparsecore"},
          inputs=lambda rng: (randn(rng, (VOCAB, DIM)), _ids(rng, BATCH, VOCAB)),
@@ -192,6 +217,10 @@ def _register():
                              jnp.full((16, DIM), 7.0, jnp.float32)),
          reference=lambda t, i, f: jnp.where((i >= 0)[:, None], t[jnp.maximum(i, 0)], f),
          )(gather_skipping)
+    case("sparsecore/gather_scatter_add_ref_indices_simulated", tags={"sparsecore"},
+         inputs=lambda rng: (randn(rng, (VOCAB, DIM)), _ids(rng, _lanes(), 12)),
+         reference=lambda t, i: (t[i], t.at[i].add(t[i])),
+         tolerance={"float32": (1e-5, 1e-5)})(gather_scatter_add_simulated)
     case("sparsecore/vector_histogram", tags={"sparsecore"},
          inputs=lambda rng: (randn(rng, (4 * _lanes(),)),
                              jnp.asarray(rng.integers(0, _lanes(), 4 * _lanes()) * _lanes(),

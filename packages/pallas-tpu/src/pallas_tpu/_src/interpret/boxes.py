@@ -97,7 +97,7 @@ def _as_int(x) -> int:
     if isinstance(x, np.ndarray) and x.ndim == 0:
         return int(x)
     a = np.asarray(x)
-    if a.ndim != 0:
+    if a.ndim != 0 or a.dtype == object:  # an index array, or a ref (indexed DMAs)
         raise NotABox()
     return int(a)
 

@@ -20,6 +20,7 @@ import numpy as np
 from pallas import DeviceIdType
 from pallas.plugins import semaphore_read_p, semaphore_signal_p, semaphore_wait_p
 from pallas_tpu._src.interpret import boxes as B
+from pallas_tpu._src.interpret import indexed as IX
 from pallas_tpu._src.interpret.evaluator import Core, rule, site_of, view
 from pallas_tpu._src.interpret.state import Buffer, Semaphore
 from pallas_tpu._src.primitives import dma as dma_prims
@@ -304,8 +305,8 @@ class Dma:
         sim = self.sim
         if sim.logging:
             sim.log("SHARED_MEMORY", lambda: f"{self.who} copied {self.src.origin}"
-                    f"{B.describe(self.src_box)} to {self.dst.origin}"
-                    f"{B.describe(self.dst_box)} ({self.nbytes} bytes)")
+                    f"{_describe(self.src_box)} to {self.dst.origin}"
+                    f"{_describe(self.dst_box)} ({self.nbytes} bytes)")
         self.data = None
         self.state = "done"
         _dequeue(self)  # it may still sit in the other semaphore's queue
@@ -330,6 +331,45 @@ def run_random_dmas(core: Core) -> None:
                 dma.run()
 
 
+class IndexedDma(Dma):
+    """A gather or scatter (boxes are RowViews): moves row by row, so repeated
+    destination indices of a scatter-add all land; ignored rows move nothing."""
+
+    def read(self) -> None:
+        if self.state != "started":
+            return
+        self.data = []
+        for r in self.src_box.rows:
+            if r is not None:
+                self._record("read", self.src, r)
+            self.data.append(None if r is None else self.issuer.read(
+                self.src, r, self.site, "read", record=False))
+        self.state = "read"
+        if self.src_sem is not None:
+            signal(self.issuer, self.src_sem, self.issuer.core, self.src_flat, self.nbytes,
+                   self.clock if self.sim.detect else None)
+
+    def run(self) -> None:
+        if self.state == "done":
+            return
+        self.read()
+        if self.sim.detect:
+            self.clock = self.clock.copy()
+            self.clock[self.thread] = self.sim.clocks.tick(self.thread)[self.thread]
+        for r, data in zip(self.dst_box.rows, self.data):
+            if r is None:
+                continue
+            self._record("write", self.dst, r)
+            if self.add:
+                data = self.issuer.read(self.dst, r, self.site, record=False) + data
+            self.issuer.write(self.dst, r, data, self.site, record=False)
+        self._finish()
+
+
+def _describe(box) -> str:
+    return box.describe() if isinstance(box, IX.RowView) else B.describe(box)
+
+
 def _dequeue(dma: Dma) -> None:
     q = dma.dst_sem.tasks.get((dma.dst_core, dma.dst_flat))
     if q and dma in q:
@@ -348,6 +388,34 @@ def _box(buf, flat, tree, what):
             f"(ref.at[...] with slices and indices); got {buf.origin} with other transforms"
         )
     return box
+
+
+def _dma_views(core, src, sf, st, dst, df, dt, site):
+    """The boxes a DMA moves between; for an indexed DMA (a gather or scatter) two
+    :class:`~pallas_tpu._src.interpret.indexed.RowView` s of one row per index."""
+    s_box, _ = view(src, sf, st)
+    d_box, _ = view(dst, df, dt)
+    if s_box is not None and d_box is not None:
+        return s_box, d_box
+    s_rows = None if s_box is not None else IX.rows_view(core, src, sf, st, site, "source")
+    d_rows = None if d_box is not None else IX.rows_view(core, dst, df, dt, site,
+                                                         "destination")
+    if (s_box is None and s_rows is None) or (d_box is None and d_rows is None):
+        _box(src, sf, st, "source")
+        _box(dst, df, dt, "destination")
+    if s_rows is None:
+        s_rows = IX.split(s_box, d_rows.axis, d_rows)
+    if d_rows is None:
+        d_rows = IX.split(d_box, s_rows.axis, s_rows)
+    if s_rows.shape != d_rows.shape or s_rows.axis != d_rows.axis:
+        raise ValueError(f"TPU interpret mode: an indexed DMA from {src.origin} (moving "
+                         f"{s_rows.shape}) to {dst.origin} (receiving {d_rows.shape}): "
+                         f"the shapes and indexed axes must match")
+    skip = [a is None or b is None for a, b in zip(s_rows.rows, d_rows.rows)]
+    if any(skip):  # an entry either side ignores moves nothing
+        s_rows, d_rows = (IX.RowView(tuple(None if k else r for k, r in zip(skip, v.rows)),
+                                     v.axis, v.shape) for v in (s_rows, d_rows))
+    return s_rows, d_rows
 
 
 def remote_buffer(core: Core, buf: Buffer, device: int) -> Buffer:
@@ -395,7 +463,7 @@ def _dma_start_rule(core: Core, eqn, invals):
     src_sem = None if spec[3] is None else _operand(spec[3], invals)
     device = core.device if not remote else target_device(
         core, invals[end:], p["device_id_tree"], p["device_id_type"])
-    src_box, dst_box = _box(src, sf, st, "source"), _box(dst, df, dt, "destination")
+    src_box, dst_box = _dma_views(core, src, sf, st, dst, df, dt, site)
     dst_buf = remote_buffer(core, dst, device)
     dsem = remote_sem(core, sem, device)
     ssem, sflat = None, 0
@@ -405,8 +473,9 @@ def _dma_start_rule(core: Core, eqn, invals):
     if sim.random_dmas:
         run_random_dmas(core)
     with sim.lock:
-        dma = Dma(core, src, src_box, dst_buf, dst_box, dsem, core.core,
-                  sem_index(sem, mf, mt), ssem, sflat, p["add"], site)
+        kind = IndexedDma if isinstance(src_box, IX.RowView) else Dma
+        dma = kind(core, src, src_box, dst_buf, dst_box, dsem, core.core,
+                   sem_index(sem, mf, mt), ssem, sflat, p["add"], site)
         mode = sim.params.dma_execution_mode
         if mode == "eager":
             dma.run()
@@ -425,6 +494,8 @@ _sizes: dict = {}
 
 def _nbytes(box, dtype) -> int:
     """The bytes a DMA of ``box`` moves (cached per box shape and dtype)."""
+    if isinstance(box, IX.RowView):
+        return box.nbytes(dtype)
     key = (B.box_shape(box), dtype)
     hit = _sizes.get(key)
     if hit is None:
@@ -439,7 +510,10 @@ def _dma_wait_rule(core: Core, eqn, invals):
     _, spec, site, _ = _static(eqn)
     sem, mf, mt = _operand(spec[0], invals)
     buf, flat, tree = _operand(spec[2 if eqn.params["kind"] == "recv" else 1], invals)
-    nbytes = _nbytes(_box(buf, flat, tree, "view"), buf.dtype)
+    box, _ = view(buf, flat, tree)
+    if box is None:  # an indexed view (the wait of a gather or scatter)
+        box = IX.rows_view(core, buf, flat, tree, site, "view", record=False)
+    nbytes = _nbytes(box if box is not None else _box(buf, flat, tree, "view"), buf.dtype)
     if core.sim.random_dmas:
         run_random_dmas(core)
     wait(core, sem.sem, sem_index(sem, mf, mt), nbytes, True,
