@@ -45,6 +45,14 @@ SAMPLED = {("mosaic_gpu", "emulate")}
 # (today the warp-specialised wgmma matmul and the cluster multicast load).
 SAMPLED_TAGS = frozenset({"warpgroups", "tma_pipelines", "wgmma", "clusters"})
 
+# (backend, platform) pairs beyond a backend's first platform that CI runs, at lower,
+# compile and emulate, on a few cases (all claimed ones with PALLAS_CONFORMANCE_FULL=1);
+# the CLI (--platform) runs them all. Triton on AMD: MFMA dots, an atomic, libdevice
+# (ocml on AMD) and a K loop with a scratch accumulator.
+OTHER_PLATFORMS = {("triton", "rocm"): ("dot/f16_to_f16", "atomics/add_returns_old_f32",
+                                        "elementwise/digamma_f32",
+                                        "dot/accumulate_over_grid_in_scratch_bf16")}
+
 # Cases too slow for CI at any level (minutes on 2 cores: the grid-KV flash-attention
 # backward is six kernels, each traced, lowered and run per level); the CLI and
 # PALLAS_CONFORMANCE_FULL=1 run them.
@@ -104,6 +112,16 @@ def _params():
             for c in claimed:
                 params.append(pytest.param(b.name, level, c.name,
                                            id=f"{b.name}:{level}:{c.name}"))
+            for platform in b.platforms[1:]:
+                if (b.name, platform) not in OTHER_PLATFORMS or level not in (
+                        "lower", "compile", "emulate"):
+                    continue
+                few = claimed
+                if not full:
+                    few = [c for c in claimed if c.name in OTHER_PLATFORMS[b.name, platform]]
+                for c in few:
+                    params.append(pytest.param(f"{b.name}@{platform}", level, c.name,
+                                               id=f"{b.name}@{platform}:{level}:{c.name}"))
     return params
 
 
@@ -111,8 +129,11 @@ _RUNNERS: dict[str, CaseRunner] = {}
 
 
 def _runner(name: str) -> CaseRunner:
+    """The runner of ``backend`` or ``backend@platform``."""
     if name not in _RUNNERS:
-        _RUNNERS[name] = CaseRunner(pallas.plugins.get_backend(name))
+        backend, _, platform = name.partition("@")
+        _RUNNERS[name] = CaseRunner(pallas.plugins.get_backend(backend),
+                                    platform=platform or None)
     return _RUNNERS[name]
 
 

@@ -87,3 +87,17 @@ def test_cli_shows_a_progress_bar_on_a_terminal_only(monkeypatch, capsys):
     monkeypatch.undo()
     assert main(["--backend", "interpret", "-k", "kernels/softmax", "-l", "interpret"]) == 0
     assert "result/s" not in capsys.readouterr().err  # not a terminal: no bar
+
+
+def test_cli_platform_and_target(tmp_path, capsys):
+    js = tmp_path / "r.json"
+    code = main(["--backend", "triton", "--platform", "rocm", "--target", "gfx90a",
+                 "-k", "elementwise/add_f32", "-l", "compile", "--report", str(js)])
+    out = capsys.readouterr().out
+    assert code == 0 and "backend triton (rocm, gfx90a)" in out
+    data = json.loads(js.read_text())
+    assert (data["platform"], data["target"], data["ok"]) == ("rocm", "gfx90a", True)
+    assert main(["--backend", "triton", "--platform", "tpu"]) == 2
+    assert "not for 'tpu'" in capsys.readouterr().err
+    assert main(["--backend", "triton", "--platform", "rocm", "--target", "gfx1"]) == 2
+    assert "unknown AMD target 'gfx1'" in capsys.readouterr().err

@@ -68,3 +68,17 @@ def test_no_reports_and_foreign_files(tmp_path):
     write(tmp_path, "x.json", {"schema": "something-else"})
     with pytest.raises(ValueError, match="not a pallas-conformance report"):
         render_status([str(tmp_path)])
+
+
+def test_a_run_for_another_platform_and_target_is_a_section_of_its_own(tmp_path, report):
+    main = dict(report, backend="triton", platforms=["cuda", "rocm"], platform="cuda")
+    amd = dict(main, platform="rocm", target="gfx942")
+    write(tmp_path, "triton.json", main)
+    write(tmp_path, "triton-rocm.json", amd)
+    shown = load_reports([str(tmp_path)])
+    assert [(d["platform"], d.get("target")) for d in shown] == [("cuda", None),
+                                                                  ("rocm", "gfx942")]
+    page = render_status([str(tmp_path)])
+    assert "## `triton` 0.1.0 (rocm, gfx942)" in page
+    assert "this run: rocm, target gfx942" in page
+    assert "(#triton-010-rocm-gfx942)" in page

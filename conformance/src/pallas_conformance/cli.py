@@ -1,6 +1,7 @@
 """``pallas-conformance``: run the catalogue for a backend and write a report.
 
     pallas-conformance --backend triton --report report.md
+    pallas-conformance --backend triton --platform rocm --target gfx942 -o triton-rocm.json
     pallas-conformance --backend interpret --level interpret --level lower -k matmul
     pallas-conformance --list-backends
     pallas-conformance --list-cases --tag dot
@@ -30,6 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--backend", "-b", default="interpret",
                    help="installed backend name (default: interpret)")
+    p.add_argument("--platform", "-p",
+                   help="which of the backend's platforms to lower for (default: its "
+                        "first; e.g. rocm for triton)")
+    p.add_argument("--target",
+                   help="the device the levels target, as the backend names it (e.g. "
+                        "gfx942 or gfx1100 for triton on rocm, 90 for triton on cuda); "
+                        "default: the backend's")
     p.add_argument("--level", "-l", action="append", choices=LEVELS, dest="levels",
                    help="level to run (repeatable); default: interpret and every level "
                         "the backend provides")
@@ -73,12 +81,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(cases)} cases; tags: {', '.join(TAGS)}")
         return 0
     try:
-        pallas.plugins.get_backend(args.backend)
-    except pallas.plugins.BackendNotFoundError as e:
+        backend = resolve_backend(args.backend)
+        if backend is not None:
+            with backend.targeting(args.platform or backend.platforms[0], args.target):
+                pass
+    except (pallas.plugins.BackendNotFoundError, ValueError) as e:
         print(f"pallas-conformance: {e}", file=sys.stderr)
         return 2
 
-    levels = args.levels or CaseRunner(resolve_backend(args.backend)).levels()
+    levels = args.levels or CaseRunner(backend).levels()
     with _progress_bar(len(cases) * len(levels), args.quiet) as bar:
         def progress(r):
             if r.status == FAIL and not args.quiet:
@@ -88,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
                 bar.set_postfix_str(f"{r.case} [{r.level}]", refresh=False)
                 bar.update()
 
-        report = run_suite(args.backend, levels=levels, cases=cases, progress=progress)
-    print(f"Pallas conformance: backend {report.backend} {report.backend_version} "
+        report = run_suite(args.backend, levels=levels, cases=cases, progress=progress,
+                           platform=args.platform, target=args.target)
+    print(f"Pallas conformance: backend {report.label} {report.backend_version} "
           f"({len(cases)} cases, levels: {', '.join(report.levels)})")
     print()
     print(report.summary_table())

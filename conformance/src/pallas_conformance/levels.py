@@ -308,10 +308,20 @@ class CaseRunner:
     """Runs the cases of one backend at each level, caching inputs, the reference and
     the interpreter's results (which the backend levels are compared with)."""
 
-    def __init__(self, backend=None):
+    def __init__(self, backend=None, platform: str | None = None, target: str | None = None):
         """``backend``: a :class:`pallas.plugins.Backend`, or ``None`` for the interpreter
-        level only."""
+        level only. ``platform``: which of the backend's platforms the levels are for
+        (default: its first); ``target``: a device the backend knows for that platform
+        (``"gfx942"``; default: the backend's), set with ``Backend.targeting`` while
+        lowering and passed to ``compile``/``emulate`` as options ``platform``/``target``.
+        """
         self.backend = backend
+        self.platform = platform or (backend.platforms[0] if backend and backend.platforms
+                                     else "cpu")
+        self.target = target
+        if backend is not None:
+            with backend.targeting(self.platform, target):  # checks both
+                pass
         self._args: dict[str, tuple] = {}
         self._interp: dict[str, Any] = {}
 
@@ -387,7 +397,18 @@ class CaseRunner:
         missing = unclaimed(case, claimed_tags(b))
         if missing:
             return UNSUPPORTED, f"{b.name} does not claim {', '.join(missing)}"
-        platform = b.platforms[0] if b.platforms else "cpu"
+        with b.targeting(self.platform, self.target):
+            return self._run_backend(b, case, level)
+
+    def _request(self, eqn) -> KernelRequest:
+        options = {"platform": self.platform}
+        if self.target is not None:
+            options["target"] = self.target
+        return KernelRequest.from_params(eqn.params, eqn.params["compiler_params"],
+                                         **options)
+
+    def _run_backend(self, b, case: Case, level: str) -> tuple[str, str]:
+        platform = self.platform
         args = self.args(case)
         f = bound(case, backend=b.name)
         if level == "lower":
@@ -423,7 +444,7 @@ class CaseRunner:
             if not eqns:
                 return _no_pallas_call(closed, level)
             for eqn in eqns:
-                b.compile(_request(eqn))
+                b.compile(self._request(eqn))
             return PASS, ""
         if level in ("emulate", "backend_interpret"):
             closed = jax.make_jaxpr(f)(*args)
@@ -432,7 +453,7 @@ class CaseRunner:
             run_kernel = b.emulate if level == "emulate" else b.interpret
 
             def emulate(eqn, invals):
-                outs = run_kernel(_request(eqn), *invals)
+                outs = run_kernel(self._request(eqn), *invals)
                 outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
                 if len(outs) != len(eqn.outvars):
                     raise Mismatch(f"emulate returned {len(outs)} outputs for a pallas_call "

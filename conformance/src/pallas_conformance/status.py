@@ -17,6 +17,28 @@ SCHEMA = "pallas-conformance-report/1"
 _ORDER = ("pass", "fail", "unsupported", "skipped")
 
 
+def _variant(data: dict) -> tuple[str, str, str]:
+    """(backend, platform, target): a backend's runs for other platforms or targets
+    (``--platform rocm --target gfx942``) are shown beside its main report."""
+    platforms = data.get("platforms") or [""]
+    return (data["backend"], data.get("platform") or platforms[0], data.get("target") or "")
+
+
+def label(data: dict) -> str:
+    """``triton``, or ``triton (rocm, gfx942)`` for a run on another platform or for a
+    chosen target."""
+    backend, platform, target = _variant(data)
+    extra = [platform] if platform != (data.get("platforms") or [platform])[0] else []
+    extra += [target] if target else []
+    return f"{backend} ({', '.join(extra)})" if extra else backend
+
+
+def _suffix(data: dict) -> str:
+    """`` (rocm, gfx942)`` for a run on another platform or target, else nothing."""
+    text = label(data)
+    return text[len(data["backend"]):] if text != data["backend"] else ""
+
+
 def load_reports(paths: Iterable[str]) -> list[dict]:
     """The newest report per backend among ``paths`` (JSON files or folders of them),
     and the newest run of it on a device (level ``execute`` alone), sorted by backend
@@ -34,11 +56,13 @@ def load_reports(paths: Iterable[str]) -> list[dict]:
         key = (_version_key(data["backend_version"]), data.get("created", ""))
         # A run on a device (a bundle's run_bundle.py: level execute only) is shown
         # beside the backend's CPU levels, not instead of them.
-        slot = (data["backend"], _on_device(data))
+        # So is a run for another platform or target (triton on rocm, gfx942).
+        slot = (*_variant(data), _on_device(data))
         old = newest.get(slot)
         if old is None or key > (_version_key(old["backend_version"]), old.get("created", "")):
             newest[slot] = data
-    return [newest[k] for k in sorted(newest)]
+    return sorted(newest.values(), key=lambda d: (d["backend"], bool(_suffix(d)),
+                                                  label(d), _on_device(d)))
 
 
 def _on_device(data: dict) -> bool:
@@ -48,7 +72,7 @@ def _on_device(data: dict) -> bool:
 def _title(data: dict) -> str:
     device = data.get("device", {}).get("kind") if _on_device(data) else None
     where = f" on {device}" if device else (" on a device" if _on_device(data) else "")
-    return f"{data['backend']} {data['backend_version']}{where}"
+    return f"{data['backend']} {data['backend_version']}{_suffix(data)}{where}"
 
 
 def _version_key(v: str) -> tuple:
@@ -79,8 +103,11 @@ def render_report(data: dict) -> str:
     lines = [
         f"## `{data['backend']}` {_title(data)[len(data['backend']) + 1:]}",
         "",
-        f"- platforms: {', '.join(data['platforms']) or '-'}; levels run: "
-        f"{', '.join(levels)}",
+        f"- platforms: {', '.join(data['platforms']) or '-'}"
+        + (f"; this run: {_variant(data)[1]}"
+           + (f", target {data['target']}" if data.get("target") else "")
+           if _suffix(data) else "")
+        + f"; levels run: {', '.join(levels)}",
         f"- claimed tags: {', '.join(data['claimed']) or '-'}",
         f"- run {data.get('created', '?')} with pallas-core "
         f"{data['versions'].get('pallas_core', '?')}, jax {data['versions'].get('jax', '?')}"
@@ -104,7 +131,8 @@ def render_status(paths: Iterable[str]) -> str:
         return "_No reports have been published yet._\n"
     index = ["| backend | version | result | run |", "|---|---|---|---|"]
     for d in reports:
-        index.append(f"| [`{d['backend']}`](#{_anchor(d)}) | {_title(d)[len(d['backend']) + 1:]} | "
+        index.append(f"| [`{d['backend']}`{_suffix(d)}](#{_anchor(d)}) | "
+                     f"{_title(d)[len(d['backend']) + 1:]} | "
                      f"{'PASS' if d['ok'] else '**FAIL**'} | {d.get('created', '?')} |")
     return "\n".join(index) + "\n\n" + "\n".join(render_report(d) for d in reports)
 

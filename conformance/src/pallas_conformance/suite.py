@@ -66,6 +66,19 @@ class Report:
     cases: dict[str, Case]
     seconds: float = 0.0
     created: str = ""
+    platform: str | None = None  # the platform the levels ran for (--platform)
+    target: str | None = None  # the device target, when one was chosen (--target)
+
+    @property
+    def label(self) -> str:
+        """``triton``, or ``triton (rocm, gfx942)`` for a run on another platform or a
+        chosen target."""
+        extra = []
+        if self.platform and self.platforms and self.platform != self.platforms[0]:
+            extra.append(self.platform)
+        if self.target:
+            extra.append(self.target)
+        return f"{self.backend} ({', '.join(extra)})" if extra else self.backend
 
     @property
     def failed(self) -> list[Result]:
@@ -116,11 +129,15 @@ class Report:
 
     def to_markdown(self) -> str:
         lines = [
-            f"# Pallas conformance report: `{self.backend}`",
+            f"# Pallas conformance report: `{self.backend}`"
+            + (self.label[len(self.backend):] if self.label != self.backend else ""),
             "",
             f"- backend: `{self.backend}` {self.backend_version} "
             f"(platforms: {', '.join(self.platforms) or '-'}; levels: "
             f"{', '.join(self.backend_levels) or '-'})",
+            *([f"- platform: {self.platform}"
+               + (f"; target: {self.target}" if self.target else "")]
+              if self.label != self.backend else []),
             f"- claimed tags: {', '.join(self.claimed) or '-'}",
             f"- pallas-conformance {__version__}, pallas-core {pallas.__version__}, "
             f"jax {jax.__version__}, python {_platform.python_version()}",
@@ -159,6 +176,8 @@ class Report:
             "backend": self.backend,
             "backend_version": self.backend_version,
             "platforms": list(self.platforms),
+            "platform": self.platform,
+            "target": self.target,
             "claimed": list(self.claimed),
             "backend_levels": list(self.backend_levels),
             "levels": list(self.levels),
@@ -209,11 +228,13 @@ def _md(s: str) -> str:
 
 def run_suite(backend: str | None, *, levels: Iterable[str] | None = None,
               cases: Iterable[Case] | None = None,
-              progress: Callable[[Result], None] | None = None) -> Report:
+              progress: Callable[[Result], None] | None = None,
+              platform: str | None = None, target: str | None = None) -> Report:
     """Runs ``cases`` (default: the whole catalogue) for ``backend`` at ``levels``
-    (default: ``interpret`` plus every backend level)."""
+    (default: ``interpret`` plus every backend level), for ``platform`` (default: the
+    backend's first) and ``target`` (default: the backend's)."""
     b = resolve_backend(backend)
-    runner = CaseRunner(b)
+    runner = CaseRunner(b, platform=platform, target=target)
     levels = tuple(levels) if levels else runner.levels()
     bad = [lv for lv in levels if lv not in LEVELS]
     if bad:
@@ -238,4 +259,5 @@ def run_suite(backend: str | None, *, levels: Iterable[str] | None = None,
         cases={c.name: c for c in cases},
         seconds=time.perf_counter() - t0,
         created=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        platform=runner.platform if b else "cpu", target=target,
     )

@@ -149,3 +149,29 @@ def test_the_no_amd_gpu_record_is_dropped_and_other_plugin_errors_kept():
     assert filt.filter(record("jax_plugins.xla_rocm7", ValueError("bad library")))
     assert filt.filter(record("jax_plugins.xla_cuda13", no_gpu))
     assert quiet_rocm._FILTER in logging.getLogger("jax._src.xla_bridge").filters
+
+
+def test_debug_barrier_reaches_xla_as_gpu_barrier():
+    # Triton 3.9 writes tl.debug_barrier() as ttg.barrier, which XLA's TTIR input lacks.
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1.0
+        pltriton.debug_barrier()
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((32,), jnp.float32),
+                       backend="triton")
+    text = jax.jit(f).trace(jnp.ones(32)).lower(lowering_platforms=("rocm",)).as_text()
+    (cfg,) = rocm_call.read_backend_config(text)
+    assert "gpu.barrier" in rocm_call.canonical_ttir(cfg.ir)
+
+
+def test_targeting_scopes_the_lowering_target():
+    b = pallas.plugins.get_backend("triton")
+    with b.targeting("rocm", "gfx1100"):
+        assert pltriton.rocm_arch() == "gfx1100"
+    assert pltriton.rocm_arch() == "gfx942"
+    with pytest.raises(ValueError, match="unknown AMD target 'sm_90'"):
+        with b.targeting("rocm", "sm_90"):
+            pass
+    with pytest.raises(ValueError, match="not for 'tpu'"):
+        with b.targeting("tpu"):
+            pass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Any
 
 from pallas import plugins
@@ -61,6 +63,37 @@ class TritonBackend(plugins.Backend):
             grid_mapping=request.grid_mapping, compiler_params=request.compiler_params,
             cost_estimate=request.cost_estimate, name=request.name,
             out_avals=request.out_avals)
+
+    @contextlib.contextmanager
+    def targeting(self, platform: str, target: str | None = None):
+        """Lowerings for ``platform`` inside the block target ``target``: an AMD
+        architecture for ``rocm`` (``PALLAS_TRITON_ROCM_ARCH``), a compute capability
+        (``90``, ``"sm_90"``) for ``cuda`` (``PALLAS_TRITON_COMPUTE_CAPABILITY``)."""
+        from pallas_triton._src.compile import ENV_COMPUTE_CAPABILITY
+        from pallas_triton._src.targets import ENV_ROCM_ARCH, amd_target
+
+        if platform not in self.platforms:
+            raise ValueError(f"backend 'triton' lowers for {', '.join(self.platforms)}, "
+                             f"not for {platform!r}")
+        if target is None:
+            yield
+            return
+        if platform == "rocm":
+            var, value = ENV_ROCM_ARCH, amd_target(target).arch
+        else:
+            var, value = ENV_COMPUTE_CAPABILITY, str(target).removeprefix("sm_").rstrip("a")
+            if not value.isdigit():
+                raise ValueError(f"a cuda target is a compute capability (80, 'sm_90'); "
+                                 f"got {target!r}")
+        old = os.environ.get(var)
+        os.environ[var] = value
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = old
 
     def validate(self, request: plugins.KernelRequest) -> None:
         compiler_params = request.compiler_params

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 
 from jax.interpreters import mlir
 from jaxlib.mlir import ir
@@ -29,17 +30,34 @@ CUSTOM_CALL_TARGET = "__gpu$xla.gpu.triton"
 def _triton_context() -> ir.Context:
     from jaxlib.triton import dialect as tt_dialect
 
-    ctx = ir.Context()
+    ctx = mlir.make_ir_context()  # JAX's dialects, gpu among them
     tt_dialect.register_dialect(ctx)
     ctx.allow_unregistered_dialects = False
     return ctx
+
+
+_BARRIER = re.compile(r"\bttg\.barrier\s+(\w+)")
+
+
+def for_xla(ttir: str) -> str:
+    """Triton 3.9's TTIR in the dialects XLA's Triton reads: ``tl.debug_barrier()``
+    is ``ttg.barrier all`` in 3.9, a TritonGPU op that XLA's TTIR input does not know;
+    it is ``gpu.barrier`` (a workgroup barrier after all memory accesses), as upstream
+    Pallas emits it."""
+
+    def barrier(m):
+        if m.group(1) != "all":
+            raise ValueError(f"no XLA equivalent of Triton's {m.group(0)!r}")
+        return "gpu.barrier"
+
+    return _BARRIER.sub(barrier, ttir)
 
 
 def ttir_bytecode(ttir: str) -> bytes:
     """``ttir`` (Triton's text) parsed and verified by jaxlib's Triton dialect, as
     MLIR bytecode: the form XLA reads from the backend config."""
     with _triton_context():
-        module = ir.Module.parse(ttir)
+        module = ir.Module.parse(for_xla(ttir))
         if not module.operation.verify():
             raise ValueError("the kernel's TTIR does not verify in jaxlib's Triton dialect")
         buf = io.BytesIO()
@@ -50,6 +68,8 @@ def ttir_bytecode(ttir: str) -> bytes:
 def canonical_ttir(ir_text_or_bytecode: str | bytes) -> str:
     """The TTIR as jaxlib's Triton dialect prints it (without locations): the same text
     for a kernel's TTIR and for the bytecode made of it."""
+    if isinstance(ir_text_or_bytecode, str):
+        ir_text_or_bytecode = for_xla(ir_text_or_bytecode)
     with _triton_context():
         module = ir.Module.parse(ir_text_or_bytecode)
         return module.operation.get_asm(enable_debug_info=False)

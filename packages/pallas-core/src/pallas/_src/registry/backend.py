@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -111,6 +112,21 @@ class Backend:
         :return: the output arrays.
         """
         raise NotImplementedError(f"backend {self.name!r} has no backend_interpret level")
+
+    def targeting(self, platform: str, target: str | None = None
+                  ) -> contextlib.AbstractContextManager:
+        """Makes ``target`` (a GPU or chip name the backend knows, e.g. ``"gfx942"``) the
+        default target of this backend's lowerings for ``platform`` inside a ``with``
+        block: what the conformance suite's ``--platform``/``--target`` use, since a
+        lowering through ``jax.jit`` carries no options. Backends with several targets
+        override it; this default accepts only ``target=None``.
+        """
+        if platform not in self.platforms and "*" not in self.platforms:
+            raise ValueError(f"backend {self.name!r} lowers for "
+                             f"{', '.join(self.platforms)}, not for {platform!r}")
+        if target is not None:
+            raise ValueError(f"backend {self.name!r} takes no target (got {target!r})")
+        return contextlib.nullcontext()
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
