@@ -3,7 +3,9 @@
 A backend release publishes its report with ``pallas-conformance --backend NAME --report
 NAME.json``; :func:`render_status` turns a folder of such JSON reports into Markdown (the
 docs site runs it at build time, see ``tools/docs_status_hook.py``). Where a folder holds
-several reports of one backend, the newest version (then the newest run) is shown.
+several reports of one backend, the newest version (then the newest run) is shown; its
+runs on a device, and for another platform or target (``--platform rocm --target
+gfx942``), are shown beside it.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ def render_status(paths: Iterable[str]) -> str:
         return "_No reports have been published yet._\n"
     index = ["| backend | version | result | run |", "|---|---|---|---|"]
     for d in reports:
-        index.append(f"| [`{d['backend']}`{_suffix(d)}](#{_anchor(d)}) | "
+        index.append(f"| [`{d['backend']}`](#{_anchor(d)}) | "
                      f"{_title(d)[len(d['backend']) + 1:]} | "
                      f"{'PASS' if d['ok'] else '**FAIL**'} | {d.get('created', '?')} |")
     return "\n".join(index) + "\n\n" + "\n".join(render_report(d) for d in reports)
