@@ -29,6 +29,8 @@ from pallas._src.config import (
     sharding_gather,
 )
 from pallas._src.cost import CostEstimate, estimate_cost
+from pallas._src.emulation.call import EmulationError
+from pallas._src.emulation.device import EmulatedDevice, emulate_device, emulated_device
 from pallas._src.grid_spec import GridSpec, PrefetchScalarGridSpec
 from pallas._src.interpreter.grid_runner import InterpreterError
 from pallas._src.jax_compat import Slice, ds
@@ -85,7 +87,8 @@ __all__ = [
     "PrefetchScalarGridSpec", "RevisitMode", "Slice", "Squeezed", "align_to",
     "broadcast_to", "cdiv", "core_map", "debug_check", "debug_print", "delay", "ds", "dslice", "empty",
     "empty_like", "empty_ref_like", "enable_bounds_checks", "enable_debug_checks",
-    "enable_poison_buffers", "estimate_cost", "grad_fallback", "GradFallbackWarning",
+    "enable_poison_buffers", "estimate_cost", "EmulatedDevice", "EmulationError",
+    "emulate_device", "emulated_device", "grad_fallback", "GradFallbackWarning",
     "sharding_gather", "ShardingGatherWarning",
     "get_global", "kernel", "load", "loop", "lower_as_mlir",
     "multiple_of", "next_power_of_2", "no_block_spec", "num_programs", "pallas_call",

@@ -140,6 +140,16 @@ class TritonBackend(plugins.Backend):
                                request.name, target=target)
         return emulate_lowered(lowered, *args)
 
+    def emulator(self, request: plugins.KernelRequest):
+        """The emulated device's plan: the Triton source generated once, then run under
+        Triton's interpreter on each call's operands."""
+        from pallas_triton._src.emulate import emulate_lowered
+        from pallas_triton._src.lowering import lower_kernel
+
+        lowered = lower_kernel(request.jaxpr, request.grid_mapping, request.compiler_params,
+                               request.name)
+        return lambda *args: emulate_lowered(lowered, *args)
+
 
 BACKEND = TritonBackend(
     name="triton",

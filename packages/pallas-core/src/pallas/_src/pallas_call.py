@@ -578,8 +578,19 @@ def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compi
         return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
                                       checks=checks)
     platforms = ctx.module_context.platforms
+    from pallas._src.emulation.device import emulated_device
+
+    device = emulated_device()
 
     def rule_for(platform):
+        if platform == "cpu" and device is not None:
+            # An emulated device: the code generated for it, run on the host.
+            from pallas._src.emulation.call import lower_emulated
+
+            return functools.partial(
+                lower_emulated, dev=device, jaxpr=jaxpr, grid_mapping=grid_mapping,
+                name=name, compiler_params=compiler_params, cost_estimate=cost_estimate,
+                metadata=metadata, backend=backend, out_avals=out_avals)
         b = registry.select_backend(platform, backend, compiler_params)
 
         def rule(ctx, *in_nodes):

@@ -82,6 +82,15 @@ class MosaicGpuBackend(Backend):
                               params(request.compiler_params), request.name or "kernel",
                               args, request.out_avals)
 
+    def emulator(self, request: KernelRequest):
+        """The emulated device's plan: the kernel built (for the emulated target) and its
+        module prepared for the executor once, then executed on each call's operands."""
+        from pallas_mosaic_gpu._src.emulate import plan_kernel
+
+        return plan_kernel(request.jaxpr, request.grid_mapping,
+                           params(request.compiler_params), request.name or "kernel",
+                           request.out_avals, target=request.options.get("target"))
+
     def compile(self, request: KernelRequest):
         """Compiles on a compile-only device; ``request.options["target"]``: ``"sm_90a"``
         (default) or ``"sm_100a"``. Returns a ``pallas_mosaic_gpu.compiler.CompiledKernel``."""

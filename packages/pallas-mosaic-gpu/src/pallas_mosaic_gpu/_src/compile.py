@@ -128,7 +128,9 @@ def compile_kernel(jaxpr, grid_mapping, compiler_params, *, name: str = "kernel"
     target = target or os.environ.get(ENV_TARGET) or DEFAULT_TARGET
     root = find_toolchain()
     if _TARGET.setdefault("target", target) != target:
-        raise RuntimeError(
+        from pallas.plugins import LevelUnsupportedError
+
+        raise LevelUnsupportedError(
             f"this process already compiled Mosaic GPU kernels for {_TARGET['target']}; "
             f"Mosaic GPU fixes the target per process, so compile for {target} in another "
             f"process (e.g. with {ENV_TARGET}={target})")

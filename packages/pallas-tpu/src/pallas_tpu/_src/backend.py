@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from pallas.plugins import Backend, KernelRequest, LoweringRequest
 from pallas_tpu.__about__ import __version__
 from pallas_tpu._src.compiler_params import CompilerParams
@@ -94,6 +96,22 @@ class MosaicTpuBackend(Backend):
                                tuple((i + nb, o) for i, o in
                                      request.grid_mapping.input_output_aliases))
         return [jnp.asarray(o).astype(a.dtype) for o, a in zip(outs, request.out_avals)]
+
+    def emulator(self, request: KernelRequest):
+        """The emulated device's plan: the Mosaic module generated and prepared for the
+        executor once, then executed on each call's operands (numpy arrays)."""
+        from pallas_tpu._src.executor import compile_module, execute, payload_of
+        from pallas_tpu._src.lowering.custom_call import backend_config
+
+        params = _params(request.compiler_params)
+        self.validate(dataclasses.replace(request, compiler_params=params))
+        config = backend_config(request.jaxpr, request.grid_mapping, params,
+                                request.cost_estimate, request.name or "kernel")
+        kernel = compile_module(payload_of(config))
+        nb = request.grid_mapping.num_dynamic_grid_bounds
+        shapes = [(tuple(a.shape), np.dtype(a.dtype)) for a in request.out_avals]
+        aliases = tuple((i + nb, o) for i, o in request.grid_mapping.input_output_aliases)
+        return lambda *args: execute(kernel, [np.asarray(x) for x in args], shapes, aliases)
 
     def interpret(self, request: KernelRequest, *args):
         """TPU interpret mode: the kernel jaxpr in the core interpreter with the TPU

@@ -244,8 +244,21 @@ def chip_version_from_device_kind(kind: str) -> ChipVersion | None:
     return _KINDS.get(kind)
 
 
+def _emulated_chip() -> ChipVersion | None:
+    """The chip of the emulated TPU (``PALLAS_EMULATE_DEVICE=tpu:v5e``), else None."""
+    from pallas.plugins import emulated_device
+
+    dev = emulated_device()
+    if dev is None or dev.platform != "tpu":
+        return None
+    return ChipVersion(dev.target)
+
+
 def is_tpu_device() -> bool:
-    """True when JAX's default device is a TPU chip this table knows."""
+    """True when JAX's default device is a TPU chip this table knows, or a TPU is
+    emulated."""
+    if _emulated_chip() is not None:
+        return True
     try:
         dev = jax.devices()[0]
     except RuntimeError:
@@ -254,7 +267,14 @@ def is_tpu_device() -> bool:
 
 
 def get_tpu_info() -> TpuInfo:
-    """The :class:`TpuInfo` of the TPU JAX is running on (a ValueError elsewhere)."""
+    """The :class:`TpuInfo` of the TPU JAX is running on, or of the emulated TPU (a
+    ValueError elsewhere)."""
+    emulated = _emulated_chip()
+    if emulated is not None:
+        from pallas.plugins import emulated_device
+
+        cores = emulated_device().num_cores if emulated.supports_megacore else 1
+        return get_tpu_info_for_chip(emulated, cores)
     dev = jax.devices()[0]
     chip = chip_version_from_device_kind(dev.device_kind) if dev.platform == "tpu" else None
     if chip is None:

@@ -79,7 +79,8 @@ class CompiledKernel:
 
 
 def compute_capability(compiler_params=None) -> int:
-    """The target: ``CompilerParams.compute_capability``, the environment, or 80."""
+    """The target: ``CompilerParams.compute_capability``, the environment, the emulated
+    or local GPU, or 80."""
     cc = getattr(compiler_params, "compute_capability", None)
     if cc is None and os.environ.get(ENV_COMPUTE_CAPABILITY):
         cc = int(os.environ[ENV_COMPUTE_CAPABILITY])
@@ -89,6 +90,14 @@ def compute_capability(compiler_params=None) -> int:
 
 
 def _device_compute_capability() -> int | None:
+    """The attached GPU's compute capability: the emulated GPU's
+    (``PALLAS_EMULATE_DEVICE=cuda:sm_90a``), else the first local GPU's."""
+    from pallas.plugins import emulated_device
+
+    dev = emulated_device()
+    if dev is not None and dev.compute_capability is not None:
+        major, minor = dev.compute_capability
+        return major * 10 + minor
     try:
         import jax
 

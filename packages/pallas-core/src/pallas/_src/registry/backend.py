@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pallas._src.registry.requests import KernelRequest, LoweringRequest
@@ -102,6 +102,15 @@ class Backend:
         :return: the output arrays.
         """
         raise NotImplementedError(f"backend {self.name!r} has no emulate level")
+
+    def emulator(self, request: KernelRequest) -> Callable[..., Sequence[Any]]:
+        """The executor plan of ``request``'s generated code, built once for an emulated
+        device: ``run(*args) -> outputs`` (numpy arrays in, arrays out). The default calls
+        :meth:`emulate` on every run; a backend overrides it to lower and prepare once.
+
+        :param request: the kernel; ``request.options`` name the emulated chip.
+        """
+        return functools.partial(self.emulate, request)
 
     def interpret(self, request: KernelRequest, *args: Any) -> Sequence[Any]:
         """Runs the kernel jaxpr under the backend's interpret rules (conformance level

@@ -17,10 +17,11 @@ from pallas_mosaic_gpu._src.emulate.launch import (
     emulate_kernel,
     execute,
     module_of,
+    plan_kernel,
     run_kernel,
 )
 from pallas_mosaic_gpu._src.emulate.types import EmulationError, EmulationUnsupported
 
 __all__ = ["OPS", "EmulationError", "EmulationUnsupported", "compile_module", "emulate_kernel",
            "execute",
-           "module_of", "run_kernel"]
+           "module_of", "plan_kernel", "run_kernel"]

@@ -116,3 +116,22 @@ def emulate_kernel(jaxpr, grid_mapping, compiler_params, name: str, args: Sequen
                    kernel.aliases)
     return [jnp.asarray(o.astype(a.dtype) if o.dtype != a.dtype else o)
             for o, a in zip(outs, out_avals)]
+
+
+def plan_kernel(jaxpr, grid_mapping, compiler_params, name: str, out_avals: Sequence,
+                target: str | None = None):
+    """An emulated device's plan of one ``pallas_call``: the kernel built for ``target``
+    and its module prepared once; ``run(*args)`` executes it on numpy operands."""
+    from pallas_mosaic_gpu._src.lowering import build
+
+    kernel = build(jaxpr, grid_mapping, compiler_params, name, target=target)
+    compiled = compile_module(module_of(kernel))
+    out_shapes = [(s.shape, s.dtype) for s in kernel.out_shapes]
+
+    def run(*args):
+        operands = [np.asarray(a).astype(s.dtype) for a, s in zip(args, kernel.in_shapes)]
+        outs = execute(compiled, operands, out_shapes, kernel.aliases)
+        return [o.astype(a.dtype) if o.dtype != a.dtype else o
+                for o, a in zip(outs, out_avals)]
+
+    return run

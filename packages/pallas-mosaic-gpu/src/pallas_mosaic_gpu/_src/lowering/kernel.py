@@ -182,8 +182,16 @@ def _block_slices(lctx, bm, program_ids):
 
 
 def target_of(target: str | None) -> str | None:
-    """The compile target: given, or ``PALLAS_MOSAIC_GPU_TARGET``, or unknown (None)."""
-    return target or os.environ.get(ENV_TARGET) or None
+    """The compile target: given, or the emulated GPU's (``PALLAS_EMULATE_DEVICE``), or
+    ``PALLAS_MOSAIC_GPU_TARGET``, or unknown (None)."""
+    if target:
+        return target
+    from pallas.plugins import emulated_device
+
+    dev = emulated_device()
+    if dev is not None and dev.platform == "cuda" and dev.target in ("sm_90a", "sm_100a"):
+        return dev.target
+    return os.environ.get(ENV_TARGET) or None
 
 
 def semantics_of(params) -> str:

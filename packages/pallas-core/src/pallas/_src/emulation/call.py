@@ -1,0 +1,250 @@
+"""Running a ``pallas_call`` as on an emulated device, from its CPU lowering.
+
+When JAX lowers ``pallas_call_p`` for ``cpu`` while a device is emulated (and the call
+is not in interpret mode), the equation becomes a host callback that runs the code the
+backend generated for that device:
+
+1. the backend is chosen as on the device's platform (:func:`backend_for`);
+2. the kernel is compiled by the backend's real compiler for the device's chip
+   (``Backend.compile`` with :meth:`EmulatedDevice.compile_options`); a rejection is
+   raised as it would be when compiling for the device, with the compiler's message;
+   a backend without a compile level, or whose compiler is not installed, skips the
+   step and the reason is recorded (:class:`EmulatedKernel`);
+3. the backend's executor plan is built (``Backend.emulator``) and runs on the operands,
+   as numpy arrays on the host, once per call.
+
+Steps 1-3 happen once per kernel, device and operand types (the lowering is also cached
+by ``jax.jit``); a call costs one host callback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pallas._src import jax_compat as jc
+from pallas._src.emulation.device import EmulatedDevice
+from pallas._src.registry import registry
+from pallas._src.registry.backend import LevelUnsupportedError
+from pallas._src.registry.requests import KernelRequest
+
+log = logging.getLogger("pallas.emulate")
+
+# The GPU architectures Mosaic GPU compiles for (Hopper and Blackwell).
+MOSAIC_GPU_TARGETS = ("sm_90a", "sm_100a")
+
+
+class EmulationError(NotImplementedError):
+    """A kernel cannot run on the emulated device (the message says what and why)."""
+
+
+EmulationError.__module__ = "pallas"
+
+
+@dataclasses.dataclass
+class EmulatedKernel:
+    """One kernel prepared for an emulated device: what was compiled and what runs.
+
+    Attributes:
+      name: the kernel's name.
+      device: the emulated device.
+      backend: the name of the backend that lowered it.
+      compiled: what the backend's compiler returned (``None`` when skipped).
+      compile_skipped: why the compile step was skipped (``""`` when it ran).
+      run: the executor plan: ``run(*operands) -> outputs``.
+      calls: how many times it ran.
+    """
+
+    name: str
+    device: EmulatedDevice
+    backend: str
+    compiled: Any
+    compile_skipped: str
+    run: Callable[..., Any]
+    calls: int = 0
+
+
+_cache: dict = {}
+_lock = threading.Lock()
+_CACHE_SIZE = 512
+
+
+def emulated_kernels() -> list[EmulatedKernel]:
+    """The kernels prepared for emulated devices in this process, oldest first."""
+    with _lock:
+        return [k for _, k in _cache.values()]
+
+
+def clear_cache() -> None:
+    """Forgets every prepared kernel (the next call compiles and plans again)."""
+    with _lock:
+        _cache.clear()
+
+
+# ------------------------------------------------------------------------------------
+# Choosing the backend, as on the device's platform.
+
+
+def backend_for(dev: EmulatedDevice, backend: str | None, compiler_params: Any):
+    """The backend that runs a kernel on ``dev``: ``backend=``, the compiler params'
+    type, ``PALLAS_BACKEND_<PLATFORM>``, and then the platform's default (for ``cuda``,
+    upstream's ``jax_pallas_use_mosaic_gpu`` flag picks Mosaic GPU or Triton; Mosaic
+    GPU only targets sm_90a and sm_100a, so an sm_80 device defaults to Triton)."""
+    explicit = registry.requested_backend(backend, compiler_params)
+    if explicit is None and dev.platform == "cuda" and not _env_backend(dev.platform):
+        import jax
+
+        use_mgpu = bool(jax.config.jax_pallas_use_mosaic_gpu)
+        explicit = ("mosaic_gpu" if use_mgpu and dev.target in MOSAIC_GPU_TARGETS
+                    else "triton")
+    if explicit is not None:
+        b = registry.get_backend(explicit)
+        if dev.platform not in b.platforms:
+            raise ValueError(
+                f"Pallas backend {b.name!r} lowers for {', '.join(b.platforms)}; it does "
+                f"not run on the emulated device {dev} (platform {dev.platform!r}). Emulate "
+                f"a {'/'.join(p for p in b.platforms if p != 'cpu')} device, or leave out "
+                f"backend=/compiler_params")
+        if b.name == "mosaic_gpu" and dev.target not in MOSAIC_GPU_TARGETS:
+            raise ValueError(
+                f"Mosaic GPU compiles for {', '.join(MOSAIC_GPU_TARGETS)}, not for the "
+                f"emulated device {dev} ({dev.device_kind}); use the Triton backend "
+                f"(pltriton.CompilerParams) or emulate cuda:sm_90a")
+        return b
+    return registry.select_backend(dev.platform, None, None)
+
+
+def _env_backend(platform: str) -> str | None:
+    import os
+
+    return os.environ.get(registry.env_var(platform)) or None
+
+
+# ------------------------------------------------------------------------------------
+# What an executor of one device's code cannot run.
+
+
+def remote_operations(jaxpr) -> list[str]:
+    """The primitives of ``jaxpr`` (and its sub-jaxprs) that address another device
+    (a ``device_id`` operand: remote DMAs, remote semaphore signals)."""
+    import jax.extend.core as jex
+
+    found = []
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    for eqn in jaxpr.eqns:
+        tree = eqn.params.get("device_id_tree")
+        if tree is not None and getattr(tree, "num_leaves", 0):
+            found.append(eqn.primitive.name)
+        for sub in jex.jaxprs_in_params(eqn.params):
+            found.extend(remote_operations(sub))
+    return found
+
+
+# ------------------------------------------------------------------------------------
+# Preparing a kernel: compile, then plan.
+
+
+def _compile(b, request: KernelRequest, dev: EmulatedDevice) -> tuple[Any, str]:
+    """``(compiled, "")``, or ``(None, reason)`` when the step cannot run here."""
+    if "compile" not in b.levels:
+        return None, (f"backend {b.name!r} provides no compile level on this machine, so "
+                      f"the kernel was not compiled for {dev}")
+    try:
+        return b.compile(request), ""
+    except LevelUnsupportedError as e:
+        return None, f"backend {b.name!r} cannot compile this kernel here: {e}"
+    except ImportError as e:
+        return None, f"the compiler of backend {b.name!r} is not installed: {e}"
+
+
+def prepare(dev: EmulatedDevice, b, request: KernelRequest) -> EmulatedKernel:
+    """Compiles ``request`` for ``dev`` and builds its executor plan (cached)."""
+    key = (dev.spec, b.name, _structural(request.jaxpr), str(request.grid_mapping),
+           _hashable(request.compiler_params), request.name, request.out_avals)
+    with _lock:
+        hit = _cache.get(key)
+    if hit is not None:
+        return hit[1]
+    remote = remote_operations(request.jaxpr)
+    if remote:
+        raise EmulationError(
+            f"pallas_call {request.name} on the emulated device {dev}: the kernel addresses "
+            f"other devices ({', '.join(sorted(set(remote)))} with a device_id), which the "
+            f"{b.name} executor cannot run: it executes one device's code. Run it with the "
+            f"backend's interpret mode (e.g. interpret=pltpu.InterpretParams()), which "
+            f"simulates every device")
+    compiled, skipped = _compile(b, request, dev)
+    if skipped:
+        log.info("pallas_call %s on %s: compile step skipped: %s", request.name, dev, skipped)
+    run = b.emulator(request)
+    kernel = EmulatedKernel(request.name, dev, b.name, compiled, skipped, run)
+    with _lock:
+        if len(_cache) >= _CACHE_SIZE:
+            _cache.pop(next(iter(_cache)))
+        _cache[key] = (request, kernel)
+    return kernel
+
+
+def _structural(jaxpr) -> tuple:
+    """A key equal for equal kernels: a ``pallas_call`` built anew on every call (as
+    upstream code often does) traces a new but equal jaxpr."""
+    consts = tuple(repr(c) for c in getattr(jaxpr, "consts", ()))
+    return str(jaxpr), consts
+
+
+def _hashable(x):
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return repr(x)
+
+
+# ------------------------------------------------------------------------------------
+# The lowering.
+
+
+def lower_emulated(ctx, *in_nodes, dev: EmulatedDevice, jaxpr, grid_mapping, name,
+                   compiler_params, cost_estimate, metadata, backend, out_avals):
+    """Lowers one ``pallas_call`` for ``cpu`` as a host callback running the code
+    generated for ``dev``."""
+    from pallas._src.pallas_call import (
+        _check_dynamic_grid_support,
+        _check_dynamic_shapes_support,
+    )
+
+    b = backend_for(dev, backend, compiler_params)
+    if grid_mapping.num_dynamic_grid_bounds:
+        _check_dynamic_grid_support(b, grid_mapping, name)
+    _check_dynamic_shapes_support(b, grid_mapping, name)
+    if not hasattr(b, "emulator") or "emulate" not in b.levels:
+        raise EmulationError(
+            f"pallas_call {name} on the emulated device {dev}: backend {b.name!r} has no "
+            f"executor of its generated code (no emulate level)")
+    request = KernelRequest(
+        jaxpr=jaxpr, grid_mapping=grid_mapping,
+        compiler_params=registry.resolve_compiler_params(b, compiler_params),
+        name=name, out_avals=tuple(out_avals), cost_estimate=cost_estimate,
+        metadata=metadata, options=dev.compile_options())
+    kernel = prepare(dev, b, request)
+    out_types = [(tuple(a.shape), np.dtype(a.dtype)) for a in out_avals]
+
+    def run(*operands):
+        kernel.calls += 1
+        outs = kernel.run(*operands)
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        if len(outs) != len(out_types):
+            raise RuntimeError(f"the {b.name} executor returned {len(outs)} outputs for "
+                               f"pallas_call {name}, which has {len(out_types)}")
+        return tuple(np.asarray(o).astype(dt, copy=False).reshape(shape)
+                     for o, (shape, dt) in zip(outs, out_types))
+
+    results = jc.emit_host_callback(ctx, run, in_nodes)
+    if ctx.tokens_in is not None and ctx.tokens_out is None:
+        ctx.set_tokens_out(ctx.tokens_in)
+    return results

@@ -1,0 +1,86 @@
+"""An emulated Hopper (``pl.emulate_device("cuda:sm_90a")``): a plain ``pallas_call`` on
+the CPU is chosen for Mosaic GPU as upstream 0.10.2 chooses (``jax_pallas_use_mosaic_gpu``),
+compiled by ptxas where the toolchain is installed, and run by the Mosaic GPU executor.
+A fault planted in the Mosaic GPU lowering shows that this path is the one being run."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas as pl
+import pallas.plugins
+from pallas_mosaic_gpu._src.lowering.engine import RULES
+
+pytest.importorskip("jax_plugins.xla_cuda13", reason="lowering for cuda needs jax-cuda13-plugin")
+
+X = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+Y = jnp.full((8, 128), 3.0, jnp.float32)
+
+
+def _sub(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] - y_ref[...]
+
+
+def _call(x, y):
+    return pl.pallas_call(_sub, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
+
+
+def _last(name):
+    return [k for k in pallas.plugins.emulated_kernels() if k.name.startswith(name)][-1]
+
+
+def test_mosaic_gpu_runs_the_kernel_and_ptxas_compiles_it():
+    with pl.emulate_device("cuda:sm_90a"):
+        got = _call(X, Y)
+    np.testing.assert_array_equal(got, np.asarray(X - Y))
+    k = _last("_sub")
+    assert k.backend == "mosaic_gpu"
+    b = pallas.plugins.get_backend("mosaic_gpu")
+    if "compile" in b.levels:  # ptxas installed: the real compiler ran for sm_90a
+        assert k.compiled.target == "sm_90a" and k.compiled.registers > 0
+    else:
+        assert "no compile level" in k.compile_skipped
+
+
+def test_a_fault_planted_in_the_mosaic_gpu_lowering_fails_the_emulated_run():
+    add_rule = RULES[jax.lax.add_p]
+    with RULES.overridden(jax.lax.sub_p, lambda _base: add_rule):
+        with pl.emulate_device("cuda:sm_90a"):
+            got = np.asarray(pl.pallas_call(
+                lambda x, y, o: o.__setitem__(..., x[...] - y[...] * 1.0),
+                out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype))(X, Y))
+    np.testing.assert_array_equal(got, np.asarray(X + Y))  # the planted add ran
+
+
+def test_the_backend_is_chosen_as_upstream_chooses():
+    from pallas._src.emulation.call import backend_for  # noqa: PLC2701 - the choice itself
+    from pallas.plugins import emulated_device
+
+    with pl.emulate_device("cuda:sm_90a"):
+        dev = emulated_device()
+        assert backend_for(dev, None, None).name == "mosaic_gpu"
+        assert backend_for(dev, "triton", None).name == "triton"
+        with _flag(False):
+            assert backend_for(dev, None, None).name == "triton"
+    with pl.emulate_device("cuda:sm_80"):
+        dev = emulated_device()
+        assert backend_for(dev, None, None).name == "triton"  # Mosaic GPU needs sm_90a+
+        with pytest.raises(ValueError, match="Mosaic GPU compiles for"):
+            backend_for(dev, "mosaic_gpu", None)
+    with pl.emulate_device("tpu:v5e"), pytest.raises(ValueError, match="does not run on"):
+        backend_for(emulated_device(), "mosaic_gpu", None)
+
+
+class _flag:
+    def __init__(self, value):
+        self.value = value
+
+    def __enter__(self):
+        self.old = jax.config.jax_pallas_use_mosaic_gpu
+        jax.config.update("jax_pallas_use_mosaic_gpu", self.value)
+
+    def __exit__(self, *exc):
+        jax.config.update("jax_pallas_use_mosaic_gpu", self.old)

@@ -1,0 +1,169 @@
+"""An emulated TPU (``pl.emulate_device("tpu:v5e")``): a plain ``pallas_call`` on the CPU
+runs the Mosaic module the mosaic_tpu backend generates, under its executor; the device
+queries answer for the emulated chip. A fault planted in the TPU lowering shows that
+this path, not the interpreter, is the one being run."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas as pl
+import pallas.plugins
+import pallas_tpu as pltpu
+from pallas_tpu._src.lowering import rules_arith
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def _load(name):
+    path = EXAMPLES / f"{name}.py"
+    if not path.exists():
+        pytest.skip(f"{path} is not in this checkout")
+    spec = importlib.util.spec_from_file_location(f"pallas_tpu_emulated_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _sub(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] - y_ref[...]
+
+
+def _sub_call(x, y):
+    return pl.pallas_call(_sub, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
+
+
+X = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+Y = jnp.full((8, 128), 3.0, jnp.float32)
+
+
+def _kernel_for(name):
+    return [k for k in pallas.plugins.emulated_kernels() if k.name.startswith(name)]
+
+
+def test_quickstart_kernels_match_the_interpreter_on_v5e():
+    qs = _load("quickstart")
+    for name, fn, _, args, tol in qs.examples():
+        want = fn(*args, interpret=True)
+        with pl.emulate_device("tpu:v5e"):
+            got = fn(*args)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=max(tol, 1e-5), err_msg=name)
+    kernels = _kernel_for("add_kernel")
+    assert kernels and {k.backend for k in kernels} == {"mosaic_tpu"}
+    assert kernels[-1].calls >= 1 and str(kernels[-1].device) == "tpu:v5e"
+
+
+def test_tpu_matmul_example_on_v6e():
+    ex = _load("tpu_matmul")
+    x, y = ex.inputs(256, 256, 128)
+    with pl.emulate_device("tpu:v6e"):
+        got = jax.jit(ex.matmul)(x, y)
+    np.testing.assert_allclose(got.astype(jnp.float32),
+                               ex.matmul(x, y, interpret=True).astype(jnp.float32),
+                               rtol=1e-2, atol=1e-2)
+
+
+def test_a_fault_planted_in_the_tpu_lowering_fails_the_emulated_run(monkeypatch):
+    want = np.asarray(X - Y)
+    monkeypatch.setitem(rules_arith._BINARY, jax.lax.sub_p, rules_arith._BINARY[jax.lax.add_p])
+    # The interpreter does not look at the lowering: still right.
+    np.testing.assert_array_equal(
+        pl.pallas_call(_sub, out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype),
+                       interpret=True)(X, Y), want)
+    with pl.emulate_device("tpu:v5e"):
+        got = np.asarray(_sub_call(X, Y))
+    np.testing.assert_array_equal(got, np.asarray(X + Y))  # the planted add ran
+
+
+def test_device_queries_answer_for_the_emulated_chip():
+    with pl.emulate_device("tpu:v5p"):
+        info = pltpu.get_tpu_info()
+        assert str(info.chip_version) == "v5p" and info.num_cores == 2
+        assert pltpu.is_tpu_device()
+    with pl.emulate_device("tpu:v5e"):
+        assert str(pltpu.get_tpu_info().chip_version) == "v5e"
+        assert pltpu.get_tpu_info().num_cores == 1
+    with pl.emulate_device("cuda:sm_90a"), pytest.raises(ValueError):
+        pltpu.get_tpu_info()
+
+
+def test_jit_vmap_grad_and_custom_vjp_compose():
+    def f(x):
+        return pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(
+            ..., jnp.sin(x_ref[...]) * 2.0), out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    @jax.custom_vjp
+    def g(x):
+        return f(x)
+
+    g.defvjp(lambda x: (f(x), None), lambda _, ct: (f(ct),))
+    x = jnp.linspace(0.0, 1.0, 8 * 128, dtype=jnp.float32).reshape(8, 128)
+    xs = jnp.stack([x, x + 1.0])
+    with pl.emulate_device("tpu:v5e"):
+        np.testing.assert_allclose(jax.jit(f)(x), jnp.sin(x) * 2, rtol=1e-6)
+        np.testing.assert_allclose(jax.vmap(f)(xs), jnp.sin(xs) * 2, rtol=1e-6)
+        np.testing.assert_allclose(jax.grad(lambda x: f(x).sum())(x), jnp.cos(x) * 2,
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(jax.grad(lambda x: g(x).sum())(x),
+                                   jnp.full_like(x, np.sin(1.0) * 2), rtol=1e-6)
+        lowered = jax.jit(f).lower(x).as_text()
+    assert "callback" in lowered  # the host runs the generated code
+
+
+def test_the_emulated_device_is_part_of_the_jit_key():
+    f = jax.jit(_sub_call)
+    with pl.emulate_device("tpu:v5e"):
+        assert "callback" in f.lower(X, Y).as_text()
+    assert "callback" not in f.lower(X, Y).as_text()  # outside: the interpreter again
+
+
+def test_the_compile_step_is_recorded_as_skipped_or_done():
+    with pl.emulate_device("tpu:v5e"):
+        jax.block_until_ready(_sub_call(X, Y + 1))
+    k = _kernel_for("_sub")[-1]
+    b = pallas.plugins.get_backend("mosaic_tpu")
+    if "compile" in b.levels:
+        assert k.compiled is not None and not k.compile_skipped
+    else:
+        assert k.compiled is None and "no compile level" in k.compile_skipped
+
+
+def test_remote_dmas_are_a_clear_error():
+    def kernel(x_ref, o_ref, send_sem, recv_sem):
+        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem, device_id=0,
+                                            device_id_type=pl.DeviceIdType.LOGICAL)
+        copy.start()
+        copy.wait()
+
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        scratch_shapes=[pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA])
+    with pl.emulate_device("tpu:v5e"), pytest.raises(pl.EmulationError, match="other devices"):
+        call(X)
+
+
+def test_shard_map_over_cpu_devices():
+    """Each device's instance of the call runs the generated code on its own shard (over
+    as many CPU devices as the test process has, up to 2)."""
+    from jax.sharding import PartitionSpec as P
+
+    n = min(2, len(jax.devices()))
+    mesh = jax.make_mesh((n,), ("d",))
+    x = jax.device_put(jnp.arange(16 * 128, dtype=jnp.float32).reshape(16, 128),
+                       jax.NamedSharding(mesh, P("d")))
+
+    def f(x):
+        return pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 3.0),
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    with pl.emulate_device("tpu:v5e"):
+        out = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=P("d")))(x)
+    np.testing.assert_array_equal(out, np.asarray(x) * 3)
