@@ -264,3 +264,26 @@ def test_math_mosaic_cannot_legalize_is_expanded_and_accurate(lower_tpu):
     (got,) = emulate(f, x)
     want = np.stack([np.asarray(fn(x)) for fn in fns])
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+
+
+def _copy(x, block, index_map, grid):
+    return pl.pallas_call(
+        lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...]),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=grid,
+        in_specs=[pl.BlockSpec(block, index_map)], out_specs=pl.BlockSpec(block, index_map),
+        backend="mosaic_tpu")(x)
+
+
+def test_blocks_xla_cannot_tile_are_refused_at_trace_time():
+    # CompileTimeMosaicMisalignedBlockAndTiling, caught before the compiler: a 1-D bf16
+    # array is tiled by 256 elements; a squeezed second-to-last dim is a 1-row window.
+    x = jnp.zeros((512,), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"last block dimension 128 must be divisible by "
+                                         r"256.*rank-1 block of this dtype"):
+        jax.eval_shape(lambda x: _copy(x, (128,), lambda i: (i,), (4,)), x)
+    jax.eval_shape(lambda x: _copy(x, (256,), lambda i: (i,), (2,)), x)  # fine
+    q = jnp.zeros((4, 2, 128), F32)
+    with pytest.raises(ValueError, match="second-to-last block dimension 1 must be "
+                                         "divisible by 8 or equal to the array dimension 2"):
+        jax.eval_shape(lambda q: _copy(q, (None, None, 128), lambda s, h: (s, h, 0), (4, 2)), q)
+    jax.eval_shape(lambda q: _copy(q, (None, 2, 128), lambda s: (s, 0, 0), (4,)), q)  # fine

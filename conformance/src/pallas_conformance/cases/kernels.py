@@ -306,7 +306,7 @@ def paged_attention(pallas_call, lengths, page_indices, q, k_pages, v_pages):
     def kernel(len_ref, pi_ref, q_ref, k_ref, v_ref, o_ref):
         s_idx = pl.program_id(0)
         length = len_ref[s_idx]
-        qv = q_ref[...].reshape(1, PD) * scale
+        qv = q_ref[...] * scale  # (1, PD)
 
         def body(p, carry):
             m, l, acc = carry
@@ -325,15 +325,19 @@ def paged_attention(pallas_call, lengths, page_indices, q, k_pages, v_pages):
         init = (jnp.full((1, 1), -jnp.inf, F32), jnp.zeros((1, 1), F32),
                 jnp.zeros((1, PD), F32))
         m, l, acc = lax.fori_loop(0, pl.cdiv(length, PAGE), body, init)
-        o_ref[...] = (acc / l).reshape(PD)
+        o_ref[...] = acc / l
 
+    # One (1, PD) row of q per (sequence, head): q gets a unit dim rather than a squeezed
+    # head dim, which a TPU cannot window (its (NH, PD) = (2, 32) tile is (2, 128)).
     kv_spec = pl.BlockSpec((None, NPAGES, PAGE, PD), lambda s, h, *_: (h, 0, 0, 0))
-    q_spec = pl.BlockSpec((None, None, PD), lambda s, h, *_: (s, h, 0))
-    return pallas_call(
-        kernel, out_shape=sds(q.shape, q.dtype),
+    q_spec = pl.BlockSpec((None, None, 1, PD), lambda s, h, *_: (s, h, 0, 0))
+    q4 = q.reshape(NSEQ, NH, 1, PD)
+    out = pallas_call(
+        kernel, out_shape=sds(q4.shape, q.dtype),
         grid_spec=pl.PrefetchScalarGridSpec(
             num_scalar_prefetch=2, grid=(NSEQ, NH), in_specs=[q_spec, kv_spec, kv_spec],
-            out_specs=q_spec))(lengths, page_indices, q, k_pages, v_pages)
+            out_specs=q_spec))(lengths, page_indices, q4, k_pages, v_pages)
+    return out.reshape(q.shape)
 
 
 

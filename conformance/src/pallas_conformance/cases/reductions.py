@@ -37,7 +37,10 @@ def _reduce_case(op, dtype, axis, shape=None):
         # The tiled 2-D cases use (8, 128)-aligned blocks and 128-element output blocks
         # (which every backend, TPU's tiling included, can hold): axis 1 splits 256 rows
         # into two (128, 128) blocks, axis 0 splits 256 columns into two (16, 128) blocks.
-        shape = {1: (2 * C, C), 0: (R, 2 * C)}.get(axis, (R, C))
+        # A 1-D array of a 16-bit dtype is tiled by 256 elements on a TPU (32 bits per
+        # lane), so its output blocks are 256 long: 512 rows in two (256, 128) blocks.
+        ob = C * max(1, 4 // jnp.dtype(dtype).itemsize)
+        shape = {1: (2 * ob, C), 0: (R, 2 * C)}.get(axis, (R, C))
     rows, cols = shape[-2:]
 
     def reference(x):

@@ -3,7 +3,10 @@
 - Blocks in VMEM: the last two block dims must be multiples of 8 and 128 or equal the
   array's dims (squeezed dims excepted); for rank-1 blocks the one dim follows the
   128 rule. This is upstream's documented rule, for every dtype (packed 16- and 8-bit
-  types tile more rows per vreg, which Mosaic handles).
+  types tile more rows per vreg, which Mosaic handles), except that XLA tiles a 1-D
+  array of a 16-bit (8-bit) dtype by 256 (512) elements, so its rank-1 blocks must be
+  multiples of that (Mosaic rejects them otherwise: CompileTimeMosaicMisalignedBlock
+  AndTiling), as upstream checks.
 - Dtypes: Mosaic TPU has no 64-bit, complex or sub-byte (int4/uint4/fp4) types in kernels.
 - ``dimension_semantics`` has one entry per grid dimension;
   ``allow_input_fusion`` one entry per input.
@@ -76,8 +79,14 @@ def _check_block(bm) -> None:
     rank = len(shape)
     block = bm.block_shape
     dims = bm.block_dims
-    for i, need in ((rank - 1, LANES), (rank - 2, SUBLANES)):
-        if i < 0 or isinstance(dims[i], pl.Squeezed):
+    lanes = LANES
+    if rank == 1:  # XLA's 1-D tiling packs 32 bits per lane
+        from pallas_tpu._src.lowering.types import memory_dtype
+        lanes = LANES * max(1, 4 // memory_dtype(bm.array_aval.dtype).itemsize)
+    for i, need in ((rank - 1, lanes), (rank - 2, SUBLANES)):
+        # A squeezed dim is a block of 1 here: XLA tiles the array's last two dims
+        # (e.g. (2, 128) for a (2, 32) f32 array), which a 1-row window must divide.
+        if i < 0:
             continue
         b, n = block[i], shape[i]
         if isinstance(dims[i], pl.Element):
@@ -90,7 +99,9 @@ def _check_block(bm) -> None:
             f"the {which} block dimension {b} must be divisible by {need} or equal to the "
             f"array dimension {n} (array shape {tuple(shape)}, dtype "
             f"{jnp.dtype(bm.array_aval.dtype).name}). The last two block dims must be "
-            f"multiples of (8, 128) or the full array dims."
+            f"multiples of (8, 128) or the full array dims"
+            + (f"; a rank-1 block of this dtype, a multiple of {lanes}" if lanes != LANES
+               else "") + "."
         )
 
 
