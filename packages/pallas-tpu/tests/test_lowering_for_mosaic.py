@@ -287,3 +287,23 @@ def test_blocks_xla_cannot_tile_are_refused_at_trace_time():
                                          "divisible by 8 or equal to the array dimension 2"):
         jax.eval_shape(lambda q: _copy(q, (None, None, 128), lambda s, h: (s, h, 0), (4, 2)), q)
     jax.eval_shape(lambda q: _copy(q, (None, 2, 128), lambda s: (s, 0, 0), (4,)), q)  # fine
+
+
+def test_what_mosaic_does_not_implement_is_refused_as_unsupported(lower_tpu):
+    # Lane-strided access outside a 128-lane ref, and int32 matmuls, which Mosaic rejects
+    # at compile time: a clear error when lowering, which the conformance suite reads as
+    # unsupported (pallas.plugins.LevelUnsupportedError).
+    from pallas.plugins import LevelUnsupportedError
+
+    x = jnp.zeros((8, 256), F32)
+    f = lambda x: pl.pallas_call(
+        lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[:, pl.ds(0, 128, stride=2)]),
+        out_shape=jax.ShapeDtypeStruct((8, 128), F32))(x)
+    with pytest.raises(LevelUnsupportedError, match=r"stride 2\) along the last \(lane\)"):
+        lower_tpu(f, x)
+    i = jnp.zeros((8, 128), jnp.int32)
+    g = lambda i: pl.pallas_call(
+        lambda a_ref, o_ref: o_ref.__setitem__(..., jnp.dot(a_ref[...], a_ref[...].T)),
+        out_shape=jax.ShapeDtypeStruct((8, 8), jnp.int32))(i)
+    with pytest.raises(LevelUnsupportedError, match="dot_general of int32 operands"):
+        lower_tpu(g, i)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from pallas.plugins import LevelUnsupportedError
+
 
 class CoreType(enum.Enum):
     """The kinds of TPU cores a kernel or mesh can target."""
@@ -32,3 +34,9 @@ class BufferType(enum.Enum):
 
 class LoweringException(Exception):  # noqa: N818 - upstream name
     """A kernel could not be lowered to Mosaic TPU; the message says which operation."""
+
+
+class MosaicUnsupported(LoweringException, LevelUnsupportedError):  # noqa: N818
+    """A kernel uses a form Mosaic's compiler does not implement on a TPU (it would
+    reject it at compile time): refused when lowering, with what would be valid. The
+    conformance suite reports it ``unsupported``, not failed."""

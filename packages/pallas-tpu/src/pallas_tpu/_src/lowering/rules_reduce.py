@@ -10,6 +10,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, vector
 from jaxlib.mosaic.python import tpu
 
+from pallas_tpu._src.enums import MosaicUnsupported
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import (
     aval_in,
@@ -132,6 +133,14 @@ def _dot_general(lctx, eqn, x, y):
         )
     if lb != tuple(range(len(lb))) or rb != tuple(range(len(rb))):
         raise NotImplementedError("dot_general whose batch dimensions are not leading")
+    for a in (lhs_aval, rhs_aval):
+        dt = jnp.dtype(a.dtype)
+        if dt.kind in "iu" and dt.itemsize > 1:
+            raise MosaicUnsupported(
+                f"dot_general of {dt.name} operands ({lhs_aval.str_short()} x "
+                f"{rhs_aval.str_short()}): the TPU MXU multiplies floats (f32, bf16) and "
+                f"8-bit integers, not {dt.name} ('Bad lhs/rhs type' from Mosaic on v5e and "
+                f"v6e); cast the operands to int8 or float32")
     lhs = materialize(x, lhs_aval)
     rhs = materialize(y, rhs_aval)
     lhs_nc = [d for d in range(nl) if d not in lc and d not in lb]

@@ -12,6 +12,7 @@ from jaxlib.mosaic.python import tpu
 
 from pallas_tpu._src import core_compat as cc
 from pallas_tpu._src import jax_compat as jc
+from pallas_tpu._src.enums import MosaicUnsupported
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import (
     aval_in,
@@ -162,7 +163,18 @@ def _is_smem(ref: RefVal) -> bool:
 
 
 def _strided(w: Window) -> bool:
-    return any(s != 1 for s in w.strides)
+    if any(s != 1 for s in w.strides):
+        full = T.value_type(w.full_shape, w.ref.dtype)
+        last = ir.MemRefType(w.ref.memref.type).shape[-1]
+        if w.strides[-1] != 1 and last != 128:
+            raise MosaicUnsupported(
+                f"a strided access (stride {w.strides[-1]}) along the last (lane) dim of "
+                f"a ref of shape {w.ref.kernel_shape} ({full}): Mosaic TPU implements lane "
+                f"strides only in refs whose last dim is 128 ('Not Implemented: The last "
+                f"dim size is not 128 in original base memref' on v5e and v6e); stride "
+                f"the rows, or load the lanes and select them")
+        return True
+    return False
 
 
 def _check_vector_window(w: Window, what: str) -> None:
