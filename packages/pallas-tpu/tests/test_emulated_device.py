@@ -54,9 +54,9 @@ def test_quickstart_kernels_match_the_interpreter_on_v5e():
         with pl.emulate_device("tpu:v5e"):
             got = fn(*args)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=max(tol, 1e-5), err_msg=name)
-    kernels = _kernel_for("add_kernel")
+    kernels = [k for k in _kernel_for("add_kernel") if k.device.spec == "tpu:v5e"]
     assert kernels and {k.backend for k in kernels} == {"mosaic_tpu"}
-    assert kernels[-1].calls >= 1 and str(kernels[-1].device) == "tpu:v5e"
+    assert kernels[-1].calls >= 1
 
 
 def test_tpu_matmul_example_on_v6e():
@@ -126,7 +126,7 @@ def test_the_emulated_device_is_part_of_the_jit_key():
 def test_the_compile_step_is_recorded_as_skipped_or_done():
     with pl.emulate_device("tpu:v5e"):
         jax.block_until_ready(_sub_call(X, Y + 1))
-    k = _kernel_for("_sub")[-1]
+    k = [k for k in _kernel_for("_sub") if k.device.spec == "tpu:v5e"][-1]
     b = pallas.plugins.get_backend("mosaic_tpu")
     if "compile" in b.levels:
         assert k.compiled is not None and not k.compile_skipped
