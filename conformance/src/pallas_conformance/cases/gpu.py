@@ -345,6 +345,29 @@ def wgmma_cond_on_the_accumulator(pallas_call, x, y):
     return _wgmma_matmul(pallas_call, x, y, swizzle=128, epilogue=epilogue)
 
 
+def wgmma_blockspec_transforms(pallas_call, x, y):
+    """One wgmma straight from the pallas_call's operands: both ``plgpu.BlockSpec``s carry
+    ``transforms=(TilingTransform((8, 64)), SwizzleTransform(128))``, so the blocks land
+    tiled and swizzled in SMEM (the TMA copies apply the layout) and feed the tensor
+    cores without an emit_pipeline; the accumulator is a ``run_scoped`` ``plgpu.ACC``."""
+    m, n = x.shape[0], y.shape[1]
+    t = _swizzled(x.dtype, 128)
+
+    def kernel(x_smem, y_smem, o_ref):
+        def with_acc(acc):
+            plgpu.wgmma(acc, x_smem, y_smem)
+            plgpu.wgmma_wait(0)
+            return acc[...]
+
+        o_ref[...] = pl.run_scoped(with_acc, plgpu.ACC((m, n), jnp.float32))
+
+    return pallas_call(kernel, out_shape=sds((m, n), jnp.float32),
+                       in_specs=[plgpu.BlockSpec(x.shape, lambda: (0, 0), transforms=t),
+                                 plgpu.BlockSpec(y.shape, lambda: (0, 0), transforms=t)],
+                       out_specs=pl.BlockSpec((m, n), lambda: (0, 0)),
+                       **_mode(pallas_call))(x, y)
+
+
 def wgmma_warp_specialized(pallas_call, x, y, *, a_in_registers=False, delay_release=0):
     """A warp-specialised f16 matmul (``emit_pipeline_warp_specialized``): one warpgroup
     issues the TMA loads, the other waits for them, runs wgmma and releases the slots,
@@ -476,6 +499,10 @@ def _register():
          inputs=lambda rng: (randn(rng, (64, 128), jnp.float16),
                              randn(rng, (128, 128), jnp.float16)),
          reference=_dot, tolerance={"float32": (1e-2, 1e-3)})(wgmma_matmul_f16)
+    case("gpu/wgmma_blockspec_transforms_both_operands", tags={"wgmma", "f16"},
+         inputs=lambda rng: (randn(rng, (64, 128), jnp.float16),
+                             randn(rng, (128, 192), jnp.float16)),
+         reference=_dot, tolerance={"float32": (1e-2, 1e-3)})(wgmma_blockspec_transforms)
     case("gpu/wgmma_cond_on_the_accumulator", tags={"wgmma", "tma_pipelines", "f16"},
          inputs=lambda rng: (randn(rng, (128, 128), jnp.float16),
                              randn(rng, (128, 64), jnp.float16)),

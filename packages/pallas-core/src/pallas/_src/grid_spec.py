@@ -99,6 +99,9 @@ class BlockMapping:
     pipeline_mode: Any = None
     whole: bool = False  # passed whole: no blocking at all
     index_map_uses_prefetch: bool = False
+    # A backend BlockSpec's layout transforms of the block (plgpu.BlockSpec(transforms=
+    # (TilingTransform, SwizzleTransform))), for that backend's lowering; () otherwise.
+    transforms: tuple = ()
 
     @property
     def block_shape(self) -> tuple[int, ...]:
@@ -420,6 +423,7 @@ def resolve_block_mapping(origin, spec, array_aval, grid, prefetch_avals,
             f"the spec for {origin} must be a pl.BlockSpec or pl.no_block_spec; got {spec!r}"
         )
     memory_space = None if isinstance(spec, bs.NoBlockSpec) else spec.memory_space
+    transforms = tuple(getattr(spec, "transforms", None) or ())
     check_symbolic_block(origin, getattr(spec, "block_shape", None), array_aval)
     if isinstance(spec, bs.NoBlockSpec) or spec.block_shape is None:
         block_dims = tuple(bs.Blocked(n if jc.is_symbolic_dim(n) else int(n) or 1)
@@ -455,6 +459,7 @@ def resolve_block_mapping(origin, spec, array_aval, grid, prefetch_avals,
         pipeline_mode=pipeline_mode,
         whole=whole,
         index_map_uses_prefetch=uses_prefetch,
+        transforms=transforms,
     )
 
 

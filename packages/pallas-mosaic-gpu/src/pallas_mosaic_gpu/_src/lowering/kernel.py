@@ -32,7 +32,7 @@ from jaxlib.mlir.dialects import arith, gpu, scf
 
 import pallas as pl
 from pallas_mosaic_gpu._src import jax_compat as jc
-from pallas_mosaic_gpu._src.lowering import collectives, smem_budget
+from pallas_mosaic_gpu._src.lowering import collectives, smem, smem_budget
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.aliases import aliased_fn
 from pallas_mosaic_gpu._src.lowering.copies import thread_copy, tma_can_copy
@@ -148,6 +148,32 @@ def _check_dtype(aval, what: str, name: str):
 
 def _smem_block_shape(bm) -> tuple[int, ...]:
     return tuple(bm.ref_shape)
+
+
+def _block_layout(bm, by_tma: bool, name: str):
+    """(tiling, swizzle) of a block's SMEM buffer from its ``plgpu.BlockSpec(transforms=
+    ...)``; (None, None) without transforms. Only TMA copies lay a block out so."""
+    if not bm.transforms:
+        return None, None
+    what = f"the plgpu.BlockSpec of {bm.origin} in kernel {name}"
+    layout = smem.layout(bm.transforms, _smem_block_shape(bm), bm.array_aval.dtype, what)
+    if not by_tma:
+        raise KernelError(
+            f"{what}: transforms={bm.transforms} need the block copied by TMA, which "
+            f"cannot copy it (block {bm.block_shape} of array {bm.array_aval.shape}: "
+            "each dim's bytes a multiple of 16, boxes of at most 256 per dim, no "
+            "BoundedSlice); drop the transforms or change the block")
+    return layout
+
+
+def _tma_layout(layout) -> dict:
+    tiling, swizzle = layout
+    out = {}
+    if tiling is not None:
+        out["gmem_transform"] = mgpu.TileTransform(tuple(tiling))
+    if swizzle is not None:
+        out["swizzle"] = swizzle
+    return out
 
 
 def _block_slices(lctx, bm, program_ids):
@@ -277,7 +303,9 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
     aliased_outs = {gm.num_inputs + o for _, o in gm.input_output_aliases}
     blocked_in = [k for k in blocked if k < gm.num_inputs or k in aliased_outs]
     by_tma = {k for k in blocked if tma_can_copy(gm.block_mappings[k])}
-    bufs = tuple(_sds(_smem_block_shape(gm.block_mappings[k]),
+    layouts = {k: _block_layout(gm.block_mappings[k], k in by_tma, name) for k in blocked}
+    bufs = tuple(_sds(smem.physical_shape(_smem_block_shape(gm.block_mappings[k]),
+                                          layouts[k][0]),
                       gm.block_mappings[k].array_aval.dtype) for k in blocked)
     target = target_of(target)
     scratch_types = list(gm.scratch_types)
@@ -431,7 +459,7 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
                 if k in by_tma:
                     launch_ctx.async_copy(src_ref=gmem_refs[k], dst_ref=smem_of[k],
                                           gmem_slice=slices[k], barrier=barriers[j],
-                                          predicate=issuer())
+                                          predicate=issuer(), **_tma_layout(layouts[k]))
                 else:
                     thread_copy(gmem_refs[k], smem_of[k], gm.block_mappings[k], slices[k],
                                 to_smem=True, bounds=bounds[k])
@@ -443,7 +471,8 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
             refs = []
             for k, bm in enumerate(gm.block_mappings):
                 if k in smem_of:
-                    refs.append(RefVal(smem_of[k], jnp.dtype(bm.array_aval.dtype), "smem"))
+                    refs.append(smem.smem_ref(smem_of[k], bm.array_aval.dtype,
+                                              _smem_block_shape(bm), *layouts[k]))
                 else:
                     refs.append(RefVal(gmem_refs[k], jnp.dtype(bm.array_aval.dtype), "gmem"))
             refs.extend(scratch_vals)
@@ -454,7 +483,8 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
             for k in stores:
                 if k in by_tma:
                     launch_ctx.async_copy(src_ref=smem_of[k], dst_ref=gmem_refs[k],
-                                          gmem_slice=slices[k], predicate=issuer())
+                                          gmem_slice=slices[k], predicate=issuer(),
+                                          **_tma_layout(layouts[k]))
                 else:
                     thread_copy(gmem_refs[k], smem_of[k], gm.block_mappings[k], slices[k],
                                 to_smem=False, bounds=bounds[k])
