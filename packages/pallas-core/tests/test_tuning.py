@@ -90,11 +90,20 @@ def test_same_measurements_same_choice(cache, tmp_path):
 
 
 def _repeat_matmul(x, *, reps):
-    """x @ x, computed ``reps`` times over (revisiting the output block): one config is
-    slow on purpose, by a grid ``reps`` times larger."""
+    """x @ x as the sum over ``reps`` grid steps of (i + 1) / T * x @ x, T = sum(i + 1):
+    the same result for every config, but ``reps`` times the work. Each step's product
+    depends on its grid index, so XLA cannot hoist it out of the grid loop (a
+    loop-invariant x @ x was hoisted, and 256 steps cost no more than one)."""
 
     def kernel(x_ref, o_ref):
-        o_ref[...] = jnp.dot(x_ref[...], x_ref[...])
+        i = pl.program_id(0)
+
+        @pl.when(i == 0)
+        def _():
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        w = (i + 1).astype(jnp.float32) / (reps * (reps + 1) / 2)
+        o_ref[...] += jnp.dot(x_ref[...] * w, x_ref[...])
 
     spec = pl.BlockSpec(x.shape, lambda i: (0, 0))
     return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -102,10 +111,11 @@ def _repeat_matmul(x, *, reps):
 
 
 def test_real_timing_picks_the_config_that_is_not_slow_on_purpose(cache):
-    # 256 times the work: the medians differ by two orders of magnitude, far beyond noise.
-    f = tuning.autotune([{"reps": 256}, {"reps": 1}], warmup=1, repeats=3)(_repeat_matmul)
+    # 512 times the work (1 step or 512 of a 128x128x128 matmul each): the medians
+    # differ by about two orders of magnitude, far beyond a loaded machine's noise.
+    f = tuning.autotune([{"reps": 512}, {"reps": 1}], warmup=1, repeats=3)(_repeat_matmul)
     x = jnp.asarray(np.random.default_rng(0).standard_normal((128, 128)), jnp.float32)
-    f(x)
+    np.testing.assert_allclose(f(x), x @ x, rtol=1e-4, atol=1e-3)
     slow, fast = f.last_report.results
     assert f.last_report.chosen == {"reps": 1}, str(f.last_report)
     assert fast.status == "chosen" and slow.median > fast.median
