@@ -243,22 +243,27 @@ _TL = {jnp.bfloat16: "bf16", jnp.float32: "fp32"}
 
 
 def _compile_hand(fn, pointers: dict, constexprs: dict, *, num_warps, num_stages, cc):
+    """PTX for a compute capability; for an AMD arch (``"gfx942"``), Triton's whole
+    ``asm`` dict (AMDGCN and hsaco)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    amd = isinstance(cc, str)
+    target = (GPUTarget("hip", cc, pltriton.amd_target(cc).warp_size) if amd
+              else GPUTarget("cuda", cc, 32))
     signature = {**pointers, **{name: "constexpr" for name in constexprs}}
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(pointers))}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
-        k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
+        k = triton.compile(src, target=target,
                            options={"num_warps": num_warps, "num_stages": num_stages})
-    return k.asm["ptx"], int(k.metadata.shared), k.metadata.name
+    return (k.asm if amd else k.asm["ptx"]), int(k.metadata.shared), k.metadata.name
 
 
 def _compile_pallas(f, args, cc):
     (k,) = pltriton.compile(f, *args, compute_capability=cc)
-    return k.ptx, k.shared_mem_bytes, k.name
+    return (k.asm if isinstance(cc, str) else k.ptx), k.shared_mem_bytes, k.name
 
 
 # --------------------------------------------------------------------------------------
@@ -444,20 +449,25 @@ def report(results: list[tuple[Case, int, Result, list[Result]]], elapsed: float
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", type=int, action="append",
-                        help="compute capability (repeatable; default 90 and 80)")
+    parser.add_argument("--target", action="append",
+                        help="compute capability (90, 80) or AMD arch (gfx942, gfx90a, "
+                             "gfx950, gfx1100); repeatable; default 90, 80 and gfx942")
     parser.add_argument("--only", action="append", choices=["matmul", "attention"],
                         help="kernel group (repeatable; default all)")
     parser.add_argument("--show-source", action="store_true",
                         help="print pallas-triton's generated source to stderr")
     opts = parser.parse_args(argv)
-    targets = opts.target or [90, 80]
+    targets = [t if t.startswith("gfx") else int(t) for t in opts.target or
+               ["90", "80", "gfx942"]]
 
     t0 = time.perf_counter()
     cases = [c for c in build_cases(opts.show_source)
              if not opts.only or c.group in opts.only]
-    results = []
+    results, amd_results = [], []
     for cc in targets:
+        if isinstance(cc, str):
+            amd_results += _measure_amd(cases, cc)
+            continue
         for case in cases:
             print(f"sm_{cc} {case.name}: hand", file=sys.stderr, flush=True)
             hand = measure(case.name, "hand", cc, lambda case=case, cc=cc: case.hand(cc))
@@ -467,8 +477,35 @@ def main(argv=None) -> int:
                 pallas.append(measure(case.name, label, cc,
                                       lambda make=make, cc=cc: _compile_pallas(*make(cc), cc)))
             results.append((case, cc, hand, pallas))
-    print(report(results, time.perf_counter() - t0))
+    if results:
+        print(report(results, time.perf_counter() - t0))
+    if amd_results:
+        import triton_codegen_amd
+
+        print()
+        print(triton_codegen_amd.report(amd_results))
+        print(f"\nAMD rows: triton {triton.__version__}; compiled on CPU, "
+              f"{time.perf_counter() - t0:.0f} s in all.")
     return 0
+
+
+def _measure_amd(cases, arch: str) -> list:
+    """The AMD rows (see ``triton_codegen_amd.py``): the same cases for ``arch``; the
+    Pallas kernels are built without a compute capability and compiled for ``arch``."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import triton_codegen_amd as amd
+
+    out = []
+    for case in cases:
+        print(f"{arch} {case.name}: hand", file=sys.stderr, flush=True)
+        hand = amd.measure(case.name, "hand", arch, lambda case=case: case.hand(arch))
+        pallas = []
+        for label, make in case.pallas.items():
+            print(f"{arch} {case.name}: {label}", file=sys.stderr, flush=True)
+            pallas.append(amd.measure(case.name, label, arch,
+                                      lambda make=make: _compile_pallas(*make(None), arch)))
+        out.append((case.name, hand, pallas))
+    return out
 
 
 if __name__ == "__main__":

@@ -11,10 +11,12 @@ does not have. For every kernel the script
    backend runs it, where upstream would raise), and compares both with plain JAX,
    printing the largest error and a check mark;
 2. for every installed backend other than ``interpret`` (see
-   ``pallas.plugins.list_backends()``), lowers it ahead of time for the backend's first
-   platform with ``jax.jit(f).trace(*args).lower(lowering_platforms=(platform,))``, and,
-   if the backend has a ``compile`` level (Triton: PTX and cubin), compiles each of its
-   ``pallas_call``s with ``backend.compile``. No accelerator is needed for either.
+   ``pallas.plugins.list_backends()``) and each accelerator platform it lowers for
+   (Triton: ``cuda`` for NVIDIA and ``rocm`` for AMD GPUs), lowers it ahead of time with
+   ``jax.jit(f).trace(*args).lower(lowering_platforms=(platform,))``, and, if the
+   backend has a ``compile`` level (Triton: PTX and cubin for NVIDIA, AMDGCN and hsaco
+   for AMD), compiles each of its ``pallas_call``s with ``backend.compile``. No
+   accelerator is needed for either.
 
 The script prints a table, kernel x (interpret, CPU, each backend), where a backend's
 cell is ``ok`` (``+ compiled`` when compiled too), ``unsupported`` (the backend raised
@@ -219,21 +221,28 @@ def pallas_call_eqns(jaxpr) -> list:
     return found
 
 
-def compile_calls(f, args, backend) -> None:
+def compile_calls(f, args, backend, platform) -> None:
     """Compiles every ``pallas_call`` of ``f(*args)`` with the backend's compiler."""
     for eqn in pallas_call_eqns(jax.make_jaxpr(f)(*args).jaxpr):
-        backend.compile(KernelRequest.from_params(eqn.params, eqn.params["compiler_params"]))
+        options = {"platform": platform} if len(backend.platforms) > 1 else {}
+        backend.compile(KernelRequest.from_params(eqn.params, eqn.params["compiler_params"],
+                                                  **options))
 
 
-def try_lower(fn, args, backend) -> tuple[str, str | None]:
-    """Lowers (and compiles, if it can) ``fn`` for ``backend``; returns (cell, note)."""
-    platform = backend.platforms[0]
+def platforms_of(backend) -> list[str]:
+    """The accelerator platforms a backend lowers for (Triton: cuda and rocm)."""
+    return [p for p in backend.platforms if p != "cpu"] or list(backend.platforms[:1])
+
+
+def try_lower(fn, args, backend, platform) -> tuple[str, str | None]:
+    """Lowers (and compiles, if it can) ``fn`` for ``backend`` on ``platform``; returns
+    (cell, note)."""
     f = jax.jit(functools.partial(fn, backend=backend.name))
     done = "ok"
     try:
         f.trace(*args).lower(lowering_platforms=(platform,))
         if "compile" in backend.levels:
-            compile_calls(f, args, backend)
+            compile_calls(f, args, backend, platform)
             done = "ok + compiled"
     except NotImplementedError as e:  # the backend's way of saying "not supported"
         return f"unsupported ({platform})", f"{type(e).__name__}: {first_line(e)}"
@@ -255,9 +264,16 @@ def excerpt(fn, args, backend) -> list[str]:
         lines += ["    " + ln for ln in body[:8]] + [f"    ... ({len(src)} lines)"]
         for k in pltriton.compile(f, *args):
             u = k.resource_usage()
-            lines.append(f"compiled for sm_{k.compute_capability}: {u['registers']} registers, "
-                         f"{k.shared_mem_bytes} B shared memory, {u['local']} B spilled, "
-                         f"tensor cores {'yes' if k.uses_tensor_cores() else 'no'}")
+            lines.append(f"NVIDIA, compiled for sm_{k.compute_capability}: {u['registers']} "
+                         f"registers, {k.shared_mem_bytes} B shared memory, {u['local']} B "
+                         f"spilled, tensor cores {'yes' if k.uses_tensor_cores() else 'no'}")
+        if "rocm" in backend.platforms:
+            for k in pltriton.compile(f, *args, compute_capability=pltriton.rocm_arch()):
+                u = k.resource_usage()
+                lines.append(f"AMD, compiled for {k.arch} (wave{k.warp_size}): {u['vgprs']} "
+                             f"VGPRs, {u['sgprs']} SGPRs, {u['lds']} B LDS, {u['scratch']} B "
+                             f"scratch, occupancy {u['occupancy']}, MFMA/WMMA "
+                             f"{'yes' if k.uses_tensor_cores() else 'no'}")
         return lines
     if backend.name == "mosaic_gpu" and "compile" in backend.levels:
         from pallas_mosaic_gpu import compiler
@@ -347,14 +363,16 @@ def main(argv: list[str] | None = None) -> int:
         all_ok &= ok and cpu_ok
         row = [name, cell, cpu_cell]
         for b in backends:
-            cell, note = try_lower(fn, args, b)
-            row.append(cell)
-            if note:
-                notes.setdefault((b.name, note), []).append(name)
+            for platform in platforms_of(b):
+                cell, note = try_lower(fn, args, b, platform)
+                row.append(cell)
+                if note:
+                    notes.setdefault((b.name, note), []).append(name)
         rows.append(row)
 
-    print_table(["kernel", "interpret=True", "on CPU, no interpret=True",
-                 *(b.name for b in backends)], rows)
+    columns = [b.name if len(platforms_of(b)) == 1 else f"{b.name} ({p})"
+               for b in backends for p in platforms_of(b)]
+    print_table(["kernel", "interpret=True", "on CPU, no interpret=True", *columns], rows)
     if not backends:
         print("\n(no backend plugin is installed besides the interpreter; install e.g. "
               "pallas-triton or pallas-tpu to see kernels lowered for it here)")

@@ -175,3 +175,19 @@ def test_targeting_scopes_the_lowering_target():
     with pytest.raises(ValueError, match="not for 'tpu'"):
         with b.targeting("tpu"):
             pass
+
+
+def test_a_kernel_needing_more_lds_than_the_target_has_is_refused_naming_it():
+    # 64x512 and 512x64 f32 operand tiles: more than gfx90a's 64 KiB of LDS.
+    def kernel(a_ref, b_ref, o_ref):
+        o_ref[...] = jnp.dot(a_ref[...], b_ref[...], precision=jax.lax.Precision.HIGHEST)
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((64, 64), jnp.float32),
+                       compiler_params=pltriton.CompilerParams(rocm_arch="gfx90a"),
+                       backend="triton")
+    args = (jnp.ones((64, 512)), jnp.ones((512, 64)))
+    (k,) = pltriton.compile(f, *args, compute_capability="gfx90a")
+    assert k.shared_mem_bytes > 65536  # pltriton.compile reports it ...
+    with pytest.raises(NotImplementedError, match=r"LDS; AMD target gfx90a \(CDNA2\) has "
+                                                  r"65536"):
+        jax.jit(f).trace(*args).lower(lowering_platforms=("rocm",))  # ... lowering refuses

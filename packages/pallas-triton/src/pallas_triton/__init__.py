@@ -17,6 +17,7 @@ from pallas.atomics import (  # upstream's pltriton.atomic_* are pallas-core's a
 )
 from pallas_triton.__about__ import __version__
 from pallas_triton._src import quiet_rocm as _quiet_rocm
+from pallas_triton._src.amdgcn import code_object_usage, instruction_mix
 from pallas_triton._src.api import (
     CompilerParams,
     PallasCall,
@@ -77,6 +78,7 @@ def emulate(f, *args, **kwargs):
 
 __all__ = [
     "AMD_TARGETS", "AMDTarget", "DEFAULT_ROCM_ARCH", "amd_target", "rocm_arch",
+    "code_object_usage", "instruction_mix",
     "CompiledKernel", "CompilerParams", "LoweredKernel", "PallasCall", "TritonLoweringError",
     "__version__", "approx_tanh", "atomic_add", "atomic_and", "atomic_cas", "atomic_max",
     "atomic_min", "atomic_or", "atomic_xchg", "atomic_xor", "compile", "debug_barrier",

@@ -119,9 +119,13 @@ class TritonBackend(plugins.Backend):
 
         if _platform(request) == "rocm":
             arch = _amd_arch(request)
+            from pallas_triton._src.targets import check_fits
+
             lowered = lower_kernel(request.jaxpr, request.grid_mapping,
                                    request.compiler_params, request.name, target=arch)
-            return tc.compile_lowered(lowered, arch)
+            compiled = tc.compile_lowered(lowered, arch)
+            check_fits(compiled)
+            return compiled
         lowered = lower_kernel(request.jaxpr, request.grid_mapping, request.compiler_params,
                                request.name)
         cc = (request.options.get("target") or request.options.get("compute_capability")

@@ -39,7 +39,16 @@ def _comment(amdgcn: str, key: str) -> int | None:
 
 
 def resource_usage(compiled) -> dict[str, int]:
-    """What a kernel compiled for AMD uses, per lane or per workgroup.
+    """:func:`code_object_usage` of a :class:`~pallas_triton.CompiledKernel`."""
+    return code_object_usage(compiled.amdgcn, compiled.hsaco, compiled.name,
+                             compiled.shared_mem_bytes)
+
+
+def code_object_usage(amdgcn: str, hsaco: bytes, name: str, dynamic_lds: int = 0
+                      ) -> dict[str, int]:
+    """What kernel ``name`` of a code object compiled for AMD uses, per lane or per
+    workgroup (``dynamic_lds``: the LDS Triton requests at launch, its
+    ``metadata.shared``).
 
     ``vgprs`` (vector registers per lane, AGPRs included on CDNA: the figure occupancy
     depends on), ``agprs`` (CDNA's accumulation registers; 0 on RDNA), ``sgprs`` (scalar registers per wavefront), ``lds`` (bytes
@@ -49,12 +58,12 @@ def resource_usage(compiled) -> dict[str, int]:
     NVIDIA figures, ``registers`` (= ``vgprs``), ``shared`` (= ``lds``) and ``local``
     (= ``scratch``) are also given.
     """
-    check_hsaco(compiled.hsaco, compiled.name)
-    text = compiled.amdgcn
-    meta = _metadata_block(text, compiled.name)
+    check_hsaco(hsaco, name)
+    text = amdgcn
+    meta = _metadata_block(text, name)
     agprs = _field(meta, "agpr_count", 0)  # RDNA has no AGPRs
     vgprs = _comment(text, "TotalNumVgprs") or _field(meta, "vgpr_count")
-    lds = _field(meta, "group_segment_fixed_size") + int(compiled.shared_mem_bytes)
+    lds = _field(meta, "group_segment_fixed_size") + int(dynamic_lds)
     scratch = _field(meta, "private_segment_fixed_size")
     out = {
         "vgprs": vgprs,

@@ -22,7 +22,7 @@ from jaxlib.mlir import ir
 from pallas_triton._src import jax_compat as jc
 from pallas_triton._src.compile import compile_lowered
 from pallas_triton._src.lowering import lower_kernel
-from pallas_triton._src.targets import rocm_arch
+from pallas_triton._src.targets import check_fits, rocm_arch
 
 CUSTOM_CALL_TARGET = "__gpu$xla.gpu.triton"
 
@@ -150,6 +150,7 @@ def lower_pallas_call(ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, name
     arch = rocm_arch(compiler_params)
     lowered = lower_kernel(jaxpr, grid_mapping, compiler_params, name, target=arch)
     compiled = compile_lowered(lowered, arch)
+    check_fits(compiled)
     config = backend_config(compiled)
     aliases = {int(i): int(o) for i, o in grid_mapping.input_output_aliases}
     result_types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in out_avals]

@@ -111,3 +111,16 @@ def allows_tf32(target) -> bool:
     if target is None or isinstance(target, int):
         return True
     return amd_target(target).tf32
+
+
+def check_fits(compiled) -> None:
+    """Raises when a kernel compiled for an AMD target needs more LDS than the target
+    has per workgroup (Triton 3.9 compiles it, and the launch would fail)."""
+    t = amd_target(compiled.arch)
+    if compiled.shared_mem_bytes > t.lds_bytes:
+        from pallas_triton._src.codegen import TritonLoweringError
+
+        raise TritonLoweringError(
+            f"kernel {compiled.name} needs {compiled.shared_mem_bytes} bytes of LDS; AMD "
+            f"target {t.arch} ({t.family}) has {t.lds_bytes} per workgroup "
+            f"(pallas-triton). Use smaller blocks or fewer num_stages.")
