@@ -225,7 +225,9 @@ def lower_emulated(ctx, *in_nodes, dev: EmulatedDevice, jaxpr, grid_mapping, nam
     if not hasattr(b, "emulator") or "emulate" not in b.levels:
         raise EmulationError(
             f"pallas_call {name} on the emulated device {dev}: backend {b.name!r} has no "
-            f"executor of its generated code (no emulate level)")
+            f"executor of its generated code (no emulate level), so it cannot run on an "
+            f"emulated device; run it with interpret=True (the interpreter, with the "
+            f"backend's primitive rules)")
     request = KernelRequest(
         jaxpr=jaxpr, grid_mapping=grid_mapping,
         compiler_params=registry.resolve_compiler_params(b, compiler_params),
