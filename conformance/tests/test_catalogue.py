@@ -37,8 +37,11 @@ from pallas_conformance import (
 from pallas_conformance.levels import interpreter_claims
 
 # (backend, level) pairs run on one case per claimed tag unless PALLAS_CONFORMANCE_FULL=1:
-# executing Mosaic GPU's generated code takes ~1 s a case on CPU (~7 min for all of them).
-SAMPLED = {("mosaic_gpu", "emulate")}
+# executing Mosaic GPU's generated code takes ~1 s a case on CPU (~7 min for all of them);
+# the TPU compile level runs libtpu, the real compiler, in a child process (seconds to
+# start, 0.1-1 s a kernel; pallas-conformance --level compile runs every case).
+SAMPLED = {("mosaic_gpu", "emulate"), ("mosaic_tpu", "compile"),
+           ("mosaic_sparsecore", "compile")}
 # Cases carrying one of these tags (the GPU cases, whose reference runs in GPU interpret
 # mode, seconds each) are sampled at every (backend, level), the interpreter level
 # included, unless PALLAS_CONFORMANCE_FULL=1: a few that carry all of them between them
@@ -52,6 +55,30 @@ SAMPLED_TAGS = frozenset({"warpgroups", "tma_pipelines", "wgmma", "clusters"})
 OTHER_PLATFORMS = {("triton", "rocm"): ("dot/f16_to_f16", "atomics/add_returns_old_f32",
                                         "elementwise/digamma_f32",
                                         "dot/accumulate_over_grid_in_scratch_bf16")}
+
+# Cases of the sampled TPU compile level that libtpu rejects today (issue 27: the real
+# compiler rejects about half of what the TPU backends pass at lower/emulate; the
+# lowering work drives this list to empty). Strict: a case that starts to compile fails
+# here until its line is removed. The CLI reports every such case as a failure.
+_WINDOW = "Failed to set window params ... explicit iteration_bounds (a kernel without a grid)"
+KNOWN_COMPILE_FAILURES = {
+    ("mosaic_tpu", "aliasing/in_place_update"): _WINDOW,
+    ("mosaic_tpu", "broadcasting/batch_3d"): _WINDOW,
+    ("mosaic_tpu", "broadcasting/bool_column_mask"): "Not implemented: layout too complicated",
+    ("mosaic_tpu", "broadcasting/column_u32"): _WINDOW,
+    ("mosaic_tpu", "broadcasting/int8_row_plus_column"): _WINDOW,
+    ("mosaic_tpu", "dot/batched_einsum_f32"): _WINDOW,
+    ("mosaic_tpu", "dot/f16_to_f16"): "Invalid vector type for load",
+    ("mosaic_tpu", "reductions/argmax_axis0_2d_f32"):
+        "Only neutral accumulator supported for splat constant accumulator",
+    ("mosaic_tpu", "scratch/int32_counter"): "Cannot infer the memory space of main's argument",
+    ("mosaic_tpu", "scratch/nested_run_scoped"):
+        "Cannot allocate ref in non-VMEM/SMEM memory space using memref.alloca",
+    ("mosaic_tpu", "semaphores/signal_wait_read"): _WINDOW,
+    ("mosaic_sparsecore", "sparsecore/embedding_gather"):
+        "'tpu.enqueue_indirect_dma' op Not implemented: expected slice size (8) to be "
+        "aligned with source (gather operand) tiling (128)",
+}
 
 # Cases too slow for CI at any level (minutes on 2 cores: the grid-KV flash-attention
 # backward is six kernels, each traced, lowered and run per level); the CLI and
@@ -110,7 +137,11 @@ def _params():
                 keep = _sample(claimed, claims)
                 claimed = [c for c in claimed if c.name in keep]
             for c in claimed:
-                params.append(pytest.param(b.name, level, c.name,
+                known = KNOWN_COMPILE_FAILURES.get((b.name, c.name)) if level == "compile" \
+                    else None
+                marks = [pytest.mark.xfail(strict=True, reason=f"libtpu: {known}")] \
+                    if known and not full else []
+                params.append(pytest.param(b.name, level, c.name, marks=marks,
                                            id=f"{b.name}:{level}:{c.name}"))
             for platform in b.platforms[1:]:
                 if (b.name, platform) not in OTHER_PLATFORMS or level not in (

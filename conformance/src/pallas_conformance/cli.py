@@ -44,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--report", "-o", action="append", default=[],
                    help="write the full report; .json for JSON, anything else Markdown "
                         "(repeatable)")
+    p.add_argument("--chip", default=None,
+                   help="the chip the compile level compiles for (TPU backends: v4, v5e, "
+                        "v5p, v6e, 7x; default: the backend's, v5e for mosaic_tpu and "
+                        "v5p for mosaic_sparsecore); recorded in the report")
     p.add_argument("-k", dest="keyword", help="only cases whose name contains this")
     p.add_argument("--tag", "-t", action="append", dest="tags",
                    help="only cases with this tag (repeatable)")
@@ -99,10 +103,14 @@ def main(argv: list[str] | None = None) -> int:
                 bar.set_postfix_str(f"{r.case} [{r.level}]", refresh=False)
                 bar.update()
 
+        options = {"chip": args.chip} if args.chip else {}
         report = run_suite(args.backend, levels=levels, cases=cases, progress=progress,
-                           platform=args.platform, target=args.target)
+                           platform=args.platform, target=args.target,
+                           compile_options=options)
     print(f"Pallas conformance: backend {report.label} {report.backend_version} "
           f"({len(cases)} cases, levels: {', '.join(report.levels)})")
+    if "compile" in report.levels:
+        print(f"compile level: compiled for {', '.join(report.compile_targets) or '-'}")
     print()
     print(report.summary_table())
     print()

@@ -11,8 +11,10 @@ Levels, in order:
     and the exported artifact survives ``serialize``/``deserialize``.
 ``compile``
     Every ``pallas_call`` equation of the traced case is handed to
-    ``backend.compile(request)`` (a ``pallas.plugins.KernelRequest``) and must not
-    raise.
+    ``backend.compile(request)`` (a ``pallas.plugins.KernelRequest`` whose ``options``
+    are the runner's ``compile_options``, e.g. ``{"chip": "v6e"}`` from the CLI's
+    ``--chip``) and must not raise. What the artifacts say they were compiled for (their
+    ``target``) is recorded in the report.
 ``backend_interpret``
     Like ``emulate`` but through ``backend.interpret(...)``: the kernel jaxpr under the
     backend's own interpret rules (e.g. TPU interpret mode). It checks the backend's
@@ -219,9 +221,9 @@ def pallas_call_eqns(jaxpr) -> list:
     return found
 
 
-def _request(eqn) -> KernelRequest:
+def _request(eqn, **options) -> KernelRequest:
     """What the backend receives for one ``pallas_call`` equation."""
-    return KernelRequest.from_params(eqn.params, eqn.params["compiler_params"])
+    return KernelRequest.from_params(eqn.params, eqn.params["compiler_params"], **options)
 
 
 def _eval_with_emulator(jaxpr, consts, args, emulate):
@@ -308,17 +310,23 @@ class CaseRunner:
     """Runs the cases of one backend at each level, caching inputs, the reference and
     the interpreter's results (which the backend levels are compared with)."""
 
-    def __init__(self, backend=None, platform: str | None = None, target: str | None = None):
+    def __init__(self, backend=None, platform: str | None = None, target: str | None = None,
+                 compile_options: dict | None = None):
         """``backend``: a :class:`pallas.plugins.Backend`, or ``None`` for the interpreter
         level only. ``platform``: which of the backend's platforms the levels are for
         (default: its first); ``target``: a device the backend knows for that platform
         (``"gfx942"``; default: the backend's), set with ``Backend.targeting`` while
         lowering and passed to ``compile``/``emulate`` as options ``platform``/``target``.
+        ``compile_options``: more options of the compile level's requests (e.g.
+        ``{"chip": "v6e"}`` for the TPU backends, from the CLI's ``--chip``).
         """
         self.backend = backend
         self.platform = platform or (backend.platforms[0] if backend and backend.platforms
                                      else "cpu")
         self.target = target
+        self.compile_options = dict(compile_options or {})
+        # What the compile level's artifacts were compiled for (their ``target``).
+        self.compile_targets: set[str] = set()
         if backend is not None:
             with backend.targeting(self.platform, target):  # checks both
                 pass
@@ -338,7 +346,9 @@ class CaseRunner:
         t0 = time.perf_counter()
         try:
             status, detail = self._run(case, level)
-        except Unreachable as e:
+        except (Unreachable, pallas.plugins.LevelUnreachableError) as e:
+            # The machine cannot reach the level (e.g. the backend's compiler is not
+            # installed; the message says what to install).
             status, detail = SKIPPED, str(e)
         except pallas.plugins.LevelUnsupportedError as e:
             # The backend cannot take this kernel at this level (say, an op its emulator
@@ -400,12 +410,12 @@ class CaseRunner:
         with b.targeting(self.platform, self.target):
             return self._run_backend(b, case, level)
 
-    def _request(self, eqn) -> KernelRequest:
+    def _request(self, eqn, **extra) -> KernelRequest:
         options = {"platform": self.platform}
         if self.target is not None:
             options["target"] = self.target
         return KernelRequest.from_params(eqn.params, eqn.params["compiler_params"],
-                                         **options)
+                                         **options, **extra)
 
     def _run_backend(self, b, case: Case, level: str) -> tuple[str, str]:
         platform = self.platform
@@ -444,7 +454,10 @@ class CaseRunner:
             if not eqns:
                 return _no_pallas_call(closed, level)
             for eqn in eqns:
-                b.compile(self._request(eqn))
+                artifact = b.compile(self._request(eqn, **self.compile_options))
+                target = getattr(artifact, "target", None)
+                if isinstance(target, str):
+                    self.compile_targets.add(target)
             return PASS, ""
         if level in ("emulate", "backend_interpret"):
             closed = jax.make_jaxpr(f)(*args)

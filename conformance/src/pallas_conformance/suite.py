@@ -79,6 +79,10 @@ class Report:
         if self.target:
             extra.append(self.target)
         return f"{self.backend} ({', '.join(extra)})" if extra else self.backend
+    # The compile level: the options its requests carried (e.g. {"chip": "v6e"}) and
+    # what its artifacts say they were compiled for (e.g. ("v5e",)).
+    compile_options: dict = dataclasses.field(default_factory=dict)
+    compile_targets: tuple[str, ...] = ()
 
     @property
     def failed(self) -> list[Result]:
@@ -142,6 +146,10 @@ class Report:
             f"- pallas-conformance {__version__}, pallas-core {pallas.__version__}, "
             f"jax {jax.__version__}, python {_platform.python_version()}",
             f"- run: {self.created}, {self.seconds:.1f} s",
+            *([f"- compile level: compiled for {', '.join(self.compile_targets) or '-'}"
+               + (" (options: " + ", ".join(f"{k}={v}" for k, v in
+                                            sorted(self.compile_options.items())) + ")"
+                  if self.compile_options else "")] if "compile" in self.levels else []),
             f"- result: **{'PASS' if self.ok else 'FAIL'}** — {self.totals_line()}",
             "",
             "Statuses: `pass`; `fail` (a claimed case failed at a reachable level); "
@@ -185,6 +193,8 @@ class Report:
                          "jax": jax.__version__, "python": _platform.python_version()},
             "created": self.created,
             "seconds": round(self.seconds, 3),
+            "compile_options": dict(self.compile_options),
+            "compile_targets": list(self.compile_targets),
             "ok": self.ok,
             "totals": dict(collections.Counter(r.status for r in self.results)),
             "summary": {f"{tag}/{lv}": dict(c) for (tag, lv), c in sorted(counts.items())},
@@ -229,12 +239,15 @@ def _md(s: str) -> str:
 def run_suite(backend: str | None, *, levels: Iterable[str] | None = None,
               cases: Iterable[Case] | None = None,
               progress: Callable[[Result], None] | None = None,
-              platform: str | None = None, target: str | None = None) -> Report:
+              platform: str | None = None, target: str | None = None,
+              compile_options: dict | None = None) -> Report:
     """Runs ``cases`` (default: the whole catalogue) for ``backend`` at ``levels``
     (default: ``interpret`` plus every backend level), for ``platform`` (default: the
-    backend's first) and ``target`` (default: the backend's)."""
+    backend's first) and ``target`` (default: the backend's); ``compile_options`` go to
+    the compile level's requests (see :class:`~pallas_conformance.levels.CaseRunner`)."""
     b = resolve_backend(backend)
-    runner = CaseRunner(b, platform=platform, target=target)
+    runner = CaseRunner(b, platform=platform, target=target,
+                        compile_options=compile_options)
     levels = tuple(levels) if levels else runner.levels()
     bad = [lv for lv in levels if lv not in LEVELS]
     if bad:
@@ -260,4 +273,6 @@ def run_suite(backend: str | None, *, levels: Iterable[str] | None = None,
         seconds=time.perf_counter() - t0,
         created=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         platform=runner.platform if b else "cpu", target=target,
+        compile_options=dict(compile_options or {}),
+        compile_targets=tuple(sorted(runner.compile_targets)),
     )

@@ -68,7 +68,12 @@ from pallas._src.ref_operands import (
     ref_operands_end,
     unpack_ref_operands,
 )
-from pallas._src.registry.backend import LEVELS, Backend, LevelUnsupportedError
+from pallas._src.registry.backend import (
+    LEVELS,
+    Backend,
+    LevelUnreachableError,
+    LevelUnsupportedError,
+)
 from pallas._src.registry.boundary import private_core_imports
 from pallas._src.registry.hookspecs import hookimpl, hookspec
 from pallas._src.registry.registry import (
@@ -106,7 +111,7 @@ __all__ = [
     "num_programs_p", "pallas_call_p", "program_id_p", "run_scoped_p",
     "semaphore_read_p", "semaphore_signal_p", "semaphore_wait_p", "swap_p",
     "Backend", "BackendLoadError", "BackendNotFoundError", "Cell", "CoreMesh", "ENTRY_POINT_GROUP",
-    "KernelContext", "LEVELS", "LevelUnsupportedError", "Mesh", "PluginLoadWarning", "env_var", "get_backend", "hookimpl",
+    "KernelContext", "LEVELS", "LevelUnreachableError", "LevelUnsupportedError", "Mesh", "PluginLoadWarning", "env_var", "get_backend", "hookimpl",
     "hookspec", "list_backends", "load_failures", "register_backend",
     "register_kernel_local_effect",
     "register_interpret_rule", "reset", "scratch_live_in", "select_backend",

@@ -8,7 +8,7 @@ backend; the README lists them.
 from pallas import PrefetchScalarGridSpec
 from pallas import load as load
 from pallas import store as store
-from pallas_tpu import core
+from pallas_tpu import compiler, core
 from pallas_tpu import plugin as _plugin  # noqa: F401 - registers the interpreter rules
 from pallas_tpu.__about__ import __version__
 from pallas_tpu._src.compiler_params import (
@@ -85,6 +85,7 @@ from pallas_tpu._src.tpu_info import (
     get_tpu_info_for_chip,
     is_tpu_device,
 )
+from pallas_tpu.compiler import compile  # noqa: A004 - pallas_tpu.compile, as planned
 
 # The 66 names of upstream jax.experimental.pallas.tpu (JAX 0.10.2).
 UPSTREAM_NAMES = (
@@ -106,4 +107,4 @@ UPSTREAM_NAMES = (
 )
 
 __all__ = [*UPSTREAM_NAMES, "AsyncCopyDescriptor", "KernelType", "TensorCoreMesh",
-           "__version__"]
+           "__version__", "compile", "compiler"]

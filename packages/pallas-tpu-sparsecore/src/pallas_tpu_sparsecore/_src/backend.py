@@ -104,6 +104,23 @@ class MosaicSparseCoreBackend(Backend):
                                         metadata=request.metadata,
                                         out_avals=request.out_avals)
 
+    def compile(self, request: KernelRequest):
+        """Compiles the kernel with libtpu, the real TPU compiler, for a deviceless chip
+        with SparseCores (``request.options["chip"]``, else ``plsc.CompilerParams(chip=)``,
+        else ``$PALLAS_TPU_CHIP``, else v5p); the lowering checks the kernel against the
+        same chip. Returns a ``pallas_tpu.compiler.CompiledKernel``."""
+        from pallas_tpu.compiler import compile_request, resolve_chip
+        from pallas_tpu_sparsecore._src.info import canonical_chip
+
+        params = as_params(request.compiler_params)
+        chip = resolve_chip(request.options.get("chip"), params, default="v5p")
+        if not isinstance(params, CompilerParams):
+            params = CompilerParams(**{f.name: getattr(params, f.name)
+                                       for f in dataclasses.fields(params) if f.init})
+        params = dataclasses.replace(params, chip=canonical_chip(chip))
+        request = dataclasses.replace(request, compiler_params=params)
+        return compile_request(request, backend=self.name, chip=chip, default_chip="v5p")
+
     def interpret(self, request: KernelRequest, *args):
         """The kernel jaxpr in the core interpreter with the SparseCore rules (mesh
         points in order, gathers/scatters bounds-checked)."""
@@ -120,7 +137,7 @@ MOSAIC_SPARSECORE = MosaicSparseCoreBackend(
     platforms=("tpu", "cpu"),
     compiler_params_type=CompilerParams,
     capabilities=CAPABILITIES,
-    levels=("lower", "backend_interpret"),
+    levels=("lower", "compile", "backend_interpret"),
     # Never the default: SparseCore kernels select it through their mesh or
     # plsc.CompilerParams; plain TPU kernels keep mosaic_tpu.
     priority=-10,

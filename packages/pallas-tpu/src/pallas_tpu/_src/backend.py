@@ -71,6 +71,16 @@ class MosaicTpuBackend(Backend):
             cost_estimate=request.cost_estimate, name=request.name,
             metadata=request.metadata, out_avals=request.out_avals, grid_bounds=bounds)
 
+    def compile(self, request: KernelRequest):
+        """Compiles the kernel with libtpu, the real TPU compiler, for a deviceless chip
+        (``request.options["chip"]``, else ``CompilerParams(chip=)``, else
+        ``$PALLAS_TPU_CHIP``, else v5e). Returns a ``pallas_tpu.compiler.CompiledKernel``;
+        raises ``TpuCompileError`` when the compiler rejects the kernel and
+        ``LibtpuMissingError`` (level skipped) without ``pallas-tpu[compile]``."""
+        from pallas_tpu._src.compiler.kernel import compile_request
+
+        return compile_request(request, backend=self.name, default_chip="v5e")
+
     def emulate(self, request: KernelRequest, *args):
         """Runs the generated Mosaic module: lowers the kernel as for a TPU, takes the
         ``tpu_custom_call``'s backend config and executes it with :mod:`pallas_tpu.executor`.
@@ -141,7 +151,7 @@ MOSAIC_TPU = MosaicTpuBackend(
     platforms=("tpu", "cpu"),
     compiler_params_type=CompilerParams,
     capabilities=CAPABILITIES,
-    levels=("lower", "backend_interpret", "emulate"),
+    levels=("lower", "compile", "backend_interpret", "emulate"),
     priority=-1,  # below the interpreter on cpu; the only TPU backend for "tpu"
     package="pallas-tpu",
     display_name="Mosaic TPU",

@@ -90,6 +90,9 @@ class CompilerParams(CoreCompilerParams):
       allow_collective_id_without_custom_barrier: as in JAX's Mosaic packaging.
       shape_invariant_numerics: ask Mosaic for numerics independent of shapes.
       needs_layout_passes: run Mosaic's layout passes (always on for TensorCore).
+      chip: (pallas-tpu only) the chip ``pallas_tpu.compile`` and the conformance
+        ``compile`` level compile the kernel for when they are not given one (``"v4"``,
+        ``"v5e"``, ``"v5p"``, ``"v6e"``, ``"7x"``); lowering ignores it.
     """
 
     BACKEND: ClassVar[str] = "mosaic_tpu"
@@ -110,6 +113,7 @@ class CompilerParams(CoreCompilerParams):
     shape_invariant_numerics: bool = False
     needs_layout_passes: bool | None = None
     use_tc_tiling_on_sc: bool | None = None
+    chip: Any = None
 
     def __post_init__(self):
         if self.dimension_semantics is not None:

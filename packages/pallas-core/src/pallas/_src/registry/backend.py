@@ -22,6 +22,14 @@ class LevelUnsupportedError(NotImplementedError):
     """
 
 
+class LevelUnreachableError(RuntimeError):
+    """Raised by a backend's ``compile``/``emulate``/``interpret`` when this machine
+    cannot reach the level at all (its compiler is not installed, say). The conformance
+    suite reports the case ``skipped`` with this error's message, which should say what
+    to install.
+    """
+
+
 @dataclasses.dataclass
 class Backend:
     """A Pallas backend: what it is, what it claims, and how it lowers.

@@ -1,0 +1,55 @@
+"""Compiling one kernel (a :class:`pallas.plugins.KernelRequest`) with libtpu."""
+
+from __future__ import annotations
+
+from pallas.plugins import KernelRequest
+from pallas_tpu._src.compiler.chips import DEFAULT_CHIP, TOPOLOGIES, resolve_chip
+from pallas_tpu._src.compiler.client import WorkerCrashed, compile_in_child, libtpu_available
+from pallas_tpu._src.compiler.export import export_kernel
+from pallas_tpu._src.compiler.results import (
+    CompiledKernel,
+    LibtpuMissingError,
+    TpuCompileError,
+    TpuCompilerCrashedError,
+    mosaic_message,
+)
+
+MISSING = ("the TPU compile level needs libtpu, the real TPU compiler: "
+           "pip install 'pallas-tpu[compile]'")
+
+
+def compile_request(request: KernelRequest, *, backend: str = "mosaic_tpu",
+                    chip=None, default_chip: str = DEFAULT_CHIP,
+                    dump_dir: str | None = None) -> CompiledKernel:
+    """Lowers ``request`` with ``backend`` for ``tpu`` (here) and compiles it with libtpu
+    for a deviceless ``chip`` (in the child process).
+
+    ``chip``: see :func:`~pallas_tpu._src.compiler.chips.resolve_chip` (else
+    ``request.options["chip"]``). ``dump_dir``: a folder to copy every Mosaic stage of
+    the kernel into. Raises :class:`TpuCompileError` when the compiler rejects the
+    kernel, :class:`TpuCompilerCrashedError` when it aborts, and
+    :class:`LibtpuMissingError` without libtpu; our own lowering's errors propagate.
+    """
+    if chip is None:
+        chip = request.options.get("chip")
+    chip = resolve_chip(chip, request.compiler_params, default_chip)
+    name = request.name or "kernel"
+    if not libtpu_available():
+        raise LibtpuMissingError(MISSING)
+    exported = export_kernel(request, backend)
+    msg = {"exported": exported, "topology": TOPOLOGIES[chip], "name": name,
+           "keep_dumps": dump_dir}
+    try:
+        out = compile_in_child(msg)
+    except WorkerCrashed as e:
+        raise TpuCompilerCrashedError(name, chip, str(e)) from None
+    if out.get("error"):
+        raise TpuCompileError(name, chip, mosaic_message(out["error"]))
+    texts = out["texts"]
+    mosaic = texts.get("post-apply-vector-layout-simplify",
+                       texts.get("post-apply-vector-layout", ""))
+    return CompiledKernel(
+        name=name, chip=chip, vmem_bytes=int(out["scoped_memory"].get("1", 0)),
+        scoped_memory=dict(out["scoped_memory"]), mosaic=mosaic,
+        llo=texts.get("post-finalize-llo", ""), stages=tuple(out["stages"]),
+        memory=dict(out.get("memory", {})), seconds=float(out["seconds"]))

@@ -1,0 +1,90 @@
+"""Compiling TPU kernels with the real TPU compiler on a machine without a TPU.
+
+``pallas_tpu.compile(f, *args, chip="v5e")`` traces ``f`` and compiles each of its
+``pallas_call`` kernels with libtpu (``pip install 'pallas-tpu[compile]'``) for a
+deviceless chip: Mosaic's whole pass pipeline and XLA's TPU backend, as on a TPU host.
+Each :class:`CompiledKernel` reports the VMEM the compiler allocated, the final LLO and
+its op mix, and the Mosaic module after layout. The compiler runs in a child process,
+so that an abort inside it (a ``CHECK`` failure) is reported, not fatal, and its
+initialisation messages stay out of the caller's output. The counterpart of
+``pallas_mosaic_gpu.compiler.compile``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.extend.core as jex
+
+import pallas as pl
+import pallas.plugins
+from pallas.plugins import KernelRequest
+from pallas_tpu._src.compiler.chips import (
+    CHIPS,
+    DEFAULT_CHIP,
+    ENV_CHIP,
+    TOPOLOGIES,
+    canonical_chip,
+    resolve_chip,
+)
+from pallas_tpu._src.compiler.client import libtpu_available
+from pallas_tpu._src.compiler.kernel import compile_request
+from pallas_tpu._src.compiler.results import (
+    CompiledKernel,
+    LibtpuMissingError,
+    TpuCompileError,
+    TpuCompilerCrashedError,
+    llo_ops,
+    op_mix,
+)
+
+__all__ = ["CHIPS", "DEFAULT_CHIP", "ENV_CHIP", "TOPOLOGIES", "CompiledKernel",
+           "LibtpuMissingError", "TpuCompileError", "TpuCompilerCrashedError", "compile",
+           "canonical_chip", "compile_request", "libtpu_available", "llo_ops", "op_mix",
+           "resolve_chip"]
+
+
+def _pallas_calls(jaxpr) -> list:
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is pl.pallas_call_p:
+            found.append(eqn)
+            continue
+        for sub in jex.jaxprs_in_params(eqn.params):
+            found.extend(_pallas_calls(getattr(sub, "jaxpr", sub)))
+    return found
+
+
+def compile(f: Callable, *args: Any, chip: Any = None, dump_dir: str | None = None,  # noqa: A001
+            **kwargs: Any) -> list[CompiledKernel]:
+    """Compiles every ``pallas_call`` of ``f(*args, **kwargs)`` with libtpu for ``chip``.
+
+    Args:
+      f: a function that calls ``pallas_call`` (jitted or not); ``args``/``kwargs`` are
+        arrays or ``jax.ShapeDtypeStruct``.
+      chip: ``"v4"``, ``"v5e"``, ``"v5p"``, ``"v6e"`` or ``"7x"`` (or a
+        ``pltpu.ChipVersion``). When ``None``: the kernel's
+        ``pltpu.CompilerParams(chip=...)``, else ``$PALLAS_TPU_CHIP``, else ``"v5e"``.
+      dump_dir: copy every stage Mosaic dumped for each kernel into this folder.
+
+    Returns:
+      One :class:`CompiledKernel` per ``pallas_call``, in program order.
+
+    Raises:
+      TpuCompileError: the compiler rejected a kernel (names the kernel, the chip and
+        Mosaic's message). TpuCompilerCrashedError: it aborted on one.
+      LibtpuMissingError: libtpu is not installed.
+    """
+    closed = jax.make_jaxpr(lambda *a: f(*a, **kwargs))(*args)
+    out = []
+    for eqn in _pallas_calls(closed.jaxpr):
+        p = eqn.params
+        # The backend a lowering for "tpu" picks (mosaic_sparsecore for SparseCore meshes).
+        backend = pallas.plugins.select_backend("tpu", p.get("backend"),
+                                                p.get("compiler_params"))
+        request = KernelRequest.from_params(p, p.get("compiler_params"))
+        out.append(compile_request(request, backend=backend.name, chip=chip,
+                                   dump_dir=dump_dir))
+    return out
