@@ -52,6 +52,10 @@ EXTRAS = {"pallas-triton": "cuda", "pallas-mosaic-gpu": "compile", "pallas-tpu":
 # the editable environment (conformance/tests), so this only has to prove the install.
 SUBSET = ("kernels", "export", "grad", "shard_map")
 
+# Per backend whose compile level the subset leaves out: the case that proves its
+# compiler runs from the installed wheels (libtpu from pallas-tpu[compile]).
+COMPILE_PROOF = {"mosaic_tpu": "elementwise/add_f32"}
+
 SMOKE = r"""
 import jax, jax.numpy as jnp, numpy as np
 import pallas as pl
@@ -158,8 +162,20 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"a plugin failed to load from its wheel: {failed}")
         subset = [] if args.full else [a for t in SUBSET for a in ("--tag", t)]
         for name in names:
+            levels = []
+            if name in COMPILE_PROOF and not args.full:
+                # The TPU compile level rejects some cases today (issue 27; the CLI and
+                # the docs' reports show which): the subset runs the other levels, and
+                # one case proves that libtpu from the extra compiles.
+                line = next(ln for ln in listing.splitlines() if ln.split()[0] == name)
+                have = line.split("levels=")[1].split()[0].split(",")
+                levels = [a for lv in have if lv != "compile" for a in ("--level", lv)]
+                levels = ["--level", "interpret", *levels]
+                run(f"pallas-conformance --backend {name} --level compile",
+                    [cli, "--backend", name, "--quiet", "--level", "compile",
+                     "-k", COMPILE_PROOF[name]], env=env(), cwd=work)
             run(f"pallas-conformance --backend {name}",
-                [cli, "--backend", name, "--quiet", *subset], env=env(), cwd=work)
+                [cli, "--backend", name, "--quiet", *levels, *subset], env=env(), cwd=work)
         toolchain_check.check(py)  # last: it uninstalls the nvidia packages
     finally:
         if not args.keep:

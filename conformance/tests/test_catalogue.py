@@ -57,24 +57,10 @@ OTHER_PLATFORMS = {("triton", "rocm"): ("dot/f16_to_f16", "atomics/add_returns_o
                                         "dot/accumulate_over_grid_in_scratch_bf16")}
 
 # Cases of the sampled TPU compile level that libtpu rejects today (issue 27: the real
-# compiler rejects about half of what the TPU backends pass at lower/emulate; the
-# lowering work drives this list to empty). Strict: a case that starts to compile fails
+# compiler rejects some of what the TPU backends pass at lower/emulate; the lowering
+# work drives this list to empty). Strict: a case that starts to compile fails
 # here until its line is removed. The CLI reports every such case as a failure.
-_WINDOW = "Failed to set window params ... explicit iteration_bounds (a kernel without a grid)"
 KNOWN_COMPILE_FAILURES = {
-    ("mosaic_tpu", "aliasing/in_place_update"): _WINDOW,
-    ("mosaic_tpu", "broadcasting/batch_3d"): _WINDOW,
-    ("mosaic_tpu", "broadcasting/bool_column_mask"): "Not implemented: layout too complicated",
-    ("mosaic_tpu", "broadcasting/column_u32"): _WINDOW,
-    ("mosaic_tpu", "broadcasting/int8_row_plus_column"): _WINDOW,
-    ("mosaic_tpu", "dot/batched_einsum_f32"): _WINDOW,
-    ("mosaic_tpu", "dot/f16_to_f16"): "Invalid vector type for load",
-    ("mosaic_tpu", "reductions/argmax_axis0_2d_f32"):
-        "Only neutral accumulator supported for splat constant accumulator",
-    ("mosaic_tpu", "scratch/int32_counter"): "Cannot infer the memory space of main's argument",
-    ("mosaic_tpu", "scratch/nested_run_scoped"):
-        "Cannot allocate ref in non-VMEM/SMEM memory space using memref.alloca",
-    ("mosaic_tpu", "semaphores/signal_wait_read"): _WINDOW,
     ("mosaic_sparsecore", "sparsecore/embedding_gather"):
         "'tpu.enqueue_indirect_dma' op Not implemented: expected slice size (8) to be "
         "aligned with source (gather operand) tiling (128)",
