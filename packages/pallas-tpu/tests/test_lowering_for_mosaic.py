@@ -307,3 +307,16 @@ def test_what_mosaic_does_not_implement_is_refused_as_unsupported(lower_tpu):
         out_shape=jax.ShapeDtypeStruct((8, 8), jnp.int32))(i)
     with pytest.raises(LevelUnsupportedError, match="dot_general of int32 operands"):
         lower_tpu(g, i)
+
+
+def test_bf16_argmax_compares_in_f32(lower_tpu):
+    # v6e: a bf16 max broadcast back for the compare is an "Invalid relayout" for Mosaic.
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.argmax(x_ref[...], axis=1, keepdims=True).astype(jnp.int32)
+
+    x = jnp.asarray(np.random.default_rng(3).normal(size=(16, 128)), jnp.bfloat16)
+    f = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16, 1), jnp.int32))(x)
+    _, (m,) = lower_tpu(f, x)
+    assert "<maximumf>" in str(m) and "[1] : vector<16x128xbf16>" not in str(m)
+    (got,) = emulate(f, x)
+    np.testing.assert_array_equal(got[:, 0], np.argmax(np.asarray(x, np.float32), axis=1))

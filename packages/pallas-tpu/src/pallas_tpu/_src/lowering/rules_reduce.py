@@ -180,6 +180,10 @@ def _argminmax(lctx, eqn, x):
     is_max = eqn.primitive is P.argmax_p
     k, dt = kind(src.dtype), src.dtype
     if k == "f":
+        if jnp.dtype(dt) != jnp.float32:
+            # bf16 in f32 (exact): on v6e a bf16 max broadcast back for the compare is
+            # an "Invalid relayout" for Mosaic.
+            v, dt = convert(v, src.shape, dt, jnp.float32), jnp.float32
         kname, init = ("maximumf", -np.inf) if is_max else ("minimumf", np.inf)
     elif k in "iu":
         # In i32 (Mosaic reduces no narrower integers, and no unsigned ones: unsigned
