@@ -120,3 +120,27 @@ def test_sharded_kernels_on_8_cpu_devices():
         for case in ("matmul", "elementwise", "flash"):
             assert any(ln.startswith(f"ok lowering {b} {case}") for ln in lines), (b, case)
     assert lines[-1] == "done"
+
+
+def test_a_partitioned_kernel_across_two_processes():
+    """jax.distributed over localhost (gloo CPU collectives), 2 processes x 2 devices."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = Path(__file__).parent / "fixtures" / "sharded_multiprocess.py"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    procs = [subprocess.Popen([sys.executable, str(script), str(i), str(port)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=180))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for i, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"ok {i}" in out, (i, out[-2000:], err[-3000:])
