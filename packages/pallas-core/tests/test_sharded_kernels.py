@@ -144,3 +144,17 @@ def test_a_partitioned_kernel_across_two_processes():
                 p.kill()
     for i, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0 and f"ok {i}" in out, (i, out[-2000:], err[-3000:])
+
+
+def test_the_gspmd_partitioner_gets_the_same_rule():
+    """With ``jax_use_shardy_partitioner=False`` the inference and partition callbacks
+    split and gather the same way (matmul, attention, 2-D elementwise, k gathered)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, str(FIXTURE), "", "gspmd"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    for name in ("matmul rows x columns", "flash attention batch x heads",
+                 "elementwise 2-D mesh", "matmul along k gathered", "sharding_gather error"):
+        assert any(ln.startswith(f"ok {name}") for ln in lines), (name, proc.stdout)
+    assert lines[-1] == "done"
