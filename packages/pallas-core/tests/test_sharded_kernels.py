@@ -158,3 +158,20 @@ def test_the_gspmd_partitioner_gets_the_same_rule():
                  "elementwise 2-D mesh", "matmul along k gathered", "sharding_gather error"):
         assert any(ln.startswith(f"ok {name}") for ln in lines), (name, proc.stdout)
     assert lines[-1] == "done"
+
+
+def test_the_per_device_tpu_kernel_compiles_for_a_deviceless_v5e_2x2():
+    """libtpu (pallas-tpu[compile]) compiles the per-device matmul: local shapes, no
+    all-gather. (The whole-program compile cannot be checked here: libtpu takes no
+    custom-partitioning callbacks for a deviceless topology.)"""
+    for mod in ("libtpu", "pallas_tpu"):
+        if importlib.util.find_spec(mod) is None:
+            pytest.skip(f"{mod} is not installed (pip install 'pallas-tpu[compile]')")
+    script = Path(__file__).parent / "fixtures" / "sharded_tpu_topology.py"
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    calls = [ln for ln in proc.stdout.splitlines() if ln.startswith("call ")]
+    # x (512, 256) by rows over 2, y (256, 512) by columns over 2: 256x256 blocks each.
+    assert calls and all(c.count("f32[256,256]") == 3 for c in calls), proc.stdout
+    assert "all-gather False" in proc.stdout, proc.stdout
