@@ -129,3 +129,34 @@ def test_a_level_the_backend_cannot_take_for_a_kernel_is_unsupported_not_failed(
     res = CaseRunner(b).run(get_case("elementwise/add_f32"), "emulate")
     assert res.status == UNSUPPORTED
     assert "foo.bar" in res.detail
+
+
+def test_compile_level_passes_options_and_records_targets_skips_unreachable(fake_backends):
+    class Rejected(Exception):
+        target = "chip-b"
+
+    seen = []
+
+    def compile_(request):
+        seen.append(dict(request.options))
+        if request.options.get("chip") == "b":
+            raise Rejected("no")
+        if request.options.get("chip") == "missing":
+            raise pallas.plugins.LevelUnreachableError("pip install the-compiler")
+        return type("Artifact", (), {"target": "chip-a"})()
+
+    b = fake_backends("compiling", platforms=("cpu",), capabilities=frozenset({"*"}),
+                      levels=("lower", "compile"))
+    b.compile = compile_
+    case = get_case("elementwise/add_f32")
+    for chip, status in (("a", PASS), ("b", FAIL), ("missing", SKIPPED)):
+        r = CaseRunner(b, compile_options={"chip": chip})
+        res = r.run(case, "compile")
+        assert res.status == status, res
+        assert seen[-1]["chip"] == chip
+    assert r.run(case, "compile").detail == "pip install the-compiler"
+    r = CaseRunner(b, compile_options={"chip": "a"})
+    r.run(case, "compile")
+    r2 = CaseRunner(b, compile_options={"chip": "b"})
+    r2.run(case, "compile")
+    assert (r.compile_targets, r2.compile_targets) == ({"chip-a"}, {"chip-b"})

@@ -454,7 +454,12 @@ class CaseRunner:
             if not eqns:
                 return _no_pallas_call(closed, level)
             for eqn in eqns:
-                artifact = b.compile(self._request(eqn, **self.compile_options))
+                try:
+                    artifact = b.compile(self._request(eqn, **self.compile_options))
+                except Exception as e:  # a rejection may name its target too
+                    if isinstance(getattr(e, "target", None), str):
+                        self.compile_targets.add(e.target)
+                    raise
                 target = getattr(artifact, "target", None)
                 if isinstance(target, str):
                     self.compile_targets.add(target)

@@ -100,6 +100,11 @@ class TpuCompileError(Exception):
         super().__init__(f"the TPU compiler (libtpu) rejects kernel {kernel!r} for chip "
                          f"{chip}: {message}")
 
+    @property
+    def target(self) -> str:
+        """The chip (what the conformance report records as the compile target)."""
+        return self.chip
+
 
 class TpuCompilerCrashedError(TpuCompileError):
     """The compiler aborted (a ``CHECK`` failure) or hung on the kernel; the child
