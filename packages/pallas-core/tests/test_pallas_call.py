@@ -564,3 +564,17 @@ def test_index_maps_ignoring_scalar_prefetch_pass_jax_enable_checks():
     with jax.enable_checks(True):
         out = jax.jit(f)(jnp.array([3], jnp.int32), x)
     np.testing.assert_array_equal(out, 4.0)
+
+
+def test_grid_env_gives_program_id_and_num_programs_their_values():
+    # pallas.core.grid_env: a kernel body traced inside another loop says where in the
+    # grid it stands (upstream's jax._src.pallas.core.grid_env).
+    import pallas.core as pallas_core
+
+    def kernel(o_ref):
+        with pallas_core.grid_env([pallas_core.GridAxis(jnp.int32(5), 7)]):
+            o_ref[0] = pl.program_id(0) * 10 + pl.num_programs(0)
+
+    out = pl.pallas_call(kernel, jax.ShapeDtypeStruct((1,), jnp.int32), grid=(2,),
+                         out_specs=pl.BlockSpec((1,), lambda i: (0,)), interpret=True)()
+    assert int(out[0]) == 57

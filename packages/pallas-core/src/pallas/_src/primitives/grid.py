@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
@@ -27,6 +28,38 @@ def tracing_grid(grid: tuple[int, ...]):
         _tracing_grid.reset(token)
 
 
+class GridAxis(NamedTuple):
+    """One axis of a :func:`grid_env`: the program's index along it and its size."""
+
+    index: Any
+    size: Any
+
+
+# Grid axes given explicitly (upstream's ``pallas.core.grid_env``): program_id and
+# num_programs read them instead of binding their primitives, so code that runs a kernel
+# body inside another loop (a pipeline's steps) can say where in the grid it is.
+_grid_env: contextvars.ContextVar = contextvars.ContextVar("pallas_grid_env", default=None)
+
+
+@contextlib.contextmanager
+def grid_env(env):
+    """Within this context, ``pl.program_id(a)`` is ``env[a].index`` and
+    ``pl.num_programs(a)`` is ``env[a].size`` (``env`` a sequence of :class:`GridAxis`;
+    a None entry leaves that axis to the kernel's grid)."""
+    token = _grid_env.set(tuple(env))
+    try:
+        yield
+    finally:
+        _grid_env.reset(token)
+
+
+def _from_env(axis, field: str):
+    env = _grid_env.get()
+    if env is None or not 0 <= int(axis) < len(env) or env[int(axis)] is None:
+        return None
+    return getattr(env[int(axis)], field)
+
+
 def _checked_axis(axis, what: str) -> int:
     axis = int(axis)
     grid = _tracing_grid.get()
@@ -40,12 +73,18 @@ def _checked_axis(axis, what: str) -> int:
 
 def program_id(axis: int):
     """The index of this program instance along grid ``axis`` (an int32 scalar)."""
+    given = _from_env(axis, "index")
+    if given is not None:
+        return given
     return program_id_p.bind(axis=_checked_axis(axis, "program_id"))
 
 
 def num_programs(axis: int):
     """The size of the grid along ``axis``: a Python int when the size is static (as
     upstream), an int32 scalar when it is dynamic (or read outside a traced kernel)."""
+    given = _from_env(axis, "size")
+    if given is not None:
+        return given
     axis = _checked_axis(axis, "num_programs")
     grid = _tracing_grid.get()
     if grid is not None and isinstance(grid[axis], int):
