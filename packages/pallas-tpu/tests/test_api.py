@@ -179,3 +179,10 @@ def test_interpret_params():
     out = pl.pallas_call(k, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
                          interpret=pltpu.InterpretParams())(jnp.ones((8, 128)))
     np.testing.assert_array_equal(out, 3)
+
+
+def test_memory_space_like_takes_shape_and_dtype_from_an_array():
+    x = jnp.zeros((8, 128), jnp.bfloat16)
+    ref = pltpu.VMEM.like(x)
+    assert (ref.shape, ref.dtype, ref.memory_space) == ((8, 128), jnp.bfloat16, pltpu.VMEM)
+    assert pltpu.SMEM.like(jax.ShapeDtypeStruct((4,), jnp.int32)).shape == (4,)

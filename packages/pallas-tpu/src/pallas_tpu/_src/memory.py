@@ -53,6 +53,11 @@ class MemorySpace(enum.Enum):
             raise TypeError(f"pltpu.{self.name}(shape, dtype) needs a dtype")
         return MemoryRef(_aval(shape, dtype), self)
 
+    def like(self, shape_dtype_like: Any) -> MemoryRef:
+        """A buffer of this space with the shape and dtype of ``shape_dtype_like`` (an
+        array or a ``jax.ShapeDtypeStruct``), as upstream's ``pltpu.VMEM.like(x)``."""
+        return self(tuple(shape_dtype_like.shape), shape_dtype_like.dtype)
+
     def __str__(self) -> str:
         return self.value
 
