@@ -19,7 +19,8 @@ class CompilerParams(pl.CompilerParams):
 
     Attributes:
       num_warps: warps per program (Triton's default, 4, when None).
-      num_stages: software-pipelining stages for loops (3 when None).
+      num_stages: software-pipelining stages for loops (when None, Triton's default for
+        the target: 3 on NVIDIA GPUs, 2 on AMD GPUs).
       compute_capability: the target GPU as ``major * 10 + minor`` (80 = A100,
         90 = H100). Not in upstream: when None, the ``PALLAS_TRITON_COMPUTE_CAPABILITY``
         environment variable, then the local GPU, then 80.

@@ -139,7 +139,9 @@ def lower_kernel(jaxpr, grid_mapping, compiler_params=None, name: str | None = N
     source differs only where a target lacks something (TF32 dots, PTX inline asm).
     """
     num_warps = getattr(compiler_params, "num_warps", None) or 4
-    num_stages = getattr(compiler_params, "num_stages", None) or 3
+    # Triton's own defaults: 3 stages on NVIDIA, 2 on AMD (LDS is 64 KiB on most AMD
+    # GPUs; a third stage of a matmul's operand tiles often does not fit).
+    num_stages = getattr(compiler_params, "num_stages", None) or (2 if target else 3)
     key = _cache_key(jaxpr, grid_mapping, num_warps, num_stages, name, target)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is jaxpr and hit[1] is grid_mapping:
