@@ -202,17 +202,31 @@ def _check_kernel_arity(kernel, name, args, kwargs, counts) -> None:
     try:
         sig.bind(*args, **kwargs)
     except TypeError as e:
+        native = _native_call_error(kernel, args, kwargs) or str(e)
         n_pf, n_in, n_out, n_scratch = counts
         parts = [f"{n_pf} scalar-prefetch operand(s)", f"{n_in} input ref(s)",
                  f"{n_out} output ref(s)", f"{n_scratch} scratch ref(s)"]
         how = f"{len(args)} positional argument(s)"
         if kwargs:
             how += f" and keyword argument(s) {sorted(kwargs)}"
+        # Python's own message first (upstream's, which users match), then what it omits.
         raise TypeError(
-            f"The kernel function in the pallas_call {name} cannot take the arguments "
-            f"pallas_call passes it: {how}, that is {', '.join(parts)} (in that order), "
-            f"but its signature is {_signature_str(kernel, sig)} ({e})."
+            f"{native}. The kernel function in the pallas_call {name} cannot take the "
+            f"arguments pallas_call passes it: {how}, that is {', '.join(parts)} (in that "
+            f"order), but its signature is {_signature_str(kernel, sig)}."
         ) from None
+
+
+def _native_call_error(kernel, args, kwargs) -> str | None:
+    """Python's message for calling ``kernel`` so (the call fails while binding its
+    arguments, before any of the kernel's code runs); None if it does not fail so."""
+    try:
+        kernel(*args, **kwargs)
+    except TypeError as e:
+        if e.__traceback__ is not None and e.__traceback__.tb_next is None:
+            return str(e)
+        return None
+    return None
 
 
 def _signature_str(kernel, sig) -> str:
