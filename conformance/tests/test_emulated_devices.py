@@ -37,7 +37,7 @@ PARAMS = [(d, c) for d, cases in SAMPLE.items() for c in cases]
 
 @pytest.mark.parametrize(("device", "name"), PARAMS, ids=[f"{d}-{c}" for d, c in PARAMS])
 def test_case_on_emulated_device(device, name):
-    from pallas._src.emulation.call import backend_for  # noqa: PLC2701 - who runs it
+    from pallas.plugins import emulated_backend as backend_for
 
     case = get_case(name)
     args = case.make_inputs()

@@ -57,7 +57,7 @@ def test_a_fault_planted_in_the_mosaic_gpu_lowering_fails_the_emulated_run():
 
 
 def test_the_backend_is_chosen_as_upstream_chooses():
-    from pallas._src.emulation.call import backend_for  # noqa: PLC2701 - the choice itself
+    from pallas.plugins import emulated_backend as backend_for
     from pallas.plugins import emulated_device
 
     with pl.emulate_device("cuda:sm_90a"):

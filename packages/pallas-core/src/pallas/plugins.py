@@ -11,6 +11,7 @@ by primitive (the interpreter's is :data:`interpret_rules`).
 from pallas._src.block_spec import Blocked, BoundedSlice, Element, Squeezed
 from pallas._src.dynamic_grid import dynamic_grid_dim
 from pallas._src.emulation.call import EmulatedKernel, EmulationError, emulated_kernels
+from pallas._src.emulation.call import backend_for as emulated_backend
 from pallas._src.emulation.device import EmulatedDevice, emulated_device
 from pallas._src.grid_spec import BlockMapping, GridMapping
 from pallas._src.interpreter.analysis import scratch_live_in
@@ -135,5 +136,5 @@ __all__ = [
     # Emulated devices: the device queries answer for emulated_device(); the kernels
     # prepared for it (compiled, planned) are listed by emulated_kernels().
     "EmulatedDevice", "EmulatedKernel", "EmulationError", "emulated_device",
-    "emulated_kernels",
+    "emulated_kernels", "emulated_backend",
 ]
