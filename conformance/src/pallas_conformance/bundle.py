@@ -15,7 +15,6 @@ inputs, which the runner makes on the device from a seed.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import importlib.metadata
 import importlib.resources
@@ -63,27 +62,6 @@ _CUSTOM_CALL = re.compile(r"custom_call @([\w$.\-]+)")
 def file_stem(name: str) -> str:
     """A case or benchmark name as a file name (``a/b`` -> ``a__b``)."""
     return re.sub(r"[^\w.\-]", "_", name.replace("/", "__"))
-
-
-@contextlib.contextmanager
-def gpu_target(backend: str, target: str | None):
-    """Sets the environment variable by which ``backend`` picks its GPU target."""
-    if target is None or backend not in ("triton", "mosaic_gpu"):
-        yield
-        return
-    if target not in TARGETS:
-        raise ValueError(f"--target {target!r}: expected one of {', '.join(TARGETS)}")
-    var, value = (("PALLAS_TRITON_COMPUTE_CAPABILITY", target[3:].rstrip("a"))
-                  if backend == "triton" else ("PALLAS_MOSAIC_GPU_TARGET", target))
-    old = os.environ.get(var)
-    os.environ[var] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = old
 
 
 def export(fn: Callable, args: Iterable, platform: str):
@@ -214,7 +192,8 @@ def build_bundle(backend: str, out_dir: str, *, keyword: str | None = None,
     if reason:
         raise RuntimeError(f"cannot bundle for {backend}: {reason}")
     gpu = platform in ("cuda", "rocm")
-    target = (target or DEFAULT_TARGET) if gpu else None
+    if platform == "cuda":
+        target = target or DEFAULT_TARGET
     if benchmarks == "auto":
         benchmarks = "full" if gpu else "none"
     if os.path.isdir(out_dir):
@@ -226,7 +205,7 @@ def build_bundle(backend: str, out_dir: str, *, keyword: str | None = None,
     reuse = _reuse_index(reuse_expected)
     entries, not_bundled = [], []
     note = progress or (lambda name, status: None)
-    with gpu_target(backend, target):
+    with b.targeting(platform, target):
         for case in select_cases(keyword=keyword, tags=tags):
             missing = unclaimed(case, claims)
             if missing:

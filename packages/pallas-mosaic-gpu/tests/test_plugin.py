@@ -80,3 +80,21 @@ def test_a_dynamic_grid_is_refused_naming_the_backend_as_upstream():
                                                   r"the Mosaic GPU backend"):
         jax.jit(f).trace(jnp.int32(2), jnp.zeros((16, 128), jnp.float32))
     assert "dynamic_grid" not in pallas.plugins.get_backend("mosaic_gpu").capabilities
+
+
+def test_targeting_scopes_the_compile_target(monkeypatch):
+    from pallas_mosaic_gpu._src.lowering.kernel import target_of
+
+    monkeypatch.delenv("PALLAS_MOSAIC_GPU_TARGET", raising=False)
+    b = pallas.plugins.get_backend("mosaic_gpu")
+    with b.targeting("cuda", "sm_100a"):
+        assert target_of(None) == "sm_100a"
+    assert target_of(None) is None
+    with b.targeting("cuda"):
+        assert target_of(None) is None
+    with pytest.raises(ValueError, match="sm_90a, sm_100a; got target 'sm_80'"):
+        with b.targeting("cuda", "sm_80"):
+            pass
+    with pytest.raises(ValueError, match="not for 'rocm'"):
+        with b.targeting("rocm"):
+            pass

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 from pallas.plugins import Backend, KernelRequest, LoweringRequest
 from pallas_mosaic_gpu.__about__ import __version__
 from pallas_mosaic_gpu._src.compiler_params import CompilerParams
@@ -54,6 +57,31 @@ def _levels() -> tuple[str, ...]:
 
 class MosaicGpuBackend(Backend):
     """Lowers ``pallas_call`` to the Mosaic GPU compiler library's custom call."""
+
+    @contextlib.contextmanager
+    def targeting(self, platform: str, target: str | None = None):
+        """Lowerings and compiles inside the block target ``target`` (``"sm_90a"`` or
+        ``"sm_100a"``) through ``PALLAS_MOSAIC_GPU_TARGET``, as the conformance suite's
+        and the bundle's ``--target`` ask."""
+        from pallas_mosaic_gpu._src.compile import ENV_TARGET, TARGETS
+
+        if platform not in self.platforms:
+            raise ValueError(f"backend 'mosaic_gpu' lowers for cuda, not for {platform!r}")
+        if target is None:
+            yield
+            return
+        if target not in TARGETS:
+            raise ValueError(f"Mosaic GPU compiles for {', '.join(TARGETS)}; got target "
+                             f"{target!r}")
+        old = os.environ.get(ENV_TARGET)
+        os.environ[ENV_TARGET] = target
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(ENV_TARGET, None)
+            else:
+                os.environ[ENV_TARGET] = old
 
     def lower(self, request: LoweringRequest):
         from pallas_mosaic_gpu._src.lowering import lower_pallas_call
