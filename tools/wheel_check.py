@@ -11,6 +11,10 @@ installs, no hatch, no workspace):
    CUDA package, and the interpreter must run a kernel (and ``jax.export`` it, which
    needs the declared ``flatbuffers``).
 2. **everything**: every wheel, with each backend's extras for lowering on this machine.
+   ``pallas-triton[rocm]`` is not installed beside ``[cuda]`` (one JAX GPU plugin per
+   environment; CI lowers for ``rocm`` in the development environment): pip resolves it
+   (``--dry-run``, a few seconds, wheel metadata only) to prove the extra's declaration
+   is installable with the rest and brings the ROCm plugin.
    Then the demo (``examples/quickstart.py``) and ``pallas-conformance`` for the
    interpreter and each installed backend at its CPU levels, on a subset of the catalogue
    chosen to cover what a broken or missing dependency would break (see ``SUBSET``).
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -44,6 +49,10 @@ HEAVY = ("triton", "nvidia-", "jax-cuda", "torch")
 # backends' compile level needs libtpu, the real TPU compiler for a deviceless TPU).
 EXTRAS = {"pallas-triton": "cuda", "pallas-mosaic-gpu": "compile", "pallas-tpu": "compile",
           "pallas-tpu-sparsecore": "compile"}
+
+# Extras not installed, only resolved by pip against everything installed: the package
+# that proves each brings what it is for.
+RESOLVED_EXTRAS = {("pallas-triton", "rocm"): "jax-rocm7-plugin"}
 
 # The conformance subset the wheel check runs per backend: the whole-kernel cases, the
 # export round trips (serialisation needs flatbuffers), the transformation cases (jvp,
@@ -106,6 +115,20 @@ def venv(path: str) -> str:
     return py
 
 
+def resolved(py: str, requirement: str, brings: str, work: str) -> None:
+    """Has pip resolve ``requirement`` without installing it; fails unless the
+    resolution installs ``brings``."""
+    report = os.path.join(work, "resolve-report.json")
+    name = requirement.rsplit("/", 1)[-1]
+    run(f"pip resolves {name}", [py, "-m", "pip", "install", "--dry-run", "-q",
+                                  "--report", report, requirement])
+    with open(report) as f:
+        names = {i["metadata"]["name"].lower() for i in json.load(f)["install"]}
+    if brings not in names:
+        sys.exit(f"wheel check failed: {name} does not bring {brings} (pip would install "
+                 f"{sorted(names)})")
+
+
 def env() -> dict:
     e = {k: v for k, v in os.environ.items()
          if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH", "HATCH_"))}
@@ -150,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         py = venv(os.path.join(work, "all"))
         reqs = [f"{w}[{EXTRAS[n]}]" if n in EXTRAS else w for n, w in wheels.items()]
         run("pip install every wheel", [py, "-m", "pip", "install", "-q", *reqs])
+        for (name, extra), brings in RESOLVED_EXTRAS.items():
+            resolved(py, f"{wheels[name]}[{extra}]", brings, work)
         run("demo", [py, os.path.join(ROOT, "examples", "quickstart.py")], env=env())
         cli = os.path.join(os.path.dirname(py), "pallas-conformance")
         listing = run("installed backends", [cli, "--list-backends"], env=env(),

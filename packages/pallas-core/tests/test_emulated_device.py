@@ -13,7 +13,7 @@ import pallas as pl
 import pallas.plugins
 
 VALID = ("tpu:v4", "tpu:v5e", "tpu:v5p", "tpu:v6e", "tpu:7x", "cuda:sm_80", "cuda:sm_90a",
-         "cuda:sm_100a")
+         "cuda:sm_100a", "rocm:gfx942")
 
 
 def test_every_documented_device_is_valid_and_nothing_else():
@@ -38,6 +38,10 @@ def test_gpu_figures():
         assert dev.compute_capability == (9, 0) and dev.sm_count == 132
         assert dev.smem_bytes_per_block == 232448
         assert dev.compile_options() == {"target": "sm_90a", "compute_capability": 90}
+    with pl.emulate_device("rocm:gfx942") as dev:  # an MI300X: compute units, LDS
+        assert dev.compute_capability is None and dev.sm_count == 304
+        assert dev.smem_bytes_per_block == 65536
+        assert dev.compile_options() == {"platform": "rocm", "target": "gfx942"}
     with pl.emulate_device("tpu:v5p") as dev:
         assert dev.sm_count == 0 and dev.compile_options()["chip"] == "v5p"
 

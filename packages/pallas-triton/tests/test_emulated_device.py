@@ -1,7 +1,8 @@
 """An emulated A100 (``pl.emulate_device("cuda:sm_80")``): a plain ``pallas_call`` on the
 CPU goes to Triton (Mosaic GPU needs sm_90a), is compiled by ``triton.compile`` for sm_80,
 and its generated source runs under Triton's interpreter; results match the core
-interpreter."""
+interpreter. An emulated MI300X (``"rocm:gfx942"``) takes the AMD path: the source
+generated for gfx942, compiled to a hsaco, run by the same interpreter."""
 
 from __future__ import annotations
 
@@ -40,3 +41,17 @@ def test_quickstart_kernels_on_sm_80():
                if k.name.startswith("add_kernel") and k.device.spec == "cuda:sm_80"]
     k = kernels[-1]
     assert k.backend == "triton" and k.compiled.compute_capability == 80
+
+
+def test_quickstart_kernels_on_rocm_gfx942():
+    qs = _quickstart()
+    picked = [e for e in qs.examples() if e[0].startswith(("add", "edge"))]
+    for name, fn, _, args, tol in picked:
+        want = fn(*args, interpret=True)
+        with pl.emulate_device("rocm:gfx942"):
+            got = fn(*args)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=max(tol, 1e-6), err_msg=name)
+    k = [k for k in pallas.plugins.emulated_kernels()
+         if k.name.startswith("add_kernel") and k.device.spec == "rocm:gfx942"][-1]
+    assert k.backend == "triton" and k.compiled.arch == "gfx942" and k.compiled.hsaco
+    assert k.compiled.resource_usage()["vgprs"] > 0  # read from the AMDGCN

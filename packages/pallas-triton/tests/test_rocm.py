@@ -191,3 +191,47 @@ def test_a_kernel_needing_more_lds_than_the_target_has_is_refused_naming_it():
     with pytest.raises(NotImplementedError, match=r"LDS; AMD target gfx90a \(CDNA2\) has "
                                                   r"65536"):
         jax.jit(f).trace(*args).lower(lowering_platforms=("rocm",))  # ... lowering refuses
+
+
+def _accumulating_dot(compiler_params):
+    # (16, 128) x (128, 128) f32 blocks accumulated over a sequential grid axis: 80 KiB
+    # of LDS with the loop pipelined in 2 stages, 64 KiB or less without.
+    def kernel(a_ref, b_ref, o_ref):
+        @pl.when(pl.program_id(1) == 0)
+        def _():
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        o_ref[...] += jnp.dot(a_ref[...], b_ref[...], precision=jax.lax.Precision.HIGHEST)
+
+    f = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32), grid=(1, 4),
+        in_specs=[pl.BlockSpec((16, 128), lambda i, k: (i, k)),
+                  pl.BlockSpec((128, 128), lambda i, k: (k, 0))],
+        out_specs=pl.BlockSpec((16, 128), lambda i, k: (i, 0)),
+        compiler_params=compiler_params, backend="triton")
+    return f, (jnp.ones((16, 512)), jnp.ones((512, 128)))
+
+
+def test_a_kernel_over_the_lds_only_when_pipelined_is_lowered_unpipelined():
+    f, args = _accumulating_dot(pltriton.CompilerParams())
+    text = jax.jit(f).trace(*args).lower(lowering_platforms=("rocm",)).as_text()
+    (cfg,) = rocm_call.read_backend_config(text)
+    assert cfg.num_stages == 1  # the default, 2, needs more than gfx942's 64 KiB
+    f, args = _accumulating_dot(pltriton.CompilerParams(num_stages=2))
+    with pytest.raises(NotImplementedError, match=r"LDS; AMD target gfx942 \(CDNA3\)"):
+        jax.jit(f).trace(*args).lower(lowering_platforms=("rocm",))  # asked for: refused
+
+
+def test_cbrt_calls_amds_device_library_which_triton_libdevice_lacks_for_hip():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.cbrt(x_ref[...])
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((64,), jnp.float32),
+                       backend="triton")
+    x = jnp.linspace(-8.0, 8.0, 64, dtype=jnp.float32)
+    (k,) = pltriton.compile(f, x, compute_capability="gfx942")
+    assert "__ocml_cbrt_f32" in k.lowered.source and k.hsaco
+    (k,) = pltriton.compile(f, x)  # NVIDIA keeps libdevice's cbrt
+    assert "libdevice.cbrt" in k.lowered.source
+    with pl.emulate_device("rocm:gfx942"):  # the AMD source, under the interpreter
+        np.testing.assert_allclose(f(x), np.cbrt(np.asarray(x)), rtol=1e-6)

@@ -118,14 +118,11 @@ class TritonBackend(plugins.Backend):
         from pallas_triton._src.lowering import lower_kernel
 
         if _platform(request) == "rocm":
-            arch = _amd_arch(request)
-            from pallas_triton._src.targets import check_fits
+            from pallas_triton._src.rocm_call import compile_fitting
 
-            lowered = lower_kernel(request.jaxpr, request.grid_mapping,
-                                   request.compiler_params, request.name, target=arch)
-            compiled = tc.compile_lowered(lowered, arch)
-            check_fits(compiled)
-            return compiled
+            return compile_fitting(request.jaxpr, request.grid_mapping,
+                                   request.compiler_params, request.name,
+                                   _amd_arch(request))[1]
         lowered = lower_kernel(request.jaxpr, request.grid_mapping, request.compiler_params,
                                request.name)
         cc = (request.options.get("target") or request.options.get("compute_capability")
@@ -145,13 +142,15 @@ class TritonBackend(plugins.Backend):
         return emulate_lowered(lowered, *args)
 
     def emulator(self, request: plugins.KernelRequest):
-        """The emulated device's plan: the Triton source generated once, then run under
-        Triton's interpreter on each call's operands."""
+        """The emulated device's plan: the Triton source generated once (for the AMD
+        target on a ``rocm`` device, options as :meth:`compile`), then run under Triton's
+        interpreter on each call's operands."""
         from pallas_triton._src.emulate import emulate_lowered
         from pallas_triton._src.lowering import lower_kernel
 
+        target = _amd_arch(request) if _platform(request) == "rocm" else None
         lowered = lower_kernel(request.jaxpr, request.grid_mapping, request.compiler_params,
-                               request.name)
+                               request.name, target=target)
         return lambda *args: emulate_lowered(lowered, *args)
 
 

@@ -199,10 +199,17 @@ class Emitter:
         self.depth = 1
         self._counter = 0
         self.helpers: dict[str, str] = {}  # module-level @triton.jit helpers, by name
+        self.externs: dict[str, str] = {}  # module-level @tl.core.extern functions
 
     def helper(self, name: str, source: str) -> str:
         """Adds a module-level ``@triton.jit`` function (e.g. a reduction's combiner)."""
         self.helpers.setdefault(name, source)
+        return name
+
+    def extern(self, name: str, source: str) -> str:
+        """Adds a module-level ``@tl.core.extern`` function (a device library call
+        Triton's ``libdevice`` lacks for the target, e.g. AMD's OCML ``cbrt``)."""
+        self.externs.setdefault(name, source)
         return name
 
     def fresh(self, prefix: str = "v") -> str:

@@ -201,8 +201,11 @@ def interpreted_function(lowered: LoweredKernel):
 
     # ``tl.core`` among the kernel's globals makes the interpreter patch (and restore)
     # it too, which Triton's own library functions call into.
+    libdevice = _InterpretedLibdevice()
+    # Device library calls made directly (``ocml_cbrt`` on AMD) are libdevice's too.
+    externs = {name: getattr(libdevice, name.partition("_")[2]) for name in lowered.externs}
     jit_fn = module.load(lowered.source, lowered.name, variant="emulate",
-                         overrides={"libdevice": _InterpretedLibdevice(),
+                         overrides={"libdevice": libdevice, **externs,
                                     "_triton_language_core": tl_core})
     return InterpretedFunction(jit_fn.fn)
 

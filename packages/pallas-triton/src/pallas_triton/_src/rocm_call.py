@@ -20,9 +20,10 @@ from jax.interpreters import mlir
 from jaxlib.mlir import ir
 
 from pallas_triton._src import jax_compat as jc
+from pallas_triton._src.api import CompilerParams
 from pallas_triton._src.compile import compile_lowered
 from pallas_triton._src.lowering import lower_kernel
-from pallas_triton._src.targets import check_fits, rocm_arch
+from pallas_triton._src.targets import amd_target, check_fits, rocm_arch
 
 CUSTOM_CALL_TARGET = "__gpu$xla.gpu.triton"
 
@@ -145,12 +146,31 @@ def _layout(aval) -> list[int]:
     return list(reversed(range(len(aval.shape))))
 
 
+def compile_fitting(jaxpr, grid_mapping, compiler_params, name: str, arch: str):
+    """Lowers and compiles for the AMD ``arch``; ``(lowered, compiled)``.
+
+    When the default software pipelining (2 stages) needs more LDS than the target has
+    per workgroup, the kernel is compiled again unpipelined (``num_stages=1``), as the
+    MI300's 64 KiB hold less than an NVIDIA GPU's shared memory; a kernel still too big,
+    or whose ``num_stages`` was set explicitly, raises :class:`TargetLacksError`."""
+    lowered = lower_kernel(jaxpr, grid_mapping, compiler_params, name, target=arch)
+    compiled = compile_lowered(lowered, arch)
+    explicit = getattr(compiler_params, "num_stages", None) is not None
+    if (not explicit and lowered.num_stages > 1
+            and compiled.shared_mem_bytes > amd_target(arch).lds_bytes):
+        base = (compiler_params if isinstance(compiler_params, CompilerParams)
+                else CompilerParams())
+        params = dataclasses.replace(base, num_stages=1)
+        lowered = lower_kernel(jaxpr, grid_mapping, params, name, target=arch)
+        compiled = compile_lowered(lowered, arch)
+    check_fits(compiled)
+    return lowered, compiled
+
+
 def lower_pallas_call(ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, name,
                       out_avals):
     arch = rocm_arch(compiler_params)
-    lowered = lower_kernel(jaxpr, grid_mapping, compiler_params, name, target=arch)
-    compiled = compile_lowered(lowered, arch)
-    check_fits(compiled)
+    _, compiled = compile_fitting(jaxpr, grid_mapping, compiler_params, name, arch)
     config = backend_config(compiled)
     aliases = {int(i): int(o) for i, o in grid_mapping.input_output_aliases}
     result_types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in out_avals]

@@ -107,11 +107,17 @@ def amd_target(arch: str) -> AMDTarget:
 
 
 def rocm_arch(compiler_params=None) -> str:
-    """The AMD target: ``CompilerParams.rocm_arch``, ``PALLAS_TRITON_ROCM_ARCH``, or
-    gfx942; checked to be one of :data:`AMD_TARGETS`."""
+    """The AMD target: ``CompilerParams.rocm_arch``, ``PALLAS_TRITON_ROCM_ARCH``, the
+    emulated AMD GPU's (``PALLAS_EMULATE_DEVICE=rocm:gfx942``), or gfx942; checked to be
+    one of :data:`AMD_TARGETS`."""
     arch = (getattr(compiler_params, "rocm_arch", None) or os.environ.get(ENV_ROCM_ARCH)
-            or DEFAULT_ROCM_ARCH)
+            or _emulated_arch() or DEFAULT_ROCM_ARCH)
     return amd_target(arch).arch
+
+
+def _emulated_arch() -> str | None:
+    dev = plugins.emulated_device()
+    return dev.target if dev is not None and dev.platform == "rocm" else None
 
 
 def allows_tf32(target) -> bool:

@@ -1,6 +1,7 @@
 """Emulated devices: which TPU or GPU a CPU host stands in for.
 
-``PALLAS_EMULATE_DEVICE=tpu:v5e`` (or ``with pl.emulate_device("cuda:sm_90a"):``) makes
+``PALLAS_EMULATE_DEVICE=tpu:v5e`` (or ``with pl.emulate_device("cuda:sm_90a"):``, or
+``"rocm:gfx942"`` for an AMD MI300) makes
 every ``pallas_call``/``pl.kernel`` that is not in interpret mode run as on that device:
 lowered for its platform, compiled by the real compiler where it is installed, and
 executed by the backend's executor of the generated code (see ``emulation.call``).
@@ -29,15 +30,18 @@ class EmulatedDevice:
     """One emulated TPU or GPU, with the figures device queries answer for it.
 
     Attributes:
-      spec: as written, canonical (``"tpu:v5e"``, ``"cuda:sm_90a"``).
-      platform: the JAX platform kernels are lowered for (``"tpu"`` or ``"cuda"``).
-      target: the chip (``"v5e"``, ``"7x"``) or the GPU architecture (``"sm_90a"``).
+      spec: as written, canonical (``"tpu:v5e"``, ``"cuda:sm_90a"``, ``"rocm:gfx942"``).
+      platform: the JAX platform kernels are lowered for (``"tpu"``, ``"cuda"`` or
+        ``"rocm"``).
+      target: the chip (``"v5e"``, ``"7x"``) or the GPU architecture (``"sm_90a"``,
+        ``"gfx942"``).
       device_kind: what ``jax.Device.device_kind`` says on that device.
       num_cores: TensorCores per logical TPU device (2 on megacore chips); for a GPU,
-        its number of SMs.
-      compute_capability: ``(major, minor)`` of a GPU; ``None`` for a TPU.
-      smem_bytes_per_block: the most shared memory one CUDA block may opt into;
-        0 for a TPU (``pltpu.get_tpu_info()`` has the TPU's memories).
+        its number of SMs (NVIDIA) or compute units (AMD).
+      compute_capability: ``(major, minor)`` of an NVIDIA GPU; ``None`` for a TPU or
+        an AMD GPU (named by its ``gfx`` architecture, ``target``).
+      smem_bytes_per_block: the most shared memory one CUDA block may opt into (an AMD
+        workgroup's LDS); 0 for a TPU (``pltpu.get_tpu_info()`` has the TPU's memories).
     """
 
     spec: str
@@ -50,14 +54,18 @@ class EmulatedDevice:
 
     @property
     def sm_count(self) -> int:
-        """A GPU's number of streaming multiprocessors (0 for a TPU)."""
-        return self.num_cores if self.platform == "cuda" else 0
+        """A GPU's number of streaming multiprocessors (compute units on AMD; 0 for a
+        TPU)."""
+        return self.num_cores if self.platform in ("cuda", "rocm") else 0
 
     def compile_options(self) -> dict:
         """The ``KernelRequest.options`` a backend's ``compile`` receives: ``chip`` for a
-        TPU; ``target`` and ``compute_capability`` (``major * 10 + minor``) for a GPU."""
+        TPU; ``target`` and ``compute_capability`` (``major * 10 + minor``) for an NVIDIA
+        GPU; ``platform`` and ``target`` (the ``gfx`` architecture) for an AMD GPU."""
         if self.platform == "tpu":
             return {"chip": self.target, "target": self.target}
+        if self.platform == "rocm":
+            return {"platform": "rocm", "target": self.target}
         major, minor = self.compute_capability or (0, 0)
         return {"target": self.target, "compute_capability": major * 10 + minor}
 
@@ -76,6 +84,8 @@ DEVICES: dict[str, EmulatedDevice] = {d.spec: d for d in (
     EmulatedDevice("cuda:sm_90a", "cuda", "sm_90a", "NVIDIA H100 80GB HBM3", 132, (9, 0),
                    232448),
     EmulatedDevice("cuda:sm_100a", "cuda", "sm_100a", "NVIDIA B200", 148, (10, 0), 232448),
+    # MI300X: 304 compute units, 64 KiB of LDS per workgroup.
+    EmulatedDevice("rocm:gfx942", "rocm", "gfx942", "AMD Instinct MI300X", 304, None, 65536),
 )}
 
 

@@ -53,13 +53,14 @@ class LoweredKernel:
     num_stages: int
     input_output_aliases: tuple
     target: str | None = None  # None: NVIDIA; else the AMD architecture it was made for
+    externs: tuple[str, ...] = ()  # module-level device library calls (``ocml_cbrt``)
 
     def __str__(self) -> str:
         return self.source
 
 
 # Names the generated module binds itself: a kernel called so would shadow them.
-_MODULE_NAMES = frozenset({"triton", "tl", "libdevice"})
+_MODULE_NAMES = frozenset({"triton", "tl", "libdevice", "ocml_cbrt"})
 
 
 def kernel_name(name: str | None) -> str:
@@ -232,6 +233,8 @@ def _lower_kernel(jaxpr, gm, num_warps, num_stages, name, target) -> LoweredKern
         "from triton.language.extra import libdevice",
         "",
     ]
+    for extern in em.externs.values():
+        header += ["", *extern.rstrip("\n").split("\n"), ""]
     for helper in em.helpers.values():
         header += ["", "@triton.jit", *helper.rstrip("\n").split("\n"), ""]
     header += [
@@ -247,6 +250,7 @@ def _lower_kernel(jaxpr, gm, num_warps, num_stages, name, target) -> LoweredKern
         num_inputs=gm.num_inputs, num_outputs=gm.num_outputs, launch_grid=launch,
         grid=grid, num_warps=int(num_warps), num_stages=int(num_stages),
         input_output_aliases=tuple(gm.input_output_aliases), target=target,
+        externs=tuple(em.externs),
     )
 
 

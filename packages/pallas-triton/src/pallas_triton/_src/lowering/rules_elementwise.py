@@ -97,11 +97,30 @@ _UNARY_MATH = {
 }
 
 
+# Functions Triton's HIP ``libdevice`` lacks, called from AMD's device library (OCML,
+# which the HIP backend links into every kernel) for AMD targets: the same routines
+# XLA's ROCm backend calls for these ops.
+_OCML = {lax.cbrt_p: "cbrt"}
+
+
+def _ocml_extern(name: str) -> str:
+    types = ", ".join(f"(tl.float{b},): (\"__ocml_{name}_f{b}\", tl.float{b})"
+                      for b in (32, 64))
+    return (f"@tl.core.extern\n"
+            f"def ocml_{name}(x, _semantic=None):\n"
+            f"    return tl.core.extern_elementwise(\"\", \"\", [x], {{{types}}}, "
+            f"is_pure=True, _semantic=_semantic)\n")
+
+
 @value_rule(*_UNARY_MATH)
 def _unary(ctx, eqn, x):
     if not is_float(x.dtype):
         raise unsupported(f"{eqn.primitive.name} on {dtype_name(x.dtype)}")
-    return _emit(ctx, eqn, _f32_wrap(x.dtype, _UNARY_MATH[eqn.primitive], x))
+    template = _UNARY_MATH[eqn.primitive]
+    if ctx.target is not None and eqn.primitive in _OCML:
+        name = _OCML[eqn.primitive]
+        template = f"{ctx.em.extern(f'ocml_{name}', _ocml_extern(name))}({{0}})"
+    return _emit(ctx, eqn, _f32_wrap(x.dtype, template, x))
 
 
 @value_rule(lax.digamma_p)
