@@ -28,6 +28,7 @@ SAMPLE = {
 FULL = {
     "tpu:v4": ("dot/f32_to_f32_tB",), "tpu:v5p": ("control_flow/scan",),
     "tpu:7x": ("control_flow/switch",), "cuda:sm_100a": ("broadcasting/transpose_f32",),
+    "rocm:gfx942": ("elementwise/cbrt_f32", "dot/accumulate_over_grid_into_output_f32"),
 }
 if os.environ.get("PALLAS_CONFORMANCE_FULL") == "1":
     SAMPLE = {**SAMPLE, **FULL}
