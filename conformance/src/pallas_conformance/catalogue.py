@@ -98,6 +98,9 @@ TAGS: dict[str, str] = {
     "fusion": "kernels with jax.numpy prologues/epilogues fused in by pallas.fuser (block "
               "specs pulled through elementwise ops, broadcasts, reshapes, transposes, "
               "slices and concatenates); the fused kernel is one pallas_call",
+    "tpu_dmas": "TPU async copies that outlive their kernel (pallas_tpu): a copy started by "
+                "one pallas_call and waited for by the next, its DMA semaphore passed between "
+                "them in SEMAPHORE memory; registered only when pallas-tpu is installed",
     "sparsecore": "TPU SparseCore kernels (pallas_tpu_sparsecore): indexed DMAs (embedding "
                   "gathers, scatter-add segment sums with repeated indices, ignored "
                   "indices), vector gathers/scatters, scalar-subcore control; registered "

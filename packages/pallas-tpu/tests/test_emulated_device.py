@@ -167,3 +167,18 @@ def test_shard_map_over_cpu_devices():
     with pl.emulate_device("tpu:v5e"):
         out = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=P("d")))(x)
     np.testing.assert_array_equal(out, np.asarray(x) * 3)
+
+
+def test_an_async_copy_waited_for_by_the_next_kernel(async_copy_across_calls):
+    # Regression: the DMA semaphore passed between the two pallas_calls was typed as a
+    # regular semaphore (tpu.wait_dma2 did not verify), and the executor refused a DMA
+    # still in flight at the end of the first kernel.
+    x = jax.random.normal(jax.random.key(0), (8, 128), jnp.float32)
+    with pl.emulate_device("tpu:v5e"):
+        y = jax.jit(async_copy_across_calls)(x)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+    done = [k for k in _kernel_for("_copy_done") if k.device.spec == "tpu:v5e"][-1]
+    b = pallas.plugins.get_backend("mosaic_tpu")
+    if "compile" in b.levels:  # alone, libtpu would get the semaphore from HBM
+        assert done.compiled is None and "semaphores from another kernel" in \
+            done.compile_skipped

@@ -384,6 +384,22 @@ def test_transpose_and_masked_store(lower_tpu, ops):
     assert names["tpu.transpose"] == 1 and names["tpu.vector_store"] == 1
 
 
+def test_a_dma_semaphore_operand_is_typed_as_a_dma_semaphore(lower_tpu,
+                                                             async_copy_across_calls):
+    # Regression: typed !tpu.semaphore, tpu.wait_dma2 failed verification.
+    x = jnp.zeros((8, 128), F32)
+    lowered, (start, done) = lower_tpu(async_copy_across_calls, x)
+    for m in (start, done):
+        sem_types = [str(a.type) for a in _main(m).regions[0].blocks[0].arguments
+                     if "semaphore" in str(a.type)]
+        assert sem_types == ["memref<!tpu.dma_semaphore, #tpu.memory_space<semaphore_mem>>"]
+    # The semaphore output stays in semaphore memory (as upstream places it), while the
+    # semaphore input carries no placement (XLA places inputs in HBM, VMEM or SMEM only).
+    start_cfg, done_cfg = [c["custom_call_config"] for c in backend_configs(lowered)]
+    assert start_cfg["output_memory_space_colors"] == [{"color": 2, "shape_index": [2]}]
+    assert "input_memory_space_colors" not in done_cfg
+
+
 def test_input_output_aliases_reach_the_custom_call(lower_tpu):
     def kernel(x_ref, o_ref):
         o_ref[...] = x_ref[...] * 2

@@ -26,6 +26,7 @@ from pallas_conformance.cases import (
     scratch,
     semaphores,
     sparsecore,
+    tpu_dmas,
     transforms,
     transforms_more,
 )

@@ -19,7 +19,7 @@ CAPABILITIES = frozenset({
     "dynamic_grid", "dynamic_shapes",
     "elementwise", "f16", "fusion", "grad", "indexing", "int8", "kernels", "multiple_outputs",
     "pytrees", "reductions", "scalar_prefetch", "scratch", "semaphores", "sequential_grid",
-    "shard_map", "uint32", "vmap",
+    "shard_map", "tpu_dmas", "uint32", "vmap",
 })
 
 

@@ -57,13 +57,25 @@ def operand_avals(request: KernelRequest) -> list[jax.ShapeDtypeStruct]:
     return avals
 
 
+def is_semaphore(space) -> bool:
+    from pallas_tpu._src.lowering.types import is_semaphore as _is_sem
+
+    return space is not None and _is_sem(space)
+
+
 def export_kernel(request: KernelRequest, backend: str) -> bytes:
     """The serialised ``jax.export`` artifact of the kernel, lowered for ``tpu`` by
     ``backend`` (our lowering errors are raised here, before the compiler runs)."""
     kernel = _Kernel(request, backend)
 
+    # A semaphore output lives in semaphore memory, which a program cannot return (libtpu
+    # aborts): in a real program it flows into the next kernel, so it is not returned.
+    keep = [k for k, bm in enumerate(request.grid_mapping.out_block_mappings)
+            if not is_semaphore(bm.memory_space)]
+
     def f(*operands):
-        return kernel_p.bind(*operands, kernel=kernel)
+        outs = kernel_p.bind(*operands, kernel=kernel)
+        return [outs[k] for k in keep]
 
     exported = jax.export.export(jax.jit(f), platforms=["tpu"])(*operand_avals(request))
     return bytes(exported.serialize())

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pallas.plugins import KernelRequest
+from pallas.plugins import KernelRequest, LevelUnsupportedError
 from pallas_tpu._src.compiler.chips import DEFAULT_CHIP, TOPOLOGIES, resolve_chip
 from pallas_tpu._src.compiler.client import WorkerCrashed, compile_in_child, libtpu_available
-from pallas_tpu._src.compiler.export import export_kernel
+from pallas_tpu._src.compiler.export import export_kernel, is_semaphore
 from pallas_tpu._src.compiler.results import (
     CompiledKernel,
     LibtpuMissingError,
@@ -36,6 +36,15 @@ def compile_request(request: KernelRequest, *, backend: str = "mosaic_tpu",
     name = request.name or "kernel"
     if not libtpu_available():
         raise LibtpuMissingError(MISSING)
+    sems = [k for k, bm in enumerate(request.grid_mapping.in_block_mappings)
+            if is_semaphore(bm.memory_space)]
+    if sems:
+        # Alone, the kernel would take the semaphore as a program parameter, which XLA
+        # places in HBM and libtpu refuses as a DMA's flag; in a real program it comes
+        # from the kernel that allocated it, in semaphore memory.
+        raise LevelUnsupportedError(
+            f"kernel {name!r} takes semaphores from another kernel (inputs {sems}); libtpu "
+            f"compiles it only within the program that allocates them, not alone")
     exported = export_kernel(request, backend)
     msg = {"exported": exported, "topology": TOPOLOGIES[chip], "name": name,
            "keep_dumps": dump_dir}

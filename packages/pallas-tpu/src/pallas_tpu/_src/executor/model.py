@@ -49,8 +49,39 @@ class Machine:
                 d[...] = data
                 del self.dmas[k]
                 return
+        if sem.shape == () and int(sem) > 0:
+            # A DMA an earlier kernel started, and that completed at its end, signalled
+            # this semaphore (passed from kernel to kernel as an operand).
+            sem[...] = sem - 1
+            return
         raise ExecutorError("a DMA wait on a semaphore no DMA in flight signals: it would "
                             "block forever")
+
+    def finish(self, operands) -> None:
+        """At the kernel's end: a DMA still in flight whose semaphore and destination
+        outlive the kernel (operands, e.g. a semaphore output and an ``ANY`` output)
+        completes and signals its semaphore, for a later kernel to wait on; any other
+        would be lost."""
+        lost = []
+        for data, dst, sem in self.dmas:
+            if any(_within(sem, o) for o in operands) and any(
+                    _within(dst, o) for o in operands):
+                dst[...] = data
+                sem[...] = sem + 1
+            else:
+                lost.append(dst)
+        self.dmas = []
+        if lost:
+            raise ExecutorError(f"{len(lost)} DMA(s) started by the kernel were never "
+                                f"waited for (into the kernel's scratch or with a scratch "
+                                f"semaphore, so no later kernel can wait for them)")
+
+
+def _within(view, base) -> bool:
+    """Whether the numpy ``view`` lies in the memory of the array ``base``."""
+    lo = base.__array_interface__["data"][0]
+    at = view.__array_interface__["data"][0]
+    return lo <= at < lo + max(base.nbytes, 1)
 
 
 def _same(a, b) -> bool:
@@ -205,7 +236,5 @@ def execute(kernel: Kernel, operands, out_shapes, aliases=()) -> list[np.ndarray
         for w in wins:
             if w is not None:
                 w.flush()
-    if machine.dmas:
-        raise ExecutorError(f"{len(machine.dmas)} DMA(s) started by the kernel were never "
-                            f"waited for")
+    machine.finish(hbm)
     return outs

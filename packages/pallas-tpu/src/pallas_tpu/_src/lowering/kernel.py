@@ -28,9 +28,10 @@ from pallas_tpu._src.core_compat import dynamic_grid_dim
 from pallas_tpu._src.enums import LoweringException
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import materialize, to_i32
+from pallas_tpu._src.lowering.dma_semaphores import dma_semaphore_operands
 from pallas_tpu._src.lowering.engine import Lit, LoweringContext, RefVal, lower_jaxpr
 from pallas_tpu._src.lowering.symbolic import Placeholders, placeholders, static_shape
-from pallas_tpu._src.memory import MemorySpace, is_any_space
+from pallas_tpu._src.memory import MemorySpace, SemaphoreType, is_any_space
 
 
 @dataclasses.dataclass
@@ -51,9 +52,12 @@ def new_context() -> ir.Context:
     return ctx
 
 
-def _block_memref(bm):
-    """(memref type, squeezed mask, space) of a block operand as the kernel receives it."""
+def _block_memref(bm, dma_semaphore: bool = False):
+    """(memref type, squeezed mask, space) of a block operand as the kernel receives it;
+    ``dma_semaphore``: the kernel uses this semaphore operand for DMAs."""
     space = T.space_of(bm.memory_space)
+    if dma_semaphore and T.is_semaphore(space):
+        space = SemaphoreType.DMA
     if is_any_space(bm.memory_space) or space is MemorySpace.HOST:
         shape = tuple(bm.array_aval.shape)
         return T.memref_type(shape, bm.array_aval.dtype, space), (False,) * len(shape), space
@@ -177,8 +181,10 @@ def build_module(jaxpr, gm, params: CompilerParams, name: str,
             prefetch_types = [T.memref_type(a.shape, a.dtype, MemorySpace.SMEM)
                               for a in gm.prefetch_avals]
             window_params, block_args = [], []
+            dma_sems = dma_semaphore_operands(jaxpr.jaxpr)
+            npf = len(prefetch_types)
             for k, bm in enumerate(gm.block_mappings):
-                mt, squeezed, space = _block_memref(bm)
+                mt, squeezed, space = _block_memref(bm, npf + k in dma_sems)
                 block_args.append((mt, squeezed, space, bm))
                 if is_any_space(bm.memory_space) or space is MemorySpace.HOST:
                     window_params.append(ir.DictAttr.get({}))
@@ -234,7 +240,11 @@ def build_module(jaxpr, gm, params: CompilerParams, name: str,
             ) from e
     spaces = [_custom_call_space(b[2]) for b in block_args]
     nin = gm.num_inputs
-    in_spaces = tuple([jc.CustomCallMemorySpace.SMEM] * gm.num_scalar_prefetch + spaces[:nin])
+    # An input's space is a constraint XLA can only place in HBM, VMEM or SMEM: a semaphore
+    # input is whatever semaphore memory the kernel that produced it placed it in.
+    in_spaces = tuple([jc.CustomCallMemorySpace.SMEM] * gm.num_scalar_prefetch
+                      + [None if s is jc.CustomCallMemorySpace.SEMAPHORE_MEM else s
+                         for s in spaces[:nin]])
     return MosaicKernel(module, ctx, in_spaces, tuple(spaces[nin:]), frozenset(lctx.uses),
                         env)
 
@@ -246,4 +256,9 @@ def _custom_call_space(space):
         return jc.CustomCallMemorySpace.SMEM
     if space is MemorySpace.HOST:
         return jc.CustomCallMemorySpace.HOST
+    if T.is_semaphore(space):
+        # A semaphore crossing the call lives in semaphore memory: XLA must not place it
+        # in HBM, where Mosaic cannot give it a window (libtpu: "Operand windows can only
+        # be requested in VMEM, SMEM, or HOST").
+        return jc.CustomCallMemorySpace.SEMAPHORE_MEM
     return None

@@ -1,0 +1,66 @@
+"""TPU DMAs that outlive their kernel: an async copy started by one ``pallas_call`` and
+waited for by the next, the DMA semaphore passed from one to the other as an output and
+then an input in ``SEMAPHORE`` memory (upstream's pattern for overlapping a copy with
+other work between kernels).
+
+The kernels use ``pallas_tpu``'s DMAs, so these cases are registered only when it is
+installed; a backend that claims ``tpu_dmas`` runs them.
+"""
+
+from __future__ import annotations
+
+import jax
+
+import pallas as pl
+from pallas_conformance.catalogue import case, randn, sds
+
+pltpu = None
+try:  # the TPU frontend; without it there are no such cases
+    import pallas_tpu as pltpu
+except ImportError:  # pragma: no cover - depends on the installed packages
+    pass
+
+C = 128
+
+
+def _start(x_ref, _aliased_x, o_ref, sem):
+    pltpu.make_async_copy(x_ref, o_ref, sem).start()
+
+
+def _start_rows(x_ref, _aliased_x, o_ref, sem):
+    pltpu.make_async_copy(x_ref.at[pl.ds(8, 8)], o_ref, sem).start()
+
+
+def _done(x_ref, o_ref, sem, _aliased_o):
+    pltpu.make_async_copy(x_ref, o_ref, sem).wait()
+
+
+def _done_rows(x_ref, o_ref, sem, _aliased_o):
+    pltpu.make_async_copy(x_ref.at[pl.ds(8, 8)], o_ref, sem).wait()
+
+
+def _copy_across(pallas_call, x, start, done, rows):
+    anys = pl.BlockSpec(memory_space=pl.ANY)
+    sems = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
+    out_sds = sds((rows, x.shape[1]), x.dtype)
+    x, out, sem = pallas_call(
+        start, in_specs=[anys], out_specs=(anys, anys, sems),
+        out_shape=(jax.ShapeDtypeStruct.like(x), out_sds, pltpu.SemaphoreType.DMA(())),
+        input_output_aliases={0: 0})(x)
+    return pallas_call(
+        done, in_specs=[anys, anys, sems], out_specs=anys, out_shape=out_sds,
+        input_output_aliases={1: 0})(x, out, sem)
+
+
+if pltpu is not None:
+    @case("tpu_dmas/copy_waited_by_the_next_call", tags={"tpu_dmas", "aliasing"},
+          inputs=lambda rng: (randn(rng, (8, C)),), reference=lambda x: x)
+    def copy_across_calls(pallas_call, x):
+        """Start a whole-array copy in one pallas_call, wait for it in the next."""
+        return _copy_across(pallas_call, x, _start, _done, 8)
+
+    @case("tpu_dmas/slice_copy_waited_by_the_next_call", tags={"tpu_dmas", "aliasing"},
+          inputs=lambda rng: (randn(rng, (32, C)),), reference=lambda x: x[8:16])
+    def slice_across_calls(pallas_call, x):
+        """The same with a copy of rows 8..16 (a sliced source view)."""
+        return _copy_across(pallas_call, x, _start_rows, _done_rows, 8)
