@@ -55,3 +55,28 @@ def test_quickstart_kernels_on_rocm_gfx942():
          if k.name.startswith("add_kernel") and k.device.spec == "rocm:gfx942"][-1]
     assert k.backend == "triton" and k.compiled.arch == "gfx942" and k.compiled.hsaco
     assert k.compiled.resource_usage()["vgprs"] > 0  # read from the AMDGCN
+
+
+@pytest.mark.parametrize("dst", ["float8_e4m3fn", "float8_e5m2"])
+def test_float8_casts_round_to_nearest_even_and_carry(dst):
+    # Regression: Triton's interpreter dropped the rounding carry into the exponent
+    # (1.9 -> 1.0 in e4m3fn) and so did the emulated sm_90a; the GPU rounds to 2.0.
+    import jax
+    import jax.numpy as jnp
+
+    import pallas_triton as plgpu
+
+    dst = jnp.dtype(dst)
+    x = jnp.array([[1.9, -1.9, 3.75, 0.3, 15.9, -100.0, 7.0, 1000.0]] * 8, jnp.float32)
+    x = jnp.tile(x, (1, 16))  # (8, 128)
+
+    def body(x_ref, y_ref):
+        y_ref[...] = x_ref[...].astype(dst)
+
+    call = pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, dst),
+                          compiler_params=plgpu.CompilerParams())
+    with pl.emulate_device("cuda:sm_90a"):
+        y = np.asarray(call(x), np.float32)
+    top = float(jnp.finfo(dst).max)
+    want = np.asarray(jnp.clip(x, -top, top).astype(dst), np.float32)  # satfinite
+    np.testing.assert_array_equal(y, want)

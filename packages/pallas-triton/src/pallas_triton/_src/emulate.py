@@ -170,13 +170,40 @@ def _rounding_cast(builder, original):
     return cast_impl
 
 
+def _fp8_rounding(builder, original):
+    """Down-conversions to float8 (e4m3fn, e5m2) round to nearest even and saturate to
+    the largest finite value, as the GPU's ``cvt.rn.satfinite`` does. Triton 3.9's
+    interpreter adds the rounding bit to the mantissa without carrying it into the
+    exponent (1.9 became 1.0, not 2.0)."""
+    import ml_dtypes
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    wide = {tl.float32: (np.float32, np.float32), tl.float16: (np.float16, np.float16),
+            tl.bfloat16: (np.uint16, ml_dtypes.bfloat16)}
+    fp8 = {tl.float8e4nv: ml_dtypes.float8_e4m3fn, tl.float8e5: ml_dtypes.float8_e5m2}
+    from triton._C.libtriton import ir as _ir
+
+    def create_fp_to_fp(src, dst_type, rounding_mode):
+        s, d = src.dtype.scalar, dst_type.scalar
+        if s in wide and d in fp8 and rounding_mode in (None, _ir.ROUNDING_MODE.RTNE):
+            store, real = wide[s]
+            x = np.asarray(src.data, store).view(real).astype(np.float32)
+            top = float(ml_dtypes.finfo(fp8[d]).max)
+            x = np.where(np.isfinite(x), np.clip(x, -top, top), x)
+            return TensorHandle(x.astype(fp8[d]).view(np.uint8), d)
+        return original(src, dst_type, rounding_mode)
+
+    return create_fp_to_fp
+
+
 @contextlib.contextmanager
 def interpreter_mode():
     """Scoped adjustments of Triton's interpreter for one emulation.
 
     ``@triton.jit`` library functions (``tl.sum``, ...) run interpreted, bf16
-    ``tl.dot`` multiplies values rather than bit patterns, and f32 -> bf16 rounds to
-    nearest even.
+    ``tl.dot`` multiplies values rather than bit patterns, and f32 -> bf16 and
+    conversions to float8 round to nearest even.
     """
     from triton.runtime import interpreter as ti
     from triton.runtime.jit import JITFunction
@@ -187,12 +214,15 @@ def interpreter_mode():
         JITFunction.__call__ = _call_interpreted
         builder.create_dot = _dot_in_f32(builder, type(builder).create_dot.__get__(builder))
         builder.cast_impl = _rounding_cast(builder, type(builder).cast_impl.__get__(builder))
+        builder.create_fp_to_fp = _fp8_rounding(
+            builder, type(builder).create_fp_to_fp.__get__(builder))
         try:
             yield
         finally:
             JITFunction.__call__ = saved
             del builder.create_dot
             del builder.cast_impl
+            del builder.create_fp_to_fp
 
 
 def interpreted_function(lowered: LoweredKernel):
