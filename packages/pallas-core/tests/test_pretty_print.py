@@ -71,9 +71,24 @@ def test_semaphore_operations_print_the_indexed_semaphore():
         return pl.semaphore_read(sem.at[0])
 
     text = _text(body, (2,), jnp.int32, plugins.SemaphoreSpace.REGULAR)
-    assert "semaphore_signal[device_id_type=DeviceIdType.MESH] a[1] 2:i32[]" in text
+    assert "semaphore_signal a[1] 2:i32[]\n" in text
     assert "semaphore_wait[decrement=True] a[1] 2:i32[]" in text
     assert "semaphore_read a[0]" in text
+
+
+@pytest.mark.parametrize("device_id, printed", [
+    (lambda i: {"x": i}, "{x: b}"), (lambda i: (i, i), "(b, b)"), (lambda i: i, "b"),
+    (lambda i: {"x": (i, i)}, "{x: (b, b)}"),
+])
+def test_a_remote_signal_prints_its_device_id_as_written(device_id, printed):
+    def body(sem, i):
+        pl.semaphore_signal(sem, device_id=device_id(i))
+
+    sem = plugins.MemoryRef(jax.core.ShapedArray((), jnp.int32),
+                            plugins.SemaphoreSpace.REGULAR).get_ref_aval()
+    closed = jax.make_jaxpr(body)(sem, jax.ShapeDtypeStruct((), jnp.int32))
+    text = closed.jaxpr.pretty_print(use_color=False)
+    assert f"semaphore_signal a[...] 1:i32[] {printed}\n" in text
 
 
 def test_debug_true_shows_ref_accesses_as_indexing(capsys):

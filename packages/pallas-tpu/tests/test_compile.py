@@ -91,3 +91,24 @@ def test_the_backend_compile_hook_names_the_missing_extra(monkeypatch):
     # A LevelUnreachableError: the conformance suite reports the level skipped.
     with pytest.raises(compiler.LibtpuMissingError, match=r"pallas-tpu\[compile\]"):
         pltpu.compile(_double, jax.ShapeDtypeStruct((128, 128), jnp.float32))
+
+
+def test_mosaics_rejection_of_narrow_scalar_arithmetic_is_a_mosaic_error():
+    """SMEM may hold int8/int16 scalars (Mosaic loads and stores them); adding them is
+    Mosaic's "only i32" rejection, caught as ``pltpu.errors.MosaicError`` (upstream's
+    ``error_handling.MosaicError``)."""
+    def f(x, add):
+        def kernel(x_ref, o_ref):
+            o_ref[0] = x_ref[0] + x_ref[1] if add else x_ref[1]
+
+        smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((1,), x.dtype),
+                              in_specs=[smem], out_specs=smem, name="narrow",
+                              backend="mosaic_tpu")(x)
+
+    x = jax.ShapeDtypeStruct((2,), jnp.int8)
+    (k,) = pltpu.compile(lambda x: f(x, add=False), x, chip="v5e")
+    assert k.name == "narrow"
+    with pytest.raises(pltpu.errors.MosaicError,
+                       match=r"Not implemented: Only i32 arith\.addi is supported"):
+        pltpu.compile(lambda x: f(x, add=True), x, chip="v5e")

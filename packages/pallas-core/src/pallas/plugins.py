@@ -41,6 +41,9 @@ from pallas._src.interpreter.rules import (
     register_interpret_rule,
     register_interpret_schedule,
 )
+from pallas._src.interpreter.views import add_flat as add_view
+from pallas._src.interpreter.views import read_flat as read_view
+from pallas._src.interpreter.views import swap_flat as swap_view
 from pallas._src.jax_compat import axis_index_p
 from pallas._src.memory import MemoryRef, MemorySpace, SemaphoreSpace, is_semaphore_space
 from pallas._src.mesh import CoreMesh, Mesh, core_map_p
@@ -127,6 +130,9 @@ __all__ = [
     "private_core_imports",
     # Backend interpret modes (params objects that run kernels in their own simulator).
     "InterpretMode", "forced_interpret", "forced_interpret_mode", "set_forced_interpret",
+    # An array read, written and added to through a ref's (flattened) transforms:
+    # indexers, reshapes and bitcasts (``swap_view`` returns ``(old, new_array)``).
+    "read_view", "swap_view", "add_view",
     # Refs (and their ref.at views) packed as primitive operands.
     "RefOperands", "ref_and_transforms", "ref_operands_end", "unpack_ref_operands",
     # Kernel jaxprs print a backend primitive's ref access as `a[i]`, as core's own.

@@ -8,7 +8,7 @@ backend; the README lists them.
 from pallas import PrefetchScalarGridSpec
 from pallas import load as load
 from pallas import store as store
-from pallas_tpu import compiler, core
+from pallas_tpu import compiler, core, errors
 from pallas_tpu import plugin as _plugin  # noqa: F401 - registers the interpreter rules
 from pallas_tpu.__about__ import __version__
 from pallas_tpu._src.compiler_params import (
@@ -107,4 +107,4 @@ UPSTREAM_NAMES = (
 )
 
 __all__ = [*UPSTREAM_NAMES, "AsyncCopyDescriptor", "KernelType", "TensorCoreMesh",
-           "__version__", "compile", "compiler"]
+           "__version__", "compile", "compiler", "errors"]

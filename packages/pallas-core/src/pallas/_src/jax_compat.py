@@ -31,6 +31,7 @@ from jax._src.state import discharge as state_discharge
 from jax._src.state import indexing as state_indexing
 from jax._src.state import primitives as state_primitives
 from jax._src.state import types as state_types
+from jax._src.state import utils as state_utils
 
 # Re-exported modules (used by other pallas-core modules as ``jc.<module>``).
 __all__ = [
@@ -47,6 +48,9 @@ AccumEffect = state_types.AccumEffect
 NDIndexer = state_indexing.NDIndexer
 Slice = state_indexing.Slice
 ds = state_indexing.ds
+ReshapeTransform = state_types.ReshapeTransform  # ref.reshape(...)
+BitcastTransform = state_types.BitcastTransform  # ref.bitcast(...)
+state_bitcast = state_utils.bitcast  # an array as a ref.bitcast view shows it (TPU layout)
 get_p = state_primitives.get_p
 swap_p = state_primitives.swap_p
 addupdate_p = state_primitives.addupdate_p

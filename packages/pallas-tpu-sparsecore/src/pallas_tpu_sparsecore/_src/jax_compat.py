@@ -13,10 +13,11 @@ from jax._src import core, effects
 from jax._src import linear_util as lu
 from jax._src import tpu_custom_call as _tcc
 from jax._src.interpreters import partial_eval as pe
-from jax._src.state import discharge as state_discharge
 from jax._src.state import indexing as state_indexing
 from jax._src.state import primitives as state_primitives
 from jax._src.state import types as state_types
+
+from pallas import plugins  # reads and writes through ref views (indexers, reshapes, bitcasts)
 
 Primitive = core.Primitive
 ShapedArray = core.ShapedArray
@@ -60,12 +61,12 @@ def transformed_aval(ref_aval, transforms):
 
 def get_view(value, flat_transforms, tree):
     """The part of ``value`` a ref with these (flattened) transforms sees."""
-    return state_discharge._get_discharge(value, flat_transforms, tree)
+    return plugins.read_view(value, flat_transforms, tree)
 
 
 def set_view(value, new, flat_transforms, tree):
     """``value`` with the part seen through the transforms replaced by ``new``."""
-    _, out = state_discharge._swap_discharge(value, new, flat_transforms, tree)
+    _, out = plugins.swap_view(value, new, flat_transforms, tree)
     return out
 
 

@@ -16,9 +16,10 @@ from jax._src import pjit as _pjit
 from jax._src import tpu_custom_call as _tcc
 from jax._src.interpreters import mlir
 from jax._src.interpreters import partial_eval as pe
-from jax._src.state import discharge as state_discharge
 from jax._src.state import indexing as state_indexing
 from jax._src.state import types as state_types
+
+from pallas import plugins  # reads and writes through ref views (indexers, reshapes, bitcasts)
 
 __all__ = [
     "AbstractRef", "ClosedJaxpr", "Literal", "NDIndexer", "Primitive", "ShapedArray",
@@ -62,18 +63,18 @@ tile_p = _lax.tile_p
 
 def get_view(value, flat_transforms, tree):
     """The part of array ``value`` that a ref with these (flattened) transforms sees."""
-    return state_discharge._get_discharge(value, flat_transforms, tree)
+    return plugins.read_view(value, flat_transforms, tree)
 
 
 def add_view(value, new, flat_transforms, tree):
     """``value`` with ``new`` added to the part seen through the transforms; repeated
     array indices each add their contribution."""
-    return state_discharge._addupdate_discharge(value, new, flat_transforms, tree)
+    return plugins.add_view(value, new, flat_transforms, tree)
 
 
 def set_view(value, new, flat_transforms, tree):
     """``value`` with the part seen through the transforms replaced by ``new``."""
-    _, out = state_discharge._swap_discharge(value, new, flat_transforms, tree)
+    _, out = plugins.swap_view(value, new, flat_transforms, tree)
     return out
 
 

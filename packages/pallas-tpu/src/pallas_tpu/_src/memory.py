@@ -101,6 +101,11 @@ class SemaphoreType(enum.Enum):
     def get_memory_ref(self) -> MemoryRef:
         return self(())
 
+    def get_ref_aval(self):
+        """The type of the ref a single semaphore of this kind is (as upstream: to trace a
+        function that takes one)."""
+        return self.get_memory_ref().get_ref_aval()
+
     def __str__(self) -> str:
         return self.value
 

@@ -10,7 +10,8 @@
 - Dtypes: Mosaic TPU has no 64-bit, complex or sub-byte (int4/uint4/fp4) types in kernels.
 - ``dimension_semantics`` has one entry per grid dimension;
   ``allow_input_fusion`` one entry per input.
-- SMEM holds 32-bit scalars.
+- SMEM holds 32-bit scalars, and 8- and 16-bit integers (Mosaic loads and stores them;
+  scalar arithmetic on them it rejects, as ``pallas_tpu.errors.MosaicError``).
 - Every primitive in the kernel has a Mosaic lowering rule.
 """
 
@@ -67,10 +68,11 @@ def _check_block(bm) -> None:
                     f"pl.Element({d.block_size}, padding=...) for that dim"
                 )
     if space is MemorySpace.SMEM:
-        if jnp.dtype(bm.array_aval.dtype).itemsize != 4:
+        dt = jnp.dtype(bm.array_aval.dtype)
+        if dt.itemsize != 4 and not (dt.kind in "iu" and dt.itemsize in (1, 2)):
             raise TypeError(
                 f"pallas_call operand {bm.origin} is placed in SMEM with dtype "
-                f"{jnp.dtype(bm.array_aval.dtype).name}; SMEM holds 32-bit values only"
+                f"{dt.name}; SMEM holds 32-bit values (and 8- or 16-bit integers) only"
             )
         return
     if bm.whole:

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas._src import jax_compat as jc
+from pallas._src.interpreter import views
 from pallas._src.interpreter.rules import interpret_rules, register_interpret_rule
 
 
@@ -164,19 +165,14 @@ def eval_closed(ctx, closed_jaxpr, args):
 
 
 # ------------------------------------------------------------------------------------
-# State primitives: read and write the cell's value through JAX's own discharge rules.
-
-
-def _discharge(prim, eqn, args):
-    in_avals = [v.aval for v in eqn.invars]
-    out_avals = [v.aval for v in eqn.outvars]
-    return jc.discharge_rules[prim](in_avals, out_avals, *args, **eqn.params)
+# State primitives: read and write the cell's value through the ref's transforms
+# (indexers, reshapes, bitcasts; see ``views``).
 
 
 def _check_initialized(ctx, eqn, cell: Cell, idx) -> None:
     if not ctx.check_uninitialized or cell.init is None:
         return
-    _, mask = _discharge(jc.get_p, eqn, [cell.init, *idx])
+    mask = views.read_mask(cell.init, jnp.result_type(cell.value), idx, eqn.params["tree"])
     ctx.report_read(jnp.all(mask), cell, f"read of uninitialised memory in {cell.origin}")
 
 
@@ -184,20 +180,16 @@ def _check_initialized(ctx, eqn, cell: Cell, idx) -> None:
 def _get_rule(ctx, eqn, invals):
     cell, *idx = invals
     _check_initialized(ctx, eqn, cell, idx)
-    _, out = _discharge(jc.get_p, eqn, [cell.value, *idx])
-    return [out]
+    return [views.read_flat(cell.value, idx, eqn.params["tree"])]
 
 
 @register_interpret_rule(jc.swap_p)
 def _swap_rule(ctx, eqn, invals):
     cell, val, *idx = invals
-    new_invals, old = _discharge(jc.swap_p, eqn, [cell.value, val, *idx])
-    cell.value = new_invals[0]
+    old, cell.value = views.swap_flat(cell.value, val, idx, eqn.params["tree"])
     if cell.init is not None:
-        new_mask, _ = _discharge(
-            jc.swap_p, eqn, [cell.init, jnp.ones(jnp.shape(val), jnp.bool_), *idx]
-        )
-        cell.init = new_mask[0]
+        cell.init = views.written_mask(cell.init, jnp.result_type(cell.value), idx,
+                                       eqn.params["tree"])
     return [old]
 
 
@@ -205,8 +197,7 @@ def _swap_rule(ctx, eqn, invals):
 def _addupdate_rule(ctx, eqn, invals):
     cell, val, *idx = invals
     _check_initialized(ctx, eqn, cell, idx)
-    new_invals, _ = _discharge(jc.addupdate_p, eqn, [cell.value, val, *idx])
-    cell.value = new_invals[0]
+    cell.value = views.add_flat(cell.value, val, idx, eqn.params["tree"])
     return []
 
 

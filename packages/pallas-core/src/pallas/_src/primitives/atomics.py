@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas._src import jax_compat as jc
+from pallas._src.interpreter import views
 from pallas._src.interpreter.rules import register_interpret_rule
 from pallas._src.primitives.pretty import RefAccess, register_ref_access_printer, transforms_of
 
@@ -137,20 +138,20 @@ _COMBINE = {
 
 def _read_modify_write(ctx, cell, idx, tree, combine, mask):
     """Reads the view, writes ``combine(old)`` where ``mask``; returns the old values."""
-    old = jc.state_discharge._get_discharge(cell.value, idx, tree)
+    old = views.read_flat(cell.value, idx, tree)
     if cell.init is not None and ctx.check_uninitialized:
-        init = jc.state_discharge._get_discharge(cell.init, idx, tree)
+        init = views.read_flat(cell.init, idx, tree)
         read = init if mask is None else jnp.logical_or(init, jnp.logical_not(mask))
         ctx.report_read(jnp.all(read), cell,
                         f"atomic on uninitialised memory in {cell.origin}")
     new = combine(old)
     if mask is not None:
         new = jnp.where(mask, new, old)
-    _, cell.value = jc.state_discharge._swap_discharge(cell.value, new, idx, tree)
+    _, cell.value = views.swap_flat(cell.value, new, idx, tree)
     if cell.init is not None:
-        cur = jc.state_discharge._get_discharge(cell.init, idx, tree)
+        cur = views.read_flat(cell.init, idx, tree)
         now = jnp.ones_like(cur) if mask is None else jnp.logical_or(cur, mask)
-        _, cell.init = jc.state_discharge._swap_discharge(cell.init, now, idx, tree)
+        _, cell.init = views.swap_flat(cell.init, now, idx, tree)
     return old
 
 

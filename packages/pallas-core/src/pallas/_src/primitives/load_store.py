@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas._src import jax_compat as jc
+from pallas._src.interpreter import views
 from pallas._src.interpreter.rules import register_interpret_rule
 from pallas._src.primitives.pretty import RefAccess, register_ref_access_printer, transforms_of
 
@@ -162,7 +163,7 @@ def _masked_get(value, idx, tree):
     the lanes that are not)."""
     window = _window_indices(idx, tree)
     if window is None:
-        return jc.state_discharge._get_discharge(value, idx, tree)
+        return views.read_flat(value, idx, tree)
     return value.at[window].get(mode="fill", fill_value=0)
 
 
@@ -171,7 +172,7 @@ def _masked_set(value, new, idx, tree):
     edges are dropped, never clamped onto elements inside the array."""
     window = _window_indices(idx, tree)
     if window is None:
-        return jc.state_discharge._swap_discharge(value, new, idx, tree)[1]
+        return views.swap_flat(value, new, idx, tree)[1]
     return value.at[window].set(new, mode="drop")
 
 
@@ -183,10 +184,11 @@ def _load_rule(ctx, eqn, invals):
     it = iter(extra)
     mask = next(it) if eqn.params["has_mask"] else None
     other = next(it) if eqn.params["has_other"] else None
-    get = jc.state_discharge._get_discharge if mask is None else _masked_get
+    get = views.read_flat if mask is None else _masked_get
     value = get(cell.value, idx, tree)
     if cell.init is not None and ctx.check_uninitialized:
-        init = get(cell.init, idx, tree)
+        init = (views.read_mask(cell.init, jnp.result_type(cell.value), idx, tree)
+                if mask is None else get(cell.init, idx, tree))
         read = init if mask is None else jnp.logical_or(init, jnp.logical_not(mask))
         ctx.report_read(jnp.all(read), cell, f"read of uninitialised memory in {cell.origin}")
     if mask is not None:
@@ -201,10 +203,9 @@ def _swap_rule(ctx, eqn, invals):
     tree = eqn.params["tree"]
     idx, extra = _split(rest, tree, 1)
     if not eqn.params["has_mask"]:
-        old, cell.value = jc.state_discharge._swap_discharge(cell.value, val, idx, tree)
+        old, cell.value = views.swap_flat(cell.value, val, idx, tree)
         if cell.init is not None:
-            _, cell.init = jc.state_discharge._swap_discharge(
-                cell.init, jnp.ones(val.shape, cell.init.dtype), idx, tree)
+            cell.init = views.written_mask(cell.init, jnp.result_type(cell.value), idx, tree)
         return [old]
     (mask,) = extra
     old = _masked_get(cell.value, idx, tree)

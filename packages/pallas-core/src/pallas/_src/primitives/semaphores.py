@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas._src import jax_compat as jc
+from pallas._src.interpreter import views
 from pallas._src.interpreter.rules import register_interpret_rule
 from pallas._src.primitives.load_store import _ref_and_transforms
 from pallas._src.primitives.pretty import RefAccess, register_ref_access_printer, transforms_of
@@ -78,18 +79,65 @@ def _semaphore_access(eqn) -> RefAccess:
     return RefAccess(eqn.invars[0], transforms, eqn.invars[end:])
 
 
-# `semaphore_signal[device_id_type=mesh] a[1] inc`, `c = semaphore_read a[...]`
-for _prim in (semaphore_signal_p, semaphore_wait_p, semaphore_read_p):
+# `semaphore_wait a[1] v`, `c = semaphore_read a[...]`
+for _prim in (semaphore_wait_p, semaphore_read_p):
     register_ref_access_printer(_prim, "op", _semaphore_access,
                                 hidden=("tree", "device_id_tree", "has_core"))
 
 
+def _pp_device_id(tree, leaves: list, context):
+    """A device id as it was written: ``b``, ``(b, c)``, ``{x: b}``, ``{x: (b, c)}``."""
+    docs = iter([jc.pp_var(v, context) for v in leaves])
+    marker = object()
+    shaped = jax.tree_util.tree_unflatten(tree, [marker] * tree.num_leaves)
+
+    def doc(x):
+        if x is marker:
+            return next(docs)
+        if isinstance(x, dict):
+            items = [jc.pp.concat([jc.pp.text(f"{k}: "), doc(v)]) for k, v in x.items()]
+            return jc.pp.concat([jc.pp.text("{"), jc.pp.join(jc.pp.text(", "), items),
+                                 jc.pp.text("}")])
+        if isinstance(x, (tuple, list)):
+            return jc.pp.concat([jc.pp.text("("), jc.pp.join(jc.pp.text(", "),
+                                                                [doc(v) for v in x]),
+                                 jc.pp.text(")")])
+        return jc.pp.text(str(x))
+
+    return doc(shaped)
+
+
+def _pp_signal(eqn, context, settings):
+    """`semaphore_signal a[1] inc`, then the device id as written (`{x: b}`, `(b, c)`)
+    and `core=c`; a logical device id is marked `logical`."""
+    p = eqn.params
+    transforms, end = transforms_of(eqn, 1, p["tree"])
+    rest = list(eqn.invars[end:])
+    inc, rest = rest[0], rest[1:]
+    parts = [jc.pp.text("semaphore_signal "),
+             jc.pp_ref_transforms(context, eqn.invars[0], tuple(transforms or ())),
+             jc.pp.text(" "), jc.pp_var(inc, context)]
+    dev_tree = p["device_id_tree"]
+    if dev_tree is not None and dev_tree.num_leaves:
+        n = dev_tree.num_leaves
+        parts += [jc.pp.text(" "), _pp_device_id(dev_tree, rest[:n], context)]
+        rest = rest[n:]
+        if p["device_id_type"] is not DeviceIdType.MESH:
+            parts.append(jc.pp.text(f" {p['device_id_type'].value}"))
+    if p["has_core"]:
+        parts += [jc.pp.text(" core="), jc.pp_var(rest[0], context)]
+    return jc.pp.concat(parts)
+
+
+jc.pp_eqn_rules[semaphore_signal_p] = _pp_signal
+
+
 def _view(cell, idx, tree):
-    return jc.state_discharge._get_discharge(cell.value, idx, tree)
+    return views.read_flat(cell.value, idx, tree)
 
 
 def _update(cell, idx, tree, new):
-    _, cell.value = jc.state_discharge._swap_discharge(cell.value, new, idx, tree)
+    _, cell.value = views.swap_flat(cell.value, new, idx, tree)
 
 
 @register_interpret_rule(semaphore_signal_p)

@@ -92,7 +92,16 @@ class CompiledKernel:
                 f"{mix['scalar']})")
 
 
-class TpuCompileError(Exception):
+class MosaicError(Exception):
+    """Mosaic TPU rejected a kernel: its verifier or compiler does not accept (or does
+    not implement) what the kernel asks of the chip. The message carries Mosaic's own
+    words (``Not implemented: Only i32 arith.addi is supported, ...``)."""
+
+
+MosaicError.__module__ = "pallas_tpu.errors"
+
+
+class TpuCompileError(MosaicError):
     """The TPU compiler rejected a kernel: names the kernel, the chip and its message."""
 
     def __init__(self, kernel: str, chip: str, message: str):

@@ -456,6 +456,7 @@ def _operand(spec_entry, invals):
 @rule(dma_prims.dma_start_p)
 def _dma_start_rule(core: Core, eqn, invals):
     p = eqn.params
+    dma_prims.check_copy_eqn(eqn)
     end, spec, site, remote = _static(eqn)
     src, sf, st = _operand(spec[0], invals)
     dst, df, dt = _operand(spec[1], invals)

@@ -107,6 +107,7 @@ def _dma_start(lctx, eqn, *invals):
     from pallas_tpu._src.primitives import refs as R
 
     p = eqn.params
+    dma.check_copy_eqn(eqn)
     end = R.spec_end(p["refs"])
     (src, ws), (dst, wd), (sem, wm), src_sem = _ref_views(p["refs"], invals[:end])
     if p["add"]:

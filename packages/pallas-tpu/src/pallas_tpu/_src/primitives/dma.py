@@ -32,7 +32,21 @@ dma_wait_p.multiple_results = True
 
 
 def _check_copy(src_ref, dst_ref, what: str) -> None:
-    src, dst = R.view_aval(src_ref), R.view_aval(dst_ref)
+    _check_views(R.view_aval(src_ref), R.view_aval(dst_ref), what)
+
+
+def check_copy_eqn(eqn, what: str = "async_copy") -> None:
+    """The check of :func:`_check_copy` on a ``dma_start`` equation, where the copy runs
+    or lowers: descriptors are made freely (upstream traces and prints a DMA between
+    refs of different shapes or dtypes), a DMA that moves them fails."""
+    avals = [v.aval for v in eqn.invars]
+    views = []
+    for pos, n, tree in eqn.params["refs"][:2]:
+        views.append(R.view_aval_from(avals[pos], avals[pos + 1:pos + 1 + n], tree))
+    _check_views(*views, what)
+
+
+def _check_views(src, dst, what: str) -> None:
     if not _same_shape(src.shape, dst.shape) or src.dtype != dst.dtype:
         raise ValueError(
             f"{what}: the source ({src.str_short()}) and destination ({dst.str_short()}) "
@@ -110,14 +124,12 @@ class AsyncCopyDescriptor:
 
 def make_async_copy(src_ref, dst_ref, sem) -> AsyncCopyDescriptor:
     """A DMA from ``src_ref`` to ``dst_ref`` signalling ``sem``; call ``.start()``/``.wait()``."""
-    _check_copy(src_ref, dst_ref, "make_async_copy")
     return AsyncCopyDescriptor(src_ref, dst_ref, sem)
 
 
 def async_copy(src_ref, dst_ref, sem, *, priority: int = 0,
                add: bool = False) -> AsyncCopyDescriptor:
     """Starts a DMA at once and returns its descriptor (``add=True`` accumulates)."""
-    _check_copy(src_ref, dst_ref, "async_copy")
     desc = AsyncCopyDescriptor(src_ref, dst_ref, sem, priority=priority, add=add)
     desc.start()
     return desc
@@ -141,7 +153,6 @@ def make_async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id,
                            device_id_type: DeviceIdType = DeviceIdType.MESH
                            ) -> AsyncCopyDescriptor:
     """A DMA from this device's ``src_ref`` to ``dst_ref`` on ``device_id``."""
-    _check_copy(src_ref, dst_ref, "make_async_remote_copy")
     return AsyncCopyDescriptor(src_ref, dst_ref, recv_sem, send_sem, device_id,
                                device_id_type)
 
@@ -191,6 +202,7 @@ def _set(cell, flat, tree, new):
 
 def dma_start_rule(ctx, eqn, invals):
     p = eqn.params
+    check_copy_eqn(eqn)
     if p["device_id_tree"] is not None:
         from pallas_tpu._src.primitives.remote import remote_dma_start
 
