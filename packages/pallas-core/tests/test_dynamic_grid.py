@@ -162,6 +162,11 @@ def test_vmap_of_the_grid_size_runs_one_call_per_element():
     np.testing.assert_array_equal(out[:, 0, 0], [8.0, 16.0, 2.0])
 
 
+def test_a_traced_grid_size_may_be_an_array_of_one_integer():
+    f = jax.jit(lambda steps: _counting_call((steps,))())
+    np.testing.assert_array_equal(f(jnp.asarray([5], jnp.int32)), np.full(SHAPE, 5.0))
+
+
 def test_a_traced_grid_size_must_be_an_integer_scalar():
     with pytest.raises(TypeError, match=r"grid\[0\] is a traced value of type float32\[\]"):
         jax.jit(lambda s: _counting_call((s,))())(jnp.float32(2))

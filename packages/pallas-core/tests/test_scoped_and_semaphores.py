@@ -285,3 +285,22 @@ def test_get_global_is_a_backend_feature_that_the_core_interpreter_refuses():
         _call(kernel, SDS((1,), jnp.int32))
     with pytest.raises(TypeError, match=r"get_global\(what=3\)"):
         _call(lambda o_ref: pl.get_global(3), SDS((1,), jnp.int32))
+
+
+def test_refs_a_kernel_allocates_with_jax_empty_ref_and_new_ref_are_scratch():
+    """``jax.empty_ref``/``jax.new_ref`` inside a kernel allocate scratch (as
+    ``run_scoped``): the call has no effect outside (it runs eagerly and under jit)."""
+    def kernel(x_ref, y_ref):
+        acc = jax.empty_ref(jax.ShapeDtypeStruct(y_ref.shape, y_ref.dtype))
+        ones = jax.new_ref(jnp.ones(y_ref.shape, y_ref.dtype))
+        for i in range(4):
+            acc[:, i] = x_ref[...] + i
+        y_ref[...] = acc[...] * ones[...]
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 4), jnp.int32),
+                       interpret=True)
+    x = jnp.arange(8, dtype=jnp.int32)
+    expected = jnp.arange(8)[:, None] + jnp.arange(4)[None, :]
+    np.testing.assert_array_equal(f(x), expected)
+    np.testing.assert_array_equal(jax.jit(f)(x), expected)
+    assert not jax.make_jaxpr(f)(x).effects

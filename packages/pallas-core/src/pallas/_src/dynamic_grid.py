@@ -46,19 +46,20 @@ def unzip_dynamic_grid(grid) -> tuple[tuple, tuple]:
 
     A size is dynamic when it is a traced value (e.g. computed inside ``jit``) or a
     symbolic dimension (shape polymorphism); the sizes keep their order. Static sizes are
-    checked when the grid is resolved; a traced size must be an integer scalar."""
+    checked when the grid is resolved; a traced size must be an integer scalar (or an
+    array of one integer, e.g. a size read from a shape-(1,) operand, as upstream)."""
     static, bounds = [], []
     for i, g in enumerate(grid):
         if isinstance(g, jax.core.Tracer):
             aval = jax.typeof(g)
-            if aval.shape != () or not jnp.issubdtype(aval.dtype, jnp.integer):
+            if aval.size != 1 or not jnp.issubdtype(aval.dtype, jnp.integer):
                 raise TypeError(
                     f"pallas_call grid[{i}] is a traced value of type {aval.str_short()}; a "
-                    f"dynamic grid size must be an integer scalar (e.g. int32[]). Got "
-                    f"grid={tuple(grid_str(d) for d in grid)}."
+                    f"dynamic grid size must be an integer scalar (e.g. int32[]) or an "
+                    f"array of one integer. Got grid={tuple(grid_str(d) for d in grid)}."
                 )
             static.append(dynamic_grid_dim)
-            bounds.append(g)
+            bounds.append(g.reshape(()) if aval.shape != () else g)
         elif jc.is_symbolic_dim(g):
             static.append(dynamic_grid_dim)
             bounds.append(g)

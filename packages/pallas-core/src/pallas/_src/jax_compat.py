@@ -48,6 +48,11 @@ AccumEffect = state_types.AccumEffect
 NDIndexer = state_indexing.NDIndexer
 Slice = state_indexing.Slice
 ds = state_indexing.ds
+# Refs a kernel allocates itself (jax.new_ref / jax.empty_ref) and their effect.
+new_ref_p = core.ref_p
+empty_ref_p = core.empty_ref_p
+free_ref_p = core.free_ref_p
+InternalMutableArrayEffect = core.InternalMutableArrayEffect
 ReshapeTransform = state_types.ReshapeTransform  # ref.reshape(...)
 BitcastTransform = state_types.BitcastTransform  # ref.bitcast(...)
 state_bitcast = state_utils.bitcast  # an array as a ref.bitcast view shows it (TPU layout)

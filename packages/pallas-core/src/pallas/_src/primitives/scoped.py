@@ -116,3 +116,27 @@ def _run_scoped_rule(ctx, eqn, invals):
         for i, t in enumerate(p["types"])
     ]
     return eval_jaxpr(ctx, p["jaxpr"], (), [*invals, *new])
+
+
+# Refs a kernel allocates with JAX's own ``jax.empty_ref(ty, memory_space=...)`` or
+# ``jax.new_ref(value, memory_space=...)`` are scratch, as ``run_scoped``'s buffers: they
+# live until the kernel (program) ends.
+
+
+@register_interpret_rule(jc.empty_ref_p)
+def _empty_ref_rule(ctx, eqn, invals):
+    ty = eqn.params["ty"]
+    t = MemoryRef(jc.ShapedArray(ty.shape, ty.dtype), eqn.params["memory_space"])
+    return [fresh_cell(t, "jax.empty_ref buffer", ctx.check_uninitialized)]
+
+
+@register_interpret_rule(jc.new_ref_p)
+def _new_ref_rule(ctx, eqn, invals):
+    (value,) = invals
+    init = jnp.ones(jnp.shape(value), jnp.bool_) if ctx.check_uninitialized else None
+    return [Cell(value, "jax.new_ref buffer", init, eqn.params["memory_space"])]
+
+
+@register_interpret_rule(jc.free_ref_p)
+def _free_ref_rule(ctx, eqn, invals):
+    return []

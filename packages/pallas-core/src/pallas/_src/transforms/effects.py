@@ -41,10 +41,12 @@ def register_kernel_local_effect(effect_type: type) -> type:
 
 def call_effects(jaxpr, grid_names=None) -> set:
     """The effects a ``pallas_call`` of ``jaxpr`` has outside the kernel: not the
-    kernel's reads and writes of its own refs, nor kernel-local effects, nor the named
+    kernel's reads and writes of its own refs, nor of refs it allocates itself
+    (``jax.empty_ref`` in a kernel is scratch), nor kernel-local effects, nor the named
     axes of its own grid or mesh (``grid_names``; bound only inside the kernel)."""
     own = set(grid_names or ())
     return {e for e in jaxpr.effects if not isinstance(e, jc.JaxprInputEffect)
+            and not isinstance(e, jc.InternalMutableArrayEffect)
             and type(e) not in _KERNEL_LOCAL_EFFECTS
             and not (isinstance(e, jc.NamedAxisEffect) and e.name in own)}
 
