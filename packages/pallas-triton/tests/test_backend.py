@@ -95,6 +95,26 @@ def test_small_and_integer_dots_fall_back_to_multiply_and_sum():
         np.testing.assert_allclose(out, np.full((16, 16), 8.0))
 
 
+@pytest.mark.parametrize(("m", "k", "n", "dtype"), [
+    (8, 256, 128, jnp.int8),  # the quantised matmul of the conformance catalogue
+    (128, 8, 64, jnp.bfloat16), (64, 256, 4, jnp.float16)])
+def test_large_products_with_a_small_dimension_pad_to_a_tensor_core_dot(m, k, n, dtype):
+    # As (M, K, N) and summed, an (8, 256) x (256, 128) int8 product kept AMD's LLVM
+    # backend compiling for over 15 minutes; padded with zeros it is one tl.dot.
+    def kernel(a_ref, b_ref, o_ref):
+        o_ref[...] = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=o_ref.dtype)
+
+    acc = jnp.int32 if dtype == jnp.int8 else jnp.float32
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((m, n), acc))
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.integers(-8, 8, (m, k)), dtype)
+    b = jnp.asarray(rng.integers(-8, 8, (k, n)), dtype)
+    src = pltriton.inspect(f, a, b)
+    assert "tl.dot(" in src and "tl.sum(" not in src
+    want = jnp.dot(a, b, preferred_element_type=acc)  # exact: small integers
+    np.testing.assert_array_equal(pltriton.emulate(f, a, b), want)
+
+
 def test_input_output_aliases_in_emulation():
     def kernel(x_ref, o_ref):
         o_ref[0:8] = x_ref[0:8] + 1.0

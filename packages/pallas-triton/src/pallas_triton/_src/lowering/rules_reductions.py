@@ -135,9 +135,13 @@ def _dot_general(ctx, eqn, a, b):
     k = a.shape[lc[0]]
     tensor_core_types = ("float16", "bfloat16", "float32", "int8", "float8_e4m3fn",
                          "float8_e5m2")
-    if min(m, n, k) < 16 or dtype_name(a.dtype) not in tensor_core_types or (
+    if dtype_name(a.dtype) not in tensor_core_types or (
             dtype_name(a.dtype) != dtype_name(b.dtype)):
         return _dot_by_sum(ctx, eqn, a_expr, b_expr, a, b, nb, (m, k, n))
+    if min(m, n, k) < 16:
+        if not _pads_to_dot(nb, a.dtype, (m, k, n)):
+            return _dot_by_sum(ctx, eqn, a_expr, b_expr, a, b, nb, (m, k, n))
+        return _padded_dot(ctx, eqn, a_expr, b_expr, a, (m, k, n))
     acc = pref if is_float(pref) or is_signed_int(pref) else dtype
     out_t = "tl.float32" if is_float(acc) and dtype_name(acc) != "float16" else tl_dtype(acc)
     if is_signed_int(acc):
@@ -147,6 +151,62 @@ def _dot_general(ctx, eqn, a, b):
         expr = f"({expr}).to({tl_dtype(dtype)})"
     return _emit(ctx, eqn, expr)
 
+
+
+# A small dimension's product of at least this many elements is padded to a tensor-core
+# dot rather than formed as (M, K, N) and summed: an (8, 256) x (256, 128) int8 product
+# as a 262144-element sum took AMD's LLVM backend over 15 minutes to compile.
+_PAD_FROM = 1 << 16
+
+
+def _pads_to_dot(nb, dtype, mkn) -> bool:
+    """Whether a product with a dimension under 16 becomes ``tl.dot`` on zero-padded
+    operands: large enough for the sum to cost (see ``_PAD_FROM``), 2-D, powers of two,
+    and not f32 (``tl.dot`` would round f32 to TF32 where the exact sum does not)."""
+    m, k, n = mkn
+    return (nb == 0 and m * k * n >= _PAD_FROM and dtype_name(dtype) != "float32"
+            and all(d & (d - 1) == 0 for d in mkn))
+
+
+def _pad(ctx, expr: str, shape: tuple, axis: int, rows: int) -> str:
+    """``expr`` of 2-D ``shape`` widened along ``axis`` to ``rows`` by interleaving zeros
+    (Triton has no concatenation: join with zeros, then fold the pair into ``axis``);
+    the original entries land on multiples of ``rows // shape[axis]``."""
+    cur, other = shape[axis], shape[1 - axis]
+    x = ctx.em.assign(expr, shape, None)
+    while cur < rows:
+        joined = f"tl.join({x.expr}, tl.zeros_like({x.expr}))"
+        if axis == 0:
+            joined = f"tl.permute({joined}, (0, 2, 1))"
+        cur *= 2
+        new = (cur, other) if axis == 0 else (other, cur)
+        x = ctx.em.assign(f"tl.reshape({joined}, {list(new)})", new, None)
+    return x.expr
+
+
+def _padded_dot(ctx, eqn, a_expr, b_expr, a, mkn):
+    """``tl.dot`` of operands zero-padded to 16 in each dimension under 16; the rows and
+    columns of the padding are dropped from the result again (``tl.split``)."""
+    shape, dtype = _out(eqn)
+    m, k, n = mkn
+    pm, pk, pn = max(m, 16), max(k, 16), max(n, 16)
+    a_p = _pad(ctx, _pad(ctx, a_expr, (m, k), 1, pk), (m, pk), 0, pm)
+    b_p = _pad(ctx, _pad(ctx, b_expr, (k, n), 0, pk), (pk, n), 1, pn)
+    acc = "tl.int32" if not is_float(a.dtype) else "tl.float32"
+    y = ctx.em.assign(f"tl.dot({a_p}, {b_p}, out_dtype={acc})", (pm, pn), None)
+    rows, cols = pm, pn
+    while cols > n:  # undo the column padding: the originals are the even columns
+        cols //= 2
+        y = ctx.em.assign(f"tl.split(tl.reshape({y.expr}, [{rows}, {cols}, 2]))[0]",
+                          (rows, cols), None)
+    while rows > m:  # and the row padding: the even rows
+        rows //= 2
+        y = ctx.em.assign(f"tl.split(tl.permute(tl.reshape({y.expr}, [{rows}, 2, {cols}]), "
+                          f"(0, 2, 1)))[0]", (rows, cols), None)
+    expr = y.expr
+    if acc != tl_dtype(dtype):
+        expr = f"({expr}).to({tl_dtype(dtype)})"
+    return _emit(ctx, eqn, expr)
 
 
 def _dot_by_sum(ctx, eqn, a_expr, b_expr, a, b, nb, mkn):
