@@ -5,13 +5,17 @@
 ``embedding_lookup(table, ids)`` is ``table[ids]``: every vector subcore gathers its share
 of the rows from HBM with one indexed DMA. ``embedding_grad(grads, ids, vocab)`` is
 ``zeros((vocab, dim)).at[ids].add(grads)``, the gradient of the lookup with respect to the
-table: every vector subcore owns a range of table rows, zeroes it, and scatter-adds into
-it the gradient rows whose ids fall in its range (the others are masked with
-``plsc.Indices(..., ignored_value=-1)``); repeated ids add up. No two subcores write the
-same row, so no synchronisation is needed.
+table: every vector subcore owns a range of table rows, zeroes it in a ``VMEM_SHARED``
+accumulator, scatter-adds into it the gradient rows whose ids fall in its range (the
+others are masked with ``plsc.Indices(..., ignored_value=-1)``; repeated ids add up), and
+copies its range out. No two subcores write the same row, so no synchronisation is
+needed. (The TPU compiler takes scatter-adds into ``VMEM_SHARED``, not into HBM.) Both
+kernels use SparseCore tiling (``use_tc_tiling_on_sc=False``): the rows are narrower than
+the 128 elements an indexed DMA moves under TensorCore tiling.
 
 The script runs both in the interpreter on CPU, compares them with plain JAX, and lowers
-them for a TPU SparseCore (no TPU needed), printing the Mosaic ops used.
+them for a TPU SparseCore (no TPU needed), printing the Mosaic ops used; with libtpu
+installed (``pallas-tpu[compile]``) ``pallas_tpu.compile`` compiles them for a chip.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from jax import lax  # noqa: E402
 import pallas as pl  # noqa: E402
 import pallas_tpu as pltpu  # noqa: E402
 import pallas_tpu_sparsecore as plsc  # noqa: E402
+
+SC_TILING = pltpu.CompilerParams(use_tc_tiling_on_sc=False)
 
 
 def _mesh():
@@ -51,7 +57,7 @@ def embedding_lookup(table, ids, *, interpret=False):
         raise ValueError(f"batch ({batch}) must be a multiple of the {mesh.size} subcores")
 
     @functools.partial(
-        pl.kernel, mesh=mesh, interpret=interpret,
+        pl.kernel, mesh=mesh, interpret=interpret, compiler_params=SC_TILING,
         out_type=jax.ShapeDtypeStruct((batch, dim), table.dtype),
         scratch_types=[pltpu.VMEM((per,), jnp.int32), pltpu.VMEM((per, dim), table.dtype),
                        pltpu.SemaphoreType.DMA])
@@ -80,19 +86,20 @@ def embedding_grad(grads, ids, vocab: int, *, interpret=False):
                          f"batch ({batch}) of the {lanes} lanes, and dim ({dim}) = {lanes}")
 
     @functools.partial(
-        pl.kernel, mesh=mesh, interpret=interpret,
+        pl.kernel, mesh=mesh, interpret=interpret, compiler_params=SC_TILING,
         out_type=jax.ShapeDtypeStruct((vocab, dim), grads.dtype),
         scratch_types=[pltpu.VMEM((batch,), jnp.int32), pltpu.VMEM((lanes,), jnp.int32),
                        pltpu.VMEM((lanes, dim), grads.dtype),
-                       pltpu.VMEM((own, dim), grads.dtype), pltpu.SemaphoreType.DMA])
-    def kernel(grads_hbm, ids_hbm, out_hbm, ids_v, mine_v, rows_v, zeros_v, sem):
+                       pltpu.VMEM((own, dim), grads.dtype),
+                       pltpu.VMEM_SHARED((vocab, dim), grads.dtype), pltpu.SemaphoreType.DMA])
+    def kernel(grads_hbm, ids_hbm, out_hbm, ids_v, mine_v, rows_v, own_v, acc, sem):
         lo = _worker(mesh) * own
 
         @pl.loop(0, own)
         def _(r):
-            zeros_v[r] = jnp.zeros((dim,), grads.dtype)
+            own_v[r] = jnp.zeros((dim,), grads.dtype)
 
-        pltpu.sync_copy(zeros_v, out_hbm.at[pl.ds(lo, own)])
+        pltpu.sync_copy(own_v, acc.at[pl.ds(lo, own)])
         pltpu.sync_copy(ids_hbm, ids_v)
 
         @pl.loop(0, batch // lanes)
@@ -101,8 +108,11 @@ def embedding_grad(grads, ids, vocab: int, *, interpret=False):
             i = ids_v[chunk]
             mine_v[...] = jnp.where((i >= lo) & (i < lo + own), i, -1)
             pltpu.sync_copy(grads_hbm.at[chunk], rows_v)
-            pltpu.async_copy(rows_v, out_hbm.at[plsc.Indices(mine_v, ignored_value=-1)],
+            pltpu.async_copy(rows_v, acc.at[plsc.Indices(mine_v, ignored_value=-1)],
                              sem, add=True).wait()
+
+        pltpu.sync_copy(acc.at[pl.ds(lo, own)], own_v)
+        pltpu.sync_copy(own_v, out_hbm.at[pl.ds(lo, own)])
 
     return kernel(grads, ids)
 

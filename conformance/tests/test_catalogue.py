@@ -60,11 +60,7 @@ OTHER_PLATFORMS = {("triton", "rocm"): ("dot/f16_to_f16", "atomics/add_returns_o
 # compiler rejects some of what the TPU backends pass at lower/emulate; the lowering
 # work drives this list to empty). Strict: a case that starts to compile fails
 # here until its line is removed. The CLI reports every such case as a failure.
-KNOWN_COMPILE_FAILURES = {
-    ("mosaic_sparsecore", "sparsecore/embedding_gather"):
-        "'tpu.enqueue_indirect_dma' op Not implemented: expected slice size (8) to be "
-        "aligned with source (gather operand) tiling (128)",
-}
+KNOWN_COMPILE_FAILURES: dict[tuple[str, str], str] = {}
 
 # Cases too slow for CI at any level (minutes on 2 cores: the grid-KV flash-attention
 # backward is six kernels, each traced, lowered and run per level); the CLI and

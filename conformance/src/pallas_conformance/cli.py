@@ -47,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--chip", default=None,
                    help="the chip the compile level compiles for (TPU backends: v4, v5e, "
                         "v5p, v6e, 7x; default: the backend's, v5e for mosaic_tpu and "
-                        "v5p for mosaic_sparsecore); recorded in the report")
+                        "v5p for mosaic_sparsecore; a backend whose targets are chips, "
+                        "as mosaic_sparsecore, also traces the cases for it); recorded in "
+                        "the report")
     p.add_argument("-k", dest="keyword", help="only cases whose name contains this")
     p.add_argument("--tag", "-t", action="append", dest="tags",
                    help="only cases with this tag (repeatable)")
@@ -87,8 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         backend = resolve_backend(args.backend)
         if backend is not None:
-            with backend.targeting(args.platform or backend.platforms[0], args.target):
+            platform = args.platform or backend.platforms[0]
+            with backend.targeting(platform, args.target):
                 pass
+            if args.chip and args.target is None:
+                # A backend whose targets are chips (mosaic_sparsecore: lanes per vector
+                # depend on it) also traces the cases for the chip compiled for.
+                try:
+                    with backend.targeting(platform, args.chip):
+                        args.target = args.chip
+                except ValueError:
+                    pass
     except (pallas.plugins.BackendNotFoundError, ValueError) as e:
         print(f"pallas-conformance: {e}", file=sys.stderr)
         return 2

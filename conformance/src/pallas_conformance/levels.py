@@ -390,6 +390,14 @@ class CaseRunner:
 
     def _run(self, case: Case, level: str) -> tuple[str, str]:
         b = self.backend
+        if b is None:
+            return self._run_levels(None, case, level)
+        # Every level, the interpreter's too, under the backend's target: a case's inputs
+        # and kernels may depend on it (e.g. lanes per vector of a SparseCore chip).
+        with b.targeting(self.platform, self.target):
+            return self._run_levels(b, case, level)
+
+    def _run_levels(self, b, case: Case, level: str) -> tuple[str, str]:
         if level == "interpret":
             missing = unclaimed(case, interpreter_claims())
             if missing:
@@ -407,8 +415,7 @@ class CaseRunner:
         missing = unclaimed(case, claimed_tags(b))
         if missing:
             return UNSUPPORTED, f"{b.name} does not claim {', '.join(missing)}"
-        with b.targeting(self.platform, self.target):
-            return self._run_backend(b, case, level)
+        return self._run_backend(b, case, level)
 
     def _request(self, eqn, **extra) -> KernelRequest:
         options = {"platform": self.platform}

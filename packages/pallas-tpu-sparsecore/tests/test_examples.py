@@ -46,3 +46,4 @@ def test_embedding_grad_sums_repeated_ids(lower_tpu):
     assert op_names(m).count("tpu.enqueue_indirect_dma") == 1 and "add = true" in text
     assert "offset_filter" in text
 
+

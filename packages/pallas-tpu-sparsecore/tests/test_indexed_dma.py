@@ -53,7 +53,10 @@ def perm(lanes):
 def _gather(vector_kernel, lanes, kind, interpret=True, ignored=None):
     n = lanes if kind != "ref_view" else lanes // 2
 
+    # SparseCore tiling: rows of 4 elements (under TensorCore tiling, upstream's
+    # default, an indexed DMA moves multiples of 128 and lowering refuses these).
     @vector_kernel(sds((lanes, 4), I32), interpret=interpret,
+                   compiler_params=pltpu.CompilerParams(use_tc_tiling_on_sc=False),
                    scratch=[pltpu.VMEM((lanes,), I32), pltpu.VMEM((lanes, 4), I32)])
     def k(t_hbm, i_hbm, fill_hbm, o_hbm, iv, rows):
         pltpu.sync_copy(i_hbm, iv)

@@ -16,6 +16,7 @@ import pallas_tpu_sparsecore as plsc
 from pallas_tpu.inspect import backend_configs, op_names
 
 F32, I32 = jnp.float32, jnp.int32
+SC_TILING = pltpu.CompilerParams(use_tc_tiling_on_sc=False)
 
 
 def sds(shape, dtype):
@@ -120,12 +121,14 @@ def test_indexed_dma_lowers_to_indirect_dma(lanes, lower_tpu):
                                   num_subcores=1)
 
     @functools.partial(pl.kernel, out_type=sds((64, 8), F32), mesh=mesh,
+                       compiler_params=SC_TILING,
                        scratch_types=[pltpu.VMEM((lanes,), I32), pltpu.VMEM((lanes, 8), F32),
-                                      pltpu.SemaphoreType.DMA])
-    def k(t_hbm, i_hbm, o_hbm, iv, rows, sem):
+                                      pltpu.VMEM_SHARED((64, 8), F32), pltpu.SemaphoreType.DMA])
+    def k(t_hbm, i_hbm, o_hbm, iv, rows, acc, sem):
         pltpu.sync_copy(i_hbm, iv)
         pltpu.async_copy(t_hbm.at[iv[...]], rows, sem).wait()
-        pltpu.async_copy(rows, o_hbm.at[iv[...]], sem, add=True).wait()
+        pltpu.async_copy(rows, acc.at[iv[...]], sem, add=True).wait()
+        pltpu.sync_copy(acc, o_hbm)
 
     _, (module,) = lower_tpu(k, jnp.zeros((64, 8), F32), jnp.zeros((lanes,), I32))
     ops = op_names(module)
@@ -171,3 +174,96 @@ def test_chip_from_compiler_params_sets_the_lane_check(lower_tpu):
     lower_tpu(make("v5p", 8), jnp.zeros((8,), F32))
     with pytest.raises(Exception, match=r"shape \(16,\).*8 lanes of a TPU v5p.*\(8,\)"):
         lower_tpu(make("v5p", 16), jnp.zeros((16,), F32))
+
+
+def _indexed(rows_shape, dtype, *, scatter_add=False, params=SC_TILING, chip="v5p"):
+    """A one-subcore kernel gathering rows of a table by index (or scatter-adding them
+    into the output in HBM)."""
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
+                                  num_subcores=1)
+    n = rows_shape[0]
+
+    @functools.partial(pl.kernel, out_type=sds((64, *rows_shape[1:]), dtype), mesh=mesh,
+                       compiler_params=params,
+                       scratch_types=[pltpu.VMEM((n,), I32), pltpu.VMEM(rows_shape, dtype),
+                                      pltpu.SemaphoreType.DMA])
+    def k(t_hbm, i_hbm, o_hbm, iv, rows, sem):
+        pltpu.sync_copy(i_hbm, iv)
+        pltpu.async_copy(t_hbm.at[iv], rows, sem).wait()
+        if scatter_add:
+            pltpu.async_copy(rows, o_hbm.at[iv], sem, add=True).wait()
+        else:
+            pltpu.sync_copy(rows, o_hbm.at[pl.ds(0, n)])
+
+    def run(lower_tpu):
+        with plsc.target_chip(chip):
+            return lower_tpu(k, jnp.zeros((64, *rows_shape[1:]), dtype), jnp.zeros((n,), I32))
+
+    return run
+
+
+def test_indexed_dmas_libtpu_rejects_are_refused_when_lowering(lower_tpu):
+    # Measured with pallas_tpu.compile (v5p, v6e, 7x): these are Mosaic errors deep in
+    # libtpu; here they are MosaicUnsupported (conformance: unsupported) naming the DMA.
+    from pallas.plugins import LevelUnsupportedError
+
+    with pytest.raises(LevelUnsupportedError,
+                       match=r"scatter into a f32\[64, 8\] ref, add=True\) on TPU v5p: the "
+                             r"SparseCore compiler cannot scatter-add into HBM.*VMEM_SHARED"):
+        _indexed((8, 8), F32, scatter_add=True)(lower_tpu)
+    # TensorCore tiling (upstream's default): 32-bit rows of a multiple of 128 elements.
+    tc = pltpu.CompilerParams()
+    with pytest.raises(LevelUnsupportedError,
+                       match=r"gather from a f32\[64, 8\] ref\) on TPU v5p: under TensorCore "
+                             r"tiling.*row: 8 elements of 32 bits.*use_tc_tiling_on_sc=False"):
+        _indexed((8, 8), F32, params=tc)(lower_tpu)
+    with pytest.raises(LevelUnsupportedError, match=r"128 elements of 16 bits"):
+        _indexed((8, 128), jnp.bfloat16, params=tc)(lower_tpu)
+    _indexed((8, 128), F32, params=tc)(lower_tpu)
+    _indexed((8, 16), jnp.bfloat16)(lower_tpu)
+
+
+def test_scalar_subcores_run_on_one_sparsecore_or_all(lower_tpu):
+    def make(cores):
+        mesh = plsc.ScalarSubcoreMesh(axis_name="c", num_cores=cores)
+
+        @functools.partial(pl.kernel, out_type=sds((cores, 16), I32), mesh=mesh,
+                           scratch_types=[pltpu.SMEM((16,), I32)])
+        def k(x_hbm, o_hbm, s):
+            c = jax.lax.axis_index("c")
+            pltpu.sync_copy(x_hbm.at[c], s)
+            pltpu.sync_copy(s, o_hbm.at[c])
+
+        return k
+
+    from pallas.plugins import LevelUnsupportedError
+
+    with plsc.target_chip("v5p"):
+        for cores in (1, 4):
+            lower_tpu(make(cores), jnp.zeros((cores, 16), I32))
+        with pytest.raises(LevelUnsupportedError,
+                           match=r"over 2 SparseCores of TPU v5p.*valid mesh sizes: 1 or 4"):
+            lower_tpu(make(2), jnp.zeros((2, 16), I32))
+
+
+def test_a_row_of_a_2d_ref_is_one_lanes_wide_vector(lanes, lower_tpu):
+    # ref[r] = v on a (rows, lanes) ref: a (1, lanes) vector is not a vreg type of a
+    # vector subcore (libtpu: 'Result type is not a valid vmask or vreg type'); the row
+    # is a squeezed memref accessed with a (lanes,) vector.
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
+                                  num_subcores=1)
+
+    @functools.partial(pl.kernel, out_type=sds((4, lanes), F32), mesh=mesh,
+                       scratch_types=[pltpu.VMEM((4, lanes), F32)])
+    def k(x_hbm, o_hbm, rows):
+        pltpu.sync_copy(x_hbm, rows)
+
+        @pl.loop(0, 4)
+        def _(r):
+            rows[r] = rows[r] * 2.0
+
+        pltpu.sync_copy(rows, o_hbm)
+
+    _, (module,) = lower_tpu(k, jnp.zeros((4, lanes), F32))
+    text = str(module)
+    assert "tpu.memref_squeeze" in text and f"vector<1x{lanes}xf32>" not in text

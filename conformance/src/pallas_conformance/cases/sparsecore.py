@@ -29,10 +29,18 @@ except ImportError:  # pragma: no cover - depends on the installed packages
 SUBCORES = 4
 VOCAB, DIM, BATCH = 96, 8, 64
 ANY = pl.BlockSpec(memory_space=pl.ANY)
+# Rows of DIM=8 floats: an indexed DMA moves them under SparseCore tiling only (under
+# TensorCore tiling, upstream's default, rows are multiples of 128 32-bit elements).
+SC_TILING = pltpu.CompilerParams(use_tc_tiling_on_sc=False) if pltpu else None
 
 
 def _lanes() -> int:
     return plsc.get_sparse_core_info().num_lanes
+
+
+def _cores() -> int:
+    # All the chip's SparseCores: libtpu runs scalar subcores on one SparseCore or all.
+    return plsc.get_sparse_core_info().num_cores
 
 
 def _ids(rng, n, hi, repeats=True):
@@ -58,7 +66,7 @@ def embedding_gather(pallas_call, table, ids):
 
     return pallas_call(
         kernel, out_shape=sds((BATCH, DIM), table.dtype), grid=(1, SUBCORES),
-        in_specs=[ANY, ANY], out_specs=ANY,
+        in_specs=[ANY, ANY], out_specs=ANY, compiler_params=SC_TILING,
         scratch_shapes=[pltpu.VMEM((per,), jnp.int32), pltpu.VMEM((per, DIM), table.dtype),
                         pltpu.SemaphoreType.DMA])(table, ids)
 
@@ -97,7 +105,7 @@ def gather_skipping(pallas_call, table, ids, fill):
 
     return pallas_call(
         kernel, out_shape=sds(fill.shape, fill.dtype), grid=(1, 1),
-        in_specs=[ANY, ANY, ANY], out_specs=ANY,
+        in_specs=[ANY, ANY, ANY], out_specs=ANY, compiler_params=SC_TILING,
         scratch_shapes=[pltpu.VMEM((n,), jnp.int32), pltpu.VMEM(fill.shape, fill.dtype),
                         pltpu.SemaphoreType.DMA])(table, ids, fill)
 
@@ -132,7 +140,7 @@ def vector_histogram(pallas_call, values, bins):
 
 
 def scalar_running_max(pallas_call, x):
-    """Scalar subcores (a (cores,) grid): core c copies row c to SMEM and writes its
+    """Scalar subcores (a (cores,) grid over every SparseCore): core c copies row c to SMEM and writes its
     running maximum, element by element in a loop with a data-dependent branch."""
     n = x.shape[1]
 
@@ -231,7 +239,8 @@ def _register():
          inputs=lambda rng: (randn(rng, (SUBCORES, _lanes())),),
          reference=lambda x: jnp.roll(x * 2.0, -1, axis=0))(barrier_exchange)
     case("sparsecore/scalar_subcore_running_max", tags={"sparsecore"},
-         inputs=lambda rng: (jnp.asarray(rng.integers(-50, 50, (2, 16)), jnp.int32),),
+         inputs=lambda rng: (jnp.asarray(rng.integers(-50, 50, (_cores(), 16)),
+                                         jnp.int32),),
          reference=lambda x: jnp.asarray(np.maximum.accumulate(np.asarray(x), axis=1)),
          )(scalar_running_max)
 

@@ -31,7 +31,7 @@ are ``ir.Value`` (vectors, or scalars for rank 0), :class:`RefVal` (refs) or
 
 from __future__ import annotations
 
-from pallas_tpu._src.enums import LoweringException
+from pallas_tpu._src.enums import LoweringException, MosaicUnsupported
 from pallas_tpu._src.lowering import types
 from pallas_tpu._src.lowering.common import (
     aval_in,
@@ -64,7 +64,7 @@ from pallas_tpu._src.primitives.refs import unflatten as unflatten_refs
 from pallas_tpu._src.tpu_info import SparseCoreInfo
 
 __all__ = [
-    "Lit", "LoweringContext", "LoweringException", "RULES", "RefIndex", "RefVal",
+    "Lit", "LoweringContext", "LoweringException", "MosaicUnsupported", "RULES", "RefIndex", "RefVal",
     "SparseCoreInfo", "Window",
     "apply_transforms", "aval_in", "aval_out", "broadcast_to", "const", "convert",
     "cost_dict", "dma_start_p", "dma_wait_p", "is_any_space", "spec_end",

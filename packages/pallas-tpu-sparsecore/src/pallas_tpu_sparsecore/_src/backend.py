@@ -33,6 +33,17 @@ def target_info(params):
     return get_sparse_core_info_for_chip(chip) if chip is not None else get_sparse_core_info()
 
 
+#: The chip the compile level compiles for when none is chosen.
+DEFAULT_COMPILE_CHIP = "v5p"
+
+
+def _traced_chip():
+    """The chip kernels are being traced for, if one was chosen; else the default."""
+    from pallas_tpu_sparsecore._src.info import chosen_chip
+
+    return chosen_chip() or DEFAULT_COMPILE_CHIP
+
+
 def _chip_of(params):
     from pallas_tpu_sparsecore._src.info import target_chip
 
@@ -108,18 +119,37 @@ class MosaicSparseCoreBackend(Backend):
         """Compiles the kernel with libtpu, the real TPU compiler, for a deviceless chip
         with SparseCores (``request.options["chip"]``, else ``plsc.CompilerParams(chip=)``,
         else ``$PALLAS_TPU_CHIP``, else v5p); the lowering checks the kernel against the
-        same chip. Returns a ``pallas_tpu.compiler.CompiledKernel``."""
+        same chip. Without any of those it is the chip the kernel was traced for, when one
+        was chosen (:func:`plsc.target_chip`, ``$PALLAS_SPARSECORE_CHIP``), else v5p.
+        Returns a ``pallas_tpu.compiler.CompiledKernel``."""
         from pallas_tpu.compiler import compile_request, resolve_chip
         from pallas_tpu_sparsecore._src.info import canonical_chip
 
         params = as_params(request.compiler_params)
-        chip = resolve_chip(request.options.get("chip"), params, default="v5p")
+        chip = resolve_chip(request.options.get("chip"), params, default=_traced_chip())
         if not isinstance(params, CompilerParams):
             params = CompilerParams(**{f.name: getattr(params, f.name)
                                        for f in dataclasses.fields(params) if f.init})
         params = dataclasses.replace(params, chip=canonical_chip(chip))
         request = dataclasses.replace(request, compiler_params=params)
         return compile_request(request, backend=self.name, chip=chip, default_chip="v5p")
+
+    def targeting(self, platform: str, target=None):
+        """SparseCore kernels inside the block are traced, lowered and compiled for the
+        chip ``target`` (``"v5p"``, ``"v6e"``, ``"7x"``): their lanes per vector and
+        subcore counts depend on it. The conformance suite's ``--chip``/``--target``
+        reach here; without one it targets v5p (the compile level's default chip) unless
+        ``$PALLAS_SPARSECORE_CHIP`` chooses one."""
+        import os
+
+        from pallas_tpu_sparsecore._src.info import ENV_VAR, target_chip
+
+        if platform not in self.platforms:
+            raise ValueError(f"backend {self.name!r} lowers for {', '.join(self.platforms)}, "
+                             f"not for {platform!r}")
+        if target is None and os.environ.get(ENV_VAR):
+            return contextlib.nullcontext()
+        return target_chip(DEFAULT_COMPILE_CHIP if target is None else target)
 
     def interpret(self, request: KernelRequest, *args):
         """The kernel jaxpr in the core interpreter with the SparseCore rules (mesh

@@ -84,6 +84,14 @@ def current_chip() -> ChipVersion:
     return DEFAULT_CHIP
 
 
+def chosen_chip() -> ChipVersion | None:
+    """The chip chosen by :func:`target_chip` or the environment variable, else None."""
+    if _override:
+        return _override[-1]
+    env = os.environ.get(ENV_VAR)
+    return canonical_chip(env) if env else None
+
+
 def get_sparse_core_info() -> SparseCoreInfo:
     """The SparseCore figures of the target chip (see :func:`current_chip`).
 

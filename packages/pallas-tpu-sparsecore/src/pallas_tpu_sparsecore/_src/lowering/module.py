@@ -21,7 +21,7 @@ from pallas_tpu import CoreType, MemorySpace
 from pallas_tpu import extend as tpx
 from pallas_tpu_sparsecore._src import jax_compat as jc
 from pallas_tpu_sparsecore._src.info import SparseCoreInfo
-from pallas_tpu_sparsecore._src.lowering import rules as _rules  # noqa: F401 (registers)
+from pallas_tpu_sparsecore._src.lowering import rules as _rules  # (also registers)
 from pallas_tpu_sparsecore._src.lowering.table import RULES
 
 BACKEND = "mosaic_sparsecore"
@@ -47,10 +47,26 @@ def _operand_space(bm):
     return tpx.types.space_of(space)
 
 
+def _check_core_count(core_type: CoreType, grid: tuple, info: SparseCoreInfo,
+                      name: str) -> None:
+    """libtpu compiles a scalar-subcore kernel over one SparseCore or all of them (v5p:
+    1 or 4; 2 and 3 are 'Core-parallel dimension must be less than or equal to the
+    number of active cores'), so other counts are refused before it."""
+    from pallas_tpu_sparsecore._src.info import current_chip
+
+    cores = grid[0]
+    if core_type is CoreType.SC_SCALAR_SUBCORE and cores not in (1, info.num_cores):
+        raise tpx.MosaicUnsupported(
+            f"{name}: a scalar-subcore kernel over {cores} SparseCores of TPU "
+            f"{current_chip()}: the SparseCore compiler runs scalar subcores on one "
+            f"SparseCore or on all {info.num_cores}; valid mesh sizes: 1 or "
+            f"{info.num_cores} (plsc.ScalarSubcoreMesh(num_cores=...))")
+
+
 def build_module(jaxpr, gm, name: str, info: SparseCoreInfo) -> SparseCoreKernel:
     """Lowers the kernel jaxpr of a SparseCore mesh kernel to a verified module."""
-    del info  # figures are checked by validate(); kept for future layout choices
     core_type = core_type_of(gm)
+    _check_core_count(core_type, tuple(gm.grid), info, name)
     ctx = tpx.new_context()
     with ctx, ir.Location.unknown():
         module = ir.Module.create()
@@ -108,6 +124,15 @@ def _tiling(params):
     return jc.COMPACT_TILING
 
 
+def _build(jaxpr, gm, name: str, info: SparseCoreInfo, params) -> SparseCoreKernel:
+    """:func:`build_module` with the rules told the kernel's memref tiling."""
+    token = _rules.TC_TILING.set(_tiling(params) is jc.COMPACT_TILING)
+    try:
+        return build_module(jaxpr, gm, name, info)
+    finally:
+        _rules.TC_TILING.reset(token)
+
+
 def custom_call_kwargs(kernel: SparseCoreKernel, params, cost_estimate) -> dict:
     return dict(
         cost_estimate=tpx.cost_dict(cost_estimate),
@@ -132,7 +157,7 @@ def custom_call_kwargs(kernel: SparseCoreKernel, params, cost_estimate) -> dict:
 
 def lower_to_custom_call(ctx, *in_nodes, jaxpr, grid_mapping, params, info, cost_estimate,
                          name, metadata, out_avals):
-    kernel = build_module(jaxpr, grid_mapping, name, info)
+    kernel = _build(jaxpr, grid_mapping, name, info, params)
     return jc.lower_module_to_custom_call(
         ctx, *in_nodes, module=kernel.module, out_type=tuple(out_avals),
         kernel_name=name.split(" ")[0],
@@ -145,6 +170,6 @@ def lower_to_custom_call(ctx, *in_nodes, jaxpr, grid_mapping, params, info, cost
 
 def backend_config(jaxpr, grid_mapping, params, info, cost_estimate, name: str) -> bytes:
     """The ``tpu_custom_call`` backend config :func:`lower_to_custom_call` attaches."""
-    kernel = build_module(jaxpr, grid_mapping, name, info)
+    kernel = _build(jaxpr, grid_mapping, name, info, params)
     kw = custom_call_kwargs(kernel, params, cost_estimate)
     return jc.backend_config_of(kernel.module, **kw).to_json()

@@ -5,21 +5,26 @@ A vector subcore register holds ``(lanes,)`` 32-bit elements (``supported_shapes
 loading or storing another shape is a clear lowering error naming the shape and the
 valid ones. ``pltpu.async_copy(x_hbm.at[idx], rows_vmem, sem)`` (an int32 index vector
 on the first dimension of the HBM side) lowers to ``tpu.enqueue_indirect_dma`` and its
-wait to ``tpu.wait_indirect_dma``; other DMAs lower as on a TensorCore.
+wait to ``tpu.wait_indirect_dma``; other DMAs lower as on a TensorCore. Indexed DMAs that
+libtpu's SparseCore compiler rejects are refused here (``MosaicUnsupported``, see
+:func:`_check_indirect`).
 """
 
 from __future__ import annotations
 
+import contextvars
+import math
+
 import jax
 import jax.numpy as jnp
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import memref, vector
+from jaxlib.mlir.dialects import arith, memref, vector
 from jaxlib.mosaic.python import tpu
 
 from pallas_tpu import MemorySpace
 from pallas_tpu import extend as tpx
 from pallas_tpu_sparsecore._src import jax_compat as jc
-from pallas_tpu_sparsecore._src.info import check_vector_shape
+from pallas_tpu_sparsecore._src.info import check_vector_shape, current_chip
 from pallas_tpu_sparsecore._src.lowering.table import rule
 
 
@@ -41,11 +46,29 @@ def _load(w, aval):
         return tpx.load_window(w, aval.dtype)
     check_vector_shape("loading a vector from a ref on a SparseCore vector subcore: the "
                        "vector", aval.shape, aval.dtype)
+    squeezed = _squeezed(w, aval)
+    if squeezed is not None:
+        return tpu.vector_load(tpx.types.aval_type(aval), squeezed,
+                               _zeros(len(aval.shape)), strides=[])
     full = tpx.types.value_type(w.full_shape, aval.dtype)
     v = tpu.vector_load(full, ref.memref, tpx.window_indices(w), strides=[])
     if tuple(w.full_shape) != tuple(aval.shape):
         v = vector.shape_cast(tpx.types.aval_type(aval), v)
     return v
+
+
+def _zeros(n: int) -> list:
+    return [arith.ConstantOp(ir.IndexType.get(), 0).result for _ in range(n)]
+
+
+def _squeezed(w, aval):
+    """The window's memref with its integer-indexed dims dropped (``ref[r]`` of a 2-D
+    ref), so that the access is one ``(lanes,)`` vector: a ``(1, lanes)`` vector is not
+    a vreg type of a vector subcore (libtpu: 'Result type is not a valid vmask or vreg
+    type'). None when no dim is dropped or the window is strided."""
+    if tuple(w.full_shape) == tuple(aval.shape) or any(s != 1 for s in w.strides):
+        return None
+    return tpx.window_memref(w)
 
 
 def _store(w, value, aval):
@@ -58,6 +81,10 @@ def _store(w, value, aval):
         return
     check_vector_shape("storing a vector to a ref on a SparseCore vector subcore: the "
                        "vector", aval.shape, aval.dtype)
+    squeezed = _squeezed(w, aval)
+    if squeezed is not None:
+        tpu.vector_store(value, squeezed, _zeros(len(aval.shape)), strides=[])
+        return
     if tuple(w.full_shape) != tuple(aval.shape):
         value = vector.shape_cast(tpx.types.value_type(w.full_shape, aval.dtype), value)
     tpu.vector_store(value, ref.memref, tpx.window_indices(w), strides=[])
@@ -132,6 +159,43 @@ def _views(spec, invals):
     return out
 
 
+#: Whether the kernel being lowered keeps TensorCore (compact) tiling for its memrefs
+#: (``use_tc_tiling_on_sc`` not False, upstream's default) rather than SparseCore tiling.
+TC_TILING = contextvars.ContextVar("pallas_tpu_sparsecore_tc_tiling", default=True)
+
+# The row size (elements) an indexed DMA moves must be a multiple of this under
+# TensorCore tiling (the minor tile of a compact 32-bit memref).
+_TC_TILE_LANES = 128
+
+
+def _check_indirect(src_mem, dst_mem, *, gather: bool, add: bool) -> None:
+    """Refuses indexed DMAs that libtpu's SparseCore compiler rejects (measured with
+    ``pallas_tpu.compile`` for v5p, v6e and 7x): a scatter-add into HBM, and under
+    TensorCore tiling rows that are not 32-bit or not a multiple of 128 elements."""
+    side = ir.MemRefType(src_mem.type if gather else dst_mem.type)
+    shape, dtype = tuple(side.shape), side.element_type
+    what = (f"an indexed DMA ({'gather from' if gather else 'scatter into'} a "
+            f"{dtype}{list(shape)} ref{', add=True' if add else ''}) on TPU {current_chip()}")
+    space = str(side.memory_space) if side.memory_space is not None else ""
+    if add and not gather and ("hbm" in space or "any" in space or not space):
+        raise tpx.MosaicUnsupported(
+            f"{what}: the SparseCore compiler cannot scatter-add into HBM (libtpu: "
+            f"'IndirectStreamAddStartOp doesn't support transfer from TileSpmem to HBM'); "
+            f"valid: scatter-add into a pltpu.VMEM_SHARED scratch ref (then copy it to HBM), "
+            f"or add=True on a gather into VMEM")
+    if not TC_TILING.get():
+        return
+    row = math.prod(shape[1:])
+    width = getattr(dtype, "width", 32)
+    if width != 32 or row % _TC_TILE_LANES:
+        raise tpx.MosaicUnsupported(
+            f"{what}: under TensorCore tiling (use_tc_tiling_on_sc not False, the default) "
+            f"the SparseCore compiler moves rows of 32-bit elements in multiples of "
+            f"{_TC_TILE_LANES} (this row: {row} elements of {width} bits); valid: "
+            f"pltpu.CompilerParams(use_tc_tiling_on_sc=False) (SparseCore tiling), or rows "
+            f"of a multiple of {_TC_TILE_LANES} 32-bit elements")
+
+
 @rule(tpx.dma_start_p)
 def _dma_start(lctx, eqn, *invals):
     p = eqn.params
@@ -152,6 +216,7 @@ def _dma_start(lctx, eqn, *invals):
     else:
         dst_mem, offsets, ignored = scatter
         src_mem = tpx.window_memref(tpx.apply_transforms(src, sf, st))
+    _check_indirect(src_mem, dst_mem, gather=gather is not None, add=bool(p["add"]))
     filt = None if ignored is None else tpx.const((), jnp.int32, int(ignored))
     tpu.enqueue_indirect_dma(src_mem, dst_mem, offsets, sem_ref, offset_filter=filt,
                              add=bool(p["add"]))
