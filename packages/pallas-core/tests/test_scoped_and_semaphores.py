@@ -72,14 +72,15 @@ def test_run_scoped_with_keyword_and_pytree_types():
     np.testing.assert_array_equal(_call(kernel, SDS((4,), jnp.float32)), [3, 3, 3, 3])
 
 
-def test_with_scoped_decorator_runs_immediately_and_returns_the_result():
+def test_with_scoped_makes_a_function_whose_calls_get_fresh_refs_after_their_args():
     def kernel(o_ref):
-        @pl.with_scoped(pl.ANY((2, 2), jnp.int32))
-        def total(tmp_ref):
+        @pl.with_scoped(pl.ANY((2, 2), jnp.int32), w_ref=pl.ANY((2, 2), jnp.int32))
+        def total(scale, tmp_ref, w_ref):
             tmp_ref[...] = jnp.arange(4, dtype=jnp.int32).reshape(2, 2)
-            return jnp.sum(tmp_ref[...])
+            w_ref[...] = jnp.full((2, 2), scale, jnp.int32)
+            return jnp.sum(tmp_ref[...] * w_ref[...])
 
-        o_ref[0] = total
+        o_ref[0] = total(1)
 
     np.testing.assert_array_equal(_call(kernel, SDS((1,), jnp.int32)), [6])
 

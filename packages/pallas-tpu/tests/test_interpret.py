@@ -299,3 +299,30 @@ def test_dma_between_reshaped_views_copies_in_row_major_order():
         in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
         out_specs=pl.BlockSpec(memory_space=pl.ANY), interpret=True)(x)
     np.testing.assert_array_equal(y, x[:8])
+
+
+def _copy_with(sem_type, use_sem):
+    def kernel(x_hbm, y_hbm):
+        pl.run_scoped(lambda sem: use_sem(x_hbm, y_hbm, sem), sem_type)
+
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=ANY)], out_specs=pl.BlockSpec(memory_space=ANY),
+        interpret=True)
+
+
+def test_a_dma_signals_one_semaphore_not_an_array_of_them():
+    f = _copy_with(pltpu.SemaphoreType.DMA((1,)),
+                   lambda x, y, sem: pltpu.async_copy(x, y, sem).wait())
+    with pytest.raises(ValueError, match=r"Cannot signal a DMA semaphore view of shape \(1,\)"):
+        jax.eval_shape(f, jnp.zeros((8, 128)))
+    g = _copy_with(pltpu.SemaphoreType.DMA((1,)),
+                   lambda x, y, sem: pltpu.async_copy(x, y, sem.at[0]).wait())
+    np.testing.assert_array_equal(g(jnp.ones((8, 128))), 1.0)
+
+
+def test_a_dma_wait_on_a_regular_semaphore_points_to_semaphore_wait():
+    f = _copy_with(pltpu.SemaphoreType.REGULAR,
+                   lambda x, y, sem: pltpu.async_copy(x, y, sem).wait())
+    with pytest.raises(ValueError, match="REGULAR semaphore.*pl.semaphore_wait"):
+        jax.eval_shape(f, jnp.zeros((8, 128)))

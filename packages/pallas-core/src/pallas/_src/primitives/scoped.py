@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -59,10 +60,19 @@ def run_scoped(f: Callable[..., Any], *types: Any, collective_axes=(), **kw_type
 
 
 def with_scoped(*types: Any, collective_axes=(), **kw_types: Any):
-    """Decorator form of :func:`run_scoped`."""
+    """Decorator form of :func:`run_scoped`, as upstream: the decorated ``f`` becomes a
+    function that, each time it is called with some arguments, runs ``f`` with those
+    arguments followed by fresh refs of ``types`` (and ``kw_types`` as keywords)."""
 
     def decorator(f):
-        return run_scoped(f, *types, collective_axes=collective_axes, **kw_types)
+        @functools.wraps(f)
+        def scoped(*args, **kwargs):
+            def body(*refs, **kw_refs):
+                return f(*args, *refs, **kwargs, **kw_refs)
+
+            return run_scoped(body, *types, collective_axes=collective_axes, **kw_types)
+
+        return scoped
 
     return decorator
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from pallas import DeviceIdType
 from pallas_tpu._src import jax_compat as jc
-from pallas_tpu._src.memory import SemaphoreType
+from pallas_tpu._src.memory import SemaphoreType, canonical_space
 from pallas_tpu._src.primitives import dma_indexed as DI
 from pallas_tpu._src.primitives import refs as R
 
@@ -63,6 +63,29 @@ def _same_shape(a, b) -> bool:
                for x, y in zip(a, b))
 
 
+def _check_semaphore(sem, verb: str) -> None:
+    """A DMA signals, and its wait consumes, one DMA semaphore (as upstream: a ValueError
+    at trace time otherwise)."""
+    if not isinstance(sem, (jax.core.Tracer, jc.TransformedRef)):
+        return
+    aval = R.view_aval(sem)
+    if aval.shape != ():
+        raise ValueError(
+            f"Cannot {verb} a DMA semaphore view of shape {aval.shape}: a DMA uses one "
+            f"semaphore; index the semaphore array (sem.at[i])")
+    base, _ = R.ref_and_transforms(sem)
+    space = getattr(jax.typeof(base), "memory_space", None)
+    try:
+        kind = canonical_space(space)
+    except ValueError:
+        return
+    if verb == "wait on" and kind is SemaphoreType.REGULAR:
+        raise ValueError(
+            "Cannot wait on a REGULAR semaphore with a DMA wait: a DMA signals a "
+            "pltpu.SemaphoreType.DMA semaphore; wait on a REGULAR semaphore with "
+            "pl.semaphore_wait")
+
+
 def _flat_device_id(device_id):
     if device_id is None:
         return [], None
@@ -89,6 +112,9 @@ class AsyncCopyDescriptor:
 
     def start(self, priority: int | None = None) -> None:
         """Starts the copy."""
+        _check_semaphore(self.dst_sem, "signal")
+        if self.src_sem is not None:
+            _check_semaphore(self.src_sem, "signal")
         prio = self.priority if priority is None else int(priority)
         refs = R.FlatRefs(self.src_ref, self.dst_ref, self.dst_sem, self.src_sem)
         dev, dev_tree = _flat_device_id(self.device_id)
@@ -98,6 +124,7 @@ class AsyncCopyDescriptor:
         )
 
     def _wait(self, sem, kind: str) -> None:
+        _check_semaphore(sem, "wait on")
         refs = R.FlatRefs(sem, self.src_ref, self.dst_ref)
         dev, dev_tree = ([], None)
         if kind == "send":
