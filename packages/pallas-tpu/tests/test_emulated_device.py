@@ -134,20 +134,52 @@ def test_the_compile_step_is_recorded_as_skipped_or_done():
         assert k.compiled is None and "no compile level" in k.compile_skipped
 
 
-def test_remote_dmas_are_a_clear_error():
+def test_a_kernel_addressing_other_devices_runs_on_the_interpreter():
+    # The executors run one device's code: a remote copy (to the next device of a
+    # shard_map ring) runs with the interpreter's cross-device semantics instead.
+    from jax.sharding import PartitionSpec as P
+
+    n = min(2, len(jax.devices()))
+    mesh = jax.make_mesh((n,), ("d",))
+
     def kernel(x_ref, o_ref, send_sem, recv_sem):
-        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem, device_id=0,
+        right = jax.lax.rem(jax.lax.axis_index("d") + 1, n)
+        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send_sem, recv_sem,
+                                            device_id=right,
                                             device_id_type=pl.DeviceIdType.LOGICAL)
         copy.start()
         copy.wait()
 
-    call = pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype),
-        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-        out_specs=pl.BlockSpec(memory_space=pl.ANY),
-        scratch_shapes=[pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA])
-    with pl.emulate_device("tpu:v5e"), pytest.raises(pl.EmulationError, match="other devices"):
-        call(X)
+    def f(x):
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA])(x)
+
+    x = jax.device_put(jnp.arange(n * 8 * 128, dtype=jnp.float32).reshape(n * 8, 128),
+                       jax.NamedSharding(mesh, P("d")))
+    with pl.emulate_device("tpu:v5e"):
+        y = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("d"), out_specs=P("d"),
+                                  check_vma=False))(x)
+    np.testing.assert_array_equal(np.asarray(y), np.roll(np.asarray(x), 8, axis=0))
+    k = [k for k in _kernel_for("kernel") if k.device.spec == "tpu:v5e"][-1]
+    assert k.run is None and "core interpreter" in k.executor
+    assert k.compiled is None and "other devices" in k.compile_skipped
+
+
+def test_the_interpreter_starts_a_semaphore_output_at_zero(async_copy_across_calls):
+    # Regression: it started at the poison value, so a DMA's signal (its size in bytes)
+    # read as a negative count and the emulated next kernel's wait blocked.
+    def start(x_ref, o_ref, sem):
+        pltpu.make_async_copy(x_ref, o_ref, sem).start()
+
+    anys = pl.BlockSpec(memory_space=pl.ANY)
+    _, sem = pl.pallas_call(
+        start, in_specs=[anys], out_specs=(anys, pl.BlockSpec(memory_space=pltpu.SEMAPHORE)),
+        out_shape=(jax.ShapeDtypeStruct.like(X), pltpu.SemaphoreType.DMA(())),
+        interpret=True)(X)
+    assert int(sem) == X.nbytes
 
 
 def test_shard_map_over_cpu_devices():

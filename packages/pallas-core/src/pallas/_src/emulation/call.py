@@ -13,6 +13,12 @@ backend generated for that device:
 3. the backend's executor plan is built (``Backend.emulator``) and runs on the operands,
    as numpy arrays on the host, once per call.
 
+A kernel that addresses other devices (remote DMAs and semaphore signals: a
+``device_id``) is neither compiled alone (its device ids and mesh axes exist only in
+its ``shard_map`` program) nor executed by the executors, which run one device's code:
+it runs with the cross-device semantics of the core interpreter (each device's
+instance of the kernel, in ``shard_map``), and its :class:`EmulatedKernel` says so.
+
 Steps 1-3 happen once per kernel, device and operand types (the lowering is also cached
 by ``jax.jit``); a call costs one host callback.
 """
@@ -56,8 +62,11 @@ class EmulatedKernel:
       backend: the name of the backend that lowered it.
       compiled: what the backend's compiler returned (``None`` when skipped).
       compile_skipped: why the compile step was skipped (``""`` when it ran).
-      run: the executor plan: ``run(*operands) -> outputs``.
-      calls: how many times it ran.
+      run: the executor plan: ``run(*operands) -> outputs``; ``None`` for a kernel that
+        addresses other devices, which the interpreter runs (see ``executor``).
+      calls: how many times the executor ran it.
+      executor: what executes it: the backend's executor of the generated code, or the
+        core interpreter (for a kernel that addresses other devices).
     """
 
     name: str
@@ -65,8 +74,9 @@ class EmulatedKernel:
     backend: str
     compiled: Any
     compile_skipped: str
-    run: Callable[..., Any]
+    run: Callable[..., Any] | None
     calls: int = 0
+    executor: str = ""
 
 
 _cache: dict = {}
@@ -172,17 +182,24 @@ def prepare(dev: EmulatedDevice, b, request: KernelRequest) -> EmulatedKernel:
         return hit[1]
     remote = remote_operations(request.jaxpr)
     if remote:
-        raise EmulationError(
-            f"pallas_call {request.name} on the emulated device {dev}: the kernel addresses "
-            f"other devices ({', '.join(sorted(set(remote)))} with a device_id), which the "
-            f"{b.name} executor cannot run: it executes one device's code. Run it with the "
-            f"backend's interpret mode (e.g. interpret=pltpu.InterpretParams()), which "
-            f"simulates every device")
-    compiled, skipped = _compile(b, request, dev)
+        # Its device ids and mesh axes exist only within its shard_map program; the
+        # compile step compiles a kernel alone.
+        compiled, skipped = None, (
+            "the kernel addresses other devices, so it is compiled only within its "
+            "shard_map program, not alone")
+    else:
+        compiled, skipped = _compile(b, request, dev)
     if skipped:
         log.info("pallas_call %s on %s: compile step skipped: %s", request.name, dev, skipped)
-    run = b.emulator(request)
-    kernel = EmulatedKernel(request.name, dev, b.name, compiled, skipped, run)
+    if remote:
+        # The executors run one device's code; the interpreter runs every device's.
+        run, executor = None, (
+            f"the core interpreter (the kernel addresses other devices: "
+            f"{', '.join(sorted(set(remote)))} with a device_id)")
+    else:
+        run, executor = b.emulator(request), f"the {b.name} executor"
+    kernel = EmulatedKernel(request.name, dev, b.name, compiled, skipped, run,
+                            executor=executor)
     with _lock:
         if len(_cache) >= _CACHE_SIZE:
             _cache.pop(next(iter(_cache)))
@@ -234,6 +251,10 @@ def lower_emulated(ctx, *in_nodes, dev: EmulatedDevice, jaxpr, grid_mapping, nam
         name=name, out_avals=tuple(out_avals), cost_estimate=cost_estimate,
         metadata=metadata, options=dev.compile_options())
     kernel = prepare(dev, b, request)
+    if kernel.run is None:
+        from pallas._src.pallas_call import lower_with_interpreter
+
+        return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping)
     out_types = [(tuple(a.shape), np.dtype(a.dtype)) for a in out_avals]
 
     def run(*operands):

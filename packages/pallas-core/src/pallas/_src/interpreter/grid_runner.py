@@ -28,7 +28,7 @@ from pallas._src import config
 from pallas._src.interpreter import analysis
 from pallas._src.interpreter import blocks as B
 from pallas._src.interpreter.evaluator import Cell, ErrorTable, KernelContext, eval_jaxpr
-from pallas._src.memory import uninitialized_value
+from pallas._src.memory import is_semaphore_space, uninitialized_value
 from pallas._src.primitives.scoped import fresh_cell
 
 
@@ -94,6 +94,10 @@ class _Plan:
                 init = ins[i]
             elif o in self.aliased_prefetch:
                 init = args[self.aliased_prefetch[o]]
+            elif is_semaphore_space(bm.memory_space):
+                # A semaphore output starts at count 0, as one allocated on the device:
+                # a DMA signals it by its size and the next kernel waits it down.
+                init = jnp.zeros(bm.array_aval.shape, bm.array_aval.dtype)
             else:
                 init = uninitialized_value(bm.array_aval.shape, bm.array_aval.dtype)
             self.out_pads.append(pads)

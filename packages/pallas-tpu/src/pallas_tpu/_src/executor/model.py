@@ -49,10 +49,12 @@ class Machine:
                 d[...] = data
                 del self.dmas[k]
                 return
-        if sem.shape == () and int(sem) > 0:
+        size = dst.nbytes if dst is not None else None
+        if sem.shape == () and int(sem) > 0 and (size is None or int(sem) >= size):
             # A DMA an earlier kernel started, and that completed at its end, signalled
-            # this semaphore (passed from kernel to kernel as an operand).
-            sem[...] = sem - 1
+            # this semaphore (passed from kernel to kernel as an operand) by its size in
+            # bytes, as the hardware and the interpreters count.
+            sem[...] = sem - (size if size is not None else sem)
             return
         raise ExecutorError("a DMA wait on a semaphore no DMA in flight signals: it would "
                             "block forever")
@@ -67,7 +69,7 @@ class Machine:
             if any(_within(sem, o) for o in operands) and any(
                     _within(dst, o) for o in operands):
                 dst[...] = data
-                sem[...] = sem + 1
+                sem[...] = sem + data.nbytes
             else:
                 lost.append(dst)
         self.dmas = []
