@@ -28,31 +28,23 @@ def _quickstart():
     return mod
 
 
-def test_quickstart_kernels_on_sm_80():
+def test_quickstart_kernels_on_sm_80_and_on_rocm_gfx942():
+    # One test for both GPUs: the quickstart and the reference results are made once.
     qs = _quickstart()
     picked = [e for e in qs.examples() if e[0].startswith(("add", "edge"))]
     assert len(picked) == 2
     for name, fn, _, args, tol in picked:
         want = fn(*args, interpret=True)
-        with pl.emulate_device("cuda:sm_80"):
-            got = fn(*args)
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=max(tol, 1e-6), err_msg=name)
-    kernels = [k for k in pallas.plugins.emulated_kernels()
-               if k.name.startswith("add_kernel") and k.device.spec == "cuda:sm_80"]
-    k = kernels[-1]
+        for device in ("cuda:sm_80", "rocm:gfx942"):
+            with pl.emulate_device(device):
+                got = fn(*args)
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=max(tol, 1e-6),
+                                       err_msg=f"{name} on {device}")
+    ran = {k.device.spec: k for k in pallas.plugins.emulated_kernels()
+           if k.name.startswith("add_kernel")}
+    k = ran["cuda:sm_80"]
     assert k.backend == "triton" and k.compiled.compute_capability == 80
-
-
-def test_quickstart_kernels_on_rocm_gfx942():
-    qs = _quickstart()
-    picked = [e for e in qs.examples() if e[0].startswith(("add", "edge"))]
-    for name, fn, _, args, tol in picked:
-        want = fn(*args, interpret=True)
-        with pl.emulate_device("rocm:gfx942"):
-            got = fn(*args)
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=max(tol, 1e-6), err_msg=name)
-    k = [k for k in pallas.plugins.emulated_kernels()
-         if k.name.startswith("add_kernel") and k.device.spec == "rocm:gfx942"][-1]
+    k = ran["rocm:gfx942"]  # the AMD path: compiled for gfx942 to a hsaco
     assert k.backend == "triton" and k.compiled.arch == "gfx942" and k.compiled.hsaco
     assert k.compiled.resource_usage()["vgprs"] > 0  # read from the AMDGCN
 
