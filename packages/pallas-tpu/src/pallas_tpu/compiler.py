@@ -43,7 +43,7 @@ from pallas_tpu._src.compiler.results import (
 __all__ = ["CHIPS", "DEFAULT_CHIP", "ENV_CHIP", "TOPOLOGIES", "CompiledKernel",
            "LibtpuMissingError", "TpuCompileError", "TpuCompilerCrashedError", "compile",
            "canonical_chip", "compile_request", "libtpu_available", "llo_ops", "op_mix",
-           "resolve_chip"]
+           "resolve_chip", "vmem_footprint"]
 
 
 def _pallas_calls(jaxpr) -> list:
@@ -88,3 +88,15 @@ def compile(f: Callable, *args: Any, chip: Any = None, dump_dir: str | None = No
         out.append(compile_request(request, backend=backend.name, chip=chip,
                                    dump_dir=dump_dir))
     return out
+
+
+def vmem_footprint(f: Callable, *args: Any, **kwargs: Any) -> list:
+    """The VMEM buffers of every ``pallas_call`` of ``f(*args, **kwargs)``, computed at
+    trace time (no compiler): one list of ``VmemItem`` (``what``, ``shape``, ``dtype``,
+    ``bytes_per_buffer``, ``buffers``, ``bytes``) per kernel, in program order. The sum
+    is a lower bound of the compiler's ``CompiledKernel.vmem_bytes`` (Mosaic's internal
+    scratch is not in it); see ``docs/tpu-compile.md``."""
+    from pallas_tpu._src.vmem import footprint
+
+    closed = jax.make_jaxpr(lambda *a: f(*a, **kwargs))(*args)
+    return [footprint(eqn.params["grid_mapping"]) for eqn in _pallas_calls(closed.jaxpr)]

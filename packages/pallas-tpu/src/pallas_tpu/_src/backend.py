@@ -41,7 +41,8 @@ class MosaicTpuBackend(Backend):
     def validate(self, request: KernelRequest) -> None:
         from pallas_tpu._src.validate import validate
 
-        validate(request.jaxpr, request.grid_mapping, _params(request.compiler_params))
+        validate(request.jaxpr, request.grid_mapping, _params(request.compiler_params),
+                 request.name or "kernel")
 
     def lower(self, request: LoweringRequest):
         from pallas_tpu._src import core_compat

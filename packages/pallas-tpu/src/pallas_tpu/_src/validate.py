@@ -149,7 +149,7 @@ def _check_primitives(jaxpr) -> None:
                     )
 
 
-def validate(jaxpr, gm, params: CompilerParams) -> None:
+def validate(jaxpr, gm, params: CompilerParams, name: str = "kernel") -> None:
     """Raises a clear error when Mosaic TPU cannot run the kernel as written."""
     if params.dimension_semantics is not None and len(params.dimension_semantics) != len(gm.grid):
         raise ValueError(
@@ -176,3 +176,6 @@ def validate(jaxpr, gm, params: CompilerParams) -> None:
     for origin, t in zip(gm.scratch_origins, gm.scratch_types):
         _check_scratch(origin, t)
     _check_primitives(jaxpr.jaxpr)
+    from pallas_tpu._src.vmem import check_vmem
+
+    check_vmem(gm, params, name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from pallas.plugins import KernelRequest, LevelUnsupportedError
 from pallas_tpu._src.compiler.chips import DEFAULT_CHIP, TOPOLOGIES, resolve_chip
 from pallas_tpu._src.compiler.client import WorkerCrashed, compile_in_child, libtpu_available
@@ -34,6 +36,17 @@ def compile_request(request: KernelRequest, *, backend: str = "mosaic_tpu",
         chip = request.options.get("chip")
     chip = resolve_chip(chip, request.compiler_params, default_chip)
     name = request.name or "kernel"
+    params = request.compiler_params
+    if params is None and backend == "mosaic_tpu":
+        from pallas_tpu._src.compiler_params import CompilerParams
+
+        params = CompilerParams()
+    if dataclasses.is_dataclass(params) and "chip" in {f.name for f in
+                                                       dataclasses.fields(params)}:
+        # Lowering's trace-time checks (the VMEM footprint against the chip's scoped
+        # limit) are then for the chip compiled for.
+        request = dataclasses.replace(request,
+                                      compiler_params=dataclasses.replace(params, chip=chip))
     if not libtpu_available():
         raise LibtpuMissingError(MISSING)
     sems = [k for k, bm in enumerate(request.grid_mapping.in_block_mappings)
