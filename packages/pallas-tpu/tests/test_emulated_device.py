@@ -214,3 +214,18 @@ def test_an_async_copy_waited_for_by_the_next_kernel(async_copy_across_calls):
     if "compile" in b.levels:  # alone, libtpu would get the semaphore from HBM
         assert done.compiled is None and "semaphores from another kernel" in \
             done.compile_skipped
+
+
+def test_a_kernel_without_inputs_is_compiled_for_the_chip():
+    # Regression: libtpu compiled the parameterless program for the host and refused
+    # the tpu_custom_call ("No registered implementation ... for Host").
+    def _no_inputs(o_ref):
+        o_ref[...] = jnp.full(o_ref.shape, 2.0, o_ref.dtype)
+
+    call = pl.pallas_call(_no_inputs, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
+    with pl.emulate_device("tpu:v5e"):
+        y = call()
+    np.testing.assert_array_equal(np.asarray(y), np.full((8, 128), 2.0, np.float32))
+    k = [k for k in _kernel_for("_no_inputs") if k.device.spec == "tpu:v5e"][-1]
+    if "compile" in pallas.plugins.get_backend("mosaic_tpu").levels:
+        assert k.compiled is not None, k.compile_skipped
