@@ -229,3 +229,23 @@ def test_a_kernel_without_inputs_is_compiled_for_the_chip():
     k = [k for k in _kernel_for("_no_inputs") if k.device.spec == "tpu:v5e"][-1]
     if "compile" in pallas.plugins.get_backend("mosaic_tpu").levels:
         assert k.compiled is not None, k.compile_skipped
+
+
+def test_an_array_of_scoped_semaphores():
+    # Regression: the executor allocated every semaphore as one 0-d count, so indexing
+    # an array of them (sems.at[r, c]) failed.
+    def _read_sems(y_ref):
+        def body(sems):
+            for r in range(2):
+                for c in range(3):
+                    pl.semaphore_signal(sems.at[r, c], r * 3 + c)
+                    y_ref[r, c] = pl.semaphore_read(sems.at[r, c])
+                    pl.semaphore_wait(sems.at[r, c], r * 3 + c)
+
+        pl.run_scoped(body, pltpu.SemaphoreType.REGULAR((2, 3)))
+
+    call = pl.pallas_call(_read_sems, out_specs=pl.BlockSpec(memory_space=pltpu.SMEM),
+                          out_shape=jax.ShapeDtypeStruct((2, 3), jnp.int32))
+    with pl.emulate_device("tpu:v5e"):
+        y = call()
+    np.testing.assert_array_equal(np.asarray(y), np.arange(6, dtype=np.int32).reshape(2, 3))

@@ -224,4 +224,6 @@ def _wait_dma(o, cc):
 
 @op("tpu.sem_alloc")
 def _sem_alloc(o, cc):
-    return lambda env: (np.zeros((), np.int32),)
+    # An array of semaphores (SemaphoreType.REGULAR((m, n))) has the memref's shape.
+    shape = tuple(ir.MemRefType(o.result.type).shape)
+    return lambda env: (np.zeros(shape, np.int32),)
