@@ -249,3 +249,17 @@ def test_an_array_of_scoped_semaphores():
     with pl.emulate_device("tpu:v5e"):
         y = call()
     np.testing.assert_array_equal(np.asarray(y), np.arange(6, dtype=np.int32).reshape(2, 3))
+
+
+def test_a_bool_scalar_in_smem():
+    # Regression: refused at trace time ("SMEM holds 32-bit values"); bools are stored
+    # as int32, as in VMEM (upstream's PallasCallTPUBooleanTest).
+    def _negate(x_ref, o_ref):
+        o_ref[0] = jnp.logical_not(x_ref[0])
+
+    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+    call = pl.pallas_call(_negate, in_specs=[smem], out_specs=smem,
+                          out_shape=jax.ShapeDtypeStruct((1,), jnp.bool_))
+    with pl.emulate_device("tpu:v5e"):
+        y = call(jnp.array([True]))
+    assert y.dtype == jnp.bool_ and not bool(y[0])

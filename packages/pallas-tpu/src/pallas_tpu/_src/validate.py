@@ -69,7 +69,9 @@ def _check_block(bm) -> None:
                 )
     if space is MemorySpace.SMEM:
         dt = jnp.dtype(bm.array_aval.dtype)
-        if dt.itemsize != 4 and not (dt.kind in "iu" and dt.itemsize in (1, 2)):
+        # bools are stored as int32 (memory_dtype), as in VMEM.
+        if dt.itemsize != 4 and not (dt.kind in "iu" and dt.itemsize in (1, 2)) \
+                and dt != jnp.bool_:
             raise TypeError(
                 f"pallas_call operand {bm.origin} is placed in SMEM with dtype "
                 f"{dt.name}; SMEM holds 32-bit values (and 8- or 16-bit integers) only"
