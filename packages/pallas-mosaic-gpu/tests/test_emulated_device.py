@@ -62,7 +62,7 @@ def test_the_backend_is_chosen_as_upstream_chooses():
 
     with pl.emulate_device("cuda:sm_90a"):
         dev = emulated_device()
-        assert backend_for(dev, None, None).name == "mosaic_gpu"
+        assert backend_for(dev).name == "mosaic_gpu"
         assert backend_for(dev, "triton", None).name == "triton"
         with _flag(False):
             assert backend_for(dev, None, None).name == "triton"

@@ -100,7 +100,8 @@ def clear_cache() -> None:
 # Choosing the backend, as on the device's platform.
 
 
-def backend_for(dev: EmulatedDevice, backend: str | None, compiler_params: Any):
+def backend_for(dev: EmulatedDevice, backend: str | None = None,
+                compiler_params: Any = None):
     """The backend that runs a kernel on ``dev``: ``backend=``, the compiler params'
     type, ``PALLAS_BACKEND_<PLATFORM>``, and then the platform's default (for ``cuda``,
     upstream's ``jax_pallas_use_mosaic_gpu`` flag picks Mosaic GPU or Triton; Mosaic
