@@ -98,6 +98,8 @@ TAGS: dict[str, str] = {
     "fusion": "kernels with jax.numpy prologues/epilogues fused in by pallas.fuser (block "
               "specs pulled through elementwise ops, broadcasts, reshapes, transposes, "
               "slices and concatenates); the fused kernel is one pallas_call",
+    "ref_views": "stores, loads and += through ref.reshape views of a kernel's refs (mixed "
+                 "with ref.at), which upstream's TPU tests use",
     "tpu_dmas": "TPU async copies that outlive their kernel (pallas_tpu): a copy started by "
                 "one pallas_call and waited for by the next, its DMA semaphore passed between "
                 "them in SEMAPHORE memory; registered only when pallas-tpu is installed",

@@ -1,7 +1,8 @@
 """More indexing: strided pl.ds with dynamic starts and on both axes, chained and dynamic
 ref.at views, masks computed from data, masked loads of integers, masked stores at a
 dynamic offset, edge blocks that overhang one axis only or a 3-D array, and index maps
-that transpose or revisit blocks, and a masked swap's partial exchange."""
+that transpose or revisit blocks, a masked swap's partial exchange, and writes through
+ref.reshape views."""
 
 from __future__ import annotations
 
@@ -294,3 +295,22 @@ def masked_swap(pallas_call, x, y):
         old_ref[...] = pl.swap(o_ref, (ALL, ALL), x_ref[...], mask=m)
 
     return pallas_call(kernel, out_shape=(sds(x.shape, x.dtype), sds(x.shape, x.dtype)))(x, y)
+
+
+# --- Reshaped views of refs -------------------------------------------------------------
+
+@case("ref_views/store_and_add_through_reshape", tags={"ref_views"},
+      inputs=lambda rng: (randn(rng, (8, 2 * C)),),
+      reference=lambda x: (2.0 * x + 1.0).reshape(8, 2 * C))
+def store_add_through_reshape(pallas_call, x):
+    """An (8, 256) block read and written through (16, 128) views: a store, then a +=
+    into the view's second half (rows 8..15 of the view are columns 128..255 of the block
+    rows, in row-major order), then the first half; the interpreters dropped such writes
+    ('Unsupported transform: ReshapeTransform') before."""
+    def kernel(x_ref, o_ref):
+        o_ref.reshape(16, C)[...] = x_ref.reshape(16, C)[...] * 2.0
+        view = o_ref.reshape(16, C)
+        view.at[8:][...] += 1.0
+        view.at[:8][...] += 1.0
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(x)
