@@ -578,3 +578,12 @@ def test_grid_env_gives_program_id_and_num_programs_their_values():
     out = pl.pallas_call(kernel, jax.ShapeDtypeStruct((1,), jnp.int32), grid=(2,),
                          out_specs=pl.BlockSpec((1,), lambda i: (0,)), interpret=True)()
     assert int(out[0]) == 57
+
+
+def test_pallas_core_holds_the_names_upstream_keeps_in_its_core_module():
+    # Code written against upstream's jax._src.pallas.core (e.g. its shape-polymorphism
+    # tests: core.pallas_export_experimental) finds the same objects in pallas.core.
+    import pallas.core as pallas_core
+
+    assert pallas_core.pallas_export_experimental is pl.pallas_export_experimental
+    assert pallas_core.BlockSpec is pl.BlockSpec and pallas_core.GridSpec is pl.GridSpec
