@@ -120,3 +120,30 @@ def test_mosaics_rejection_of_narrow_scalar_arithmetic_is_a_mosaic_error():
     with pytest.raises(pltpu.errors.MosaicError,
                        match=r"Not implemented: Only i32 arith\.addi is supported"):
         pltpu.compile(lambda x: f(x, add=True), x, chip="v5e")
+
+
+def test_an_exported_kernel_compiles_with_the_same_figures():
+    """``compiler.compile_exported`` compiles any ``jax.export`` artifact for ``tpu``
+    holding one Mosaic kernel (whichever lowering made it): the figures are those of
+    ``pallas_tpu.compile`` for the same kernel."""
+    x = jax.ShapeDtypeStruct((256, 128), jnp.float32)
+    exported = jax.export.export(jax.jit(_double), platforms=["tpu"])(x)
+    k = compiler.compile_exported(exported, chip="v6e", name="double")
+    (want,) = pltpu.compile(_double, x, chip="v6e")
+    assert (k.name, k.chip, k.vmem_bytes) == ("double", "v6e", want.vmem_bytes)
+    assert k.op_mix() == want.op_mix() and k.op_mix()["vector_store"] == 16
+    assert compiler.compile_exported(exported.serialize(), chip="v6e").vmem_bytes == (
+        want.vmem_bytes)
+
+
+def test_an_exported_artifact_without_one_tpu_kernel_is_refused():
+    x = jax.ShapeDtypeStruct((256, 128), jnp.float32)
+    plain = jax.export.export(jax.jit(lambda x: x * 2), platforms=["tpu"])(x)
+    with pytest.raises(ValueError, match="holds 0 Mosaic kernels.*one kernel per artifact"):
+        compiler.compile_exported(plain, chip="v5e")
+    two = jax.export.export(jax.jit(lambda x: _double(_double(x))), platforms=["tpu"])(x)
+    with pytest.raises(ValueError, match="holds 2 Mosaic kernels"):
+        compiler.compile_exported(two, chip="v5e")
+    on_cpu = jax.export.export(jax.jit(lambda x: x * 2), platforms=["cpu"])(x)
+    with pytest.raises(ValueError, match=r"exported for \('cpu',\), not for 'tpu'"):
+        compiler.compile_exported(on_cpu, chip="v5e")

@@ -7,7 +7,8 @@ Each :class:`CompiledKernel` reports the VMEM the compiler allocated, the final 
 its op mix, and the Mosaic module after layout. The compiler runs in a child process,
 so that an abort inside it (a ``CHECK`` failure) is reported, not fatal, and its
 initialisation messages stay out of the caller's output. The counterpart of
-``pallas_mosaic_gpu.compiler.compile``.
+``pallas_mosaic_gpu.compiler.compile``. ``compile_exported`` compiles a ``jax.export``
+artifact holding one kernel lowered by anyone (upstream's lowering, in benchmarks/).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pallas_tpu._src.compiler.chips import (
     resolve_chip,
 )
 from pallas_tpu._src.compiler.client import libtpu_available
-from pallas_tpu._src.compiler.kernel import compile_request
+from pallas_tpu._src.compiler.kernel import compile_exported, compile_request
 from pallas_tpu._src.compiler.results import (
     CompiledKernel,
     LibtpuMissingError,
@@ -42,7 +43,7 @@ from pallas_tpu._src.compiler.results import (
 
 __all__ = ["CHIPS", "DEFAULT_CHIP", "ENV_CHIP", "TOPOLOGIES", "CompiledKernel",
            "LibtpuMissingError", "TpuCompileError", "TpuCompilerCrashedError", "compile",
-           "canonical_chip", "compile_request", "libtpu_available", "llo_ops", "op_mix",
+           "canonical_chip", "compile_exported", "compile_request", "libtpu_available", "llo_ops", "op_mix",
            "resolve_chip", "vmem_footprint"]
 
 

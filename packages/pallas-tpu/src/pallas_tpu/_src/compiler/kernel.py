@@ -58,9 +58,39 @@ def compile_request(request: KernelRequest, *, backend: str = "mosaic_tpu",
         raise LevelUnsupportedError(
             f"kernel {name!r} takes semaphores from another kernel (inputs {sems}); libtpu "
             f"compiles it only within the program that allocates them, not alone")
-    exported = export_kernel(request, backend)
-    msg = {"exported": exported, "topology": TOPOLOGIES[chip], "name": name,
-           "keep_dumps": dump_dir}
+    return compile_exported(export_kernel(request, backend), chip=chip, name=name,
+                            dump_dir=dump_dir)
+
+
+def compile_exported(exported, *, chip=None, name: str = "kernel",
+                     dump_dir: str | None = None) -> CompiledKernel:
+    """Compiles a ``jax.export`` artifact for platform ``tpu`` holding one Mosaic kernel
+    (one ``tpu_custom_call``, whoever lowered it) with libtpu for a deviceless ``chip``,
+    in the compiler child process: the same figures as :func:`compile_request`.
+
+    ``exported``: a ``jax.export.Exported`` or its serialised bytes. ``chip``: see
+    :func:`~pallas_tpu._src.compiler.chips.resolve_chip`. Raises ``ValueError`` when the
+    artifact is not for ``tpu`` or does not hold exactly one kernel, and the errors of
+    :func:`compile_request`.
+    """
+    import jax
+
+    chip = resolve_chip(chip)
+    if isinstance(exported, (bytes, bytearray)):
+        exported = jax.export.deserialize(bytearray(exported))
+    if "tpu" not in exported.platforms:
+        raise ValueError(f"compile_exported: the artifact is exported for "
+                         f"{exported.platforms}, not for 'tpu' (jax.export.export(..., "
+                         f"platforms=['tpu']))")
+    calls = exported.mlir_module().count("custom_call @tpu_custom_call(")
+    if calls != 1:
+        raise ValueError(f"compile_exported: the artifact holds {calls} Mosaic kernels "
+                         f"(tpu_custom_call); export one kernel per artifact, so that the "
+                         f"figures are that kernel's")
+    if not libtpu_available():
+        raise LibtpuMissingError(MISSING)
+    msg = {"exported": bytes(exported.serialize()), "topology": TOPOLOGIES[chip],
+           "name": name, "keep_dumps": dump_dir}
     try:
         out = compile_in_child(msg)
     except WorkerCrashed as e:
