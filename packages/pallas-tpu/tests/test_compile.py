@@ -3,6 +3,9 @@ deviceless chip; figures read from what it produced; rejections and aborts repor
 
 from __future__ import annotations
 
+import os
+import textwrap
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -147,3 +150,52 @@ def test_an_exported_artifact_without_one_tpu_kernel_is_refused():
     on_cpu = jax.export.export(jax.jit(lambda x: x * 2), platforms=["cpu"])(x)
     with pytest.raises(ValueError, match=r"exported for \('cpu',\), not for 'tpu'"):
         compiler.compile_exported(on_cpu, chip="v5e")
+
+
+_RING = textwrap.dedent('''
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import jax, jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    import pallas as pl
+    import pallas_tpu as pltpu
+    from pallas_tpu import compiler
+
+    def kernel(x_ref, o_ref, send, recv):
+        right = jax.lax.rem(jax.lax.axis_index("x") + 1, 4)
+        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=(right,),
+                                            device_id_type=pl.DeviceIdType.MESH)
+        copy.start()
+        copy.wait()
+
+    def permute(x):
+        return pl.pallas_call(
+            kernel, jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA],
+            backend="mosaic_tpu", name="ring")(x)
+
+    mesh = jax.make_mesh((4,), ("x",))
+    f = jax.jit(jax.shard_map(permute, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                              check_vma=False))
+    x = jax.ShapeDtypeStruct((32, 128), jnp.float32, sharding=NamedSharding(mesh, P("x")))
+    k = compiler.compile_exported(jax.export.export(f, platforms=["tpu"])(x), chip="v6e",
+                                  name="ring")
+    print("ok", k.name, k.chip, k.op_mix()["dma"])
+''')
+
+
+def test_an_exported_shard_map_kernel_compiles_on_as_many_devices():
+    """A kernel with remote DMAs and ``lax.axis_index`` lowers only under ``shard_map``:
+    its artifact (4 devices) is compiled on 4 devices of the chip's topology. In a child
+    process, which can have 4 CPU devices to export the program with."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _RING], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ok, name, chip, dmas = proc.stdout.split()[-4:]
+    # The copy's start and its wait are DMA ops of the kernel itself.
+    assert (ok, name, chip) == ("ok", "ring", "v6e") and int(dmas) >= 2

@@ -68,6 +68,10 @@ def compile_exported(exported, *, chip=None, name: str = "kernel",
     (one ``tpu_custom_call``, whoever lowered it) with libtpu for a deviceless ``chip``,
     in the compiler child process: the same figures as :func:`compile_request`.
 
+    An artifact exported for several devices (the kernel under ``jax.shard_map``, e.g.
+    with remote DMAs and ``lax.axis_index``) is compiled for as many devices of the
+    chip's topology (up to 4), laid out as its mesh.
+
     ``exported``: a ``jax.export.Exported`` or its serialised bytes. ``chip``: see
     :func:`~pallas_tpu._src.compiler.chips.resolve_chip`. Raises ``ValueError`` when the
     artifact is not for ``tpu`` or does not hold exactly one kernel, and the errors of

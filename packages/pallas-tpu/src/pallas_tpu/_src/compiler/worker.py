@@ -85,20 +85,47 @@ class Compiler:
         self.dump_dir, self.own_dumps = dump_dir, own_dumps
         self._topos: dict[str, object] = {}
 
-    def device(self, topology: str):
+    def devices(self, topology: str) -> list:
         if topology not in self._topos:
-            self._topos[topology] = self.topologies.get_topology_desc(
-                platform="tpu", topology_name=topology).devices[0]
+            self._topos[topology] = list(self.topologies.get_topology_desc(
+                platform="tpu", topology_name=topology).devices)
         return self._topos[topology]
+
+    def arguments(self, exported, topology: str) -> list:
+        """The artifact's arguments on the topology's first device, or for an artifact
+        of ``n`` devices (a ``shard_map`` program) on its first ``n`` devices, laid out
+        as the artifact's mesh (its axis names, sizes and types)."""
+        jax = self.jax
+        devs, n = self.devices(topology), exported.nr_devices
+        if n == 1:
+            sharding = jax.sharding.SingleDeviceSharding(devs[0])
+            return [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+                    for a in exported.in_avals]
+        if n > len(devs):
+            raise ValueError(f"the artifact runs on {n} devices; topology {topology} has "
+                             f"{len(devs)}")
+        import numpy as np
+
+        try:
+            named = [s for s in exported.in_shardings_jax(None) if s is not None]
+        except Exception:  # noqa: BLE001 - an artifact with HLO shardings only
+            named = []
+        am = named[0].mesh if named else None
+        if am is not None and int(np.prod(am.axis_sizes)) == n:
+            mesh = jax.sharding.Mesh(np.array(devs[:n]).reshape(am.axis_sizes),
+                                     am.axis_names, axis_types=am.axis_types)
+        else:
+            mesh = jax.sharding.Mesh(np.array(devs[:n]), ("devices",))
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        return [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s or replicated)
+                for a, s in zip(exported.in_avals, exported.in_shardings_jax(mesh))]
 
     def compile(self, msg: dict) -> dict:
         jax = self.jax
         t0 = time.perf_counter()
-        dev = self.device(msg["topology"])
+        dev = self.devices(msg["topology"])[0]
         exported = jax.export.deserialize(bytearray(msg["exported"]))
-        sharding = jax.sharding.SingleDeviceSharding(dev)
-        args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
-                for a in exported.in_avals]
+        args = self.arguments(exported, msg["topology"])
         before = set(os.listdir(self.dump_dir)) if self.dump_dir else set()
         error = None
         try:
