@@ -223,6 +223,28 @@ def test_indexed_dmas_libtpu_rejects_are_refused_when_lowering(lower_tpu):
     _indexed((8, 16), jnp.bfloat16)(lower_tpu)
 
 
+def test_a_dma_with_add_that_is_not_indexed_is_refused_when_lowering(lower_tpu):
+    # Upstream's SparseCore lowering refuses it too (NotImplementedError); the interpreter
+    # runs it (an atomic accumulate).
+    from pallas.plugins import LevelUnsupportedError
+
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
+                                  num_subcores=1)
+
+    @functools.partial(pl.kernel, out_type=sds((8, 8), F32), mesh=mesh,
+                       compiler_params=SC_TILING,
+                       scratch_types=[pltpu.VMEM_SHARED((8, 8), F32), pltpu.VMEM((8, 8), F32)])
+    def k(x_hbm, o_hbm, acc, v):
+        pltpu.sync_copy(x_hbm, v)
+        pltpu.sync_copy(v, acc, add=True)
+        pltpu.sync_copy(acc, o_hbm)
+
+    with plsc.target_chip("v5p"), pytest.raises(
+            LevelUnsupportedError, match=r"a DMA with add=True into a f32\[8, 8\] ref that "
+                                         r"is not indexed, on TPU v5p.*dst.at\[idx\]"):
+        lower_tpu(k, jnp.zeros((8, 8), F32))
+
+
 def test_scalar_subcores_run_on_one_sparsecore_or_all(lower_tpu):
     def make(cores):
         mesh = plsc.ScalarSubcoreMesh(axis_name="c", num_cores=cores)

@@ -179,3 +179,117 @@ def test_core_map_under_run_state_meets_at_barriers_too():
 
     _, out = pl.run_state(run)((X, jnp.zeros((N, 8), I32)))
     np.testing.assert_array_equal(out, WANT)
+
+
+# DMAs with add=True are atomic accumulates on hardware: every subcore's adds land.
+
+F32 = jnp.float32
+
+
+def _add_rows(num_subcores, add, *, loop=False, checks=True):
+    """Every subcore adds rows of ones (with ``add``, in a pl.loop when ``loop``) into
+    row 0 of a zeroed VMEM_SHARED buffer; after a barrier subcore 0 copies it out."""
+
+    @functools.partial(pl.kernel, out_type=sds((2, 8), F32), mesh=mesh(subcores=num_subcores),
+                       interpret=checks,
+                       scratch_types=[pltpu.VMEM_SHARED((2, 8), F32), pltpu.VMEM((1, 8), F32),
+                                      pltpu.SemaphoreType.DMA])
+    def k(o_hbm, acc, ones, sem):
+        s = jax.lax.axis_index("subcore")
+
+        @pl.when(s == 0)
+        def _():
+            acc[...] = jnp.zeros((2, 8), F32)
+
+        plsc.subcore_barrier()
+        ones[...] = jnp.ones((1, 8), F32)
+        if loop:
+            @pl.loop(0, 3)
+            def _(i):
+                add(ones, acc.at[pl.ds(0, 1)], sem)
+        else:
+            add(ones, acc.at[pl.ds(0, 1)], sem)
+        plsc.subcore_barrier()
+
+        @pl.when(s == 0)
+        def _():
+            pltpu.sync_copy(acc, o_hbm)
+
+    return k()
+
+
+def _sync_add(src, dst, sem):
+    pltpu.sync_copy(src, dst, add=True)
+
+
+def _async_add(src, dst, sem):
+    pltpu.async_copy(src, dst, sem, add=True).wait()
+
+
+@pytest.mark.parametrize("add", [_sync_add, _async_add], ids=["sync_copy", "async_copy"])
+def test_add_dmas_of_every_subcore_into_one_shared_row_all_land(add):
+    out = np.asarray(_add_rows(16, add, checks=pl.InterpretParams(debug_checks=True)))
+    np.testing.assert_array_equal(out, [[16.0] * 8, [0.0] * 8])  # was 1: the last view won
+
+
+def test_add_dmas_in_a_loop_all_land():
+    np.testing.assert_array_equal(_add_rows(N, _async_add, loop=True)[0], np.full(8, 3.0 * N))
+
+
+def test_indexed_scatter_adds_of_every_subcore_sum_into_shared_rows():
+    # A segment sum: subcore s scatter-adds its 4 rows at segment ids that repeat within
+    # and across subcores.
+    seg = jnp.asarray([0, 1, 0, 2] * N, I32)
+    data = jnp.arange(4 * N * 8, dtype=F32).reshape(4 * N, 8)
+
+    @functools.partial(pl.kernel, out_type=sds((3, 8), F32), mesh=mesh(), interpret=True,
+                       scratch_types=[pltpu.VMEM_SHARED((3, 8), F32), pltpu.VMEM((4,), I32),
+                                      pltpu.VMEM((4, 8), F32), pltpu.SemaphoreType.DMA])
+    def k(z_hbm, d_hbm, s_hbm, o_hbm, acc, sv, rows, sem):
+        s = jax.lax.axis_index("subcore")
+
+        @pl.when(s == 0)
+        def _():
+            pltpu.sync_copy(z_hbm, acc)
+
+        plsc.subcore_barrier()
+        pltpu.sync_copy(s_hbm.at[pl.ds(4 * s, 4)], sv)
+        pltpu.sync_copy(d_hbm.at[pl.ds(4 * s, 4)], rows)
+        pltpu.async_copy(rows, acc.at[sv], sem, add=True).wait()
+        plsc.subcore_barrier()
+
+        @pl.when(s == 0)
+        def _():
+            pltpu.sync_copy(acc, o_hbm)
+
+    zeros = jnp.zeros((3, 8), F32)
+    np.testing.assert_allclose(k(zeros, data, seg), zeros.at[seg].add(data), rtol=1e-6)
+
+
+def _plain_and_add(interpret):
+    """Subcore 0 stores 10 into row 0 of the output while every subcore adds ones to it
+    (subcore 0 after its store)."""
+
+    @functools.partial(pl.kernel, out_type=sds((1, 8), F32), mesh=mesh(), interpret=interpret,
+                       scratch_types=[pltpu.VMEM_SHARED((1, 8), F32), pltpu.VMEM((1, 8), F32)])
+    def k(o_hbm, unused, ones):
+        s = jax.lax.axis_index("subcore")
+
+        @pl.when(s == 0)
+        def _():
+            o_hbm[...] = jnp.full((1, 8), 10.0, F32)
+
+        ones[...] = jnp.ones((1, 8), F32)
+        pltpu.sync_copy(ones, o_hbm, add=True)
+        plsc.subcore_barrier()
+
+    return k
+
+
+def test_a_plain_write_and_another_subcores_add_to_one_element_are_a_race():
+    # Unchecked, the adds land on the plain write (subcore 0's own add comes after its
+    # store in program order, so it is in its contents).
+    np.testing.assert_array_equal(_plain_and_add(True)(), np.full((1, 8), 10.0 + N))
+    with pytest.raises(pl.InterpreterError, match="subcore's DMA with add=True and another "
+                       "subcore's plain write to one element of outputs"):
+        _plain_and_add(pl.InterpretParams(debug_checks=True))()

@@ -1,7 +1,8 @@
 """SparseCore: embedding gathers through indexed DMAs, segment sums by scatter-add with
-repeated indices, indexed DMAs that skip an ignored value, vector gathers/scatters, subcores handing data
-to each other through ``VMEM_SHARED`` across ``subcore_barrier``, and scalar-subcore
-control flow.
+repeated indices (into HBM, and from every subcore into one ``VMEM_SHARED``
+accumulator), indexed DMAs that skip an ignored value, vector gathers/scatters, subcores
+handing data to each other through ``VMEM_SHARED`` across ``subcore_barrier``, and
+scalar-subcore control flow.
 
 The kernels use the SparseCore primitives of ``pallas_tpu_sparsecore`` (``plsc``) and the
 DMAs of ``pallas_tpu``, so these cases are registered only when both are installed; any
@@ -184,6 +185,73 @@ def barrier_exchange(pallas_call, x):
                         pltpu.VMEM((lanes,), x.dtype)])(x)
 
 
+def shared_segment_sum(pallas_call, zeros, data, segments):
+    """A segment sum into VMEM_SHARED: every subcore scatter-adds its rows into one shared
+    accumulator at segment ids that repeat within and across subcores (indexed DMAs with
+    add=True, an atomic accumulate on hardware), between barriers; subcore 0 zeroes the
+    accumulator first and copies it out last. (The interpreter's subcore model kept one
+    subcore's adds per element.)"""
+    per = data.shape[0] // SUBCORES
+
+    def kernel(z_hbm, d_hbm, s_hbm, o_hbm, acc, sv, rows, sem):
+        s = _subcore()
+
+        @pl.when(s == 0)
+        def _():
+            pltpu.sync_copy(z_hbm, acc)
+
+        plsc.subcore_barrier()
+        part = pl.ds(s * per, per)
+        pltpu.sync_copy(s_hbm.at[part], sv)
+        pltpu.sync_copy(d_hbm.at[part], rows)
+        pltpu.async_copy(rows, acc.at[sv], sem, add=True).wait()
+        plsc.subcore_barrier()
+
+        @pl.when(s == 0)
+        def _():
+            pltpu.sync_copy(acc, o_hbm)
+
+    return pallas_call(
+        kernel, out_shape=sds(zeros.shape, zeros.dtype), grid=(1, SUBCORES),
+        in_specs=[ANY, ANY, ANY], out_specs=ANY, compiler_params=SC_TILING,
+        scratch_shapes=[pltpu.VMEM_SHARED(zeros.shape, zeros.dtype),
+                        pltpu.VMEM((per,), jnp.int32),
+                        pltpu.VMEM((per, data.shape[1]), data.dtype),
+                        pltpu.SemaphoreType.DMA])(zeros, data, segments)
+
+
+def shared_sum_of_partials(pallas_call, zeros, parts, rows):
+    """Every subcore adds its (rows, DIM) partial into the same rows of a VMEM_SHARED
+    accumulator (``sync_copy(mine, acc.at[rows], add=True)``, ``rows`` = 0..n-1: the
+    SparseCore adds only through indexed DMAs): every element receives every subcore's
+    add, and the result is the sum of the partials."""
+    n = rows.shape[0]
+
+    def kernel(z_hbm, p_hbm, r_hbm, o_hbm, acc, mine, rv):
+        s = _subcore()
+
+        @pl.when(s == 0)
+        def _():
+            pltpu.sync_copy(z_hbm, acc)
+
+        plsc.subcore_barrier()
+        pltpu.sync_copy(r_hbm, rv)
+        pltpu.sync_copy(p_hbm.at[s], mine)
+        pltpu.sync_copy(mine, acc.at[rv], add=True)
+        plsc.subcore_barrier()
+
+        @pl.when(s == 0)
+        def _():
+            pltpu.sync_copy(acc, o_hbm)
+
+    return pallas_call(
+        kernel, out_shape=sds(zeros.shape, parts.dtype), grid=(1, SUBCORES),
+        in_specs=[ANY, ANY, ANY], out_specs=ANY, compiler_params=SC_TILING,
+        scratch_shapes=[pltpu.VMEM_SHARED(zeros.shape, parts.dtype),
+                        pltpu.VMEM((n, DIM), parts.dtype),
+                        pltpu.VMEM((n,), jnp.int32)])(zeros, parts, rows)
+
+
 def gather_scatter_add_simulated(pallas_call, table, ids):
     """The embedding gather with its indices in a VMEM ref (``t_hbm.at[idx_ref]``, async
     on a DMA semaphore) and the scatter-add of the gathered rows back into a copy of the
@@ -218,6 +286,16 @@ def _register():
                              _ids(rng, BATCH, 10)),
          reference=lambda z, d, s: z.at[s].add(d),
          tolerance={"float32": (1e-5, 1e-5)})(segment_sum)
+    case("sparsecore/shared_segment_sum_scatter_add", tags={"sparsecore"},
+         inputs=lambda rng: (jnp.zeros((10, DIM), jnp.float32), randn(rng, (BATCH, DIM)),
+                             _ids(rng, BATCH, 10)),
+         reference=lambda z, d, s: z.at[s].add(d),
+         tolerance={"float32": (1e-5, 1e-5)})(shared_segment_sum)
+    case("sparsecore/shared_sum_of_subcore_partials", tags={"sparsecore"},
+         inputs=lambda rng: (jnp.zeros((16, DIM), jnp.float32),
+                             randn(rng, (SUBCORES, 16, DIM)), jnp.arange(16, dtype=jnp.int32)),
+         reference=lambda z, p, r: z.at[r].add(p.sum(axis=0)),
+         tolerance={"float32": (1e-5, 1e-5)})(shared_sum_of_partials)
     case("sparsecore/indexed_dma_ignored_value", tags={"sparsecore"},
          inputs=lambda rng: (randn(rng, (VOCAB, DIM)),
                              jnp.where(jnp.asarray(rng.random(16) < 0.3), -1,

@@ -16,7 +16,10 @@ Used for a ``pl.kernel`` over a ``VectorSubcoreMesh`` whose body calls
   the phase (with ``pl.enable_uninitialized_checks``-style checks on, reading an element
   nobody had written yet is reported); two subcores writing different values to one
   element in one phase is a race, reported when the interpreter's checks are on (the
-  higher subcore's value wins otherwise).
+  higher subcore's value wins otherwise). A DMA with ``add=True`` is an atomic
+  accumulate on hardware: each view keeps its subcore's adds apart, and the merge sums
+  every subcore's adds onto the element (a plain write by one subcore and an add by
+  another in one phase is a reported race; the adds land on the written value).
 - ``VMEM`` scratch and semaphores are private to a subcore; ``SMEM`` is one buffer per
   SparseCore updated at once (what ``fetch_and_add`` needs); the inputs are read-only.
 - SparseCores run one after another. Every subcore must reach the same barriers: one
@@ -128,40 +131,101 @@ def _bits(x):
     return x
 
 
+class _View(Cell):
+    """One subcore's view of a shared buffer during a phase. Beside its contents it
+    keeps what the subcore's add-DMAs contributed (``delta``, from zero) and what it
+    would hold had the subcore only added (``added_only``, from the phase's start): an
+    element whose contents differ from ``added_only`` was written plainly. Both travel
+    with the contents through control flow (``state``/``fork``)."""
+
+    __slots__ = ("delta", "added_only")
+
+    @classmethod
+    def of(cls, base: Cell) -> _View:
+        v = cls(base.value, base.origin, base.init, base.memory_space, base.block)
+        v.reset(base)
+        return v
+
+    def reset(self, base: Cell) -> None:
+        """Starts a phase: the base's contents, nothing added."""
+        self.value, self.init = base.value, base.init
+        self.delta = jnp.zeros_like(base.value)
+        self.added_only = base.value
+
+    def accumulate(self, add) -> None:
+        self.value, self.delta, self.added_only = (
+            add(self.value), add(self.delta), add(self.added_only))
+
+    def state(self) -> tuple:
+        return (*super().state(), self.delta, self.added_only)
+
+    def set_state(self, state) -> None:
+        super().set_state(state[:-2])
+        self.delta, self.added_only = state[-2:]
+
+    def fork(self, state) -> _View:
+        v = _View(state[0], self.origin, None, self.memory_space, self.block)
+        if self.init is not None:
+            v.init = state[1]
+        v.delta, v.added_only = state[-2:]
+        return v
+
+
 class Shared:
     """A buffer the subcores of a SparseCore share, seen through per-subcore views."""
 
     def __init__(self, base: Cell):
         self.base = base
-        self.views: dict[int, Cell] = {}
+        self.views: dict[int, _View] = {}
 
-    def view(self, s: int) -> Cell:
+    def view(self, s: int) -> _View:
         if s not in self.views:
-            self.views[s] = self.base.fork(self.base.state())
+            self.views[s] = _View.of(self.base)
         return self.views[s]
 
     def merge(self, report) -> None:
-        """Folds every subcore's writes of this phase into the base; refreshes views."""
+        """Folds every subcore's writes of this phase into the base; refreshes views.
+
+        A plain write replaces the element (the highest subcore's wins; two different
+        values are a race). An add-DMA is an atomic accumulate on hardware: every
+        subcore's adds land, summed onto the element (onto a plain write of another
+        subcore too, which is a race)."""
         base = self.base
-        old = _bits(base.value)
-        new, new_init = base.value, base.init
-        written_by = jnp.zeros(jnp.shape(base.value), jnp.int32) - 1
-        clash = jnp.zeros(jnp.shape(base.value), jnp.bool_)
+        old = base.value
+        shape = jnp.shape(old)
+        new_init = base.init
+        plain_val = old
+        plain_any = jnp.zeros(shape, jnp.bool_)
+        clash = jnp.zeros(shape, jnp.bool_)
+        plain, adds = {}, {}
         for s in sorted(self.views):
             v = self.views[s]
-            wrote = _bits(v.value) != old
+            wrote = _bits(v.value) != _bits(v.added_only)
             if v.init is not None and base.init is not None:
                 wrote = wrote | (v.init & ~base.init)
                 new_init = new_init | v.init
-            clash = clash | (wrote & (written_by >= 0) & (_bits(v.value) != _bits(new)))
-            written_by = jnp.where(wrote, s, written_by)
-            new = jnp.where(wrote, v.value, new)
+            clash = clash | (wrote & plain_any & (_bits(v.value) != _bits(plain_val)))
+            plain_any = plain_any | wrote
+            plain_val = jnp.where(wrote, v.value, plain_val)
+            # Adds of a subcore that also wrote the element plainly are in its contents.
+            plain[s], adds[s] = wrote, (_bits(v.delta) != 0) & ~wrote
         report(~jnp.any(clash), f"two vector subcores wrote different values to one element "
                                 f"of {base.origin} between two plsc.subcore_barrier calls "
                                 f"(a race)")
+        new = plain_val
+        fresh = ~plain_any  # still as the phase began: the first adder's contents go in
+        mixed = jnp.zeros(shape, jnp.bool_)
+        for s in sorted(self.views):
+            v, a = self.views[s], adds[s]
+            new = jnp.where(a & fresh, v.added_only, jnp.where(a, new + v.delta, new))
+            fresh = fresh & ~a
+            mixed = mixed | (a & plain_any & ~plain[s])
+        report(~jnp.any(mixed), f"a vector subcore's DMA with add=True and another "
+                                f"subcore's plain write to one element of {base.origin} "
+                                f"between two plsc.subcore_barrier calls (a race)")
         base.value, base.init = new, new_init
         for v in self.views.values():
-            v.set_state(base.state())
+            v.reset(base)
 
 
 # ------------------------------------------------------------------------------------

@@ -55,6 +55,13 @@ class Cell:
             c.init = state[1]
         return c
 
+    def accumulate(self, add) -> None:
+        """Applies a write that hardware performs as an atomic accumulate (a DMA with
+        ``add=True``): ``add`` maps the old contents to the new by adding. Cells that
+        model concurrent writers (the SparseCore subcores' views of shared memory)
+        override it to sum every writer's contributions instead of keeping one."""
+        self.value = add(self.value)
+
     def __repr__(self) -> str:
         return f"Cell({self.origin}: {jax.typeof(self.value).str_short()})"
 

@@ -204,6 +204,13 @@ def _dma_start(lctx, eqn, *invals):
     gather = _split_indexed(src, sf, st)
     scatter = _split_indexed(dst, df, dt)
     if gather is None and scatter is None:
+        if p["add"]:
+            what = ir.MemRefType(tpx.window_memref(tpx.apply_transforms(dst, df, dt)).type)
+            raise tpx.MosaicUnsupported(
+                f"a DMA with add=True into a {what.element_type}{list(what.shape)} ref that "
+                f"is not indexed, on TPU {current_chip()}: the SparseCore adds only through "
+                f"indexed DMAs; valid: index the destination's first dimension "
+                f"(dst.at[idx], idx an int32 ref holding 0..n-1 or the rows to add into)")
         return tpx.RULES[tpx.dma_start_p](lctx, eqn, *invals)
     if gather is not None and scatter is not None:
         raise NotImplementedError("an indexed DMA indexes one side only (x_hbm.at[idx])")

@@ -249,7 +249,8 @@ def dma_start_rule(ctx, eqn, invals):
                 if p["add"] else DI.first_kept(rd, data))
     old = dst.value
     if p["add"]:  # every contribution lands, also for repeated destination indices
-        dst.value = jc.add_view(dst.value, data, d_flat, d_tree)
+        # An atomic accumulate on hardware: concurrent writers' adds all land (Cell.accumulate).
+        dst.accumulate(lambda v: jc.add_view(v, data, d_flat, d_tree))
     else:
         _set(dst, d_flat, d_tree, data)
         if rd.skip is not None:  # every index ignored: nothing moved at all
