@@ -88,6 +88,9 @@ TAGS: dict[str, str] = {
     "bf16": "bfloat16 operands",
     "f16": "float16 operands",
     "int8": "int8 operands",
+    "float8": "float8_e4m3fn / float8_e5m2 values: casts to and from float32 inside the "
+              "kernel (round to nearest even, including ties and the carry into the "
+              "exponent) and float8 outputs",
     "uint32": "uint32 operands",
     "bool": "boolean operands",
     "vmap": "jax.vmap of pallas_call",
@@ -243,7 +246,7 @@ def dtype_tags(*dtypes) -> set[str]:
     for d in dtypes:
         name = jnp.dtype(d).name
         tag = {"bfloat16": "bf16", "float16": "f16", "int8": "int8", "uint32": "uint32",
-               "bool": "bool"}.get(name)
+               "bool": "bool", "float8_e4m3fn": "float8", "float8_e5m2": "float8"}.get(name)
         if tag:
             tags.add(tag)
     return tags
@@ -251,4 +254,5 @@ def dtype_tags(*dtypes) -> set[str]:
 
 def short(dtype) -> str:
     return {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8": "i8",
-            "int32": "i32", "uint32": "u32", "bool": "bool"}[jnp.dtype(dtype).name]
+            "int32": "i32", "uint32": "u32", "bool": "bool", "float8_e4m3fn": "f8e4m3fn",
+            "float8_e5m2": "f8e5m2"}[jnp.dtype(dtype).name]

@@ -82,3 +82,17 @@ def test_memory_registers_become_setmaxnreg_in_the_ptx():
     ptx = " ".join(k.ptx.split())
     assert "setmaxnreg.dec.sync.aligned.u32 40;" in ptx
     assert "setmaxnreg.inc.sync.aligned.u32 256;" in ptx
+
+
+def test_float8_casts_compile_as_paired_conversions():
+    """float8 casts of a plainly loaded block (not a tiled layout) go through Mosaic GPU's
+    paired cvt instructions; an arith.truncf to float8 cannot be translated to LLVM IR."""
+    _toolchain_or_skip()
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...].astype(jnp.float8_e5m2).astype(F32)
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16, 128), F32),
+                       backend="mosaic_gpu")
+    (k,) = compiler.compile(f, jnp.zeros((16, 128), F32))
+    assert "cvt.rn.satfinite.e5m2x2.f32" in k.ptx and "cvt.rn.f16x2.e5m2x2" in k.ptx

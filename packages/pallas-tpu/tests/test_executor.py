@@ -252,3 +252,17 @@ def test_a_missing_dma_wait_is_caught(kernel):
 def test_rule_tables_are_restored():
     assert rules_arith._BINARY[lax.sub_p][0] is rules_arith.arith.subf
     assert kernel_mod.func is _FUNC and rules_tpu is not None
+
+
+@pytest.mark.parametrize("f8", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+def test_float8_casts_run_and_round_to_nearest_even(f8):
+    """The executor knows Mosaic's float8 element types (libtpu compiles these casts for
+    v5e): 1.9 rounds up into the next binade in e4m3fn, ties go to even."""
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...].astype(f8).astype(F32)
+
+    x = jnp.tile(jnp.asarray([1.9, 1.0625, 1.1875, -3.9, 0.0, 240.0, -1.5, 7.0] * 16, F32),
+                 (8, 1))
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), F32))
+    (out,) = emulate(MOSAIC_TPU, f, x)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(x.astype(f8).astype(F32)))

@@ -104,3 +104,37 @@ def test_a_dynamic_grid_is_refused_naming_the_backend_as_upstream():
     with pytest.raises(NotImplementedError, match=r"dynamic grid bounds not supported in "
                                                   r"the Triton backend: .*grid \(dynamic,\)"):
         jax.jit(f).trace(jnp.int32(2), X).lower(lowering_platforms=("cuda",))
+
+
+def _float8_e4m3fn_round_trip(x_ref, o_ref):
+    o_ref[...] = x_ref[...].astype(jnp.float8_e4m3fn).astype(jnp.float32)
+
+
+def test_float8_e4m3fn_is_refused_before_sm89_naming_the_dtype_and_target(monkeypatch):
+    """Triton has float8_e4m3fn (fp8e4nv) from sm_89 on: for sm_80 the lowering refuses it
+    as a target limit (a conformance case is then unsupported there, not failed)."""
+    from pallas_triton._src.targets import TargetLacksError
+
+    f = pl.pallas_call(_float8_e4m3fn_round_trip, out_shape=SDS((16, 128), jnp.float32),
+                       backend="triton")
+    monkeypatch.setenv("PALLAS_TRITON_COMPUTE_CAPABILITY", "80")
+    with pytest.raises(TargetLacksError, match="float8_e4m3fn.*sm_89.*sm_80"):
+        jax.jit(f).trace(X).lower(lowering_platforms=("cuda",))
+    monkeypatch.setenv("PALLAS_TRITON_COMPUTE_CAPABILITY", "90")
+    jax.jit(f).trace(X).lower(lowering_platforms=("cuda",))
+
+
+def test_a_compute_capability_given_as_a_string_is_an_nvidia_target():
+    """``--target 90`` reaches the compile level as the string "90" (not an AMD name)."""
+    from pallas_triton._src.compile import compile_lowered
+    from pallas_triton._src.lowering import lower_kernel
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1.0
+
+    f = pl.pallas_call(kernel, out_shape=SDS((16, 128), jnp.float32), backend="triton")
+    jaxpr = jax.make_jaxpr(f)(X)
+    call = next(e for e in jaxpr.eqns if e.primitive.name == "pallas_call")
+    lowered = lower_kernel(call.params["jaxpr"], call.params["grid_mapping"], None)
+    for target in ("90", "sm_90a", 90):
+        assert compile_lowered(lowered, target).arch == "sm_90"

@@ -213,6 +213,36 @@ _unary("cast_to_i8_wrap", lambda x: x.astype(I8), (I32,), domain=(-1000, 1000),
        what="int32 to int8 with wrap-around")
 _unary("cast_to_u32_wide", lambda x: x.astype(U32), (I32,), domain=_wide_i32,
        what="negative int32 values to uint32 (mod 2**32)")
+# float8: round trips through float8 inside the kernel, on values that include exact ties
+# between neighbouring float8 values and values whose rounding carries into the exponent
+# (1.9 -> 2.0 in e4m3fn), then a float8 output.
+F8E4, F8E5 = jnp.float8_e4m3fn, jnp.float8_e5m2
+
+
+def _float8_domain(f8):
+    """Within ``f8``'s finite range: a third random, a third exact ties between
+    neighbouring float8 values, a third just below a power of two (the carry)."""
+    def gen(rng, shape):
+        finite = np.asarray(jnp.arange(256, dtype=jnp.uint8).view(f8).astype(F32))
+        grid = np.unique(finite[np.isfinite(finite)])
+        top = float(grid.max())
+        pick = rng.integers(0, len(grid) - 1, size=shape)
+        ties = (grid[pick] + grid[pick + 1]) / 2
+        powers = 2.0 ** rng.integers(-4, int(np.log2(top)), size=shape)
+        carry = powers * (1 - 2.0 ** -6) * rng.choice([-1.0, 1.0], size=shape)
+        rand = rng.uniform(-top, top, size=shape)
+        which = rng.integers(0, 3, size=shape)
+        return jnp.asarray(np.select([which == 0, which == 1], [rand, ties], carry), F32)
+
+    return gen
+
+
+for _f8 in (F8E4, F8E5):
+    _unary(f"float8_round_trip_{short(_f8)}", lambda x, d=_f8: x.astype(d).astype(F32),
+           (F32,), domain=_float8_domain(_f8), tags=("float8",),
+           what=f"float32 -> {jnp.dtype(_f8).name} -> float32 inside the kernel")
+    _unary(f"cast_to_{short(_f8)}", lambda x, d=_f8: x.astype(d), (F32,),
+           domain=_float8_domain(_f8), what=f"astype({jnp.dtype(_f8).name}) as the output")
 _unary("cast_to_i32_trunc", lambda x: x.astype(I32), (F32,), domain=(-100, 100),
        what="float32 to int32 truncates toward zero")
 

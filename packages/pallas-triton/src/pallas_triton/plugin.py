@@ -17,7 +17,7 @@ CAPABILITIES = frozenset({
     "elementwise", "special_functions", "broadcasting", "reductions", "indexing",
     "control_flow", "dot",
     "multiple_outputs", "scratch", "atomics", "aliasing", "pytrees", "scalar_prefetch",
-    "bf16", "f16", "int8", "uint32", "bool", "kernels", "vmap", "grad", "sequential_grid",
+    "bf16", "f16", "int8", "float8", "uint32", "bool", "kernels", "vmap", "grad", "sequential_grid",
     "fusion",
     # Blocks of any shape: edge blocks and odd sizes become masks (only what a kernel
     # touches at once must have power-of-two dimensions).
@@ -125,33 +125,47 @@ class TritonBackend(plugins.Backend):
                                    _amd_arch(request))[1]
         lowered = lower_kernel(request.jaxpr, request.grid_mapping, request.compiler_params,
                                request.name)
-        cc = (request.options.get("target") or request.options.get("compute_capability")
-              or tc.compute_capability(request.compiler_params))
-        return tc.compile_lowered(lowered, cc)
+        return tc.compile_lowered(lowered, _cuda_cc(request))
 
     def emulate(self, request: plugins.KernelRequest, *args: Any):
         """Runs the generated kernel under Triton's interpreter; returns the outputs.
         For ``platform="rocm"`` it is the source generated for the AMD target (options
         as :meth:`compile`), which differs from NVIDIA's only where the target does."""
+        from pallas_triton._src.compile import check_float8
         from pallas_triton._src.emulate import emulate_lowered
         from pallas_triton._src.lowering import lower_kernel
 
         target = _amd_arch(request) if _platform(request) == "rocm" else None
         lowered = lower_kernel(request.jaxpr, request.grid_mapping, request.compiler_params,
                                request.name, target=target)
+        if target is None:  # what the NVIDIA target lacks is refused as compile refuses it
+            check_float8(lowered, _cuda_cc(request))
         return emulate_lowered(lowered, *args)
 
     def emulator(self, request: plugins.KernelRequest):
         """The emulated device's plan: the Triton source generated once (for the AMD
         target on a ``rocm`` device, options as :meth:`compile`), then run under Triton's
         interpreter on each call's operands."""
+        from pallas_triton._src.compile import check_float8
         from pallas_triton._src.emulate import emulate_lowered
         from pallas_triton._src.lowering import lower_kernel
 
         target = _amd_arch(request) if _platform(request) == "rocm" else None
         lowered = lower_kernel(request.jaxpr, request.grid_mapping, request.compiler_params,
                                request.name, target=target)
+        if target is None:  # what the NVIDIA target lacks is refused as compile refuses it
+            check_float8(lowered, _cuda_cc(request))
         return lambda *args: emulate_lowered(lowered, *args)
+
+
+def _cuda_cc(request: plugins.KernelRequest) -> int | str:
+    """The NVIDIA target of a level: the ``target``/``compute_capability`` option, else
+    the compiler params', the environment's, the emulated or local GPU's, or sm_80."""
+    from pallas_triton._src import compile as tc
+
+    cc = (request.options.get("target") or request.options.get("compute_capability")
+          or tc.compute_capability(request.compiler_params))
+    return int(str(cc).removeprefix("sm_").rstrip("a"))
 
 
 BACKEND = TritonBackend(

@@ -17,7 +17,7 @@ from pallas_mosaic_gpu._src.compiler_params import CompilerParams
 # Not claimed although their claimed-tag cases would pass: carry_across_blocks (parallel
 # grid axes run concurrently on a GPU), atomics and semaphores (not lowered yet).
 CAPABILITIES: frozenset = frozenset({
-    "elementwise", "special_functions", "bf16", "f16", "int8", "uint32", "bool", "dot",
+    "elementwise", "special_functions", "bf16", "f16", "int8", "float8", "uint32", "bool", "dot",
     "multiple_outputs", "sequential_grid", "vmap", "shard_map", "kernels", "reductions",
     "broadcasting", "pytrees", "fusion", "grad", "scratch",
     # control_flow: lax.scan over register arrays reads and writes its rows through SMEM

@@ -162,10 +162,11 @@ def compile_lowered(lowered: LoweredKernel, compute_capability: int | str = 80
     """Compiles a lowered kernel (cached by source) for ``sm_{compute_capability}``, or,
     given an AMD architecture name (``"gfx942"``), for that AMD GPU."""
     target = compute_capability
-    if isinstance(target, str) and target.startswith("sm_"):
-        target = int(target[3:].rstrip("a"))
+    if isinstance(target, str) and target.removeprefix("sm_").rstrip("a").isdigit():
+        target = int(target.removeprefix("sm_").rstrip("a"))  # "sm_90a", "90"
     if not isinstance(target, str):
         target = int(target)
+        check_float8(lowered, target)
     else:
         from pallas_triton._src.targets import amd_target
 
@@ -181,6 +182,25 @@ def compile_lowered(lowered: LoweredKernel, compute_capability: int | str = 80
     if hit is None:
         hit = _CACHE[key] = _compile(lowered, target)
     return hit
+
+
+# Triton's float8_e4m3fn (``fp8e4nv``) needs sm_89 (Ada) or later; earlier NVIDIA GPUs
+# have only its e5m2 and e4m3b15 types ("type fp8e4nv not supported in this architecture").
+_FP8E4NV_MIN_CC = 89
+
+
+def check_float8(lowered: LoweredKernel, cc: int) -> None:
+    """Refuses a kernel using float8_e4m3fn for an NVIDIA target before sm_89, naming the
+    dtype and the target (the conformance suite reports it unsupported there)."""
+    uses = "tl.float8e4nv" in lowered.source or any(
+        "fp8e4nv" in t for t in lowered.signature.values())
+    if uses and cc < _FP8E4NV_MIN_CC:
+        from pallas_triton._src.targets import TargetLacksError
+
+        raise TargetLacksError(
+            f"kernel {lowered.name} uses float8_e4m3fn, which Triton supports on sm_89 and "
+            f"later; the target is sm_{cc} (pallas-triton). Compile for sm_89 or later "
+            f"(PALLAS_TRITON_COMPUTE_CAPABILITY=90) or use float8_e5m2.")
 
 
 def resource_usage(cubin: bytes, name: str) -> dict[str, int]:

@@ -33,7 +33,8 @@ def elem_type(dtype) -> ir.Type:
         return ir.IntegerType.get_signless(dt.itemsize * 8)
     return {
         "float32": ir.F32Type.get, "float16": ir.F16Type.get, "bfloat16": ir.BF16Type.get,
-        "float64": ir.F64Type.get,
+        "float64": ir.F64Type.get, "float8_e4m3fn": ir.Float8E4M3FNType.get,
+        "float8_e5m2": ir.Float8E5M2Type.get,
     }[dt.name]()
 
 
