@@ -91,6 +91,7 @@ TAGS: dict[str, str] = {
     "float8": "float8_e4m3fn / float8_e5m2 values: casts to and from float32 inside the "
               "kernel (round to nearest even, including ties and the carry into the "
               "exponent) and float8 outputs",
+    "int4": "int4/uint4 operands (selected, widened; TPUs do no arithmetic in int4)",
     "uint32": "uint32 operands",
     "bool": "boolean operands",
     "vmap": "jax.vmap of pallas_call",
@@ -103,6 +104,9 @@ TAGS: dict[str, str] = {
               "slices and concatenates); the fused kernel is one pallas_call",
     "ref_views": "stores, loads and += through ref.reshape views of a kernel's refs (mixed "
                  "with ref.at), which upstream's TPU tests use",
+    "ref_bitcast": "loads and stores through ref.bitcast views to a dtype of another width, "
+                   "in TPU's layout (the narrower values packed along the second-minor dim, "
+                   "as upstream's TPU tests read them)",
     "tpu_dmas": "TPU async copies that outlive their kernel (pallas_tpu): a copy started by "
                 "one pallas_call and waited for by the next, its DMA semaphore passed between "
                 "them in SEMAPHORE memory; registered only when pallas-tpu is installed",

@@ -39,15 +39,19 @@ def test_strided_loads_and_narrow_matmul_results(lower_tpu, ops):
     assert "-> vector<16x128xf32>" in str(m) and names["arith.truncf"] >= 1
 
 
-def test_smem_needs_32_bit_values():
+def test_smem_holds_narrow_and_float8_scalars(lower_tpu):
+    # Regression: bf16/fp8/int4 SMEM operands were refused at trace time ("SMEM holds
+    # 32-bit values"); Mosaic (libtpu) loads, stores and converts them, as upstream runs.
     def kernel(x_ref, o_ref):
-        o_ref[...] = x_ref[...]
+        o_ref[0] = x_ref[0].astype(jnp.float32)
 
-    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.bfloat16),
-                       in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
-                       compiler_params=pltpu.CompilerParams())
-    with pytest.raises(TypeError, match="SMEM holds 32-bit values"):
-        jax.eval_shape(f, jnp.zeros((8, 128), jnp.bfloat16))
+    for dt, elem in ((jnp.bfloat16, "bf16"), (jnp.float8_e4m3fn, "f8E4M3FN"), (jnp.int4, "i4")):
+        f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((1,), F32),
+                           in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+                           out_specs=pl.BlockSpec(memory_space=pltpu.SMEM),
+                           compiler_params=pltpu.CompilerParams())
+        _, (m,) = lower_tpu(f, jnp.zeros((1,), dt))
+        assert f"memref<1x{elem}, #tpu.memory_space<smem>>" in str(m)
 
 
 def test_remote_copy_lowers_with_device_id(lower_tpu, ops):

@@ -314,3 +314,24 @@ def store_add_through_reshape(pallas_call, x):
         view.at[:8][...] += 1.0
 
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(x)
+
+
+def _as_int16_rows(x):
+    """(m, n) int32 as a TPU reads it through ``ref.bitcast(jnp.int16)``: (2m, n), row 2i
+    the low halves of row i and row 2i + 1 the high ones."""
+    h = jax.lax.bitcast_convert_type(x, jnp.int16)  # (m, n, 2), low half first
+    return jnp.swapaxes(h, 1, 2).reshape(2 * x.shape[0], x.shape[1])
+
+
+@case("ref_views/bitcast_int32_as_int16", tags={"ref_bitcast"},
+      inputs=lambda rng: (jnp.asarray(rng.integers(-2**31, 2**31, size=(16, C)), jnp.int32),),
+      reference=lambda x: (_as_int16_rows(x), x))
+def bitcast_int32_as_int16(pallas_call, x):
+    """An int32 block read through an int16 bitcast view (twice the rows), and written
+    back through one into an int32 output, in two halves."""
+    def kernel(x_ref, h_ref, o_ref):
+        h_ref[...] = x_ref.bitcast(jnp.int16)[...]
+        o_ref.bitcast(jnp.int16).at[:16][...] = x_ref.bitcast(jnp.int16)[:16]
+        o_ref.bitcast(jnp.int16).at[16:][...] = x_ref.bitcast(jnp.int16)[16:]
+
+    return pallas_call(kernel, out_shape=(sds((32, C), jnp.int16), sds(x.shape, x.dtype)))(x)

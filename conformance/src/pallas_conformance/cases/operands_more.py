@@ -267,3 +267,22 @@ def three_d_scratch(pallas_call, x):
 
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype),
                        scratch_shapes=[pl.ANY((4, 8, C), jnp.float32)])(x)
+
+
+# --- Sub-byte operands ------------------------------------------------------------------
+
+@case("operands/int4_select_and_widen", tags={"elementwise", "int4"},
+      inputs=lambda rng: (randn(rng, (16, C), jnp.bool_), randn(rng, (16, C), jnp.int4),
+                          randn(rng, (16, C), jnp.uint4)),
+      reference=lambda m, x, u: (jnp.where(m, x, 0), x.astype(jnp.int32),
+                                 u.astype(jnp.int32)))
+def int4_select_and_widen(pallas_call, m, x, u):
+    """int4/uint4 blocks selected under a mask and widened to int32 (sign- and
+    zero-extended): what TPUs do with 4-bit integers (no arithmetic in int4)."""
+    def kernel(m_ref, x_ref, u_ref, o_ref, w_ref, v_ref):
+        o_ref[...] = jnp.where(m_ref[...], x_ref[...], 0)
+        w_ref[...] = x_ref[...].astype(jnp.int32)
+        v_ref[...] = u_ref[...].astype(jnp.int32)
+
+    return pallas_call(kernel, out_shape=(sds(x.shape, x.dtype), sds(x.shape, jnp.int32),
+                                          sds(u.shape, jnp.int32)))(m, x, u)

@@ -16,9 +16,9 @@ from pallas_tpu._src.compiler_params import CompilerParams
 # listed as not implemented in the README; see the package README.
 CAPABILITIES = frozenset({
     "aliasing", "bf16", "bool", "broadcasting", "carry_across_blocks", "control_flow", "dot",
-    "dynamic_grid", "dynamic_shapes",
-    "elementwise", "f16", "fusion", "grad", "indexing", "int8", "float8", "kernels", "multiple_outputs",
-    "pytrees", "reductions", "scalar_prefetch", "scratch", "semaphores", "sequential_grid",
+    "dynamic_grid", "dynamic_shapes", "elementwise", "f16", "float8", "fusion", "grad",
+    "indexing", "int4", "int8", "kernels", "multiple_outputs", "pytrees", "reductions",
+    "ref_bitcast", "scalar_prefetch", "scratch", "semaphores", "sequential_grid",
     "shard_map", "tpu_dmas", "uint32", "vmap",
 })
 

@@ -7,11 +7,13 @@
   array of a 16-bit (8-bit) dtype by 256 (512) elements, so its rank-1 blocks must be
   multiples of that (Mosaic rejects them otherwise: CompileTimeMosaicMisalignedBlock
   AndTiling), as upstream checks.
-- Dtypes: Mosaic TPU has no 64-bit, complex or sub-byte (int4/uint4/fp4) types in kernels.
+- Dtypes: Mosaic TPU has no 64-bit, complex, 2-bit or fp4 types in kernels. int4/uint4
+  operands are its i4 (loaded, stored, widened, selected; Mosaic refuses arithmetic on
+  them with its own message, a ``MosaicError``, as on the chip).
 - ``dimension_semantics`` has one entry per grid dimension;
   ``allow_input_fusion`` one entry per input.
-- SMEM holds 32-bit scalars, and 8- and 16-bit integers (Mosaic loads and stores them;
-  scalar arithmetic on them it rejects, as ``pallas_tpu.errors.MosaicError``).
+- SMEM holds scalars of any kernel dtype (Mosaic loads, stores and converts them; scalar
+  arithmetic other than i32/f32 it rejects, as ``pallas_tpu.errors.MosaicError``).
 - Every primitive in the kernel has a Mosaic lowering rule.
 """
 
@@ -37,7 +39,7 @@ def dtype_problem(dtype) -> str | None:
         return f"{name} (complex numbers are not supported by Mosaic TPU)"
     if dt.itemsize == 8:
         return f"{name} (64-bit types are not supported by Mosaic TPU; use 32-bit types)"
-    if name in ("int4", "uint4", "int2", "uint2", "float4_e2m1fn"):
+    if name in ("int2", "uint2", "float4_e2m1fn"):
         return (f"{name} (sub-byte types are not supported in pallas-tpu kernels; pack them "
                 f"into int8/int32 and use pltpu.bitcast or pltpu.unpack_elementwise)")
     return None
@@ -68,14 +70,9 @@ def _check_block(bm) -> None:
                     f"pl.Element({d.block_size}, padding=...) for that dim"
                 )
     if space is MemorySpace.SMEM:
-        dt = jnp.dtype(bm.array_aval.dtype)
-        # bools are stored as int32 (memory_dtype), as in VMEM.
-        if dt.itemsize != 4 and not (dt.kind in "iu" and dt.itemsize in (1, 2)) \
-                and dt != jnp.bool_:
-            raise TypeError(
-                f"pallas_call operand {bm.origin} is placed in SMEM with dtype "
-                f"{dt.name}; SMEM holds 32-bit values (and 8- or 16-bit integers) only"
-            )
+        # Any kernel dtype: Mosaic (libtpu) loads and stores 4- to 32-bit scalars of every
+        # kind in SMEM (bools as int32, as in VMEM); scalar arithmetic it does only in
+        # i32/f32, refusing the rest itself (a MosaicError, as on the chip).
         return
     if bm.whole:
         return

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import itertools
 
+import ml_dtypes
 import numpy as np
 from jaxlib.mlir import ir
 
@@ -181,6 +182,12 @@ class _Window:
             self.hbm[src] = self.buf.reshape(self.bounds)[dst]
 
 
+def _signless(a: np.ndarray) -> np.ndarray:
+    """uint4 arrays as int4 (the module's i4, which numpy will not mix with uint4); the
+    wider unsigned types convert to their signed peers on assignment, as they are."""
+    return a.view(ml_dtypes.int4) if a.dtype == ml_dtypes.uint4 else a
+
+
 def execute(kernel: Kernel, operands, out_shapes, aliases=()) -> list[np.ndarray]:
     """Runs ``kernel`` on numpy ``operands`` (scalar-prefetch operands first, then the
     inputs); returns the outputs. ``aliases``: (input index, output index) pairs, indices
@@ -192,11 +199,11 @@ def execute(kernel: Kernel, operands, out_shapes, aliases=()) -> list[np.ndarray
     grid = tuple(next(dyn) if n == DYNAMIC else n for n in kernel.grid)
     operands = operands[ndyn:]
     aliases = tuple((i - ndyn, o) for i, o in aliases)
-    hbm_in = [np.array(x) for x in operands]
+    hbm_in = [_signless(np.array(x)) for x in operands]
     outs = []
     alias = dict((o, i) for i, o in aliases)
     for k, (shape, dt) in enumerate(out_shapes):
-        outs.append(hbm_in[alias[k]] if k in alias else np.zeros(shape, dt))
+        outs.append(hbm_in[alias[k]] if k in alias else _signless(np.zeros(shape, dt)))
     ng = len(kernel.grid)
     block_types = kernel.arg_types[ng + npf:]
     hbm = hbm_in[npf:] + outs
@@ -239,4 +246,4 @@ def execute(kernel: Kernel, operands, out_shapes, aliases=()) -> list[np.ndarray
             if w is not None:
                 w.flush()
     machine.finish(hbm)
-    return outs
+    return [o.view(dt) if o.dtype != dt else o for o, (_, dt) in zip(outs, out_shapes)]

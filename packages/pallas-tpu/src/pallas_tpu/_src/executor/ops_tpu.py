@@ -8,6 +8,7 @@ import re
 import numpy as np
 from jaxlib.mlir import ir
 
+from pallas_tpu._src.executor.derived import DerivedRef, bitcast
 from pallas_tpu._src.executor.engine import op
 from pallas_tpu._src.executor.ops_vector import i64s, window
 from pallas_tpu._src.executor.types import ExecutorError, elem_and_shape
@@ -167,11 +168,19 @@ def _memref_reshape(o, cc):
 
     def run(env, ref):
         v = ref.reshape(shape)
+        if isinstance(ref, DerivedRef):
+            return (v,)
         if not np.shares_memory(v, ref) and ref.size:
             raise ExecutorError(f"{o.operation.name} of a non-contiguous view")
         return (v,)
 
     return run
+
+
+@op("tpu.memref_bitcast")
+def _memref_bitcast(o, cc):
+    dt, _ = elem_and_shape(o.result.type)
+    return lambda env, ref: (bitcast(ref, dt),)
 
 
 @op("tpu.sem_signal")

@@ -163,6 +163,8 @@ def kind(dtype) -> str:
         return "b"
     if dt.kind in "iu":
         return dt.kind
+    if dt.name in ("int4", "uint4"):  # ml_dtypes' kind is 'V'
+        return dt.name[0]
     return "f"
 
 
@@ -179,6 +181,9 @@ def convert(v, shape, src_dtype, dst_dtype):
         return cmpi("ne", v, zero)
     if ks == "f" and kd == "f":
         ws, wd = (T.memory_dtype(x).itemsize for x in (s, d))  # f16 is f32
+        if ws == wd:  # two 8-bit (or 16-bit) formats: through f32, which holds both
+            v = arith.extf(T.value_type(shape, jnp.float32), v)
+            return arith.truncf(out_t, v)
         return arith.extf(out_t, v) if wd > ws else arith.truncf(out_t, v)
     if ks in "iu" and kd == "f":
         return arith.sitofp(out_t, v) if ks == "i" else arith.uitofp(out_t, v)
@@ -187,11 +192,21 @@ def convert(v, shape, src_dtype, dst_dtype):
     if ks == "f" and kd in "iu":
         return arith.fptosi(out_t, v) if kd == "i" else arith.fptoui(out_t, v)
     # integer <-> integer (bool is an unsigned 1-bit integer)
-    if d.itemsize * 8 > (1 if ks == "b" else s.itemsize * 8):
+    bs, bd = int_bits(s), int_bits(d)
+    if bd > bs:
         return arith.extsi(out_t, v) if ks == "i" else arith.extui(out_t, v)
-    if d.itemsize == s.itemsize:
+    if bd == bs:
         return v
     return arith.trunci(out_t, v)
+
+
+def int_bits(dtype) -> int:
+    """The width of an integer (or bool) dtype in the kernel: int4/uint4 are i4 although
+    numpy holds them a byte each."""
+    dt = jnp.dtype(dtype)
+    if dt == jnp.bool_:
+        return 1
+    return 4 if dt.name in ("int4", "uint4") else dt.itemsize * 8
 
 
 def to_index(x, aval=None) -> ir.Value:

@@ -66,8 +66,9 @@ def _binary(lctx, eqn, x, y):
         logical = eqn.primitive is P.shift_right_logical_p
         a32, b32 = (widen_int(v, shape, dtype, zero_extend=logical) for v in (a, b))
         return narrow_int((arith.shrui if logical else sop)(a32, b32), shape, dtype)
-    if k == "u" and eqn.primitive in (P.max_p, P.min_p):
-        # No unsigned max/min on the TPU VPU: compare unsigned and select.
+    if k == "u" and eqn.primitive in (P.max_p, P.min_p) and shape:
+        # No unsigned max/min on the TPU VPU: compare unsigned and select. (Scalars keep
+        # arith.maxui/minui, which Mosaic has in i32 and refuses, by name, narrower.)
         pred = "ugt" if eqn.primitive is P.max_p else "ult"
         return arith.select(cmpi(pred, a, b), a, b)
     return op(a, b)

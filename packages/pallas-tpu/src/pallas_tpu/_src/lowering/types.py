@@ -20,6 +20,8 @@ def elem_type(dtype) -> ir.Type:
         return ir.F32Type.get()
     if dt == jnp.bool_:
         return ir.IntegerType.get_signless(1)
+    if dt.name in ("int4", "uint4"):
+        return ir.IntegerType.get_signless(4)
     if dt.kind in "iu":
         return ir.IntegerType.get_signless(dt.itemsize * 8)
     f8 = {
@@ -126,14 +128,14 @@ def memref_type(shape, dtype, space) -> ir.MemRefType:
 def splat_attr(vtype, value, dtype) -> ir.Attribute:
     dt = jnp.dtype(dtype)
     et = vtype.element_type if isinstance(vtype, ir.VectorType) else vtype
-    if dt.kind == "f" or dt == jnp.bfloat16:
+    if jnp.issubdtype(dt, jnp.floating):  # (ml_dtypes' bf16 and fp8 are kind 'V')
         scalar = ir.FloatAttr.get(et, float(value))
     elif dt == jnp.bool_:
         scalar = ir.IntegerAttr.get(et, int(bool(value)))
     else:
         v = int(value)
-        bits = dt.itemsize * 8
-        if dt.kind == "u" and v >= 1 << (bits - 1):
+        bits = ir.IntegerType(et).width
+        if jnp.issubdtype(dt, jnp.unsignedinteger) and v >= 1 << (bits - 1):
             v -= 1 << bits  # signless attrs hold the two's-complement value
         scalar = ir.IntegerAttr.get(et, v)
     if isinstance(vtype, ir.VectorType):
