@@ -186,3 +186,27 @@ def test_memory_space_like_takes_shape_and_dtype_from_an_array():
     ref = pltpu.VMEM.like(x)
     assert (ref.shape, ref.dtype, ref.memory_space) == ((8, 128), jnp.bfloat16, pltpu.VMEM)
     assert pltpu.SMEM.like(jax.ShapeDtypeStruct((4,), jnp.int32)).shape == (4,)
+
+
+@pytest.mark.parametrize("at, priority, add, printed", [
+    (lambda i: (i, pl.ds(0, 8), pl.ds(0, 128)), 0, False, r"dma_start\(p0\) (\w+)\[(\w+),:,:\]"),
+    (lambda i: (0, pl.ds(i, 8), pl.ds(0, 128)), 0, False, r"dma_start\(p0\) (\w+)\[0,(\w+):\2\+8,:\]"),
+    (lambda i: (i, pl.ds(2, 4), pl.ds(0, 100)), 0, False, r"dma_start\(p0\) (\w+)\[(\w+),2:6,:100\]"),
+    (lambda i: (i, pl.ds(2, 6), pl.ds(4, 100)), 1, True,
+     r"dma_start\(p1, add\) (\w+)\[(\w+),2:,4:104\]"),
+])
+def test_a_dma_prints_as_a_copy(at, priority, add, printed):
+    # As upstream prints it (its PrettyPrintingTest): the source view -> the destination,
+    # then the semaphore.
+    def f(x, i):
+        def body(x_ref):
+            def inner(v_ref, sem):
+                pltpu.async_copy(x_ref.at[at(i)], v_ref, sem, priority=priority,
+                                 add=add).wait()
+
+            pl.run_scoped(inner, pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA)
+
+        return pl.run_state(body)(x)
+
+    text = str(jax.make_jaxpr(f)(jnp.zeros((2, 8, 128), jnp.float32), 1))
+    assert re.search(printed + r" -> \w+\[\.\.\.\] \w+$", text, re.M), text

@@ -46,6 +46,12 @@ transform_type = state_types.transform_type
 from jax._src.state import primitives as _state_primitives  # noqa: E402
 
 get_p = _state_primitives.get_p
+# Pretty-printing of jaxprs (a DMA prints as upstream's ``dma_start(p0) src -> dst sem``).
+from jax._src import pretty_printer as pp  # noqa: E402, F401 (jc.pp)
+
+pp_eqn_rules = core.pp_eqn_rules
+pp_eqn_generic = core._pp_eqn  # the printing of an equation without its custom rule
+pp_ref_transforms = _state_primitives.pp_ref_transforms
 swap_p = _state_primitives.swap_p
 addupdate_p = _state_primitives.addupdate_p
 

@@ -214,6 +214,29 @@ dma_start_p.def_effectful_abstract_eval(_start_effects)
 dma_wait_p.def_effectful_abstract_eval(_wait_effects)
 
 
+def _pp_dma_start(eqn, context, settings):
+    """A local DMA prints as upstream's ``dma_start(p0[, add]) src[idx] -> dst[...] sem``;
+    a remote one (a source semaphore or a device id) with all its params."""
+    p = eqn.params
+    src, dst, sem, src_sem = p["refs"]
+    if src_sem is not None or p["device_id_tree"] is not None:
+        return jc.pp_eqn_generic(eqn, context, settings)
+
+    def ref(spec, bare=False):
+        pos, n, tree = spec
+        transforms = jax.tree_util.tree_unflatten(tree, eqn.invars[pos + 1:pos + 1 + n])
+        if bare and not transforms:  # a whole semaphore prints as its name
+            return jc.core.pp_var(eqn.invars[pos], context)
+        return jc.pp_ref_transforms(context, eqn.invars[pos], tuple(transforms))
+
+    head = f"dma_start(p{p['priority']}{', add' if p['add'] else ''}) "
+    return jc.pp.concat([jc.pp.text(head), ref(src), jc.pp.text(" -> "), ref(dst),
+                         jc.pp.text(" "), ref(sem, bare=True)])
+
+
+jc.pp_eqn_rules[dma_start_p] = _pp_dma_start
+
+
 # -- interpreter rules -----------------------------------------------------------------------
 
 
