@@ -68,6 +68,10 @@ TAGS: dict[str, str] = {
                         "neither a multiple of 128 nor the array's full dim, or a "
                         "second-to-last one neither a multiple of 8 nor full (TPU's tiling "
                         "rule); cases about odd shapes carry it, the rest use aligned blocks",
+    "reshapes": "value reshapes inside kernels that change the tiled (last two) dims: the "
+                "last dim split or merged, trailing dims folded into it, leading dims "
+                "merged into the second-minor dim, small last dims swapped, folds to rank "
+                "1 (what Mosaic TPU relayouts; GPU backends do not claim them)",
     "special_functions": "the gamma family (lgamma, digamma) inside kernels",
     "warpgroups": "GPU warpgroup semantics (pallas_mosaic_gpu): plgpu.kernel meshes of several "
                   "warpgroups per block that specialise on lax.axis_index of the thread axis "

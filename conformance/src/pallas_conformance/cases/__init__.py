@@ -23,6 +23,7 @@ from pallas_conformance.cases import (
     prefetch,
     reductions,
     reductions_more,
+    reshapes,
     scratch,
     semaphores,
     sparsecore,

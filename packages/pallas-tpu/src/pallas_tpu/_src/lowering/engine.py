@@ -61,6 +61,10 @@ class LoweringContext:
     # lowerings (loops, conds, run_scoped) inherit because they reuse this context.
     rules: RuleTable | None = None
     backend: str = "mosaic_tpu"  # named in "cannot lower" errors
+    # The chip lowered for (``pallas_tpu.compile`` names: "v5e", "v6e", ...), for rules
+    # whose support differs per chip; None when no chip is known (they then accept only
+    # what every chip compiles).
+    chip: str | None = None
 
     def is_used(self, var) -> bool:
         """Whether a jaxpr variable is read later (e.g. the old value of a swap)."""

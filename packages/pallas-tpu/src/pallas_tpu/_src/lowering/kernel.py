@@ -32,6 +32,7 @@ from pallas_tpu._src.lowering.dma_semaphores import dma_semaphore_operands
 from pallas_tpu._src.lowering.engine import Lit, LoweringContext, RefVal, lower_jaxpr
 from pallas_tpu._src.lowering.symbolic import Placeholders, placeholders, static_shape
 from pallas_tpu._src.memory import MemorySpace, SemaphoreType, is_any_space
+from pallas_tpu._src.vmem import target_chip
 
 
 @dataclasses.dataclass
@@ -217,7 +218,8 @@ def build_module(jaxpr, gm, params: CompilerParams, name: str,
                 for a, (_mt, t, space) in zip(args[ng + npf + len(block_args):], scratch):
                     refs.append(RefVal(a, t.dtype, space, (False,) * len(t.shape)))
                 lctx = LoweringContext(gm.grid, grid_idx, name, mesh_axes=mesh_axes,
-                                       grid_names=tuple(gm.grid_names or ()))
+                                       grid_names=tuple(gm.grid_names or ()),
+                                       chip=target_chip(params))
                 lower_jaxpr(lctx, jaxpr.jaxpr, jaxpr.consts, refs)
                 func.ReturnOp([])
             main.attributes["dimension_semantics"] = _semantics_attr(params, gm, grid)

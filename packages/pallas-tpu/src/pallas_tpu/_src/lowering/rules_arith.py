@@ -28,6 +28,7 @@ from pallas_tpu._src.lowering.common import (
     rule,
     widen_int,
 )
+from pallas_tpu._src.lowering.reshapes import check_reshape
 from pallas_tpu._src.lowering.symbolic import static_dim
 
 # ------------------------------------------------------------------------------------------
@@ -448,31 +449,6 @@ def _broadcast_in_dim(lctx, eqn, x):
     return vector.broadcast(T.aval_type(out), v)
 
 
-def _check_reshape(src_shape, dst_shape, what):
-    def strip(s):
-        s = list(s)
-        while s and s[0] == 1:
-            s.pop(0)
-        return s
-
-    a, b = strip(src_shape), strip(dst_shape)
-    if a == b:
-        return  # only leading unit dims change
-    if len(a) <= 1 and len(b) <= 2 and (a + [1] == b or b + [1] == a):
-        return  # (n,) <-> (n, 1): the shape_cast a keepdims reduction's broadcast emits
-    if len(a) >= 2 and len(b) >= 2 and a[-2:] == b[-2:]:
-        return  # only leading (untiled) dims change
-    if a[-1:] == b[-1:] and len(a) >= 1 and len(b) >= 1 and a[-1] % 128 == 0 and (
-            np.prod(a[:-1]) == np.prod(b[:-1])):
-        if (len(a) < 2 or a[-2] % 8 == 0) and (len(b) < 2 or b[-2] % 8 == 0):
-            return  # sublane-aligned merges/splits of leading dims
-    raise NotImplementedError(
-        f"{what} from {tuple(src_shape)} to {tuple(dst_shape)} changes the tiled (last two) "
-        f"dimensions in a way Mosaic TPU does not support; keep the last two dims, or "
-        f"reshape only leading dims (second-minor multiple of 8, minor multiple of 128)"
-    )
-
-
 @rule(P.reshape_p, P.squeeze_p)
 def _reshape(lctx, eqn, x):
     src, out = aval_in(eqn, 0), aval_out(eqn)
@@ -483,7 +459,7 @@ def _reshape(lctx, eqn, x):
         return vector.extract(v, [], [0] * len(src.shape))
     if not src.shape:
         return broadcast_to(v, out.shape, out.dtype)
-    _check_reshape(src.shape, out.shape, eqn.primitive.name)
+    check_reshape(src.shape, out.shape, src.dtype, lctx.chip, eqn.primitive.name)
     return vector.shape_cast(T.aval_type(out), v)
 
 

@@ -1,0 +1,46 @@
+"""Value reshapes that change the tiled (last two) dims inside kernels: the lane dim split
+and merged, trailing dims folded into the last dim and unfolded from it, leading dims
+merged into the second-minor dim, small last dims swapped, folds to rank 1.
+
+Each is a family Mosaic TPU relayouts on every chip (checked with libtpu for v5e and v6e);
+upstream's ``tpu_pallas_test`` and ragged paged attention use them.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from pallas_conformance.catalogue import case, dtype_tags, randn, sds, short
+
+
+def _reshape_case(src, dst, dtype, what, plus_one=False):
+    name = f"reshapes/{what}_{short(dtype)}"
+
+    def reference(x):
+        y = x.reshape(dst)
+        return y + 1 if plus_one else y
+
+    @case(name, tags={"reshapes"} | dtype_tags(dtype),
+          inputs=lambda rng: (randn(rng, src, dtype),), reference=reference,
+          description=f"x.reshape{tuple(dst)} of a {tuple(src)} {jnp.dtype(dtype).name} "
+                      f"block ({what.replace('_', ' ')})")
+    def fn(pallas_call, x):
+        def kernel(x_ref, o_ref):
+            y = x_ref[...].reshape(o_ref.shape)
+            o_ref[...] = y + 1 if plus_one else y
+
+        return pallas_call(kernel, out_shape=sds(dst, x.dtype))(x)
+
+    return fn
+
+
+# The lane dim split in two (issue 27's first step), then merged back across sublanes.
+_reshape_case((8, 128), (8, 2, 64), jnp.float32, "split_lane_dim", plus_one=True)
+_reshape_case((2, 8, 64), (16, 64), jnp.float32, "merge_leading_into_sublanes",
+              plus_one=True)
+# Ragged paged attention's fold of the heads into the rows.
+_reshape_case((64, 4, 128), (256, 128), jnp.bfloat16, "fold_rows_into_second_minor")
+_reshape_case((2, 600), (2, 3, 200), jnp.int8, "unfold_unaligned_minor")
+_reshape_case((1, 8, 3, 256), (1, 6144), jnp.uint32, "fold_three_minor_dims")
+_reshape_case((16, 64), (64, 16), jnp.float32, "swap_small_last_dims", plus_one=True)
+_reshape_case((9, 256), (2304,), jnp.float32, "fold_to_rank1")
