@@ -108,6 +108,20 @@ def test_too_large_blocks_are_refused_at_trace_time_naming_the_operands(lower_tp
     lower_tpu(functools.partial(_scale, rows=2048), x)
 
 
+def test_the_refusal_describes_the_windows_as_the_compiler_does(lower_tpu):
+    # A JaxRuntimeError too, as the compiler's VMEM OOM on a TPU, with its words for the
+    # pipelined windows (upstream's test_vmem_oom_error_message_basics searches them).
+    x = jnp.zeros((4096, 1024), jnp.float32)
+    with pytest.raises(jax.errors.JaxRuntimeError) as e:
+        lower_tpu(functools.partial(_scale, rows=2048, chip="v5e"), x)
+    assert isinstance(e.value, (ValueError, pltpu.errors.VmemOomError))
+    for part in ("input window allocation for operator input 0",
+                 "output window allocation for operator output 0",
+                 "The window shape is f32[2048,1024], while the full shape is f32[4096,1024].",
+                 "This allocation has 2 buffering levels."):
+        assert part in str(e.value), part
+
+
 def test_higher_rank_blocks_not_on_the_tiling_are_upper_bounds_left_out_of_the_check():
     # XLA tiles a (2, 10, 100) f32 buffer more tightly than (8, 128) (libtpu: 10240 B
     # for the whole (3, 10, 100) operand); the estimate must not refuse what compiles.

@@ -11,6 +11,9 @@
   (refused while lowering, before the compiler sees it).
 - :class:`LibtpuMissingError`: the compiler is not installed
   (``pip install 'pallas-tpu[compile]'``).
+- :class:`VmemOomError`: the kernel's VMEM buffers exceed the chip's scoped VMEM limit,
+  found at trace time when the chip is known (a ``ValueError``, and a
+  ``jax.errors.JaxRuntimeError`` as the compiler's VMEM OOM is on a TPU).
 """
 
 from pallas_tpu._src.compiler.results import (
@@ -20,8 +23,9 @@ from pallas_tpu._src.compiler.results import (
     TpuCompilerCrashedError,
 )
 from pallas_tpu._src.enums import LoweringException, MosaicUnsupported
+from pallas_tpu._src.vmem import VmemOomError
 
 __all__ = [
     "LibtpuMissingError", "LoweringException", "MosaicError", "MosaicUnsupported",
-    "TpuCompileError", "TpuCompilerCrashedError",
+    "TpuCompileError", "TpuCompilerCrashedError", "VmemOomError",
 ]

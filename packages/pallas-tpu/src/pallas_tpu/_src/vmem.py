@@ -24,6 +24,7 @@ import math
 import os
 
 import jax.numpy as jnp
+from jax.errors import JaxRuntimeError
 
 from pallas_tpu._src.memory import MemorySpace, canonical_space
 
@@ -48,6 +49,9 @@ class VmemItem:
     #: False for a buffer of rank >= 3 whose last two dims are not multiples of (8, 128):
     #: XLA may tile it more tightly than (8, 128), so its bytes are an upper bound.
     exact: bool = True
+    #: For a pipelined block, the window as XLA's compiler describes it when the kernel
+    #: does not fit ("input window allocation for operator input 0 ...").
+    window: str = ""
 
     @property
     def bytes(self) -> int:
@@ -104,19 +108,21 @@ def footprint(gm) -> list[VmemItem]:
     """The VMEM allocations of a kernel with grid mapping ``gm`` (see the module)."""
     steps = math.prod(int(g) if isinstance(g, int) else 2 for g in gm.grid)
     items = []
-    for bm in gm.block_mappings:
+    for k, bm in enumerate(gm.block_mappings):
         space = canonical_space(bm.memory_space)
         if space not in (None, MemorySpace.VMEM):
             continue
         dtype = bm.array_aval.dtype
+        window = ""
         if bm.whole and space is MemorySpace.VMEM:
             shape, buffers = tuple(bm.array_aval.shape), 1
         else:
             shape = tuple(bm.block_shape)
             count = getattr(bm.pipeline_mode, "buffer_count", None)
             buffers = count or (1 if steps == 1 or _index_is_constant(bm, gm.grid) else 2)
+            window = _window(gm, k, shape, bm.array_aval, buffers)
         items.append(VmemItem(str(bm.origin), shape, jnp.dtype(dtype).name,
-                              padded_bytes(shape, dtype), buffers, _exact(shape)))
+                              padded_bytes(shape, dtype), buffers, _exact(shape), window))
     for origin, t in zip(gm.scratch_origins, gm.scratch_types):
         space = canonical_space(t.memory_space)
         if space not in (None, MemorySpace.VMEM) or not hasattr(t, "shape"):
@@ -124,6 +130,24 @@ def footprint(gm) -> list[VmemItem]:
         items.append(VmemItem(f"scratch {origin}", tuple(t.shape), jnp.dtype(t.dtype).name,
                               padded_bytes(t.shape, t.dtype), 1, _exact(t.shape)))
     return items
+
+
+def _window(gm, k: int, shape, array_aval, buffers: int) -> str:
+    """XLA's description of block ``k``'s pipelined window (the words upstream's tests
+    and users search a VMEM OOM for); operands count as the custom call's, scalar
+    prefetch first."""
+    from jax.core import ShapedArray
+
+    if k < gm.num_inputs:
+        kind, index = "input", gm.num_scalar_prefetch + k
+    else:
+        kind, index = "output", k - gm.num_inputs
+    win = ShapedArray(shape, array_aval.dtype).str_short(short_dtypes=True)
+    full = ShapedArray(array_aval.shape, array_aval.dtype).str_short(short_dtypes=True)
+    levels = ("This allocation is single buffered." if buffers == 1
+              else f"This allocation has {buffers} buffering levels.")
+    return (f"{kind} window allocation for operator {kind} {index}: The window shape is "
+            f"{win}, while the full shape is {full}. {levels}")
 
 
 def target_chip(params) -> str | None:
@@ -143,8 +167,21 @@ def target_chip(params) -> str | None:
         return None
 
 
+class VmemOomError(ValueError, JaxRuntimeError):
+    """A kernel's VMEM buffers exceed its chip's scoped VMEM limit. A ``ValueError`` (bad
+    block shapes, caught at trace time) and a ``jax.errors.JaxRuntimeError``, the type
+    the compiler's own VMEM OOM has on a TPU (as upstream's tests catch it)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self._error_message = message  # what JaxRuntimeError's str() reads
+
+    def __str__(self) -> str:
+        return self._error_message
+
+
 def check_vmem(gm, params, name: str = "kernel") -> None:
-    """Raises a ValueError naming the kernel's VMEM buffers when their footprint exceeds
+    """Raises a :class:`VmemOomError` (a ValueError) naming the kernel's VMEM buffers when their footprint exceeds
     the scoped VMEM limit of its chip (``vmem_limit_bytes``, else the chip's default)."""
     chip = target_chip(params)
     limit = params.vmem_limit_bytes or DEFAULT_SCOPED_LIMIT.get(chip)
@@ -158,11 +195,12 @@ def check_vmem(gm, params, name: str = "kernel") -> None:
         return
     biggest = sorted(items, key=lambda i: -i.bytes)
     listing = "; ".join(i.describe() for i in biggest)
+    windows = "".join(f" {i.window}" for i in items if i.window)
     how = ("vmem_limit_bytes" if params.vmem_limit_bytes
            else f"the default scoped VMEM limit of TPU {chip}")
-    raise ValueError(
+    raise VmemOomError(
         f"{name}: its VMEM buffers need {_fmt(total)} ({total} bytes), more than {how} "
-        f"({_fmt(limit)}): {listing}. Valid: smaller blocks (a block's VMEM bytes are its "
+        f"({_fmt(limit)}): {listing}.{windows} Valid: smaller blocks (a block's VMEM bytes are its "
         f"tile-padded size times its buffer count, 2 when pipelined), "
         f"pipeline_mode=pl.Buffered(1) for a block whose index rarely changes, or "
         f"pltpu.CompilerParams(vmem_limit_bytes=...) up to the chip's VMEM capacity")
