@@ -115,6 +115,30 @@ def test_reduction_axis():
     np.testing.assert_allclose(out, np.broadcast_to(x.sum(0), (8, 128)), rtol=1e-5, atol=1e-4)
 
 
+def test_a_fori_loop_with_run_time_bounds_runs_its_steps():
+    """The ``scf.for`` over i32 a run-time-bounded ``fori_loop`` lowers to runs steps
+    lower..upper-1, and none when upper <= lower; a constant bound is a 0-d array in the
+    executor, and the counter keeps its integer type."""
+    def f(n, x):
+        def kernel(n_ref, x_ref, o_ref):
+            o_ref[...] = lax.fori_loop(n_ref[0], n_ref[1],
+                                       lambda i, a: a + x_ref[...] * i.astype(F32),
+                                       jnp.ones((8, 128), F32))
+            o_ref[...] += lax.fori_loop(0, n_ref[0], lambda i, a: a + jnp.full(
+                (8, 128), i, jnp.int32).astype(F32), jnp.zeros((8, 128), F32))
+
+        smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              in_specs=[smem, pl.BlockSpec((8, 128), lambda: (0, 0))],
+                              backend="mosaic_tpu")(n, x)
+
+    x = _x((8, 128))
+    for lo, hi in ((2, 5), (5, 2)):
+        (out,) = emulate(MOSAIC_TPU, f, jnp.asarray([lo, hi], jnp.int32), x)
+        np.testing.assert_allclose(out, 1 + sum(range(lo)) + x * sum(range(lo, hi)), rtol=1e-5,
+                                   atol=1e-6)
+
+
 def test_an_unknown_op_is_an_error_naming_it():
     ctx = kernel_mod.new_context()
     with ctx, ir.Location.unknown():

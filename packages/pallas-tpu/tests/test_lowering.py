@@ -154,6 +154,29 @@ def test_fori_loop_and_while_loop(lower_tpu, ops):
     assert "arith.index_cast" in names
 
 
+def test_a_fori_loop_with_run_time_bounds_is_an_scf_for(lower_tpu, ops):
+    """``fori_loop`` with bounds known at run time is a ``while_loop`` in the jaxpr; it
+    lowers to ``scf.for`` over i32 (as upstream's lowering), without the per-step
+    compare and add of an ``scf.while``. Other ``while_loop``s stay ``scf.while``."""
+    def kernel(n_ref, x_ref, o_ref):
+        acc = lax.fori_loop(n_ref[0], n_ref[1], lambda i, a: a + x_ref[...] * i.astype(F32),
+                            jnp.zeros((8, 128), F32))
+        m = lax.while_loop(lambda c: c < n_ref[1], lambda c: c + 1, n_ref[0])
+        o_ref[...] = acc + m.astype(F32)
+
+    def f(n, x):
+        smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              in_specs=[smem, pl.BlockSpec((8, 128), lambda: (0, 0))])(n, x)
+
+    n, x = jnp.zeros((2,), jnp.int32), jnp.zeros((8, 128), F32)
+    _, (m,) = lower_tpu(f, n, x)
+    names = collections.Counter(ops(m))
+    # The while_loop's condition reads n_ref (a const of its cond): not fori's form.
+    assert names["scf.for"] == 1 and names["scf.while"] == 1
+    assert "scf.for %arg3 = %" in str(m) and ": i32 {" in str(m)
+
+
 def test_scalar_prefetch_and_smem(lower_tpu, ops):
     def kernel(idx_ref, x_ref, o_ref):
         s = idx_ref[pl.program_id(0)]

@@ -17,7 +17,10 @@ def _for(o, cc):
     def go(env, lb, ub, step, *init):
         carry = list(init)
         lb_, ub_, st = int(lb), int(ub), int(step)
-        t = type(lb)
+        # An index loop counts in Python ints; an i32 one (a fori_loop with run-time
+        # bounds) in the bounds' numpy integer type (a bound may be a 0-d array).
+        t = getattr(lb, "dtype", None)
+        t = t.type if t is not None else type(lb)
         for i in range(lb_, ub_, st):
             carry = run(body, env, [t(i) if t is not int else i, *carry])
         return carry

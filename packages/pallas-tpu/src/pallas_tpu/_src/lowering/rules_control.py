@@ -3,6 +3,7 @@ control flow (``cond``, ``fori_loop``/``scan``, ``while_loop``, calls, ``run_sco
 
 from __future__ import annotations
 
+import jax.extend.core as jex
 import jax.extend.core.primitives as P
 import jax.numpy as jnp
 from jaxlib.mlir import ir
@@ -197,12 +198,54 @@ def _unrolled_scan(lctx, eqn, consts, carry, xs):
     return [*state, *[_stack(rows, a) for rows, a in zip(ys, y_avals)]]
 
 
+def _is_fori(p) -> bool:
+    """Whether a ``while_loop`` is ``fori_loop``'s form, ``(i, upper, *x)`` with
+    ``i < upper`` as its condition, ``i + 1`` and ``upper`` carried on by its body (the
+    form a ``fori_loop`` with bounds known only at run time takes)."""
+    cj, bj, nb = p["cond_jaxpr"].jaxpr, p["body_jaxpr"].jaxpr, p["body_nconsts"]
+    if p["cond_nconsts"] or len(cj.invars) < 2 or len(cj.eqns) != 1:
+        return False
+    (lt,) = cj.eqns
+    i, upper = cj.invars[:2]
+    if (lt.primitive is not P.lt_p or list(lt.invars) != [i, upper]
+            or cj.outvars[0] is not lt.outvars[0] or i.aval.dtype != jnp.int32
+            or upper.aval.dtype != jnp.int32 or i.aval.shape or upper.aval.shape):
+        return False
+    bi, bupper = bj.invars[nb:nb + 2]
+    if bj.outvars[1] is not bupper:
+        return False
+    inc = next((e for e in bj.eqns if e.outvars[0] is bj.outvars[0]), None)
+    if inc is None or inc.primitive is not P.add_p:
+        return False
+    a, b = inc.invars
+    one = [v for v in (a, b) if isinstance(v, jex.Literal) and v.val == 1]
+    return bool(one) and bi in (a, b)
+
+
+def _fori(lctx, eqn, bconsts, carry, carry_avals):
+    """A ``fori_loop`` with run-time bounds as ``scf.for`` over i32 (as upstream lowers
+    it): no per-step compare and add of an ``scf.while``."""
+    p = eqn.params
+    lb, ub, *init = [materialize(c, a) for c, a in zip(carry, carry_avals)]
+    step = const((), jnp.int32, 1)
+    loop = scf.ForOp(lb, ub, step, init)
+    with ir.InsertionPoint(loop.body):
+        bj = p["body_jaxpr"]
+        outs = lower_jaxpr(lctx, bj.jaxpr, bj.consts,
+                           [*bconsts, loop.induction_variable, ub, *loop.inner_iter_args])
+        scf.yield_([materialize(o, a) for o, a in zip(outs[2:], carry_avals[2:])])
+    # The counter ends at upper, or stays at lower when the loop does not run.
+    return [arith.maxsi(lb, ub), ub, *loop.results]
+
+
 @rule(P.while_p)
 def _while(lctx, eqn, *args):
     p = eqn.params
     nc, nb = p["cond_nconsts"], p["body_nconsts"]
     cconsts, bconsts, carry = args[:nc], args[nc:nc + nb], args[nc + nb:]
     carry_avals = [aval_in(eqn, nc + nb + i) for i in range(len(carry))]
+    if _is_fori(p):
+        return _fori(lctx, eqn, bconsts, carry, carry_avals)
     types = _types_of(carry_avals)
     init = [materialize(c, a) for c, a in zip(carry, carry_avals)]
     op = scf.WhileOp(types, init)
