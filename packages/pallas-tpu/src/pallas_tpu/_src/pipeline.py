@@ -6,10 +6,12 @@ through VMEM.
 memory, it runs ``body(*in_blocks, *out_blocks)`` once per point of ``grid`` (row-major
 order), where each block is a VMEM ref selected by its BlockSpec's index map.
 
-Inputs are double-buffered: the DMA of the next iteration's input blocks is started
-before ``body`` runs on the current ones. An output block stays in its VMEM buffer across
-consecutive iterations that map to the same block (so ``body`` can accumulate into it)
-and is copied back to HBM after every iteration. ``Blocked`` and squeezed (``None``)
+Inputs and outputs are double-buffered: the DMA of the next iteration's input blocks is
+started before ``body`` runs on the current ones. An output block stays in its VMEM
+buffer across consecutive iterations that map to the same block (so ``body`` can
+accumulate into it); when the next iteration maps to another block (or at the last one)
+its copy back to HBM is started, and the next block is written into the other buffer
+while it runs (that buffer's own copy, started one block earlier, is waited for first). ``Blocked`` and squeezed (``None``)
 block dims whose sizes divide the array are supported, and ``pl.Element(n)`` dims
 without padding (the index map returns the window's element offset).
 
@@ -99,6 +101,19 @@ def _window(ref, spec, dims, idx):
     return ref.at[tuple(indexers)]
 
 
+def _differs(spec, idx, other) -> jax.Array:
+    """Whether the index map of ``spec`` selects another block at grid point ``other``
+    than at ``idx``."""
+    if spec.index_map is None:
+        return jnp.bool_(False)
+    a, b = spec.index_map(*idx), spec.index_map(*other)
+    a, b = (x if isinstance(x, tuple) else (x,) for x in (a, b))
+    out = jnp.bool_(False)
+    for x, y in zip(a, b):
+        out = out | (jnp.asarray(x, jnp.int32) != jnp.asarray(y, jnp.int32))
+    return out
+
+
 def _unravel(t, grid):
     idx = []
     for n in reversed(grid):
@@ -161,14 +176,14 @@ class BufferedRef(BufferedRefBase):
     Built (before allocation) by :meth:`input`/:meth:`output`/:meth:`create`, its
     ``window_ref`` and ``sems`` are allocation types (``VMEM(...)``,
     ``SemaphoreType.DMA(...)``); passed through ``pl.run_scoped`` they become refs.
-    Inputs have ``buffer_count`` (2) slots along a leading dim; outputs one buffer.
+    Inputs and outputs have ``buffer_count`` (2) slots along a leading dim.
     """
 
     _spec: pl.BlockSpec = dataclasses.field(metadata=dict(static=True))
     _buffer_type: BufferType = dataclasses.field(metadata=dict(static=True))
     _buffer_count: int = dataclasses.field(metadata=dict(static=True))
     dtype: Any = dataclasses.field(metadata=dict(static=True))
-    window_ref: Any  # VMEM buffer: (buffer_count, *block) for inputs, block for outputs
+    window_ref: Any  # VMEM buffers: (buffer_count, *block)
     sems: Any  # DMA semaphores, one per slot
 
     @property
@@ -202,7 +217,7 @@ class BufferedRef(BufferedRefBase):
         if buffer_count != 2:
             raise NotImplementedError(
                 f"BufferedRef(buffer_count={buffer_count}) is not implemented yet in "
-                f"pallas-tpu (backend 'mosaic_tpu'); inputs are double-buffered")
+                f"pallas-tpu (backend 'mosaic_tpu'); operands are double-buffered")
         dtype = getattr(dtype_or_type, "dtype", dtype_or_type)
         shape = getattr(dtype_or_type, "shape", None) if shape is None else shape
         if spec.block_shape is None and shape is None:
@@ -212,11 +227,8 @@ class BufferedRef(BufferedRefBase):
                            [d if isinstance(d, int) else getattr(d, "block_size", 1)
                             for d in spec.block_shape], "operand")
         block = tuple(d for d in dims if d is not None)
-        if buffer_type == BufferType.INPUT:
-            return cls(spec, buffer_type, buffer_count, jnp.dtype(dtype),
-                       VMEM((buffer_count, *block), dtype), SemaphoreType.DMA((buffer_count,)))
-        return cls(spec, buffer_type, buffer_count, jnp.dtype(dtype), VMEM(block, dtype),
-                   SemaphoreType.DMA((1,)))
+        return cls(spec, buffer_type, buffer_count, jnp.dtype(dtype),
+                   VMEM((buffer_count, *block), dtype), SemaphoreType.DMA((buffer_count,)))
 
     @classmethod
     def input(cls, spec: pl.BlockSpec, dtype_or_type, buffer_count: int = 2,
@@ -229,8 +241,8 @@ class BufferedRef(BufferedRefBase):
         return cls.create(spec, dtype_or_type, BufferType.OUTPUT, buffer_count, **kw)
 
     def current_ref(self, slot=0):
-        """The VMEM block the body sees (slot ``slot`` of an input's buffers)."""
-        return self.window_ref.at[slot] if self.is_input else self.window_ref
+        """The VMEM block the body sees (slot ``slot`` of the operand's buffers)."""
+        return self.window_ref.at[slot]
 
 
 def _check_allocations(allocations, in_specs, out_specs, refs):
@@ -248,7 +260,7 @@ def _check_allocations(allocations, in_specs, out_specs, refs):
         if not a.has_allocated_buffer:
             raise ValueError("allocations must be allocated (pass make_allocations(...) "
                              "through pl.run_scoped) before the pipeline uses them")
-        block = tuple(a.window_ref.shape[1:] if a.is_input else a.window_ref.shape)
+        block = tuple(a.window_ref.shape[1:])
         spec = (list(in_specs) + list(out_specs))[k]
         want = tuple(d for d in _block_dims(spec, r.shape, f"operand {k}") if d is not None)
         if block != want or jnp.dtype(a.window_ref.dtype) != jnp.dtype(r.dtype):
@@ -332,6 +344,27 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
             for c in in_copies(jnp.int32(0), 0):
                 c.start()
 
+        def out_copy(k, t, slot):
+            r, s, d, b, a = outs[k], out_specs[k], out_dims[k], out_bufs[k], out_allocs[k]
+            return AsyncCopyDescriptor(b.at[slot], _window(r, s, d, _unravel(t, grid)),
+                                       a.sems.at[slot])
+
+        def write_out(moves, k, t, o, t_other):
+            """When the block of output ``k`` moves: its copy from slot ``o`` starts, and
+            the other slot's copy in flight (started at step ``t_other``) is waited for."""
+            @pl.when(moves)
+            def _():
+                out_copy(k, t, o).start()
+
+                @pl.when(t_other >= 0)
+                def _():
+                    out_copy(k, t_other, 1 - o).wait()
+
+        def wait_out(k, slot, started):
+            @pl.when(started >= 0)
+            def _():
+                out_copy(k, started, slot).wait()
+
         def step(t, carry):
             slot = lax.rem(t, 2)
 
@@ -342,15 +375,26 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
 
             for c in in_copies(t, slot):
                 c.wait()
-            body(*[b.at[slot] for b in in_bufs], *out_bufs)
-            idx = _unravel(t, grid)
-            for r, s, d, b, a in zip(outs, out_specs, out_dims, out_bufs, out_allocs):
-                c = AsyncCopyDescriptor(b, _window(r, s, d, idx), a.sems.at[0])
-                c.start()
-                c.wait()
-            return carry
+            # Per output: its buffer slot, and for each slot the step whose block its copy
+            # in flight writes out (-1: none), to wait for exactly that copy.
+            body(*[b.at[slot] for b in in_bufs],
+                 *[b.at[o] for b, (o, _, _) in zip(out_bufs, carry)])
+            idx, nxt = _unravel(t, grid), _unravel(jnp.minimum(t + 1, n - 1), grid)
+            new = []
+            for k, (o, t0, t1) in enumerate(carry):
+                moves = (t + 1 >= n) | _differs(out_specs[k], idx, nxt)
+                write_out(moves, k, t, o, jnp.where(o == 0, t1, t0))
+                new.append((jnp.where(moves, 1 - o, o),
+                            jnp.where(moves, jnp.where(o == 0, t, -1), t0),
+                            jnp.where(moves, jnp.where(o == 1, t, -1), t1)))
+            return tuple(new)
 
-        lax.fori_loop(jnp.int32(0), n, step, 0) if dynamic else lax.fori_loop(0, n, step, 0)
+        zero, none = jnp.int32(0), jnp.int32(-1)
+        init = tuple((zero, none, none) for _ in outs)
+        final = lax.fori_loop(zero if dynamic else 0, n, step, init)
+        for k, (_, t0, t1) in enumerate(final):
+            wait_out(k, 0, t0)
+            wait_out(k, 1, t1)
 
     return pipeline
 
