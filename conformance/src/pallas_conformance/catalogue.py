@@ -108,6 +108,8 @@ TAGS: dict[str, str] = {
               "slices and concatenates); the fused kernel is one pallas_call",
     "ref_views": "stores, loads and += through ref.reshape views of a kernel's refs (mixed "
                  "with ref.at), which upstream's TPU tests use",
+    "empty_ref": "scratch a kernel allocates itself with jax.empty_ref (upstream's TPU "
+                 "tests use it; as run_scoped, it lives until the kernel ends)",
     "ref_bitcast": "loads and stores through ref.bitcast views to a dtype of another width, "
                    "in TPU's layout (the narrower values packed along the second-minor dim, "
                    "as upstream's TPU tests read them)",

@@ -358,3 +358,18 @@ def test_loads_stores_and_dmas_through_bitcast_refs():
     np.testing.assert_array_equal(np.asarray(h), _halves(x[:8]))
     np.testing.assert_array_equal(np.asarray(o), np.asarray(x))
     np.testing.assert_array_equal(np.asarray(d), _halves(x)[4:20])
+
+
+def test_scratch_from_jax_empty_ref():
+    # Regression: jax.empty_ref in a kernel was refused ("cannot lower to Mosaic TPU
+    # yet"); it is a scratch allocation, as a run_scoped buffer.
+    def _column_writes(x_ref, o_ref):
+        s_ref = jax.empty_ref(jax.ShapeDtypeStruct((8, 4), jnp.int32), memory_space=pltpu.VMEM)
+        for i in range(4):
+            s_ref[:, i] = x_ref[...] + i
+        o_ref[...] = s_ref[...]
+
+    call = pl.pallas_call(_column_writes, out_shape=jax.ShapeDtypeStruct((8, 4), jnp.int32))
+    with pl.emulate_device("tpu:v5e"):
+        y = call(jnp.arange(8, dtype=jnp.int32))
+    np.testing.assert_array_equal(np.asarray(y), np.arange(8)[:, None] + np.arange(4)[None])

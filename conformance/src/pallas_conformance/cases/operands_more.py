@@ -286,3 +286,15 @@ def int4_select_and_widen(pallas_call, m, x, u):
 
     return pallas_call(kernel, out_shape=(sds(x.shape, x.dtype), sds(x.shape, jnp.int32),
                                           sds(u.shape, jnp.int32)))(m, x, u)
+
+
+@case("scratch/jax_empty_ref", tags={"scratch", "empty_ref"},
+      inputs=lambda rng: (randn(rng, (8, C)),), reference=lambda x: (x + 1) * 4)
+def jax_empty_ref(pallas_call, x):
+    """A scratch buffer the kernel allocates itself with jax.empty_ref, written then read."""
+    def kernel(x_ref, o_ref):
+        s_ref = jax.empty_ref(jax.ShapeDtypeStruct(x_ref.shape, x_ref.dtype))
+        s_ref[...] = x_ref[...] + 1
+        o_ref[...] = s_ref[...] * 4
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(x)

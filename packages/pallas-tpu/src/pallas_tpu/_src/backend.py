@@ -16,7 +16,7 @@ from pallas_tpu._src.compiler_params import CompilerParams
 # listed as not implemented in the README; see the package README.
 CAPABILITIES = frozenset({
     "aliasing", "bf16", "bool", "broadcasting", "carry_across_blocks", "control_flow", "dot",
-    "dynamic_grid", "dynamic_shapes", "elementwise", "f16", "float8", "fusion", "grad",
+    "dynamic_grid", "dynamic_shapes", "elementwise", "empty_ref", "f16", "float8", "fusion", "grad",
     "indexing", "int4", "int8", "kernels", "multiple_outputs", "pytrees", "reductions",
     "ref_bitcast", "reshapes", "scalar_prefetch", "scratch", "semaphores", "sequential_grid",
     "shard_map", "tpu_dmas", "uint32", "vmap",

@@ -46,6 +46,8 @@ transform_type = state_types.transform_type
 from jax._src.state import primitives as _state_primitives  # noqa: E402
 
 get_p = _state_primitives.get_p
+# Refs a kernel allocates with jax.empty_ref (scratch until the kernel ends).
+empty_ref_p = core.empty_ref_p
 # Pretty-printing of jaxprs (a DMA prints as upstream's ``dma_start(p0) src -> dst sem``).
 from jax._src import pretty_printer as pp  # noqa: E402, F401 (jc.pp)
 

@@ -239,6 +239,17 @@ def store_window(w: Window, value: ir.Value, dtype, mask=None) -> None:
     vector.store(value, ref.memref, window_indices(w))
 
 
+@rule(jc.empty_ref_p)
+def _empty_ref(lctx, eqn):
+    """``jax.empty_ref(ty, memory_space=...)`` in a kernel: a scratch buffer allocated
+    where it is made, as a ``run_scoped`` one (VMEM by default, or a semaphore)."""
+    ty = eqn.params["ty"]
+    space = T.scratch_space(eqn.params.get("memory_space"))
+    mt = T.memref_type(ty.shape, ty.dtype, space)
+    m = tpu.sem_alloc(mt) if T.is_semaphore(space) else memref.alloca(mt, [], [])
+    return RefVal(m, ty.dtype, space, (False,) * len(ty.shape))
+
+
 @rule(jc.get_p)
 def _get(lctx, eqn, ref, *idx):
     w = apply_transforms(ref, idx, eqn.params["tree"])
