@@ -392,9 +392,10 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
         zero, none = jnp.int32(0), jnp.int32(-1)
         init = tuple((zero, none, none) for _ in outs)
         final = lax.fori_loop(zero if dynamic else 0, n, step, init)
-        for k, (_, t0, t1) in enumerate(final):
-            wait_out(k, 0, t0)
-            wait_out(k, 1, t1)
+        for k, (o, t0, t1) in enumerate(final):
+            # The last step moved the block, waiting for the other buffer's copy: only the
+            # copy from the buffer before the last switch can still be in flight.
+            wait_out(k, 1 - o, jnp.where(o == 0, t1, t0))
 
     return pipeline
 
