@@ -92,6 +92,24 @@ def test_the_executor_runs_accepted_reshapes_in_row_major_order(src, dst, dtype)
     np.testing.assert_array_equal(np.asarray(out), x.reshape(dst))
 
 
+def _split_swap_merge(x):
+    """Issue 27: (8, 128) -> (8, 2, 64) -> swapaxes -> (16, 64)."""
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.swapaxes(x_ref[...].reshape(8, 2, 64), 0, 1).reshape(16, 64)
+
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16, 64), x.dtype),
+                          backend="mosaic_tpu")(x)
+
+
+def test_a_transpose_of_major_and_sublane_dims_runs_in_the_executor():
+    x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+    (eqn,) = pallas_call_eqns(jax.make_jaxpr(_split_swap_merge)(x))
+    request = KernelRequest.from_params(eqn.params, eqn.params["compiler_params"])
+    (out,) = MOSAIC_TPU.emulate(request, x)
+    np.testing.assert_array_equal(np.asarray(out),
+                                  x.reshape(8, 2, 64).swapaxes(0, 1).reshape(16, 64))
+
+
 @pytest.mark.skipif(not compiler.libtpu_available(),
                     reason="libtpu is not installed (pallas-tpu[compile])")
 @pytest.mark.parametrize("chip", ["v5e", "v6e"])
@@ -100,3 +118,6 @@ def test_libtpu_compiles_the_accepted_families(chip):
         (k,) = pltpu.compile(_reshape_call(dst, dtype), jax.ShapeDtypeStruct(src, dtype),
                              chip=chip)
         assert k.chip == chip
+    (k,) = pltpu.compile(_split_swap_merge, jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                         chip=chip)
+    assert k.chip == chip

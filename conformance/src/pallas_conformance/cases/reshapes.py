@@ -12,6 +12,8 @@ import jax.numpy as jnp
 
 from pallas_conformance.catalogue import case, dtype_tags, randn, sds, short
 
+C = 128
+
 
 def _reshape_case(src, dst, dtype, what, plus_one=False):
     name = f"reshapes/{what}_{short(dtype)}"
@@ -44,3 +46,14 @@ _reshape_case((2, 600), (2, 3, 200), jnp.int8, "unfold_unaligned_minor")
 _reshape_case((1, 8, 3, 256), (1, 6144), jnp.uint32, "fold_three_minor_dims")
 _reshape_case((16, 64), (64, 16), jnp.float32, "swap_small_last_dims", plus_one=True)
 _reshape_case((9, 256), (2304,), jnp.float32, "fold_to_rank1")
+
+
+@case("reshapes/split_swap_merge_f32", tags={"reshapes"},
+      inputs=lambda rng: (randn(rng, (8, C)),),
+      reference=lambda x: jnp.swapaxes(x.reshape(8, 2, 64), 0, 1).reshape(16, 64))
+def split_swap_merge(pallas_call, x):
+    """Issue 27's kernel: the lane dim split, the two major dims swapped, then merged."""
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.swapaxes(x_ref[...].reshape(8, 2, 64), 0, 1).reshape(16, 64)
+
+    return pallas_call(kernel, out_shape=sds((16, 64), x.dtype))(x)
