@@ -290,3 +290,27 @@ def test_float8_casts_run_and_round_to_nearest_even(f8):
     f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), F32))
     (out,) = emulate(MOSAIC_TPU, f, x)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(x.astype(f8).astype(F32)))
+
+
+def test_scalar_prefetch_operands_are_writable_state_across_grid_steps():
+    """Scalar-prefetch operands live in SMEM for the whole grid: a kernel may keep state
+    there (upstream's paged attention keeps its DMA buffer index and an init flag), and
+    later steps read what was written, as in TPU interpret mode (upstream's too; plain
+    ``interpret=True`` gives each step the operands' values, in both)."""
+    def kernel(s_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[...] + s_ref[0].astype(F32)
+        s_ref[0] = s_ref[0] + pl.program_id(0) + 1  # 0, 1, 3, 6 at steps 0..3
+
+    spec = pl.BlockSpec((8, 128), lambda i, s: (i, 0))
+
+    def call(**kw):
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((32, 128), F32),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1, grid=(4,), in_specs=[spec], out_specs=spec), **kw)
+
+    s, x = jnp.zeros((1,), jnp.int32), jnp.zeros((32, 128), F32)
+    (out,) = emulate(MOSAIC_TPU, call(), s, x)
+    np.testing.assert_array_equal(np.asarray(out)[::8, 0], [0, 1, 3, 6])
+    tpu_interpret = call(interpret=pltpu.InterpretParams())(s, x)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(tpu_interpret))

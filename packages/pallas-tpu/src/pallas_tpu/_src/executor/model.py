@@ -222,9 +222,10 @@ def execute(kernel: Kernel, operands, out_shapes, aliases=()) -> list[np.ndarray
             continue
         wins.append(_Window(hbm[k], w[1], shape, dt, writes=k >= n_in))
     scratch = [np.zeros(shape, dt) for dt, shape, _ in block_types[nblocks:]]
+    # Scalar-prefetch operands live in SMEM for the whole grid: kernels may write them
+    # (upstream's paged attention keeps its buffer index and step there), and index
+    # maps of later steps read what was written.
     prefetch = [np.array(x) for x in hbm_in[:npf]]
-    for p in prefetch:
-        p.setflags(write=False)
     machine = Machine(grid)
     env = [None] * kernel.nslots
     env[0] = machine
