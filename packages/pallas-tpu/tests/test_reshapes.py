@@ -31,6 +31,7 @@ ACCEPTED = [
     ((1, 3, 7680), (3, 10, 768), jnp.uint32),     # unfold with the leading dims changing
     ((9, 256), (2304,), BF16),                    # fold to rank 1
     ((200, 1), (200,), I8),                       # drop a unit minor dim
+    ((32, 128), (1, 4096), jnp.float8_e4m3fn),    # float8 folds as int8 does
 ]
 REFUSED = [
     ((8, 64, 2), (16, 64), jnp.float32),          # libtpu: unsupported shape cast

@@ -21,10 +21,10 @@ are free when only they change; otherwise they count ((1, n) is 2-D for Mosaic, 
 - ``unit minor``: a trailing unit dim added or removed; adding it to a packed type (under
   32 bits) needs TPU v6 or later.
 
-The dtypes are those measured: 32-bit, bfloat16 and int8 for every family; other types
-(float16, float8, int16, ...) for ``last2``, ``lanes`` and (float8) ``swap``; booleans
-(masks) for ``last2`` and ``lanes`` with sublane-aligned second-minor dims; sub-byte
-types (int4) for ``last2`` only.
+Every family holds for integer and float types of 8, 16 and 32 bits (measured: float32,
+int32, uint32, bfloat16, float16, int8 and three float8 types); booleans (masks) get
+``last2`` and ``lanes`` with sublane-aligned second-minor dims; sub-byte types (int4)
+``last2`` only.
 """
 
 from __future__ import annotations
@@ -80,8 +80,9 @@ def why_not(src_shape, dst_shape, dtype, chip: str | None) -> str | None:
     s, d = tuple(src_shape), tuple(dst_shape)
     dt = np.dtype(dtype)
     bits = 8 * dt.itemsize
-    fp8 = dt.name.startswith("float8")
-    measured = (bits == 32 and dt.kind in "fiu") or dt.name in ("bfloat16", "int8")
+    # Integer and float types of 8, 16 or 32 bits (float8 and float16 as int8 and
+    # bfloat16: the layouts depend on the width only); not masks, not sub-byte types.
+    measured = bits in (8, 16, 32) and dt.kind in "fiuV" and dt != np.bool_
     two_d = len(s) >= 2 and len(d) >= 2
     if two_d and s[-2:] == d[-2:]:
         return None  # last2
@@ -91,14 +92,14 @@ def why_not(src_shape, dst_shape, dtype, chip: str | None) -> str | None:
     if two_d and s[-1] == d[-1] and s[-1] % _LANES == 0 and (
             dt != np.bool_ or (s[-2] % _SUBLANES == 0 and d[-2] % _SUBLANES == 0)):
         return None  # lanes (masks: sublane-aligned only)
-    if two_d and (fp8 or measured):
+    if two_d and measured:
         m, n = s[-2:]
         if d[-2:] == (n, m) and n % m == 0 and n <= _LANES:
             return None  # swap
     if not measured:
-        return (f"for {dt.name}, only reshapes that keep the last two dims, keep a last dim "
-                f"that is a multiple of 128, or (float8) swap small last dims are measured "
-                f"to compile; reshape a 32-bit, bfloat16 or int8 value instead")
+        return (f"for {dt.name}, only reshapes that keep the last two dims or keep a last "
+                f"dim that is a multiple of 128 (and sublane-aligned second-minor dims) are "
+                f"supported; reshape an integer or float value instead")
     # unit minor dim removed / added
     if s[-1] == 1 and len(s) >= 2 and s[:-1] == d:
         return None
