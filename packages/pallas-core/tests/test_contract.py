@@ -182,6 +182,16 @@ def test_a_keyword_signature_backend_is_called_with_requests():
     np.testing.assert_array_equal(out, x + 1)
     assert b.emulated == ("k", {"out_avals": request.out_avals, "cost_estimate": None,
                                 "target": "sm_80"})
+    assert request.debug is False
+
+
+def test_a_request_carries_debug():
+    # pallas_call(debug=True): the backend prints what it generates (mosaic_tpu, its
+    # Mosaic module, as upstream).
+    f = pl.pallas_call(_add_one, SDS((8,), jnp.float32), name="k", debug=True)
+    jaxpr = jax.make_jaxpr(f)(jnp.arange(8, dtype=jnp.float32))
+    (eqn,) = [e for e in jaxpr.eqns if e.primitive is plugins.pallas_call_p]
+    assert plugins.KernelRequest.from_params(eqn.params).debug is True
 
 
 # --------------------------------------------------------------------------------------

@@ -373,3 +373,20 @@ def test_scratch_from_jax_empty_ref():
     with pl.emulate_device("tpu:v5e"):
         y = call(jnp.arange(8, dtype=jnp.int32))
     np.testing.assert_array_equal(np.asarray(y), np.arange(8)[:, None] + np.arange(4)[None])
+
+
+def test_named_scopes_run_and_debug_prints_the_module(capsys):
+    # tpu.trace_start/stop (jax.named_scope) are profiler marks: the executor runs past
+    # them. debug=True prints the Mosaic module once (not again for libtpu's compile).
+    def _scoped(o_ref):
+        with jax.named_scope("fill"):
+            o_ref[...] = jnp.full(o_ref.shape, 3.0, o_ref.dtype)
+
+    call = pl.pallas_call(_scoped, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                          debug=True)
+    with pl.emulate_device("tpu:v5e"):
+        y = call()
+    np.testing.assert_array_equal(np.asarray(y), np.full((8, 128), 3.0, np.float32))
+    printed = capsys.readouterr().out
+    assert printed.count("The Mosaic module for pallas_call") == 1
+    assert printed.count("tpu.trace_start") == 1

@@ -547,3 +547,51 @@ def test_a_0d_vmem_ref_fails_with_a_clear_lowering_error_not_a_crash(lower_tpu):
         compiler_params=pltpu.CompilerParams())(s, x)
     with pytest.raises(pltpu.LoweringException, match=r"'get'.*0-d\) VMEM ref"):
         lower_tpu(f, s, x)
+
+
+def _adds_in_a_loop(n, unroll):
+    def kernel(x_ref, y_ref):
+        y_ref[...] = x_ref[...]
+
+        def body(i, _):
+            y_ref[...] += i
+
+        lax.fori_loop(0, n, body, None, unroll=unroll)
+
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
+                          debug=True)
+
+
+@pytest.mark.parametrize("n, unroll, loops, adds", [
+    (5, True, 0, 5), (5, 0, 0, 5), (7, 2, 1, 3), (6, 1, 1, 1)])
+def test_fori_loop_unroll_as_upstream(lower_tpu, ops, capsys, n, unroll, loops, adds):
+    # unroll=k: k bodies per scf.for step and the leftover ones after it; unroll=True
+    # (or 0, JAX's "unroll it all") leaves no loop. debug=True prints the module.
+    _, (m,) = lower_tpu(_adds_in_a_loop(n, unroll), jnp.zeros((1,), jnp.int32))
+    names = ops(m)
+    assert names.count("scf.for") == loops
+    assert names.count("arith.addi") >= adds
+    printed = capsys.readouterr().out
+    assert "The Mosaic module for pallas_call" in printed
+    assert printed.count("scf.for") == loops
+
+
+def test_named_scopes_are_traced(lower_tpu, ops):
+    # As upstream: a jax.named_scope in a kernel is a tpu.trace_start/stop pair, also in
+    # a run_scoped body and a loop.
+    def kernel(o_ref):
+        with jax.named_scope("outer"):
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        def body(i, c):
+            with jax.named_scope("step"):
+                o_ref[...] += 1.0
+            return c
+
+        pl.run_scoped(lambda: lax.fori_loop(0, 3, body, 0))
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), F32))
+    _, (m,) = lower_tpu(f)
+    names = ops(m)
+    assert names.count("tpu.trace_start") == names.count("tpu.trace_stop") == 2
+    assert 'message = "outer"' in str(m) and 'message = "step"' in str(m)

@@ -604,7 +604,7 @@ def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compi
             return functools.partial(
                 lower_emulated, dev=device, jaxpr=jaxpr, grid_mapping=grid_mapping,
                 name=name, compiler_params=compiler_params, cost_estimate=cost_estimate,
-                metadata=metadata, backend=backend, out_avals=out_avals)
+                metadata=metadata, backend=backend, out_avals=out_avals, debug=debug)
         b = registry.select_backend(platform, backend, compiler_params)
 
         def rule(ctx, *in_nodes):
@@ -617,7 +617,7 @@ def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compi
                 jaxpr=jaxpr, grid_mapping=grid_mapping,
                 compiler_params=registry.resolve_compiler_params(b, compiler_params),
                 cost_estimate=cost_estimate, name=name, metadata=metadata,
-                out_avals=tuple(out_avals), platform=platform))
+                out_avals=tuple(out_avals), platform=platform, debug=bool(debug)))
 
         return rule
 

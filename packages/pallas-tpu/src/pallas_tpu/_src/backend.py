@@ -70,7 +70,8 @@ class MosaicTpuBackend(Backend):
             request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
             grid_mapping=request.grid_mapping, compiler_params=params,
             cost_estimate=request.cost_estimate, name=request.name,
-            metadata=request.metadata, out_avals=request.out_avals, grid_bounds=bounds)
+            metadata=request.metadata, out_avals=request.out_avals, grid_bounds=bounds,
+            debug=request.debug)
 
     def compile(self, request: KernelRequest):
         """Compiles the kernel with libtpu, the real TPU compiler, for a deviceless chip
@@ -117,7 +118,8 @@ class MosaicTpuBackend(Backend):
         params = _params(request.compiler_params)
         self.validate(dataclasses.replace(request, compiler_params=params))
         config = backend_config(request.jaxpr, request.grid_mapping, params,
-                                request.cost_estimate, request.name or "kernel")
+                                request.cost_estimate, request.name or "kernel",
+                                debug=request.debug)
         kernel = compile_module(payload_of(config))
         nb = request.grid_mapping.num_dynamic_grid_bounds
         shapes = [(tuple(a.shape), np.dtype(a.dtype)) for a in request.out_avals]

@@ -176,7 +176,8 @@ def _compile(b, request: KernelRequest, dev: EmulatedDevice) -> tuple[Any, str]:
 def prepare(dev: EmulatedDevice, b, request: KernelRequest) -> EmulatedKernel:
     """Compiles ``request`` for ``dev`` and builds its executor plan (cached)."""
     key = (dev.spec, b.name, _structural(request.jaxpr), str(request.grid_mapping),
-           _hashable(request.compiler_params), request.name, request.out_avals)
+           _hashable(request.compiler_params), request.name, request.out_avals,
+           request.debug)
     with _lock:
         hit = _cache.get(key)
     if hit is not None:
@@ -228,7 +229,8 @@ def _hashable(x):
 
 
 def lower_emulated(ctx, *in_nodes, dev: EmulatedDevice, jaxpr, grid_mapping, name,
-                   compiler_params, cost_estimate, metadata, backend, out_avals):
+                   compiler_params, cost_estimate, metadata, backend, out_avals,
+                   debug=False):
     """Lowers one ``pallas_call`` for ``cpu`` as a host callback running the code
     generated for ``dev``."""
     from pallas._src.pallas_call import (
@@ -250,7 +252,7 @@ def lower_emulated(ctx, *in_nodes, dev: EmulatedDevice, jaxpr, grid_mapping, nam
         jaxpr=jaxpr, grid_mapping=grid_mapping,
         compiler_params=registry.resolve_compiler_params(b, compiler_params),
         name=name, out_avals=tuple(out_avals), cost_estimate=cost_estimate,
-        metadata=metadata, options=dev.compile_options())
+        metadata=metadata, options=dev.compile_options(), debug=bool(debug))
     kernel = prepare(dev, b, request)
     if kernel.run is None:
         from pallas._src.pallas_call import lower_with_interpreter

@@ -32,6 +32,8 @@ class KernelRequest:
       cost_estimate: the user's ``pl.CostEstimate``, if any.
       metadata: ``pallas_call(metadata=...)`` as sorted ``(key, value)`` pairs.
       options: level-specific options (e.g. ``compute_capability`` for ``compile``).
+      debug: ``pallas_call(debug=True)``: the backend prints what it generates (upstream
+        prints the Mosaic module, for example).
     """
 
     jaxpr: Any  # jax.extend.core.ClosedJaxpr
@@ -42,6 +44,7 @@ class KernelRequest:
     cost_estimate: CostEstimate | None = None
     metadata: tuple | None = None
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    debug: bool = False
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], compiler_params: Any = None,
@@ -52,7 +55,8 @@ class KernelRequest:
                    compiler_params=compiler_params, name=params.get("name") or "kernel",
                    out_avals=tuple(params.get("out_avals", ())),
                    cost_estimate=params.get("cost_estimate"),
-                   metadata=params.get("metadata"), options=options)
+                   metadata=params.get("metadata"), options=options,
+                   debug=bool(params.get("debug", False)))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

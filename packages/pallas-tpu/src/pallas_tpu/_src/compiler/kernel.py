@@ -49,6 +49,8 @@ def compile_request(request: KernelRequest, *, backend: str = "mosaic_tpu",
                                       compiler_params=dataclasses.replace(params, chip=chip))
     if not libtpu_available():
         raise LibtpuMissingError(MISSING)
+    # debug=True's printing is the emulator's (or the lowering's), not this export's.
+    request = dataclasses.replace(request, debug=False)
     sems = [k for k, bm in enumerate(request.grid_mapping.in_block_mappings)
             if is_semaphore(bm.memory_space)]
     if sems:

@@ -19,6 +19,12 @@ def _assume_multiple(o, cc):
     return lambda env, x: (x,)
 
 
+@op("tpu.trace_start", "tpu.trace_stop")
+def _trace(o, cc):
+    # Profiler annotations (jax.named_scope): nothing to compute.
+    return lambda env: ()
+
+
 @op("tpu.iteration_bound")
 def _iteration_bound(o, cc):
     d = ir.IntegerAttr(o.attributes["dim"]).value

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.compiler_params import CompilerParams, SideEffectType
 from pallas_tpu._src.lowering.kernel import build_module
@@ -56,22 +58,34 @@ def _config_kwargs(kernel, p: CompilerParams, cost_estimate) -> dict:
     )
 
 
+def _print_module(kernel, name: str) -> None:
+    """``pallas_call(debug=True)``: the Mosaic module, after the kernel jaxpr the core
+    prints (as upstream)."""
+    print(f"The Mosaic module for pallas_call {name}:", file=sys.stdout)
+    print(kernel.module, file=sys.stdout)
+
+
 def backend_config(jaxpr, grid_mapping, compiler_params: CompilerParams, cost_estimate,
-                   name: str) -> bytes:
+                   name: str, debug: bool = False) -> bytes:
     """The ``tpu_custom_call`` backend config (JSON carrying the serialised module) that
     :func:`lower_pallas_call` attaches, built by the same lowering and serialisation."""
     kernel = build_module(jaxpr, grid_mapping, compiler_params, name)
+    if debug:
+        _print_module(kernel, name)
     cfg = jc.backend_config_of(kernel.module,
                                **_config_kwargs(kernel, compiler_params, cost_estimate))
     return cfg.to_json()
 
 
 def lower_pallas_call(ctx, *in_nodes, jaxpr, grid_mapping, compiler_params: CompilerParams,
-                      cost_estimate, name, metadata, out_avals, grid_bounds=()):
+                      cost_estimate, name, metadata, out_avals, grid_bounds=(),
+                      debug=False):
     """The ``tpu_custom_call``; ``grid_bounds`` (the dynamic grid sizes, i32 scalars)
     are its first operands, as Mosaic reads dynamic ``iteration_bounds``."""
     gm = grid_mapping
     kernel = build_module(jaxpr, gm, compiler_params, name, mesh_axes=mesh_axes_of(ctx))
+    if debug:
+        _print_module(kernel, name)
     p = compiler_params
     nb = len(grid_bounds)
     config = _config_kwargs(kernel, p, cost_estimate)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 from jaxlib.mlir import ir
+from jaxlib.mosaic.python import tpu
 
 from pallas.plugins import RuleTable
 from pallas_tpu._src import jax_compat as jc
@@ -65,6 +66,8 @@ class LoweringContext:
     # whose support differs per chip; None when no chip is known (they then accept only
     # what every chip compiles).
     chip: str | None = None
+    # The jax.named_scope names open at the insertion point (tpu.trace_start emitted).
+    scopes: tuple = ()
 
     def is_used(self, var) -> bool:
         """Whether a jaxpr variable is read later (e.g. the old value of a swap)."""
@@ -90,7 +93,9 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
     for eqn in jaxpr.eqns:
         lctx.used_vars.update(v for v in eqn.invars if isinstance(v, jc.Var))
     lctx.used_vars.update(v for v in jaxpr.outvars if isinstance(v, jc.Var))
+    entry = lctx.scopes
     for eqn in jaxpr.eqns:
+        _enter_scopes(lctx, entry, _scopes_of(eqn, entry))
         rule = table.get(eqn.primitive)
         if rule is None:
             reason = table.unsupported_reason(eqn.primitive)
@@ -115,4 +120,28 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
             outs = [outs]
         for v, o in zip(eqn.outvars, outs):
             env[v] = o
+    _enter_scopes(lctx, entry, entry)
     return [read(v) for v in jaxpr.outvars]
+
+
+def _scopes_of(eqn, entry: tuple) -> tuple:
+    """The ``jax.named_scope`` names ``eqn`` was traced in, counted from the kernel's top
+    (a nested jaxpr's equations may carry them relative to their parent's)."""
+    names = tuple(s.name for s in eqn.source_info.name_stack.stack
+                  if type(s).__name__ == "Scope")
+    return names if names[:len(entry)] == entry else entry + names
+
+
+def _enter_scopes(lctx: LoweringContext, entry: tuple, want: tuple) -> None:
+    """Closes (``tpu.trace_stop``) the open scopes ``want`` leaves and opens
+    (``tpu.trace_start``, level 10) its new ones, as upstream traces named scopes; never
+    below ``entry``, the scopes open where this jaxpr's region starts."""
+    cur = lctx.scopes
+    keep = len(entry)
+    while keep < min(len(cur), len(want)) and cur[keep] == want[keep]:
+        keep += 1
+    for _ in range(len(cur) - keep):
+        tpu.trace_stop()
+    for name in want[keep:]:
+        tpu.trace_start(name, 10)
+    lctx.scopes = want

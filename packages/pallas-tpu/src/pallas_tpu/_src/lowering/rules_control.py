@@ -134,16 +134,28 @@ def _scan(lctx, eqn, *args):
     if p["reverse"]:
         raise NotImplementedError("reverse scans in kernels")
     carry_avals = [aval_in(eqn, nconsts + i) for i in range(ncarry)]
+    body = p["jaxpr"]
+    length, unroll = int(p["length"]), int(p.get("unroll", 1) or 0)
+
+    def bodies(vals, n):  # n copies of the body, in sequence
+        for _ in range(n):
+            outs = lower_jaxpr(lctx, body.jaxpr, body.consts, [*consts, *vals])
+            vals = [materialize(o, a) for o, a in zip(outs, carry_avals)]
+        return vals
+
     init = [materialize(c, a) for c, a in zip(carry, carry_avals)]
+    # As upstream lowers lax.scan/fori_loop(unroll=k): k bodies per scf.for step, the
+    # leftover steps after the loop; unroll=0 or True (k >= length) unrolls it all.
+    if unroll == 0 or unroll >= length:
+        return bodies(init, length)
+    steps = length // unroll
     lb = arith.constant(T.index(), 0)
-    ub = arith.constant(T.index(), int(p["length"]))
+    ub = arith.constant(T.index(), steps)
     step = arith.constant(T.index(), 1)
     loop = scf.ForOp(lb, ub, step, init)
     with ir.InsertionPoint(loop.body):
-        body = p["jaxpr"]
-        outs = lower_jaxpr(lctx, body.jaxpr, body.consts, [*consts, *loop.inner_iter_args])
-        scf.yield_([materialize(o, a) for o, a in zip(outs, carry_avals)])
-    return list(loop.results)
+        scf.yield_(bodies(list(loop.inner_iter_args), unroll))
+    return bodies(list(loop.results), length - steps * unroll)
 
 
 MAX_UNROLLED_SCAN = 64
