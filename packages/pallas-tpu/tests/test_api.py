@@ -210,3 +210,30 @@ def test_a_dma_prints_as_a_copy(at, priority, add, printed):
 
     text = str(jax.make_jaxpr(f)(jnp.zeros((2, 8, 128), jnp.float32), 1))
     assert re.search(printed + r" -> \w+\[\.\.\.\] \w+$", text, re.M), text
+
+
+def test_a_bare_semaphore_type_is_an_out_shape():
+    # As upstream: out_shape=pltpu.SemaphoreType.DMA is one DMA semaphore (DMA(())); it
+    # was refused ("must be shape-and-dtype-like").
+    def start(x_hbm, y_hbm, sem):
+        pltpu.make_async_copy(x_hbm, y_hbm, sem).start()
+
+    def finish(x_hbm, y_hbm, sem, out):
+        del out
+        pltpu.make_async_copy(x_hbm, y_hbm, sem).wait()
+
+    anyspec, semspec = pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
+
+    @jax.jit
+    def copy(x):
+        y, sem = pl.pallas_call(start, in_specs=[anyspec], out_specs=[anyspec, semspec],
+                                out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                           pltpu.SemaphoreType.DMA])(x)
+        return pl.pallas_call(finish, in_specs=[anyspec, anyspec, semspec], out_specs=anyspec,
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              input_output_aliases={1: 0})(x, y, sem)
+
+    x = jnp.arange(8 * 128.0).reshape(8, 128)
+    np.testing.assert_array_equal(np.asarray(copy(x)), np.asarray(x))
+    with pl.emulate_device("tpu:v5e"):
+        np.testing.assert_array_equal(np.asarray(copy(x)), np.asarray(x))

@@ -71,6 +71,9 @@ def _out_avals(out_shape) -> tuple[list, Any, list[str]]:
     single = tree.num_leaves == 1 and not jax.tree_util.treedef_children(tree)
     for path, leaf in leaves:
         origin = "outputs" if single and not path else keystr("outputs", path)
+        if not _is_shape_dtype(leaf) and callable(getattr(leaf, "get_memory_ref", None)):
+            # A memory type used bare (pltpu.SemaphoreType.DMA): one of it, as upstream.
+            leaf = leaf.get_memory_ref()
         if not _is_shape_dtype(leaf):
             raise TypeError(
                 f"out_shape {origin} must be shape-and-dtype-like (jax.ShapeDtypeStruct or "
