@@ -305,3 +305,30 @@ def test_refs_a_kernel_allocates_with_jax_empty_ref_and_new_ref_are_scratch():
     np.testing.assert_array_equal(f(x), expected)
     np.testing.assert_array_equal(jax.jit(f)(x), expected)
     assert not jax.make_jaxpr(f)(x).effects
+
+
+def test_run_scoped_discharges_the_captured_refs_asked_for():
+    # Regression: JAX's state discharge of a jaxpr calling run_scoped raised "No state
+    # discharge rule implemented for primitive: run_scoped" (upstream's
+    # test_run_scoped_partial_discharge). A discharged ref is a value inside the scope and
+    # its final value a result; the other stays a ref, written by the scope.
+    from pallas._src import jax_compat as jc
+
+    def f(a_ref, b_ref):
+        def scope():
+            a_ref[...] = jnp.ones(4, jnp.float32)
+            b_ref[...] = b_ref[...] * 2
+
+        pl.run_scoped(scope)
+        return []
+
+    # (two aval objects: JAX's discharge tells refs apart by their avals' identity)
+    avals = [jc.AbstractRef(jax.core.ShapedArray((4,), jnp.float32)) for _ in range(2)]
+    jaxpr, _, _ = jc.trace_kernel_to_jaxpr(f, avals, "f")
+    out = jc.discharge_state(jc.ClosedJaxpr(jaxpr, ()), should_discharge=[False, True])
+    assert isinstance(out.jaxpr.invars[0].aval, jc.AbstractRef)
+    assert not isinstance(out.jaxpr.invars[1].aval, jc.AbstractRef)
+    assert len(out.jaxpr.outvars) == 1  # b's final value
+    assert out.effects == {jc.WriteEffect(out.jaxpr.invars[0])}
+    (eqn,) = out.jaxpr.eqns
+    assert eqn.primitive.name == "run_scoped" and len(eqn.outvars) == 1

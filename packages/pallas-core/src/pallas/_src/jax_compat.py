@@ -83,6 +83,7 @@ axis_index_p = lax_parallel.axis_index_p
 extend_axis_env_nd = core.extend_axis_env_nd
 
 register_discharge_rule = state_discharge.register_discharge_rule
+register_partial_discharge_rule = state_discharge.register_partial_discharge_rule
 discharge_rules = state_discharge._discharge_rules
 discharge_state = state_discharge.discharge_state
 run_state_p = state_discharge.run_state_p

@@ -102,6 +102,23 @@ def operand_effects(jaxpr, num_operands: int) -> set:
 run_scoped_p.def_effectful_abstract_eval(_run_scoped_abstract_eval)
 
 
+@jc.register_partial_discharge_rule(run_scoped_p)
+def _run_scoped_discharge(should_discharge, in_avals, out_avals, *args, jaxpr, types,
+                          num_consts, collective_axes):
+    """Discharges the captured refs asked for (``jax`` state discharge of a jaxpr that
+    calls ``run_scoped``): inside the body they become values, and their final values
+    are extra results; the scope's own buffers stay refs it allocates."""
+    body = jc.discharge_state(jc.ClosedJaxpr(jaxpr, ()),
+                              should_discharge=[*should_discharge, *([False] * len(types))])
+    new_jaxpr = jc.convert_constvars_jaxpr(body.jaxpr)
+    outs = run_scoped_p.bind(*body.consts, *args, jaxpr=new_jaxpr, types=types,
+                             num_consts=len(body.consts) + num_consts,
+                             collective_axes=collective_axes)
+    n = len(jaxpr.outvars)
+    final = iter(outs[n:])
+    return [next(final) if d else None for d in should_discharge], outs[:n]
+
+
 def fresh_cell(t: MemoryRef, origin: str, check_uninitialized: bool) -> Cell:
     """A cell for a newly allocated buffer: semaphores start at zero, buffer types that
     define ``initial_value()`` (e.g. a zeroed accumulator) at that, others poisoned."""
