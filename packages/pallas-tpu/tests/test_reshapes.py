@@ -68,7 +68,15 @@ def test_a_unit_minor_dim_on_a_packed_type_needs_v6e():
     assert why_not((200,), (200, 1), jnp.float32, "v5e") is None
     assert why_not((200,), (200, 1), BF16, "v6e") is None
     assert why_not((200,), (200, 1), BF16, "v5e") is not None
-    assert why_not((200,), (200, 1), I8, None) is not None  # no chip: all chips' rule
+    assert why_not((200,), (200, 1), I8, None) is not None  # no chip: v5e's rule
+
+
+def test_tpu_v4_relayouts_fewer_shapes():
+    assert why_not((9, 63), (63, 9), I8, "v5e") is None
+    assert why_not((9, 63), (63, 9), I8, "v4") is not None
+    assert why_not((3, 400), (3, 2, 200), jnp.float32, "v4") is not None
+    assert why_not((2, 8, 64), (16, 64), jnp.float32, "v4") is None
+    assert why_not((5, 1024), (5, 4, 256), BF16, "v4") is None
 
 
 def test_a_refused_reshape_is_a_lowering_error_naming_shapes_dtype_and_chip(lower_tpu):
@@ -78,7 +86,7 @@ def test_a_refused_reshape_is_a_lowering_error_naming_shapes_dtype_and_chip(lowe
         lower_tpu(_reshape_call((200, 1), BF16, chip="v5e"), x)
     lower_tpu(_reshape_call((200, 1), BF16, chip="v6e"), x)  # v6e inserts it
     with pytest.raises(LoweringException, match=r"\(8, 64, 2\) to \(16, 64\) of float32 "
-                                                r"on TPU \(chip not known"):
+                                                r"on TPU \(no chip named at lowering: v5e"):
         lower_tpu(_reshape_call((16, 64), jnp.float32),
                   jax.ShapeDtypeStruct((8, 64, 2), jnp.float32))
 

@@ -21,6 +21,9 @@ are free when only they change; otherwise they count ((1, n) is 2-D for Mosaic, 
 - ``unit minor``: a trailing unit dim added or removed; adding it to a packed type (under
   32 bits) needs TPU v6 or later.
 
+That is the rule of v5e, v5p, v6e and 7x (the unit minor dim aside); TPU v4 relayouts
+fewer shapes (:func:`_why_not_v4`). A lowering that names no chip gets v5e's rule.
+
 Every family holds for integer and float types of 8, 16 and 32 bits (measured: float32,
 int32, uint32, bfloat16, float16, int8 and three float8 types); booleans (masks) get
 ``last2`` and ``lanes`` with sublane-aligned second-minor dims; sub-byte types (int4)
@@ -32,8 +35,15 @@ from __future__ import annotations
 import numpy as np
 
 # Chips (``pallas_tpu.compile`` names) whose Mosaic inserts a unit minor dim into packed
-# types; an unknown chip (lowering without a target) gets the conservative answer.
+# types.
 _UNIT_MINOR_PACKED = frozenset({"v6e", "7x"})
+# A lowering that names no chip gets this chip's rule: pallas_tpu.compile's default, and
+# stricter than v6e/7x's (v4's is stricter still: name the chip when lowering for v4).
+DEFAULT_CHIP = "v5e"
+# TPU v4 relayouts fewer shapes: of a sample of upstream's reshapes that v5e, v5p and 7x
+# compile, it rejected a third (small swapped dims, unaligned last dims, 8-bit types),
+# as upstream's tests expect ("TPU v5+ required").
+_V4 = "v4"
 _SUBLANES = 8
 _LANES = 128
 # A last dim over 128 that is not a multiple of 128 is split from (merged into) at most
@@ -73,11 +83,12 @@ def _split_ok(parts: tuple[int, ...], bits: int) -> bool:
 
 def why_not(src_shape, dst_shape, dtype, chip: str | None) -> str | None:
     """None when Mosaic TPU compiles ``reshape(src_shape -> dst_shape)`` of ``dtype`` on
-    ``chip`` (None: any chip); else what would work instead."""
+    ``chip`` (None: :data:`DEFAULT_CHIP`); else what would work instead."""
     if _strip(src_shape) == _strip(dst_shape):
         return None  # only leading unit dims change
     # Otherwise leading unit dims count: (1, n) is laid out in 2-D tiles, (n,) in 1-D.
     s, d = tuple(src_shape), tuple(dst_shape)
+    chip = chip or DEFAULT_CHIP
     dt = np.dtype(dtype)
     bits = 8 * dt.itemsize
     # Integer and float types of 8, 16 or 32 bits (float8 and float16 as int8 and
@@ -89,6 +100,8 @@ def why_not(src_shape, dst_shape, dtype, chip: str | None) -> str | None:
     if dt.name in ("int4", "uint4") or dt.name.startswith("float4"):
         return (f"for the sub-byte {dt.name}, only reshapes that keep the last two dims are "
                 f"supported; reshape before narrowing, or after widening")
+    if chip == _V4:
+        return _why_not_v4(s, d, bits, measured)
     if two_d and s[-1] == d[-1] and s[-1] % _LANES == 0 and (
             dt != np.bool_ or (s[-2] % _SUBLANES == 0 and d[-2] % _SUBLANES == 0)):
         return None  # lanes (masks: sublane-aligned only)
@@ -107,8 +120,8 @@ def why_not(src_shape, dst_shape, dtype, chip: str | None) -> str | None:
         if bits == 32 or chip in _UNIT_MINOR_PACKED:
             return None
         return (f"adding a trailing unit dim to a {bits}-bit type needs TPU v6e or later "
-                f"(the chip is {chip or 'not known at lowering'}); reshape a 32-bit value, "
-                f"or add the unit dim before the last two")
+                f"(the chip is {chip}); reshape a 32-bit value, or add the unit dim before "
+                f"the last two")
     if len(s) >= 2 and len(d) >= 2 and s[-1] == d[-1]:
         tile = _SUBLANES * (32 // bits)
         if s[-2] % tile == 0 and d[-2] % tile == 0:
@@ -134,6 +147,24 @@ def why_not(src_shape, dst_shape, dtype, chip: str | None) -> str | None:
             "(..., n, m) with n % m == 0 and n <= 128; add or drop a trailing unit dim")
 
 
+def _why_not_v4(s, d, bits, measured) -> str | None:
+    """TPU v4 (after ``last2``): sublane-aligned merges and splits of the second-minor dim
+    (any last dim), and the last dim split or merged in multiples of 128, for 32- and
+    16-bit types."""
+    if measured and bits in (16, 32) and len(s) >= 2 and len(d) >= 2:
+        if s[-1] == d[-1]:
+            tile = _SUBLANES * (32 // bits)
+            if s[-2] % tile == 0 and d[-2] % tile == 0:
+                return None
+        k = _tail_split(s[-1], d) or _tail_split(d[-1], s)
+        if k is not None and s[-1] % _LANES == 0 and d[-1] % _LANES == 0:
+            return None
+    return ("on TPU v4 Mosaic relayouts only these reshapes of the tiled (last two) dims: "
+            "keep the last two dims; merge or split sublane-aligned second-minor dims; "
+            "split or merge the last dim in "
+            "multiples of 128 (32- and 16-bit types). TPU v5e and later relayout more")
+
+
 def check_reshape(src_shape, dst_shape, dtype, chip: str | None, what: str = "reshape"
                   ) -> None:
     """Raises NotImplementedError (a trace-time lowering error) naming the primitive, the
@@ -143,5 +174,5 @@ def check_reshape(src_shape, dst_shape, dtype, chip: str | None, what: str = "re
         return
     raise NotImplementedError(
         f"{what} from {tuple(src_shape)} to {tuple(dst_shape)} of {np.dtype(dtype).name} "
-        f"on TPU {chip or '(chip not known at lowering: the rule common to all chips)'} "
+        f"on TPU {chip or f'(no chip named at lowering: {DEFAULT_CHIP}, the default)'} "
         f"is not a relayout Mosaic TPU compiles. {reason}.")
