@@ -237,3 +237,30 @@ def test_a_bare_semaphore_type_is_an_out_shape():
     np.testing.assert_array_equal(np.asarray(copy(x)), np.asarray(x))
     with pl.emulate_device("tpu:v5e"):
         np.testing.assert_array_equal(np.asarray(copy(x)), np.asarray(x))
+
+
+def test_an_unused_copy_descriptor_is_reported(caplog):
+    # As upstream: a make_async_copy never started nor waited for is logged as an error
+    # (the kernel meant a copy that never happens); used ones are not.
+    x = jnp.arange(8 * 128.0).reshape(8, 128)
+    hbm = pl.BlockSpec(memory_space=pltpu.HBM)
+
+    def call(kernel):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct.like(x), in_specs=[hbm],
+                              out_specs=hbm, scratch_shapes=[pltpu.SemaphoreType.DMA])(x)
+
+    def dropped(x_hbm, o_hbm, sem):
+        pltpu.make_async_copy(x_hbm, o_hbm, sem)
+
+    def used(x_hbm, o_hbm, sem):
+        copy = pltpu.make_async_copy(x_hbm, o_hbm, sem)
+        copy.start()
+        copy.wait()
+
+    with caplog.at_level("ERROR"):
+        call(dropped)
+    assert [r.getMessage() for r in caplog.records if "was not used" in r.getMessage()]
+    caplog.clear()
+    with caplog.at_level("ERROR"):
+        np.testing.assert_array_equal(np.asarray(call(used)), np.asarray(x))
+    assert not caplog.records

@@ -14,6 +14,7 @@ numbers under any schedule.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import jax
@@ -24,6 +25,8 @@ from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.memory import SemaphoreType, canonical_space
 from pallas_tpu._src.primitives import dma_indexed as DI
 from pallas_tpu._src.primitives import refs as R
+
+_log = logging.getLogger("pallas_tpu")
 
 dma_start_p = jc.Primitive("tpu_dma_start")
 dma_start_p.multiple_results = True
@@ -105,13 +108,27 @@ class AsyncCopyDescriptor:
     device_id_type: DeviceIdType = DeviceIdType.MESH
     priority: int = 0
     add: bool = False
+    # Made by make_async_copy/make_async_remote_copy and not yet started or waited for:
+    # dropped so, it is reported (as upstream), a copy the kernel meant to make.
+    unused: bool = dataclasses.field(default=False, repr=False, compare=False)
 
     @property
     def is_remote(self) -> bool:
         return self.src_sem is not None or self.device_id is not None
 
+    def __del__(self):
+        if self.unused:
+            try:
+                _log.error(
+                    "AsyncCopyDescriptor was not used: a DMA from %s to %s made with "
+                    "make_async_copy was never started or waited for (call .start() "
+                    "and .wait())", _describe(self.src_ref), _describe(self.dst_ref))
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
+
     def start(self, priority: int | None = None) -> None:
         """Starts the copy."""
+        self.unused = False
         _check_semaphore(self.dst_sem, "signal")
         if self.src_sem is not None:
             _check_semaphore(self.src_sem, "signal")
@@ -124,6 +141,7 @@ class AsyncCopyDescriptor:
         )
 
     def _wait(self, sem, kind: str) -> None:
+        self.unused = False
         _check_semaphore(sem, "wait on")
         refs = R.FlatRefs(sem, self.src_ref, self.dst_ref)
         dev, dev_tree = ([], None)
@@ -151,7 +169,14 @@ class AsyncCopyDescriptor:
 
 def make_async_copy(src_ref, dst_ref, sem) -> AsyncCopyDescriptor:
     """A DMA from ``src_ref`` to ``dst_ref`` signalling ``sem``; call ``.start()``/``.wait()``."""
-    return AsyncCopyDescriptor(src_ref, dst_ref, sem)
+    return AsyncCopyDescriptor(src_ref, dst_ref, sem, unused=True)
+
+
+def _describe(ref) -> str:
+    try:
+        return R.view_aval(ref).str_short()
+    except Exception:  # noqa: BLE001 - only for the message
+        return type(ref).__name__
 
 
 def async_copy(src_ref, dst_ref, sem, *, priority: int = 0,
@@ -181,7 +206,7 @@ def make_async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id,
                            ) -> AsyncCopyDescriptor:
     """A DMA from this device's ``src_ref`` to ``dst_ref`` on ``device_id``."""
     return AsyncCopyDescriptor(src_ref, dst_ref, recv_sem, send_sem, device_id,
-                               device_id_type)
+                               device_id_type, unused=True)
 
 
 def async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id,
