@@ -64,7 +64,8 @@ def test_paged_attention_decode(lower_tpu, ops):
     _, (m,) = lower_tpu(lambda *a: ex.paged_attention(*a), *args)
     names = collections.Counter(ops(m))
     assert names["tpu.enqueue_dma"] == 4 and names["tpu.wait_dma2"] == 2
-    assert names["scf.while"] == 1 and names["memref.load"] >= 2
+    # The page loop has run-time bounds: scf.for over i32, as upstream lowers it (8e0130c).
+    assert names["scf.for"] == 1 and names["memref.load"] >= 2
 
 
 def test_ring_all_gather_with_remote_dmas():
