@@ -90,6 +90,8 @@ class CompilerParams(CoreCompilerParams):
       allow_collective_id_without_custom_barrier: as in JAX's Mosaic packaging.
       shape_invariant_numerics: ask Mosaic for numerics independent of shapes.
       needs_layout_passes: run Mosaic's layout passes (always on for TensorCore).
+      fuse_transposed_lhs_in_matmul: hint Mosaic to fuse the transpose of a matmul's
+        lhs when the kernel contracts its second-minor axis (``einsum("km,kn->mn")``).
       chip: (pallas-tpu only) the chip ``pallas_tpu.compile`` and the conformance
         ``compile`` level compile the kernel for when they are not given one (``"v4"``,
         ``"v5e"``, ``"v5p"``, ``"v6e"``, ``"7x"``); lowering ignores it.
@@ -112,6 +114,7 @@ class CompilerParams(CoreCompilerParams):
     allow_collective_id_without_custom_barrier: bool = False
     shape_invariant_numerics: bool = False
     needs_layout_passes: bool | None = None
+    fuse_transposed_lhs_in_matmul: bool = False
     use_tc_tiling_on_sc: bool | None = None
     chip: Any = None
 

@@ -121,6 +121,12 @@ def convert_hlo(ctx, x, aval_in, aval_out):
     return mlir.convert_hlo(ctx, x, aval_in, aval_out)
 
 
+def mosaic_ir_version(ctx) -> int | None:
+    """The Mosaic serialization version JAX writes the module of this lowering in (an
+    older one without a TPU backend or for export; None: the latest)."""
+    return _tcc.get_ir_version(ctx)
+
+
 def backend_config_of(module, **kwargs):
     """The ``CustomCallBackendConfig`` JAX would attach for ``module`` (for inspection)."""
     return _tcc._lower_to_custom_call_config(module, **kwargs)

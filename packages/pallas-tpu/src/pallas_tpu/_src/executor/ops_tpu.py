@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import re
 
+import ml_dtypes
 import numpy as np
 from jaxlib.mlir import ir
 
 from pallas_tpu._src.executor.derived import DerivedRef, bitcast
 from pallas_tpu._src.executor.engine import op
 from pallas_tpu._src.executor.ops_vector import i64s, window
-from pallas_tpu._src.executor.types import ExecutorError, elem_and_shape
+from pallas_tpu._src.executor.types import (
+    ExecutorError,
+    bits,
+    elem_and_shape,
+    np_dtype,
+    unsigned,
+)
 
 
 @op("tpu.assume_multiple")
@@ -70,6 +77,105 @@ def _dynamic_rotate(o, cc):
         parts = [np.roll(np.take(x, [k], axis=sdim), int(amount) + k * stride, axis=d)
                  for k in range(x.shape[sdim])]
         return (np.concatenate(parts, axis=sdim),)
+
+    return run
+
+
+@op("tpu.dynamic_gather")
+def _dynamic_gather(o, cc):
+    # result[..., i, ...] = source[..., indices[..., i, ...], ...] along the one gathered
+    # dimension; the other dimensions pair up element for element. The gathered dimension
+    # is at most one vreg long, and the hardware reads only the index bits it needs: an
+    # index outside [0, n) wraps (the lowering masks what take_along_axis's modes ask).
+    dims = i64s(o.attributes["dimensions"])
+    if len(dims) != 1:
+        raise ExecutorError(f"tpu.dynamic_gather over dimensions {dims}: only one is supported")
+    d = dims[0]
+
+    def run(env, src, idx):
+        src = np.asarray(src)
+        idx = np.mod(np.asarray(idx).astype(np.int64), src.shape[d])
+        return (np.take_along_axis(src, idx, axis=d),)
+
+    return run
+
+
+@op("tpu.stochastic_convert")
+def _stochastic_convert(o, cc):
+    # f32 -> a narrower float, rounded at random: the random bits are added to the
+    # mantissa bits the narrowing drops, then those bits are cleared (a round toward zero
+    # of the sum); NaN and infinities convert as they are.
+    dt, _ = elem_and_shape(o.result.type)
+    if dt != np.dtype(ml_dtypes.bfloat16):
+        raise ExecutorError(f"tpu.stochastic_convert to {dt}: only bf16 is modelled")
+    drop = 23 - int(ml_dtypes.finfo(dt).nmant)
+    mask = np.uint32((1 << drop) - 1)
+
+    def run(env, x, bits):
+        x = np.asarray(x, np.float32)
+        u = x.view(np.uint32)
+        noisy = ((u + (np.asarray(bits).view(np.uint32) & mask)) & ~mask).view(np.float32)
+        return (np.where(np.isfinite(x), noisy, x).astype(dt),)
+
+    return run
+
+
+def _sub_word(t: ir.Type) -> tuple[int, np.dtype | None]:
+    """(bits, float dtype or None) of the packed element type ``t`` (``i2``/``i4``/``i8``/
+    ``i16``, ``bf16``, ``f8...``)."""
+    s = str(t)
+    if s.startswith("i") and s[1:].isdigit():
+        return int(s[1:]), None
+    dt = np_dtype(t)
+    return bits(dt), dt
+
+
+def _low_bits(x, n: int) -> np.ndarray:
+    """The low ``n`` bits of integers ``x`` as non-negative int64."""
+    return np.asarray(x).astype(np.int64) & ((1 << n) - 1)
+
+
+def _signed(u: np.ndarray, n: int) -> np.ndarray:
+    """``n``-bit patterns ``u`` (non-negative int64) read as two's complement."""
+    return np.where(u >= (1 << (n - 1)), u - (1 << n), u)
+
+
+@op("tpu.pack_elementwise")
+def _pack_elementwise(o, cc):
+    # Each source converted to the target type; source i in bits [i * n, (i + 1) * n) of
+    # the result word (ints truncated, floats rounded to nearest even).
+    rdt, _ = elem_and_shape(o.result.type)
+    n, fdt = _sub_word(ir.TypeAttr(o.attributes["target_type"]).value)
+    width = bits(rdt)
+
+    def run(env, *xs):
+        acc = np.zeros(np.shape(xs[0]), np.int64)
+        for i, x in enumerate(xs):
+            if fdt is not None:
+                part = _low_bits(np.asarray(x).astype(fdt).view(unsigned(fdt)), n)
+            else:
+                part = _low_bits(x, n)
+            acc |= part << (i * n)
+        return (_signed(acc, width).astype(rdt),)
+
+    return run
+
+
+@op("tpu.unpack_elementwise")
+def _unpack_elementwise(o, cc):
+    # Sub-element ``index`` of each word, of the source type, converted to the result's
+    # (ints sign-extended).
+    rdt, _ = elem_and_shape(o.result.type)
+    n, fdt = _sub_word(ir.TypeAttr(o.attributes["source_type"]).value)
+    index = ir.IntegerAttr(o.attributes["index"]).value
+
+    def run(env, x):
+        part = _low_bits(np.asarray(x).astype(np.int64) >> (index * n), n)
+        if fdt is not None:
+            val = part.astype(unsigned(fdt)).view(fdt)
+        else:
+            val = _signed(part, n)
+        return (val.astype(rdt),)
 
     return run
 

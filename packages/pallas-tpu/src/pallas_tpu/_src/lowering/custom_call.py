@@ -83,7 +83,8 @@ def lower_pallas_call(ctx, *in_nodes, jaxpr, grid_mapping, compiler_params: Comp
     """The ``tpu_custom_call``; ``grid_bounds`` (the dynamic grid sizes, i32 scalars)
     are its first operands, as Mosaic reads dynamic ``iteration_bounds``."""
     gm = grid_mapping
-    kernel = build_module(jaxpr, gm, compiler_params, name, mesh_axes=mesh_axes_of(ctx))
+    kernel = build_module(jaxpr, gm, compiler_params, name, mesh_axes=mesh_axes_of(ctx),
+                          ir_version=jc.mosaic_ir_version(ctx))
     if debug:
         _print_module(kernel, name)
     p = compiler_params

@@ -68,6 +68,9 @@ class LoweringContext:
     chip: str | None = None
     # The jax.named_scope names open at the insertion point (tpu.trace_start emitted).
     scopes: tuple = ()
+    # CompilerParams.fuse_transposed_lhs_in_matmul: matmuls contracting the lhs's
+    # second-minor axis ask Mosaic to fuse that transpose (tpu.matmul's hint).
+    fuse_transposed_lhs: bool = False
 
     def is_used(self, var) -> bool:
         """Whether a jaxpr variable is read later (e.g. the old value of a swap)."""

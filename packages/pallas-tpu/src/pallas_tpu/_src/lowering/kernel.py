@@ -171,9 +171,12 @@ def _semantics_attr(params: CompilerParams, gm, grid) -> ir.ArrayAttr:
 
 
 def build_module(jaxpr, gm, params: CompilerParams, name: str,
-                 mesh_axes: tuple = ()) -> MosaicKernel:
+                 mesh_axes: tuple = (), ir_version: int | None = None) -> MosaicKernel:
     """Lowers the kernel jaxpr and grid mapping to a verified Mosaic TPU module; symbolic
-    dimensions (dynamic-shape export) become placeholders (see ``symbolic``)."""
+    dimensions (dynamic-shape export) become placeholders (see ``symbolic``).
+    ``ir_version``: the Mosaic serialization version the module will be written in
+    (None: the latest); what older versions cannot carry (``tpu.matmul``'s
+    ``transpose_lhs_hint`` before version 12) is left out."""
     ctx = new_context()
     with ctx, ir.Location.unknown(), placeholders(True) as env:
         module = ir.Module.create()
@@ -219,7 +222,9 @@ def build_module(jaxpr, gm, params: CompilerParams, name: str,
                     refs.append(RefVal(a, t.dtype, space, (False,) * len(t.shape)))
                 lctx = LoweringContext(gm.grid, grid_idx, name, mesh_axes=mesh_axes,
                                        grid_names=tuple(gm.grid_names or ()),
-                                       chip=target_chip(params))
+                                       chip=target_chip(params),
+                                       fuse_transposed_lhs=params.fuse_transposed_lhs_in_matmul
+                                       and (ir_version is None or ir_version >= 12))
                 lower_jaxpr(lctx, jaxpr.jaxpr, jaxpr.consts, refs)
                 func.ReturnOp([])
             main.attributes["dimension_semantics"] = _semantics_attr(params, gm, grid)

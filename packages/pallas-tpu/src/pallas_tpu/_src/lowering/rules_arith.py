@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax.extend.core.primitives as P
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jaxlib.mlir.dialects import arith, math, vector
 from jaxlib.mosaic.python import tpu
 
@@ -518,3 +519,54 @@ def _tile(lctx, eqn, x):
             cur = tpu.concatenate([cur] * reps, axis,
                                   results=[T.value_type(tuple(shape), src.dtype)])
     return cur
+
+
+@rule(P.gather_p)
+def _gather(lctx, eqn, x, indices):
+    """The gathers ``jnp.take_along_axis`` makes (one index per output element, along
+    one axis, the other axes paired element for element): ``tpu.dynamic_gather``, whose
+    source spans at most one vreg along that axis (Mosaic checks). Its modes: ``fill``
+    (the default) gives ``fill_value`` where an index is outside ``[0, n)``, ``clip``
+    clamps the index, ``promise_in_bounds`` trusts it."""
+    src, idx_aval, out = aval_in(eqn, 0), aval_in(eqn, 1), aval_out(eqn)
+    dn = eqn.params["dimension_numbers"]
+    rank = len(out.shape)
+    mode = lax.GatherScatterMode.from_any(eqn.params["mode"])
+    take_along_axis = (
+        len(src.shape) == rank >= 1
+        and tuple(idx_aval.shape) == tuple(out.shape) + (1,)
+        and tuple(eqn.params["slice_sizes"]) == (1,) * rank
+        and not dn.offset_dims
+        and len(dn.collapsed_slice_dims) == 1
+        and tuple(dn.collapsed_slice_dims) == tuple(dn.start_index_map)
+        and tuple(dn.operand_batching_dims) == tuple(dn.start_indices_batching_dims)
+        and len(dn.operand_batching_dims) == rank - 1
+    )
+    if not take_along_axis:
+        raise NotImplementedError(
+            f"gather with {dn} and slice sizes {eqn.params['slice_sizes']}: Mosaic TPU "
+            "kernels gather only as jnp.take_along_axis does (tpu.dynamic_gather)")
+    (axis,) = dn.collapsed_slice_dims
+    if rank >= 2 and axis < rank - 2:
+        raise NotImplementedError(
+            f"gather along axis {axis} of a rank-{rank} array: Mosaic TPU gathers along "
+            "the two minormost axes only")
+    if kind(idx_aval.dtype) != "i" or jnp.dtype(idx_aval.dtype).itemsize != 4:
+        raise NotImplementedError(f"gather with {idx_aval.dtype} indices (int32 only)")
+    i32 = jnp.int32
+    idx = vector.shape_cast(T.value_type(out.shape, i32), materialize(indices, idx_aval))
+    n = src.shape[axis]
+    if mode == lax.GatherScatterMode.CLIP:
+        idx = arith.maxsi(arith.minsi(idx, const(out.shape, i32, n - 1)),
+                          const(out.shape, i32, 0))
+    res = tpu.dynamic_gather(materialize(x, src), idx, [axis])
+    if mode == lax.GatherScatterMode.FILL_OR_DROP:
+        fill = eqn.params["fill_value"]
+        if fill is None:
+            dt = jnp.dtype(out.dtype)
+            fill = (np.nan if kind(dt) == "f" else np.iinfo(dt).min if kind(dt) == "i"
+                    else np.iinfo(dt).max if kind(dt) == "u" else True)
+        inside = arith.andi(cmpi(arith.CmpIPredicate.sge, idx, const(out.shape, i32, 0)),
+                            cmpi(arith.CmpIPredicate.slt, idx, const(out.shape, i32, n)))
+        res = arith.select(inside, res, const(out.shape, out.dtype, fill))
+    return res

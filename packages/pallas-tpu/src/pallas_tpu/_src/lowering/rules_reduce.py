@@ -119,12 +119,40 @@ def _product(v, shape, dtype, axes):
     return vector.shape_cast(T.value_type(rest, dtype), v)
 
 
+def _matvec(x, y, lhs_aval, rhs_aval, lc, rc, out):
+    """A matrix-vector (or vector-matrix) product: the vector broadcast along the
+    matrix's other axis, multiplied elementwise and summed over the contracted axis in
+    the 32-bit accumulation type (the MXU takes no 1-D operand)."""
+    mat_is_lhs = len(lhs_aval.shape) == 2
+    mat, vec = (x, y) if mat_is_lhs else (y, x)
+    mat_aval, vec_aval = (lhs_aval, rhs_aval) if mat_is_lhs else (rhs_aval, lhs_aval)
+    axis = lc if mat_is_lhs else rc
+    acc = jnp.float32 if kind(out.dtype) == "f" else jnp.int32
+    shape = tuple(mat_aval.shape)
+    m = convert(materialize(mat, mat_aval), shape, mat_aval.dtype, acc)
+    v = convert(materialize(vec, vec_aval), vec_aval.shape, vec_aval.dtype, acc)
+    along = (1, shape[1]) if axis == 1 else (shape[0], 1)
+    v = broadcast_to(vector.shape_cast(T.value_type(along, acc), v), shape, acc)
+    prod = (arith.mulf if acc == jnp.float32 else arith.muli)(m, v)
+    red = multi_reduction("add", prod, shape, acc, [axis], 0)
+    return convert(red, out.shape, acc, out.dtype)
+
+
 @rule(P.dot_general_p)
 def _dot_general(lctx, eqn, x, y):
     lhs_aval, rhs_aval, out = aval_in(eqn, 0), aval_in(eqn, 1), aval_out(eqn)
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lc, rc, lb, rb = tuple(lc), tuple(rc), tuple(lb), tuple(rb)
     nl, nr = len(lhs_aval.shape), len(rhs_aval.shape)
+    for a in (lhs_aval, rhs_aval):
+        if kind(a.dtype) == "u":
+            # Upstream's words (users match them); a NotImplementedError, as upstream's.
+            raise MosaicUnsupported(
+                f"Unsigned integer dtype {jnp.dtype(a.dtype).name} is not supported for "
+                "dot_general (matmul) on the Mosaic TPU backend: the MXU reads integer "
+                "operands as signed; cast to a signed type before the dot")
+    if not lb and len(lc) == 1 and sorted((nl, nr)) == [1, 2]:
+        return _matvec(x, y, lhs_aval, rhs_aval, lc[0], rc[0], out)
     if len(lc) != 1 or len(rc) != 1 or nl - len(lb) != 2 or nr - len(rb) != 2:
         raise NotImplementedError(
             f"dot_general of shapes {lhs_aval.shape} x {rhs_aval.shape} with dimension "
@@ -164,7 +192,10 @@ def _dot_general(lctx, eqn, x, y):
         p = precision[0] if isinstance(precision, tuple) else precision
         if str(p) in ("HIGHEST", "Precision.HIGHEST"):
             prec_attr = ir.Attribute.parse("#tpu.contract_precision<fp32>")
-    res = tpu.matmul(T.value_type(out.shape, acc_dtype), lhs, rhs, acc, False,
+    # The lhs contracted along its second-minor axis is a transposed lhs: Mosaic may
+    # fuse that transpose into the matmul when the kernel's params ask.
+    hint = lctx.fuse_transposed_lhs and lc[0] == nl - 2
+    res = tpu.matmul(T.value_type(out.shape, acc_dtype), lhs, rhs, acc, hint,
                      dimension_numbers=dn, precision=prec_attr)
     return convert(res, out.shape, acc_dtype, out.dtype)
 
@@ -196,17 +227,21 @@ def _argminmax(lctx, eqn, x):
         kname, init = ("maxsi", info.min) if is_max else ("minsi", info.max)
     else:
         raise NotImplementedError(f"{eqn.primitive.name} of {src.dtype}")
-    red_shape = tuple(n for i, n in enumerate(src.shape) if i != axis)
-    best = multi_reduction(kname, v, src.shape, dt, [axis], init)
-    keep = list(src.shape)
+    shape, axes = tuple(src.shape), [axis]
+    if len(shape) == 1:
+        # In 2D (1, n): Mosaic has no iota below rank 2 ("iota rank below 2D
+        # unsupported"); the index is then reduced over both axes to the scalar.
+        shape, axis, axes = (1, shape[0]), 1, [0, 1]
+        v = vector.shape_cast(T.value_type(shape, dt), v)
+    best = multi_reduction(kname, v, shape, dt, [axis], init)
+    keep = list(shape)
     keep[axis] = 1
     best = broadcast_to(vector.shape_cast(T.value_type(tuple(keep), dt), best)
-                        if red_shape else best, src.shape, dt)
+                        if len(shape) > 1 else best, shape, dt)
     eq = (cmpf(arith.CmpFPredicate.OEQ, v, best) if k == "f"
           else cmpi(arith.CmpIPredicate.eq, v, best))
-    idx = tpu.iota(T.value_type(src.shape, jnp.int32), [axis])
-    big = const(src.shape, jnp.int32, src.shape[axis])
+    idx = tpu.iota(T.value_type(shape, jnp.int32), [axis])
+    big = const(shape, jnp.int32, shape[axis])
     cand = arith.select(eq, idx, big)
     # Mosaic takes only the neutral element (INT32_MAX for minsi) as the accumulator.
-    return multi_reduction("minsi", cand, src.shape, jnp.int32, [axis],
-                           np.iinfo(np.int32).max)
+    return multi_reduction("minsi", cand, shape, jnp.int32, axes, np.iinfo(np.int32).max)

@@ -173,6 +173,13 @@ def _unpack(lctx, eqn, x):
 
 @rule(tpu_vector.stochastic_round_p)
 def _stochastic_round(lctx, eqn, x, bits):
+    target = jnp.dtype(eqn.params["target_dtype"])
+    if target == jnp.float16:
+        # f16 values live in f32 in kernels, and Mosaic converts stochastically to bf16
+        # and the 8-bit floats only ("Unsupported dtype for stochastic convert").
+        raise NotImplementedError(
+            "stochastic_round to float16 has no Mosaic TPU lowering (bfloat16 has); it "
+            "runs under interpret=True")
     return tpu.stochastic_convert(T.aval_type(aval_out(eqn)), materialize(x, aval_in(eqn, 0)),
                                   materialize(bits, aval_in(eqn, 1)))
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 import pallas.einshape
@@ -46,7 +45,8 @@ def roll(x, shift, axis: int, *, stride: int | None = None, stride_axis: int | N
 
 # -- bitcast ---------------------------------------------------------------------------------
 def _bits(dtype) -> int:
-    return np.dtype(dtype).itemsize * 8
+    # Sub-byte types (int4, int2, ...) count their own bits, not their byte of storage.
+    return int(jax.dtypes.itemsize_bits(dtype))
 
 
 def _bitcast_impl(x, *, ty):
@@ -102,7 +102,7 @@ def einshape(equation: str, x, assert_is_tile_preserving: bool = False, **sizes:
 
 # -- pack / unpack -----------------------------------------------------------------------------
 def _uint(bits: int):
-    return {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32}[bits]
+    return {2: jnp.uint2, 4: jnp.uint4, 8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32}[bits]
 
 
 def _pack_impl(*xs, packed_dtype):
@@ -113,7 +113,7 @@ def _pack_impl(*xs, packed_dtype):
         raise ValueError(f"pack_elementwise: {len(xs)} x {narrow} bits do not fill a word")
     acc = jnp.zeros(xs[0].shape, out_t)
     for i, x in enumerate(xs):
-        bits = lax.bitcast_convert_type(x.astype(packed_dtype), _uint(max(narrow, 8)))
+        bits = lax.bitcast_convert_type(x.astype(packed_dtype), _uint(narrow))
         acc = acc | (bits.astype(out_t) << jnp.asarray(i * narrow, out_t))
     return acc
 
@@ -138,7 +138,7 @@ def _unpack_impl(x, *, index, packed_dtype, unpacked_dtype):
     word = lax.bitcast_convert_type(x, _uint(_bits(x.dtype)))
     part = (word >> jnp.asarray(index * narrow, word.dtype)) & jnp.asarray(
         (1 << narrow) - 1, word.dtype)
-    sub = lax.bitcast_convert_type(part.astype(_uint(max(narrow, 8))), packed_dtype)
+    sub = lax.bitcast_convert_type(part.astype(_uint(narrow)), packed_dtype)
     return sub.astype(unpacked_dtype)
 
 
@@ -159,7 +159,8 @@ def unpack_elementwise(x, *, index, packed_dtype, unpacked_dtype):
 def _stochastic_round_impl(x, random_bits, *, target_dtype):
     target_dtype = jnp.dtype(target_dtype)
     x = x.astype(jnp.float32)
-    drop = 32 - (jnp.finfo(target_dtype).nmant + 1 + jnp.finfo(target_dtype).nexp)
+    # The f32 mantissa bits the narrowing drops (23 - 7 for bf16, 23 - 10 for f16).
+    drop = jnp.finfo(jnp.float32).nmant - jnp.finfo(target_dtype).nmant
     if target_dtype == jnp.float32 or drop <= 0:
         return x.astype(target_dtype)
     bits = lax.bitcast_convert_type(x, jnp.uint32)
