@@ -140,7 +140,7 @@ def compile_kernel(jaxpr, grid_mapping, compiler_params, *, name: str = "kernel"
     t0 = time.perf_counter()
     with jax.default_device(dev):  # Mosaic GPU reads the target architecture from it
         kernel = build(jaxpr, grid_mapping, compiler_params, name, target=target)
-    args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=shd) for a in kernel.in_shapes]
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=shd) for a in kernel.arg_shapes]
     env = {"MOSAIC_GPU_CUDA_ROOT": root, "MOSAIC_GPU_DUMP_PTX": "1",
            "MOSAIC_GPU_DUMP_PTXAS": "1"}
     path = os.pathsep.join([os.path.join(root, "bin"), os.environ.get("PATH", "")])

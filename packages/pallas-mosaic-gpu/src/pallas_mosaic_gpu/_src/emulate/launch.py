@@ -18,6 +18,7 @@ from pallas_mosaic_gpu._src.emulate import (  # noqa: F401 - each module registe
     ops_math,
     ops_memref,
     ops_scf,
+    ops_semaphore,
     ops_tcgen05,
     ops_vector,
     ops_wgmma,
@@ -33,7 +34,7 @@ def module_of(kernel) -> ir.Module:
     """The MLIR module a built kernel hands to Mosaic GPU's custom call (the ``module``
     parameter of the ``mosaic_gpu_p`` equation its function binds)."""
     try:
-        return module_of_fn(kernel.fn, kernel.in_shapes)
+        return module_of_fn(kernel.fn, kernel.arg_shapes)
     except RuntimeError:
         raise RuntimeError(f"kernel {kernel.name} binds no Mosaic GPU custom call") from None
 
@@ -94,11 +95,21 @@ def _execute(compiled, operands, out_shapes, aliases, split_warps: frozenset):
     return [mem.read(p, tuple(s), d) for p, (s, d) in zip(outs, out_shapes)]
 
 
+def with_semaphores(kernel, operands: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``operands`` followed by the kernel's global semaphore buffer, zeroed as at every
+    launch (``pl.get_global``/``plgpu.SemaphoreType`` in a kernel's scratch): Mosaic GPU
+    passes it as an in/out buffer between the inputs and the outputs."""
+    operands = list(operands)
+    if kernel.sem_words:
+        operands.append(np.zeros((kernel.sem_words,), np.int32))
+    return operands
+
+
 def run_kernel(kernel, operands: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Runs a built kernel (``lowering.build``) on ``operands`` (its ``in_shapes``)."""
     compiled = compile_module(module_of(kernel))
-    return execute(compiled, operands, [(s.shape, s.dtype) for s in kernel.out_shapes],
-                   kernel.aliases)
+    return execute(compiled, with_semaphores(kernel, operands),
+                   [(s.shape, s.dtype) for s in kernel.out_shapes], kernel.aliases)
 
 
 def emulate_kernel(jaxpr, grid_mapping, compiler_params, name: str, args: Sequence,
@@ -112,8 +123,8 @@ def emulate_kernel(jaxpr, grid_mapping, compiler_params, name: str, args: Sequen
     kernel = build(jaxpr, grid_mapping, compiler_params, name)
     compiled = compile_module(module_of(kernel))
     operands = [np.asarray(a).astype(s.dtype) for a, s in zip(args, kernel.in_shapes)]
-    outs = execute(compiled, operands, [(s.shape, s.dtype) for s in kernel.out_shapes],
-                   kernel.aliases)
+    outs = execute(compiled, with_semaphores(kernel, operands),
+                   [(s.shape, s.dtype) for s in kernel.out_shapes], kernel.aliases)
     return [jnp.asarray(o.astype(a.dtype) if o.dtype != a.dtype else o)
             for o, a in zip(outs, out_avals)]
 
@@ -130,7 +141,8 @@ def plan_kernel(jaxpr, grid_mapping, compiler_params, name: str, out_avals: Sequ
 
     def run(*args):
         operands = [np.asarray(a).astype(s.dtype) for a, s in zip(args, kernel.in_shapes)]
-        outs = execute(compiled, operands, out_shapes, kernel.aliases)
+        outs = execute(compiled, with_semaphores(kernel, operands), out_shapes,
+                       kernel.aliases)
         return [o.astype(a.dtype) if o.dtype != a.dtype else o
                 for o, a in zip(outs, out_avals)]
 

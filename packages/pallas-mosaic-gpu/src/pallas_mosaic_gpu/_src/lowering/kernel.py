@@ -85,6 +85,13 @@ class Kernel:
     sem_words: int = 0  # the zeroed semaphore buffer ``fn`` takes last (and returns last)
     aliases: tuple = ()  # (input, output) pairs sharing one GMEM buffer (see aliases.py)
 
+    @property
+    def arg_shapes(self) -> tuple:
+        """What ``fn`` takes: ``in_shapes``, then the semaphore buffer when it has one."""
+        if not self.sem_words:
+            return self.in_shapes
+        return (*self.in_shapes, _sds((self.sem_words,), jnp.int32))
+
 
 def _kernel_symbol(name: str) -> str:
     s = re.sub(r"\W", "_", name or "kernel")
