@@ -15,6 +15,8 @@ from pallas_tpu._src.lowering.common import (
     aval_out,
     cmpi,
     const,
+    int_bits,
+    kind,
     materialize,
     rule,
     to_i32,
@@ -141,12 +143,40 @@ def _dma_wait(lctx, eqn, *invals):
 # TPU value primitives.
 
 
+def _packed_bits(aval) -> int:
+    """The element width of a vector of ``aval`` when narrower than 32 bits (a packed
+    type: bf16, fp8, 16/8/4-bit integers), else 0. Bools (``i1`` masks) are not packed."""
+    dt = jnp.dtype(aval.dtype)
+    if not aval.shape or dt == jnp.bool_:
+        return 0
+    bits = int_bits(dt) if kind(dt) in "iu" else T.memory_dtype(dt).itemsize * 8
+    return bits if bits < 32 else 0
+
+
 @rule(tpu_vector.roll_p)
 def _roll(lctx, eqn, x, shift):
-    v = materialize(x, aval_in(eqn, 0))
+    """``tpu.dynamic_rotate``. A strided rotation of a packed type (bf16, int8, ...) is
+    done on its bits widened to i32 and narrowed back: libtpu up to its build of
+    2026-06-17 (libtpu 0.0.42.1) rejects it on every chip ("Not implemented: unsupported
+    packed type rotation"; upstream's lowering, which emits the packed rotation, fails
+    alike, and upstream's test skips on such a libtpu). The widening moves whole
+    elements, so the result is bit-exact; a rotation without a stride stays packed."""
+    aval = aval_in(eqn, 0)
+    v = materialize(x, aval)
     p = eqn.params
-    return tpu.dynamic_rotate(v, to_i32(materialize(shift, aval_in(eqn, 1))), p["axis"],
-                              stride=p["stride"], stride_dimension=p["stride_axis"])
+    amount = to_i32(materialize(shift, aval_in(eqn, 1)))
+    bits = _packed_bits(aval) if p["stride"] is not None else 0
+    if not bits:
+        return tpu.dynamic_rotate(v, amount, p["axis"], stride=p["stride"],
+                                  stride_dimension=p["stride_axis"])
+    vshape = ir.VectorType(v.type).shape
+    int_t = ir.VectorType.get(vshape, ir.IntegerType.get_signless(bits))
+    as_int = v if v.type == int_t else arith.bitcast(int_t, v)
+    wide = arith.extui(ir.VectorType.get(vshape, ir.IntegerType.get_signless(32)), as_int)
+    wide = tpu.dynamic_rotate(wide, amount, p["axis"], stride=p["stride"],
+                              stride_dimension=p["stride_axis"])
+    narrow = arith.trunci(int_t, wide)
+    return narrow if v.type == int_t else arith.bitcast(v.type, narrow)
 
 
 @rule(tpu_vector.bitcast_p)
