@@ -63,10 +63,12 @@ from jax._src.export import shape_poly as _shape_poly  # noqa: E402
 all_dim_vars = _shape_poly.all_dim_vars
 dim_as_value_p = _shape_poly.dim_as_value_p
 
-# jnp.tile's primitive (not in jax.extend.core.primitives).
+# jnp.tile's, jnp.stack's and jnp.unstack's primitives (not in jax.extend.core.primitives).
 from jax._src.lax import lax as _lax  # noqa: E402
 
 tile_p = _lax.tile_p
+stack_p = _lax.stack_p  # jnp.stack
+unstack_p = _lax.unstack_p  # jnp.unstack
 
 
 def get_view(value, flat_transforms, tree):

@@ -508,6 +508,52 @@ def _concatenate(lctx, eqn, *xs):
     return tpu.concatenate(vals, eqn.params["dimension"], results=[T.aval_type(aval_out(eqn))])
 
 
+def _insert_unit_dim(lctx, v, shape, dtype, axis, prim):
+    """``v`` (of ``shape``; a scalar when ``shape`` is ``()``) with a dim of size 1 inserted
+    at ``axis``."""
+    out = (*shape[:axis], 1, *shape[axis:])
+    if not shape:
+        return broadcast_to(v, out, dtype)
+    check_reshape(shape, out, dtype, lctx.chip, prim)
+    return vector.shape_cast(T.value_type(out, dtype), v)
+
+
+@rule(jc.stack_p)
+def _stack(lctx, eqn, *xs):
+    """``jnp.stack``: each operand gets a unit dim at ``axis`` (a shape cast; a scalar is
+    broadcast to a 1-vector), then they are concatenated along it."""
+    axis, src = eqn.params["axis"], aval_in(eqn, 0)
+    vals = [_insert_unit_dim(lctx, materialize(x, aval_in(eqn, i)), tuple(src.shape),
+                             src.dtype, axis, "stack") for i, x in enumerate(xs)]
+    if len(vals) == 1:
+        return vals[0]
+    return tpu.concatenate(vals, axis, results=[T.aval_type(aval_out(eqn))])
+
+
+@rule(jc.unstack_p)
+def _unstack(lctx, eqn, x):
+    """``jnp.unstack``: one unit-wide slice along ``axis`` per result, with that dim
+    dropped (a shape cast; a scalar is extracted from a 1-vector)."""
+    src, axis = aval_in(eqn, 0), eqn.params["axis"]
+    v = materialize(x, src)
+    shape = tuple(src.shape)
+    piece = (*shape[:axis], 1, *shape[axis + 1:])
+    out_shape = tuple(aval_out(eqn).shape)
+    if out_shape:
+        check_reshape(piece, out_shape, src.dtype, lctx.chip, "unstack")
+    outs = []
+    for i in range(shape[axis]):
+        start = [0] * len(shape)
+        start[axis] = i
+        s = vector.extract_strided_slice(T.value_type(piece, src.dtype), v, start,
+                                         list(piece), [1] * len(piece))
+        if out_shape:
+            outs.append(vector.shape_cast(T.value_type(out_shape, src.dtype), s))
+        else:
+            outs.append(vector.extract(s, [], [0] * len(piece)))
+    return outs
+
+
 @rule(jc.tile_p)
 def _tile(lctx, eqn, x):
     """``jnp.tile``: the value concatenated with itself ``reps[i]`` times along each axis."""
