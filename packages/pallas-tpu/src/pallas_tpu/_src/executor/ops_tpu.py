@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 from jaxlib.mlir import ir
 
-from pallas_tpu._src.executor.derived import DerivedRef, bitcast
+from pallas_tpu._src.executor.derived import DerivedRef, bitcast, pack, unpack
 from pallas_tpu._src.executor.engine import op
 from pallas_tpu._src.executor.ops_vector import i64s, window
 from pallas_tpu._src.executor.types import (
@@ -293,6 +293,23 @@ def _memref_reshape(o, cc):
 def _memref_bitcast(o, cc):
     dt, _ = elem_and_shape(o.result.type)
     return lambda env, ref: (bitcast(ref, dt),)
+
+
+@op("tpu.bitcast")
+def _vector_bitcast(o, cc):
+    """A vector's bits as another element type. Between widths the second-minor dim
+    changes as a memref bitcast's does: ``k`` consecutive narrow rows pack into one wide
+    row, the first in the low bits (:func:`~pallas_tpu._src.executor.derived.pack`)."""
+    dt, _ = elem_and_shape(o.result.type)
+    src, _ = elem_and_shape(o.operands[0].type)
+    if 4 in (bits(src), bits(dt)):
+        raise ExecutorError(f"tpu.bitcast between {src} and {dt}: 4-bit types are not "
+                            f"supported by the executor")
+    if src.itemsize == dt.itemsize:
+        return lambda env, x: (np.ascontiguousarray(x).view(dt),)
+    if src.itemsize > dt.itemsize:
+        return lambda env, x: (unpack(np.asarray(x), dt),)
+    return lambda env, x: (pack(np.asarray(x), dt),)
 
 
 @op("tpu.sem_signal")
