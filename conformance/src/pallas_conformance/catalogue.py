@@ -71,7 +71,8 @@ TAGS: dict[str, str] = {
     "reshapes": "value reshapes inside kernels that change the tiled (last two) dims: the "
                 "last dim split or merged, trailing dims folded into it, leading dims "
                 "merged into the second-minor dim, small last dims swapped, folds to rank "
-                "1 (what Mosaic TPU relayouts; GPU backends do not claim them)",
+                "1, jnp.stack/jnp.unstack along a tiled dim (what Mosaic TPU relayouts; "
+                "GPU backends do not claim them)",
     "special_functions": "the gamma family (lgamma, digamma) inside kernels",
     "warpgroups": "GPU warpgroup semantics (pallas_mosaic_gpu): plgpu.kernel meshes of several "
                   "warpgroups per block that specialise on lax.axis_index of the thread axis "
@@ -116,6 +117,10 @@ TAGS: dict[str, str] = {
     "tpu_dmas": "TPU async copies that outlive their kernel (pallas_tpu): a copy started by "
                 "one pallas_call and waited for by the next, its DMA semaphore passed between "
                 "them in SEMAPHORE memory; registered only when pallas-tpu is installed",
+    "tpu_values": "TPU value primitives (pallas_tpu) inside kernels: pltpu.roll with a "
+                  "stride of a packed type, pltpu.bitcast between element types of "
+                  "different widths (packed along the second-minor dim); registered only "
+                  "when pallas-tpu is installed",
     "sparsecore": "TPU SparseCore kernels (pallas_tpu_sparsecore): indexed DMAs (embedding "
                   "gathers, scatter-add segment sums with repeated indices, ignored "
                   "indices), vector gathers/scatters, scalar-subcore control; registered "

@@ -28,6 +28,7 @@ from pallas_conformance.cases import (
     semaphores,
     sparsecore,
     tpu_dmas,
+    tpu_values,
     transforms,
     transforms_more,
 )

@@ -1,6 +1,7 @@
 """Value reshapes that change the tiled (last two) dims inside kernels: the lane dim split
 and merged, trailing dims folded into the last dim and unfolded from it, leading dims
-merged into the second-minor dim, small last dims swapped, folds to rank 1.
+merged into the second-minor dim, small last dims swapped, folds to rank 1, and
+``jnp.stack``/``jnp.unstack`` along a tiled dim.
 
 Each is a family Mosaic TPU relayouts on every chip (checked with libtpu for v5e and v6e);
 upstream's ``tpu_pallas_test`` and ragged paged attention use them.
@@ -57,3 +58,28 @@ def split_swap_merge(pallas_call, x):
         o_ref[...] = jnp.swapaxes(x_ref[...].reshape(8, 2, 64), 0, 1).reshape(16, 64)
 
     return pallas_call(kernel, out_shape=sds((16, 64), x.dtype))(x)
+
+
+@case("reshapes/stack_along_second_minor_f32", tags={"reshapes"},
+      inputs=lambda rng: (randn(rng, (8, C)), randn(rng, (8, C))),
+      reference=lambda x, y: jnp.stack([x, y * 2], axis=1))
+def stack_second_minor(pallas_call, x, y):
+    """``jnp.stack`` of two (8, 128) blocks along a new second-minor dim: (8, 2, 128)
+    (upstream's ``test_float32_stack``)."""
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = jnp.stack([x_ref[...], y_ref[...] * 2], axis=1)
+
+    return pallas_call(kernel, out_shape=sds((8, 2, C), x.dtype))(x, y)
+
+
+@case("reshapes/unstack_second_minor_f32", tags={"reshapes"},
+      inputs=lambda rng: (randn(rng, (8, 2, C)),),
+      reference=lambda x: x[:, 0] - 2 * x[:, 1])
+def unstack_second_minor(pallas_call, x):
+    """``jnp.unstack`` of an (8, 2, 128) block along its second-minor dim into two
+    (8, 128) values (upstream's ``test_float32_unstack``)."""
+    def kernel(x_ref, o_ref):
+        a, b = jnp.unstack(x_ref[...], axis=1)
+        o_ref[...] = a - 2 * b
+
+    return pallas_call(kernel, out_shape=sds((8, C), x.dtype))(x)
