@@ -146,3 +146,45 @@ def test_a_wait_on_a_semaphore_only_a_later_block_signals_is_a_named_deadlock():
     out = jax.ShapeDtypeStruct((128,), jnp.float32)
     with pl.emulate_device("cuda:sm_90a"), pytest.raises(Exception, match="global semaphore"):
         jax.block_until_ready(plgpu.kernel(body, out_type=out, grid=(2,), grid_names=("x",))())
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.int32])
+@pytest.mark.parametrize("tiled", [False, True])
+def test_atomic_adds_of_two_warpgroups_into_smem_lower_and_run(dtype, tiled):
+    """``plgpu.atomic_add(smem_ref, array)`` lowers to Mosaic GPU's atomic stores (``red``
+    per register; it was 'cannot lower the primitive atomic_rmw'), compiles, and the
+    executor combines both warpgroups' arrays (as upstream's test_atomic_add)."""
+    import pallas_mosaic_gpu as plgpu
+
+    m, n = 128, 64
+    layout = plgpu.Layout.WGMMA if tiled else None
+    transforms = (plgpu.TilingTransform((8, 16)), plgpu.SwizzleTransform(64)) if tiled else ()
+
+    def body(inp_ref, out_ref, smem_ref, barrier):
+        wg = jax.lax.axis_index("wg")
+
+        @pl.when(wg == 0)
+        def _():
+            zeros = jnp.zeros_like(smem_ref)
+            smem_ref[...] = plgpu.layout_cast(zeros, layout) if tiled else zeros
+
+        plgpu.barrier_arrive(barrier)
+        plgpu.barrier_wait(barrier)
+        plgpu.atomic_add(smem_ref, plgpu.load(inp_ref, pl.ds(wg * m, m), layout=layout,
+                                              optimized=False))
+        plgpu.barrier_arrive(barrier)
+        plgpu.barrier_wait(barrier)
+
+        @pl.when(wg == 0)
+        def _():
+            out_ref[...] = smem_ref[...]
+
+    x = jnp.arange(1, m * n + 1, dtype=dtype).reshape(m, n)
+    y = jnp.arange(m * n, 0, -1, dtype=dtype).reshape(m, n)
+    with pl.emulate_device("cuda:sm_90a"):
+        got = plgpu.kernel(
+            body, out_type=jax.ShapeDtypeStruct((m, n), dtype), num_threads=2,
+            thread_name="wg",
+            scratch_types=[plgpu.SMEM((m, n), dtype, transforms=transforms),
+                           plgpu.Barrier(num_arrivals=2)])(jnp.concatenate([x, y]))
+    np.testing.assert_array_equal(got, np.asarray(x + y))

@@ -106,3 +106,51 @@ def _fence(o, match):
     """Memory fences: every access of the executor completes before the next op, so a
     fence orders nothing more."""
     return lambda m: None
+
+
+# Atomic stores (``plgpu.atomic_add`` and friends: Mosaic GPU's FragmentedArray stores
+# with ``atomic=``): ``red[.shared::cta].relaxed.{cta,gpu}.OP[.noftz][.vN].TYPE [$0], ...``
+# combines each lane's registers into consecutive elements at its address.
+_RED_TYPES = {"f32": np.float32, "s32": np.int32, "u32": np.uint32, "b32": np.uint32,
+              "f16x2": np.float16, "f16": np.float16, "bf16x2": "bfloat16",
+              "bf16": "bfloat16"}
+_RED_OPS = {"add": np.add, "max": np.maximum, "min": np.minimum, "and": np.bitwise_and,
+            "or": np.bitwise_or, "xor": np.bitwise_xor}
+
+
+def _red_dtype(name: str) -> np.dtype:
+    t = _RED_TYPES[name]
+    if t == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(t)
+
+
+@asm(r"red(?:\.shared::cta)?\.relaxed\.(?:cta|gpu)\.(add|max|min|and|or|xor)(?:\.noftz)?"
+     r"(?:\.v\d)?\.(f32|s32|u32|b32|f16x2|bf16x2|f16|bf16) \[\$0\], "
+     r"(?:\{[$\d, ]+\}|\$1);")
+def _red(o, match):
+    """An atomic store: each active lane combines its operands' elements into memory at
+    its address, one lane after another (so lanes hitting one address all count)."""
+    ufunc, dt = _RED_OPS[match.group(1)], _red_dtype(match.group(2))
+
+    def run(m, ptr, *regs):
+        lanes = m.lanes()
+        if not len(lanes):
+            return
+        raw = [np.ascontiguousarray(np.broadcast_to(
+            np.asarray(r).reshape(len(np.asarray(r)), -1)[:, 0], (m.threads,)))
+            for r in regs]
+        data = np.concatenate([r[:, None].view(np.uint8) for r in raw], axis=1)
+        vals = data[lanes].view(dt)  # (lanes, elements)
+        base = np.broadcast_to(np.asarray(ptr, np.int64).reshape(-1), (m.threads,))[lanes]
+        addrs = base[:, None] + np.arange(vals.shape[1]) * dt.itemsize
+        flat_addrs, flat_vals = addrs.reshape(-1), vals.reshape(-1)
+        uniq, inv = np.unique(flat_addrs, return_inverse=True)
+        acc = m.memory.gather(uniq, dt)
+        with np.errstate(all="ignore"):
+            ufunc.at(acc, inv, flat_vals)
+        m.memory.scatter(uniq, acc)
+
+    return run

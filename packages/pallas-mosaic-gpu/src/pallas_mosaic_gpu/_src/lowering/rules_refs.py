@@ -125,7 +125,9 @@ def store_view(m, value, aval, space: str, sync: bool = True, elementwise: bool 
     elif (isinstance(value, mgpu.FragmentedArray) and not is_bool
           and isinstance(value.layout, fa.TiledLayout)):
         try:  # e.g. a matmul result in the WGMMA layout
-            value.store_untiled(m)
+            # Mosaic GPU plans bank-conflict-free transfers for SMEM only; a GMEM ref
+            # (a plgpu.kernel's output) takes plain stores.
+            value.store_untiled(m, optimized=space == "smem")
         except fa.TransferPlanDerivationError:  # no bank-conflict-free plan: plain stores
             value.store_untiled(m, optimized=False)
     elif (isinstance(value, mgpu.FragmentedArray) and not is_bool
@@ -273,6 +275,13 @@ def _swap(lctx, eqn, ref, value, *flat):
         if lctx.is_used(eqn.outvars[0]):
             raise NotImplementedError("swapping a value into a tiled SMEM ref")
         v = _tiled_view(ref, flat, eqn.params["tree"])
+        if isinstance(value, mgpu.FragmentedArray) and id(value) in lctx.loaded_from \
+                and not isinstance(value.layout, fa.TiledLayout):
+            # Read from a ref in a strided layout (say plgpu.load(..., layout=WGMMA) of
+            # a GMEM ref): read it again in the WGMMA layout the tiled store needs.
+            value = fa.FragmentedArray.load_untiled(
+                lctx.loaded_from[id(value)][1], layout=fa.WGMMA_LAYOUT, optimized=False,
+                is_signed=V.signed(eqn.invars[1].aval.dtype))
         if not isinstance(value, mgpu.FragmentedArray) or not isinstance(
                 value.layout, fa.TiledLayout):
             raise NotImplementedError(
@@ -292,6 +301,59 @@ def _swap(lctx, eqn, ref, value, *flat):
             mgpu.warpgroup_barrier()  # every thread has read before anyone writes
     store_view(m, value, aval, ref.space, elementwise=steps)
     return old
+
+
+_ATOMIC_STORES = ("add", "max", "min", "and", "or", "xor")
+
+
+@rule(pp.atomic_rmw_p)
+def _atomic_rmw(lctx, eqn, ref, value, *rest):
+    """``plgpu.atomic_add(ref, val)`` and the like: Mosaic GPU's atomic stores of a
+    register array into a whole SMEM or GMEM view (``red`` per register, in the
+    array's own layout). The previous values are not read back (upstream's atomic
+    stores return nothing), and masks are not supported."""
+    op = eqn.params["op"]
+    aval = eqn.invars[1].aval
+    if op not in _ATOMIC_STORES:
+        raise NotImplementedError(
+            f"atomic_rmw with op {op!r}: Mosaic GPU's atomic stores are "
+            f"{', '.join(_ATOMIC_STORES)}")
+    if eqn.params["has_mask"]:
+        raise NotImplementedError("a masked atomic_rmw (Mosaic GPU's atomic stores write "
+                                  "whole views)")
+    if lctx.is_used(eqn.outvars[0]):
+        raise NotImplementedError(
+            "reading the previous values of an atomic_rmw (Mosaic GPU's atomic stores "
+            "return nothing; use plgpu.atomic_add and friends)")
+    if not isinstance(ref, RefVal) or not aval.shape:
+        raise NotImplementedError("atomic_rmw of a scalar or into a value that is not an "
+                                  "SMEM or GMEM ref")
+    flat = rest[:eqn.params["tree"].num_leaves]
+    if ref.transformed:
+        v = _tiled_view(ref, flat, eqn.params["tree"])
+        if isinstance(value, mgpu.FragmentedArray) and id(value) in lctx.loaded_from \
+                and not isinstance(value.layout, fa.TiledLayout):
+            # Read from a ref in a strided layout (say plgpu.load(..., layout=WGMMA) of
+            # a GMEM ref): read it again in the WGMMA layout the tiled store needs.
+            value = fa.FragmentedArray.load_untiled(
+                lctx.loaded_from[id(value)][1], layout=fa.WGMMA_LAYOUT, optimized=False,
+                is_signed=V.signed(aval.dtype))
+        if not isinstance(value, mgpu.FragmentedArray) or not isinstance(
+                value.layout, fa.TiledLayout):
+            raise NotImplementedError(
+                "an atomic store into a tiled/swizzled SMEM ref of an array not in a "
+                f"tiled layout (say plgpu.Layout.WGMMA); got {type(value).__name__} "
+                f"{getattr(value, 'layout', '')}")
+        value.store_tiled(v.memref, swizzle=v.swizzle or 16, atomic=op)
+    else:
+        m = view(ref, flat, eqn.params["tree"])
+        arr = V.array(value, aval)
+        if not isinstance(arr.layout, (fa.TiledLayout, fa.WGStridedFragLayout)):
+            arr = V.to_strided(arr)
+        arr.store_untiled(m, optimized=False, atomic=op)
+    if ref.space == "smem":
+        mgpu.warpgroup_barrier()
+    return None  # the previous values, unused (checked above)
 
 
 @rule(jc.addupdate_p)

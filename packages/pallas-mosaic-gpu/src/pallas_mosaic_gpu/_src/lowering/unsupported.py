@@ -11,5 +11,5 @@ RULES.unsupported(plugins.debug_print_p, plugins.debug_check_p,
                   reason="not lowered yet; run the kernel with interpret=True to print "
                          "or check")
 RULES.unsupported(plugins.delay_p, reason="pl.delay is a TPU feature")
-RULES.unsupported(plugins.atomic_rmw_p, plugins.atomic_cas_p,
-                  reason="atomics are not lowered yet; use backend='triton'")
+RULES.unsupported(plugins.atomic_cas_p,
+                  reason="compare-and-swap is not lowered yet; use backend='triton'")
