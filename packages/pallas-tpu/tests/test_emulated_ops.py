@@ -155,18 +155,20 @@ def test_stochastic_round_to_f16_drops_13_bits():
 
 _PACK = [(jnp.float32, jnp.bfloat16), (jnp.int32, jnp.int16), (jnp.int32, jnp.int8),
          (jnp.int32, jnp.int4), (jnp.int16, jnp.int8), (jnp.int16, jnp.int4),
-         (jnp.int8, jnp.int4)]
+         (jnp.int8, jnp.int4), (jnp.int4, jnp.int2)]
 
 
 @pytest.mark.parametrize("unpacked,packed", _PACK)
 def test_pack_and_unpack_elementwise(unpacked, packed):
     ub, pb = jax.dtypes.itemsize_bits(unpacked), jax.dtypes.itemsize_bits(packed)
-    n, shape = ub // pb, (16, 256)
+    # int2 sub-elements need whole (8 * 16, 128) tiles.
+    n, shape = ub // pb, ((128, 128) if pb == 2 else (16, 256))
     rng = np.random.default_rng(0)
     if jnp.issubdtype(unpacked, jnp.floating):
         src = jnp.asarray(rng.normal(size=(n, *shape)), unpacked)
     else:
-        src = jnp.asarray(rng.integers(-100, 100, size=(n, *shape)), unpacked)
+        lim = min(100, 2 ** (ub - 1))
+        src = jnp.asarray(rng.integers(-lim, lim, size=(n, *shape)), unpacked)
     # Expected words: source i's low pb bits at bit i * pb (upstream's construction).
     parts = src.astype(packed).view(getattr(jnp, f"uint{pb}")).astype(jnp.uint32)
     shifts = (jnp.arange(n, dtype=jnp.uint32) * pb)[:, None, None]
@@ -201,3 +203,19 @@ def test_ops_above_are_in_the_executor():
     for name in ("tpu.dynamic_gather", "tpu.stochastic_convert", "tpu.pack_elementwise",
                  "tpu.unpack_elementwise"):
         assert name in OPS
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_bitcast_under_vmap_keeps_the_batch_axis(axis):
+    # As upstream's batching rule: the batched array is bitcast whole.
+    import functools
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jax.vmap(functools.partial(pltpu.bitcast, ty=jnp.uint8),
+                              in_axes=axis, out_axes=axis)(x_ref[...])
+
+    want = np.random.default_rng(0).integers(0, 255, (2, 16, 4, 128), dtype=np.uint8)
+    x = np.ascontiguousarray(want.swapaxes(-1, -2)).view(np.uint32)[..., 0]
+    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((2, 64, 128), jnp.uint8),
+                         interpret=True)(x)
+    np.testing.assert_array_equal(out, want.reshape(2, 64, 128))

@@ -14,7 +14,7 @@ from jax._src import core, dtypes, effects
 from jax._src import linear_util as lu
 from jax._src import pjit as _pjit
 from jax._src import tpu_custom_call as _tcc
-from jax._src.interpreters import mlir
+from jax._src.interpreters import batching, mlir
 from jax._src.interpreters import partial_eval as pe
 from jax._src.state import indexing as state_indexing
 from jax._src.state import types as state_types
@@ -22,7 +22,7 @@ from jax._src.state import types as state_types
 from pallas import plugins  # reads and writes through ref views (indexers, reshapes, bitcasts)
 
 __all__ = [
-    "AbstractRef", "ClosedJaxpr", "Literal", "NDIndexer", "Primitive", "ShapedArray",
+    "AbstractRef", "ClosedJaxpr", "batching", "Literal", "NDIndexer", "Primitive", "ShapedArray",
     "Slice", "TransformedRef", "Var", "core", "dtypes", "effects", "get_view",
     "lower_module_to_custom_call", "make_ir_context", "mlir", "set_view",
     "blocked_fold_in", "blocked_sample_block", "reshard_p", "trace_to_jaxpr", "transform_type",

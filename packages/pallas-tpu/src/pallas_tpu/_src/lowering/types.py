@@ -22,6 +22,8 @@ def elem_type(dtype) -> ir.Type:
         return ir.IntegerType.get_signless(1)
     if dt.name in ("int4", "uint4"):
         return ir.IntegerType.get_signless(4)
+    if dt.name in ("int2", "uint2"):  # packed sub-elements (pack/unpack_elementwise)
+        return ir.IntegerType.get_signless(2)
     if dt.kind in "iu":
         return ir.IntegerType.get_signless(dt.itemsize * 8)
     f8 = {

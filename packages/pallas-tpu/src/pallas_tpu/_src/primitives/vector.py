@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import pallas.einshape
+from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.primitives._define import value_primitive
 
 
@@ -73,6 +74,17 @@ def _bitcast_impl(x, *, ty):
 bitcast_p = value_primitive("tpu_bitcast", _bitcast_impl)
 
 
+def _bitcast_batch(args, dims, *, ty):
+    # As upstream: the batched array is bitcast whole and keeps its batch axis (exact when
+    # that axis is a leading one; on the second-minor axis its rows take part in the
+    # packing, as on the device).
+    (x,), (d,) = args, dims
+    return bitcast_p.bind(x, ty=ty), d
+
+
+jc.batching.primitive_batchers[bitcast_p] = _bitcast_batch
+
+
 def bitcast(x, ty):
     """Reinterprets the bits of ``x`` as ``ty``.
 
@@ -108,7 +120,7 @@ def _uint(bits: int):
 def _pack_impl(*xs, packed_dtype):
     narrow = _bits(packed_dtype)
     total = narrow * len(xs)
-    out_t = _uint(total) if total in (8, 16, 32) else None
+    out_t = _uint(total) if total in (4, 8, 16, 32) else None
     if out_t is None:
         raise ValueError(f"pack_elementwise: {len(xs)} x {narrow} bits do not fill a word")
     acc = jnp.zeros(xs[0].shape, out_t)
