@@ -219,3 +219,23 @@ def test_bitcast_under_vmap_keeps_the_batch_axis(axis):
     out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((2, 64, 128), jnp.uint8),
                          interpret=True)(x)
     np.testing.assert_array_equal(out, want.reshape(2, 64, 128))
+
+
+@pytest.mark.parametrize("src,dst", [(jnp.int8, jnp.int4), (jnp.int4, jnp.float32),
+                                     (jnp.int4, jnp.int16), (jnp.bfloat16, jnp.int4),
+                                     (jnp.float8_e5m2, jnp.int32)])
+def test_ref_bitcast_of_sub_byte_types(src, dst):
+    # The executor's memref bitcast counts int4 as 4 bits (two to a byte): an (m, n) i8
+    # memref read as i4 is (2m, n), row 2r + j holding nibble j of row r.
+    def rows(dt):
+        return 32 // jax.dtypes.itemsize_bits(dt)
+
+    def kernel(x_ref, y_ref):
+        y_ref[...] = x_ref.bitcast(dst)[...]
+
+    x = np.arange(rows(src) * 256).astype(src).reshape(rows(src), 256)
+    shape = jax.ShapeDtypeStruct((rows(dst), 256), dst)
+    want = pl.pallas_call(kernel, out_shape=shape, interpret=True)(x)
+    got = _emulated(pl.pallas_call(kernel, out_shape=shape), x)
+    np.testing.assert_array_equal(np.asarray(got).astype(np.float32),
+                                  np.asarray(want).astype(np.float32))

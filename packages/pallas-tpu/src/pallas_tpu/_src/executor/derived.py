@@ -10,36 +10,68 @@ from __future__ import annotations
 
 import numpy as np
 
+from pallas_tpu._src.executor.types import bits, is_float, unsigned
+
+
+def _as_bits(x: np.ndarray) -> np.ndarray:
+    """The bit patterns of ``x`` as non-negative int64 (sub-byte ints count 4 bits)."""
+    n = bits(x.dtype)
+    if is_float(x.dtype):
+        x = np.ascontiguousarray(x).view(unsigned(x.dtype))
+    return x.astype(np.int64) & ((1 << n) - 1)
+
+
+def _from_bits(u: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """Bit patterns ``u`` (non-negative int64) as values of ``dt``."""
+    n = bits(dt)
+    if is_float(dt):
+        return u.astype(unsigned(dt)).view(dt)
+    if dt.kind == "u" or dt == unsigned(dt):
+        return u.astype(dt)
+    return np.where(u >= (1 << (n - 1)), u - (1 << n), u).astype(dt)
+
 
 def unpack(x: np.ndarray, dt: np.dtype) -> np.ndarray:
-    """``x`` (..., m, n) of a dtype ``k`` times wider than ``dt`` as (..., m * k, n)."""
-    k = x.dtype.itemsize // dt.itemsize
-    y = np.ascontiguousarray(x).view(dt).reshape(x.shape + (k,))
-    return np.swapaxes(y, -1, -2).reshape(x.shape[:-2] + (x.shape[-2] * k, x.shape[-1]))
+    """``x`` (..., m, n) of a dtype ``k`` times wider than ``dt`` as (..., m * k, n): row
+    ``r * k + j`` holds bits ``[j * b, (j + 1) * b)`` of row ``r`` (``b`` the bits of
+    ``dt``; int4 is 4 bits, two to a byte)."""
+    b = bits(dt)
+    k = bits(x.dtype) // b
+    words = _as_bits(np.asarray(x))
+    parts = np.stack([(words >> (j * b)) & ((1 << b) - 1) for j in range(k)], axis=-2)
+    y = _from_bits(parts, dt)
+    return y.reshape(x.shape[:-2] + (x.shape[-2] * k, x.shape[-1]))
 
 
 def pack(y: np.ndarray, dt: np.dtype) -> np.ndarray:
     """The inverse of :func:`unpack`: ``y`` (..., m * k, n) as (..., m, n) of ``dt``."""
-    k = dt.itemsize // y.dtype.itemsize
+    b = bits(np.asarray(y).dtype)
+    k = bits(dt) // b
     m, n = y.shape[-2] // k, y.shape[-1]
-    x = np.swapaxes(y.reshape(y.shape[:-2] + (m, k, n)), -1, -2)
-    return np.ascontiguousarray(x).view(dt).reshape(y.shape[:-2] + (m, n))
+    parts = _as_bits(np.asarray(y)).reshape(y.shape[:-2] + (m, k, n))
+    words = np.zeros(y.shape[:-2] + (m, n), np.int64)
+    for j in range(k):
+        words |= parts[..., j, :] << (j * b)
+    return _from_bits(words, dt)
 
 
 def bitcast(ref, dt: np.dtype):
     """``ref`` (a numpy view or a :class:`DerivedRef`) as ``dt``."""
     src = np.dtype(ref.dtype)
-    if src.itemsize == dt.itemsize and isinstance(ref, np.ndarray) and ref.flags.c_contiguous:
+    sb, db = bits(src), bits(dt)
+    if sb == db and isinstance(ref, np.ndarray) and ref.flags.c_contiguous \
+            and src.itemsize == dt.itemsize:
         return ref.view(dt)
-    if src.itemsize == dt.itemsize:
-        return DerivedRef(ref, lambda a: np.ascontiguousarray(a).view(dt),
-                          lambda a, new: np.ascontiguousarray(new).view(src), ref.shape, dt)
-    if src.itemsize > dt.itemsize:
+    if sb == db:
+        return DerivedRef(ref, lambda a: _from_bits(_as_bits(np.asarray(a)), dt),
+                          lambda a, new: _from_bits(_as_bits(np.asarray(new)), src),
+                          ref.shape, dt)
+    if sb > db:
         read, write = (lambda a: unpack(a, dt)), (lambda a, new: pack(new, src))
     else:
         read, write = (lambda a: pack(a, dt)), (lambda a, new: unpack(new, src))
-    k = max(src.itemsize, dt.itemsize) // min(src.itemsize, dt.itemsize)
-    rows = ref.shape[-2] * k if src.itemsize > dt.itemsize else ref.shape[-2] // k
+    k = max(sb, db) // min(sb, db)
+    rows = ref.shape[-2] * k if sb > db else ref.shape[-2] // k
     return DerivedRef(ref, read, write, tuple(ref.shape[:-2]) + (rows, ref.shape[-1]), dt)
 
 

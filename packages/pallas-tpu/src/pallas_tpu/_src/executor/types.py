@@ -42,6 +42,11 @@ def elem_and_shape(t: ir.Type) -> tuple[np.dtype, tuple[int, ...]]:
     return np_dtype(t), ()
 
 
+def is_float(dt: np.dtype) -> bool:
+    """Whether ``dt`` is a float type (numpy's or ml_dtypes': bf16, the 8-bit floats)."""
+    return dt.kind == "f" or (dt.kind == "V" and dt not in _INT4)
+
+
 def unsigned(dt: np.dtype) -> np.dtype:
     if dt in _INT4:
         return _INT4[1]
