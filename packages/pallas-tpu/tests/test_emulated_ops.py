@@ -224,14 +224,18 @@ def test_bitcast_under_vmap_keeps_the_batch_axis(axis):
 @pytest.mark.parametrize("src,dst", [(jnp.int8, jnp.int4), (jnp.int4, jnp.float32),
                                      (jnp.int4, jnp.int16), (jnp.bfloat16, jnp.int4),
                                      (jnp.float8_e5m2, jnp.int32)])
-def test_ref_bitcast_of_sub_byte_types(src, dst):
+@pytest.mark.parametrize("of_ref", [True, False])
+def test_bitcast_of_sub_byte_types(src, dst, of_ref):
     # The executor's memref bitcast counts int4 as 4 bits (two to a byte): an (m, n) i8
     # memref read as i4 is (2m, n), row 2r + j holding nibble j of row r.
     def rows(dt):
         return 32 // jax.dtypes.itemsize_bits(dt)
 
     def kernel(x_ref, y_ref):
-        y_ref[...] = x_ref.bitcast(dst)[...]
+        if of_ref:
+            y_ref[...] = x_ref.bitcast(dst)[...]
+        else:  # a vector bitcast (tpu.bitcast)
+            y_ref[...] = pltpu.bitcast(x_ref[...], dst)
 
     x = np.arange(rows(src) * 256).astype(src).reshape(rows(src), 256)
     shape = jax.ShapeDtypeStruct((rows(dst), 256), dst)
