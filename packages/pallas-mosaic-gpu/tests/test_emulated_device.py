@@ -188,3 +188,44 @@ def test_atomic_adds_of_two_warpgroups_into_smem_lower_and_run(dtype, tiled):
             scratch_types=[plgpu.SMEM((m, n), dtype, transforms=transforms),
                            plgpu.Barrier(num_arrivals=2)])(jnp.concatenate([x, y]))
     np.testing.assert_array_equal(got, np.asarray(x + y))
+
+
+def test_inline_mgpu_lowers_runs_and_is_refused_by_the_interpreter():
+    """``plgpu.inline_mgpu`` (raw Mosaic GPU code: a splat, the CUDA block id, an array
+    argument in a layout) runs in the Mosaic GPU lowering on an emulated device; it
+    raised 'its lowering is not implemented yet'. The interpreter still refuses it."""
+    from jax.experimental.mosaic import gpu as mgpu
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import arith, gpu
+
+    import pallas_mosaic_gpu as plgpu
+
+    shape = (128,)
+
+    @plgpu.inline_mgpu(return_type=plgpu.ShapeDtypeStruct(
+        shape, jnp.float32, layout=plgpu.Layout.WG_SPLAT(shape)))
+    def full(_):
+        return mgpu.FragmentedArray.splat(mgpu.c(2.5, ir.F32Type.get()), shape)
+
+    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WG_STRIDED(shape, vec_size=1),),
+                       return_type=plgpu.ShapeDtypeStruct(
+                           shape, jnp.float32, layout=plgpu.Layout.WG_STRIDED(shape, vec_size=1)))
+    def plus_block(_, x):
+        bid = arith.index_cast(ir.IntegerType.get_signless(32),
+                               gpu.block_id(gpu.Dimension.x))
+        b = arith.uitofp(ir.F32Type.get(), bid)
+        return x + mgpu.FragmentedArray.splat(b, shape)
+
+    def body(x_ref, o_ref):
+        i = jax.lax.axis_index("x")
+        o_ref[i] = plus_block(x_ref[i] + full())
+
+    x = jnp.arange(256, dtype=jnp.float32).reshape(2, 128)
+    kernel = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((2, 128), jnp.float32),
+                          grid=(2,), grid_names=("x",))
+    with pl.emulate_device("cuda:sm_90a"):
+        got = kernel(x)
+    np.testing.assert_array_equal(got, np.asarray(x) + 2.5 + np.arange(2.0)[:, None])
+    with pytest.raises(Exception, match="raw Mosaic GPU code"):  # (through a callback)
+        plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((2, 128), jnp.float32),
+                     grid=(2,), grid_names=("x",), interpret=True)(x)

@@ -176,21 +176,6 @@ class RefUnion:
         return cls(*children)
 
 
-def inline_mgpu(*, arg_types=(), return_type=None):
-    """Decorator for a function that emits raw Mosaic GPU IR. Such code has no meaning
-    outside the Mosaic GPU compiler, so the interpreters reject it."""
-
-    def decorator(f):
-        def run(*args):
-            raise NotImplementedError(
-                "plgpu.inline_mgpu: raw Mosaic GPU code cannot run in pallas-mosaic-gpu's "
-                "interpreters, and its lowering is not implemented yet")
-
-        return run
-
-    return decorator
-
-
 def as_torch_kernel(fn):
     """Wraps a Mosaic GPU kernel for PyTorch tensors (needs a GPU and PyTorch)."""
     raise NotImplementedError("plgpu.as_torch_kernel needs a CUDA GPU and PyTorch; "

@@ -143,4 +143,66 @@ class RefType:
     transforms: tuple = ()
 
 
-INTERPRET_RULES = {layout_cast_p: lambda ctx, eqn, invals: [invals[0]]}
+_RAW = ("plgpu.inline_mgpu: raw Mosaic GPU code has no meaning outside the Mosaic GPU "
+        "compiler, so pallas-mosaic-gpu's interpreters cannot run it; run the kernel "
+        "without interpret=True (on a GPU, or under pl.emulate_device('cuda:sm_90a'))")
+
+inline_mgpu_p = jc.Primitive("mgpu_inline_mgpu")
+inline_mgpu_p.multiple_results = True
+
+
+def _inline_effects(*avals, f, arg_types, out_types, out_tree):
+    effects = {jc.gpu_effect}
+    effects.update(jc.WriteEffect(i) for i, a in enumerate(avals)
+                   if isinstance(a, jc.AbstractRef))
+    return [jc.ShapedArray(tuple(t.shape), jnp.dtype(t.dtype)) for t in out_types], effects
+
+
+def _refuse_raw(*args, **params):
+    raise NotImplementedError(_RAW)
+
+
+inline_mgpu_p.def_effectful_abstract_eval(_inline_effects)
+inline_mgpu_p.def_impl(_refuse_raw)
+
+
+def inline_mgpu(*, arg_types: Any = (), return_type: Any = None):
+    """Decorator for ``f(launch_ctx, *args)`` emitting raw Mosaic GPU IR inside a kernel:
+    array arguments arrive as ``FragmentedArray``s in the layouts ``arg_types`` names,
+    ref arguments (``RefType``) as their memrefs; ``f`` returns arrays of the types of
+    ``return_type`` (a pytree of ``ShapeDtypeStruct``; ``None``: nothing). Only the
+    Mosaic GPU lowering runs it (a GPU, or an emulated one)."""
+    types = tuple(jax.tree.leaves(
+        arg_types, is_leaf=lambda t: not isinstance(t, (tuple, list, dict))))
+    out_types, out_tree = jax.tree.flatten(return_type)
+    for t in out_types:
+        if not isinstance(t, ShapeDtypeStruct):
+            raise TypeError(f"plgpu.inline_mgpu: return_type leaves must be "
+                            f"plgpu.ShapeDtypeStruct, got {t!r}")
+
+    def decorator(f):
+        def run(*args):
+            flat = jax.tree.leaves(args)
+            if len(flat) != len(types):
+                raise ValueError(f"plgpu.inline_mgpu: {len(flat)} arguments for "
+                                 f"{len(types)} arg_types")
+            for a, t in zip(flat, types):
+                is_ref = isinstance(jax.typeof(a), jc.AbstractRef)
+                if is_ref != isinstance(t, RefType):
+                    raise TypeError(f"plgpu.inline_mgpu: argument type {t!r} for "
+                                    f"{'a ref' if is_ref else 'an array'}")
+            outs = inline_mgpu_p.bind(*flat, f=f, arg_types=types,
+                                      out_types=tuple(out_types), out_tree=out_tree)
+            return None if return_type is None else jax.tree.unflatten(out_tree, outs)
+
+        return run
+
+    return decorator
+
+
+def _interpret_inline(ctx, eqn, invals):
+    raise NotImplementedError(_RAW)
+
+
+INTERPRET_RULES = {layout_cast_p: lambda ctx, eqn, invals: [invals[0]],
+                   inline_mgpu_p: _interpret_inline}

@@ -22,13 +22,21 @@ holds it in (strided), which is the same array.
 
 from __future__ import annotations
 
+import jax
 from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu import fragmented_array as fa
 
-from pallas_mosaic_gpu._src.layouts import Layout, ParameterizedLayout, ReducedLayout, layout_cast_p
+from pallas_mosaic_gpu._src.layouts import (
+    Layout,
+    ParameterizedLayout,
+    ReducedLayout,
+    RefType,
+    inline_mgpu_p,
+    layout_cast_p,
+)
 from pallas_mosaic_gpu._src.lowering import small
 from pallas_mosaic_gpu._src.lowering import values as V
-from pallas_mosaic_gpu._src.lowering.engine import Lit, rule
+from pallas_mosaic_gpu._src.lowering.engine import KernelError, Lit, RefVal, rule
 
 _TILED = {
     Layout.WGMMA: "WGMMA_LAYOUT",
@@ -131,3 +139,39 @@ def _layout_cast(lctx, eqn, x):
         return x.to_layout(target)
     except (NotImplementedError, ValueError):
         return x  # Mosaic GPU has no such conversion; the engine's layout holds the same
+
+
+@rule(inline_mgpu_p)
+def _inline_mgpu(lctx, eqn, *args):
+    """``plgpu.inline_mgpu``: calls the user's function with the launch context, the
+    array arguments in the layouts their ``arg_types`` name and the ref arguments'
+    memrefs; its results (FragmentedArrays) are the eqn's values."""
+    p = eqn.params
+    vals = []
+    for x, t, v in zip(args, p["arg_types"], eqn.invars):
+        if isinstance(t, RefType):
+            if not isinstance(x, RefVal):
+                raise NotImplementedError(f"plgpu.inline_mgpu: a ref argument held as "
+                                          f"{type(x).__name__}")
+            vals.append(x.memref)
+            continue
+        aval = v.aval
+        target = mgpu_layout(t, aval.shape)
+        if target is None:
+            raise NotImplementedError(f"plgpu.inline_mgpu: argument layout {t!r}")
+        if isinstance(target, fa.TiledLayout) or not isinstance(x, mgpu.FragmentedArray):
+            x = in_layout(x, aval, target)
+        elif x.layout != target:
+            x = x.to_layout(target)
+        vals.append(x)
+    outs = p["f"](lctx.launch_ctx, *vals)
+    flat = [] if not p["out_types"] else jax.tree.leaves(
+        outs, is_leaf=lambda o: isinstance(o, mgpu.FragmentedArray))
+    if len(flat) != len(p["out_types"]):
+        raise KernelError(f"plgpu.inline_mgpu: the function returned {len(flat)} arrays "
+                          f"for a return_type of {len(p['out_types'])}")
+    for o, t in zip(flat, p["out_types"]):
+        if not isinstance(o, mgpu.FragmentedArray) or tuple(o.shape) != tuple(t.shape):
+            raise KernelError(f"plgpu.inline_mgpu: the function returned {o!r} for "
+                              f"{t!r}")
+    return flat
