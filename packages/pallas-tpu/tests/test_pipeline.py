@@ -279,3 +279,31 @@ def test_double_buffered_outputs_land_when_emulated(rng):
     c = jnp.asarray(rng.standard_normal((16, 384)), jnp.float32)
     (o,) = _emulate(_last_block_per_row, c)
     np.testing.assert_allclose(o, c[:, 256:] * 2, rtol=1e-6)
+
+
+def test_program_id_in_a_pipeline_body_is_the_pipelines(rng):
+    # As upstream: inside the body, pl.program_id(a) is the pipeline's index along a.
+    def kernel(x_hbm, o_hbm):
+        def body(x_ref, o_ref):
+            i = pl.program_id(0)
+            pltpu.sync_copy(x_ref, o_ref.at[:, pl.ds(i * 128, 128)])
+            del o_ref
+
+        pltpu.emit_pipeline(body, grid=(4,),
+                            in_specs=pl.BlockSpec((8, 128), lambda i: (0, i)),
+                            out_specs=pl.BlockSpec((8, 512), lambda i: (0, 0)))(x_hbm, o_hbm)
+
+    x = jnp.arange(8 * 512, dtype=jnp.int32).reshape(8, 512)
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 512), jnp.int32),
+                          in_specs=[pl.BlockSpec(memory_space=pltpu.HBM)],
+                          out_specs=pl.BlockSpec(memory_space=pltpu.HBM))
+    np.testing.assert_array_equal(call(x), x)
+    with pl.emulate_device("tpu:v5e"):
+        np.testing.assert_array_equal(call(x), x)
+
+
+@pytest.mark.parametrize("grid", [(0, 2), (2, -1)])
+def test_emit_pipeline_refuses_an_empty_grid(grid):
+    with pytest.raises(ValueError, match="All elements in the grid must be strictly positive"):
+        pltpu.emit_pipeline(lambda o_ref: None, grid=grid,
+                            out_specs=pl.BlockSpec((128, 128), lambda i, j: (i, j)))

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import pallas as pl
+from pallas.core import GridAxis, grid_env
 from pallas.plugins import MemoryRef
 from pallas_tpu._src.enums import BufferType
 from pallas_tpu._src.memory import VMEM, SemaphoreType
@@ -299,6 +300,9 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
             "emit_pipeline(should_accumulate_out=True) is not implemented yet in "
             "pallas-tpu (backend 'mosaic_tpu')")
     grid = tuple(_grid_size(g) for g in grid)
+    if any(isinstance(g, int) and g <= 0 for g in grid):
+        raise ValueError(f"emit_pipeline: All elements in the grid must be strictly "
+                         f"positive; got grid {grid}")
     dynamic = any(not isinstance(g, int) for g in grid)
     in_specs, out_specs = _as_list(in_specs), _as_list(out_specs)
 
@@ -377,9 +381,11 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
                 c.wait()
             # Per output: its buffer slot, and for each slot the step whose block its copy
             # in flight writes out (-1: none), to wait for exactly that copy.
-            body(*[b.at[slot] for b in in_bufs],
-                 *[b.at[o] for b, (o, _, _) in zip(out_bufs, carry)])
             idx, nxt = _unravel(t, grid), _unravel(jnp.minimum(t + 1, n - 1), grid)
+            # In the body, pl.program_id/num_programs are the pipeline's (as upstream).
+            with grid_env([GridAxis(i, g) for i, g in zip(idx, grid)]):
+                body(*[b.at[slot] for b in in_bufs],
+                     *[b.at[o] for b, (o, _, _) in zip(out_bufs, carry)])
             new = []
             for k, (o, t0, t1) in enumerate(carry):
                 moves = (t + 1 >= n) | _differs(out_specs[k], idx, nxt)
