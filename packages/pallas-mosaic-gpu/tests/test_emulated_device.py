@@ -229,3 +229,33 @@ def test_inline_mgpu_lowers_runs_and_is_refused_by_the_interpreter():
     with pytest.raises(Exception, match="raw Mosaic GPU code"):  # (through a callback)
         plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((2, 128), jnp.float32),
                      grid=(2,), grid_names=("x",), interpret=True)(x)
+
+
+def test_inline_mgpu_scalar_grid_index_with_layout_to_mgpu():
+    """Upstream's linearised CUDA grid index: ``inline_mgpu`` returning a () splat built
+    with ``plgpu.Layout.WG_SPLAT.to_mgpu()`` (which raised AttributeError), used as a
+    scalar."""
+    from jax.experimental.mosaic import gpu as mgpu
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import arith, gpu
+
+    import pallas_mosaic_gpu as plgpu
+
+    assert plgpu.Layout.WGMMA.to_mgpu() == mgpu.WGMMA_LAYOUT
+    assert plgpu.Layout.WGMMA.reduce(1).to_mgpu() == mgpu.WGMMA_ROW_LAYOUT
+
+    @plgpu.inline_mgpu(return_type=plgpu.ShapeDtypeStruct((), jnp.int32,
+                                                           layout=plgpu.Layout.WG_SPLAT))
+    def block_index(_):
+        bid = arith.index_cast(ir.IntegerType.get_signless(32), gpu.block_id(gpu.Dimension.x))
+        return mgpu.FragmentedArray.splat(bid, shape=(), layout=plgpu.Layout.WG_SPLAT.to_mgpu(),
+                                          is_signed=False)
+
+    def body(o_ref):
+        o_ref[jax.lax.axis_index("x")] = jnp.full((128,), block_index())
+
+    kernel = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((3, 128), jnp.int32),
+                          grid=(3,), grid_names=("x",))
+    with pl.emulate_device("cuda:sm_90a"):
+        got = kernel()
+    np.testing.assert_array_equal(got, np.repeat(np.arange(3), 128).reshape(3, 128))

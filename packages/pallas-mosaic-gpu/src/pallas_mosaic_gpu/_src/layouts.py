@@ -36,6 +36,17 @@ class ReducedLayout(SomeLayout):
     layout: SomeLayout
     axes: tuple[int, ...]
 
+    def to_mgpu(self, *args: Any, **kwargs: Any) -> Any:
+        """Mosaic GPU's layout: the tiled layout's reduction over ``axes``."""
+        if args or kwargs:
+            raise ValueError(f"Can't instantiate {self} with arguments.")
+        layout = self.layout.to_mgpu()
+        from jax.experimental.mosaic.gpu import fragmented_array as fa
+
+        if not isinstance(layout, fa.TiledLayout):
+            raise ValueError("Only TiledLayout supports reductions.")
+        return layout.reduce(self.axes)
+
 
 @dataclasses.dataclass(frozen=True)
 class ParameterizedLayout(SomeLayout):
@@ -48,6 +59,12 @@ class ParameterizedLayout(SomeLayout):
     def __post_init__(self):
         object.__setattr__(self, "args", tuple(self.args))
         object.__setattr__(self, "kwargs", tuple(sorted(dict(self.kwargs).items())))
+
+    def to_mgpu(self, *args: Any, **kwargs: Any) -> Any:
+        """Mosaic GPU's layout, built from this layout's arguments."""
+        if args or kwargs:
+            raise ValueError(f"Can't instantiate {self} with arguments.")
+        return self.layout_cls.to_mgpu(*self.args, **dict(self.kwargs))
 
 
 class Layout(SomeLayout, enum.Enum):
@@ -72,6 +89,32 @@ class Layout(SomeLayout, enum.Enum):
 
     def __call__(self, *args, **kwargs) -> ParameterizedLayout:
         return ParameterizedLayout(self, args, kwargs)
+
+    def to_mgpu(self, *args: Any, **kwargs: Any) -> Any:
+        """The Mosaic GPU register layout this names (``WG_SPLAT``, ``WG_STRIDED`` and
+        ``TILED`` take its constructor's arguments), for code in ``plgpu.inline_mgpu``."""
+        from jax.experimental.mosaic.gpu import fragmented_array as fa
+
+        built = {Layout.WG_SPLAT: "WGSplatFragLayout", Layout.WG_STRIDED: "WGStridedFragLayout",
+                 Layout.TILED: "TiledLayout"}
+        if self in built:
+            return getattr(fa, built[self])(*args, **kwargs)
+        if args or kwargs:
+            raise ValueError(f"Can't instantiate {self} with arguments.")
+        name = _MGPU_NAMES.get(self)
+        if name is None or not hasattr(fa, name):
+            raise NotImplementedError(f"{self} has no Mosaic GPU register layout here")
+        return getattr(fa, name)
+
+
+# The fixed layouts' names in Mosaic GPU's fragmented_array module.
+_MGPU_NAMES = {Layout.WGMMA: "WGMMA_LAYOUT", Layout.WGMMA_8BIT: "WGMMA_LAYOUT_8BIT",
+               Layout.WGMMA_UPCAST_2X: "WGMMA_LAYOUT_UPCAST_2X",
+               Layout.WGMMA_UPCAST_4X: "WGMMA_LAYOUT_UPCAST_4X",
+               Layout.WGMMA_TRANSPOSED: "WGMMA_TRANSPOSED_LAYOUT",
+               Layout.TCGEN05: "TCGEN05_LAYOUT",
+               Layout.TCGEN05_TRANSPOSED: "TCGEN05_TRANSPOSED_LAYOUT",
+               Layout.TCGEN05_TMEM_NATIVE: "TMEM_NATIVE_LAYOUT"}
 
 
 class TMEMLayout(enum.Enum):
