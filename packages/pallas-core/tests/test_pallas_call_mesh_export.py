@@ -62,6 +62,23 @@ def test_kernel_with_two_mesh_axes_and_a_tuple_out_type():
     np.testing.assert_array_equal(b, np.ones(6))
 
 
+def test_kernel_passes_a_mapping_of_scratch_types_as_keyword_refs():
+    """A dict of scratch types reaches the body as keyword refs, as upstream (upstream's
+    tpu_pallas_state_test test_kernel_helper_with_scratch raised NotImplementedError)."""
+    x = jnp.arange(8, dtype=jnp.float32)
+
+    def body(x_ref, o_ref, *, tmp_ref, acc_ref):
+        tmp_ref[...] = x_ref[...] + 1
+        acc_ref[...] = tmp_ref[...] * 2
+        o_ref[...] = acc_ref[...] - tmp_ref[...]
+
+    out = pl.kernel(body, out_type=SDS((8,), jnp.float32), mesh=_core_mesh(core=1),
+                    scratch_types=dict(acc_ref=pl.ANY((8,), jnp.float32),
+                                       tmp_ref=pl.ANY((8,), jnp.float32)),
+                    interpret=True)(x)
+    np.testing.assert_array_equal(out, np.arange(8) + 1)
+
+
 def test_core_map_runs_a_closure_over_refs_on_every_core():
     mesh = _core_mesh(core=4)
     x = jnp.arange(16, dtype=jnp.float32)

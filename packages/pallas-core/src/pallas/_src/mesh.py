@@ -144,11 +144,19 @@ def kernel(body: Callable | Any = NOT_SPECIFIED, out_type: object = (), *, mesh:
         spec = bs.BlockSpec(memory_space=space)
         in_specs = jax.tree_util.tree_map(lambda _: spec, args)
         out_specs = jax.tree_util.tree_map(lambda _: spec, out_type)
-        scratch = scratch_types
+        scratch, kernel_body = scratch_types, body
         if isinstance(scratch, Mapping):
-            raise NotImplementedError("pl.kernel with a mapping of scratch_types")
+            # As upstream: the scratch refs of a mapping reach the body as keyword
+            # arguments (the mapping's structure), after the positional in/out refs.
+            scratch, tree = jax.tree_util.tree_flatten(dict(scratch), is_leaf=is_buffer_type)
+            count = len(scratch)
+
+            def kernel_body(*refs):  # (not functools.wraps: its signature is *refs)
+                split = len(refs) - count
+                return body(*refs[:split], **tree.unflatten(refs[split:]))
+
         return pallas_call_with_axes(
-            body, out_type, grid=sizes, grid_names=names, in_specs=in_specs,
+            kernel_body, out_type, grid=sizes, grid_names=names, in_specs=in_specs,
             out_specs=out_specs, scratch_shapes=tuple(scratch), interpret=interpret,
             compiler_params=compiler_params, cost_estimate=cost_estimate, debug=debug,
             name=name or getattr(body, "__name__", "kernel"), metadata=metadata,
