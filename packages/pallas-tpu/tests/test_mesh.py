@@ -53,3 +53,13 @@ def test_mesh_defaults_to_one_core_off_tpu():
     assert pltpu.create_tensorcore_mesh("c").num_cores == 1
     with pytest.raises(ValueError):
         pltpu.create_tensorcore_mesh("c", num_cores=0)
+
+
+def test_tensorcore_mesh_devices_are_its_cores():
+    """As upstream, ``mesh.devices`` holds one entry per TensorCore (upstream's
+    tpu_pallas_memory_space_test reads ``len(mesh.devices)``; it was None)."""
+    mesh = pltpu.create_tensorcore_mesh("core", num_cores=2)
+    assert len(mesh.devices) == 2 and [c.id for c in mesh.devices] == [0, 1]
+    assert len(pltpu.create_tensorcore_mesh("core").devices) == 1  # CPU: one core
+    with pytest.raises(ValueError, match="both devices and num_cores"):
+        pltpu.create_tensorcore_mesh("core", devices=jax.devices()[:1], num_cores=1)

@@ -22,6 +22,13 @@ from pallas_tpu._src.memory import MemorySpace
 
 
 @dataclasses.dataclass(frozen=True)
+class TensorCore:
+    """One TensorCore of a logical TPU device (an entry of ``TensorCoreMesh.devices``)."""
+
+    id: int
+
+
+@dataclasses.dataclass(frozen=True)
 class TensorCoreMesh(Mesh):
     """The TensorCores of a logical TPU device, along one named axis."""
 
@@ -63,14 +70,20 @@ def create_tensorcore_mesh(axis_name: str, devices: Sequence[Any] | None = None,
                            num_cores: int | None = None) -> TensorCoreMesh:
     """A mesh over the TensorCores of one logical device (``num_cores`` defaults to the
     running TPU's, or 1 elsewhere)."""
+    if devices is not None and num_cores is not None:
+        raise ValueError("cannot specify both devices and num_cores")
+    if num_cores is None and devices is not None and len(devices):
+        num_cores = getattr(devices[0], "num_cores", None)
     if num_cores is None:
         from pallas_tpu._src.tpu_info import get_tpu_info, is_tpu_device
 
         num_cores = get_tpu_info().num_cores if is_tpu_device() else 1
     if int(num_cores) < 1:
         raise ValueError(f"num_cores must be >= 1; got {num_cores}")
+    # As upstream, the mesh's devices are its TensorCores (``len(mesh.devices)`` is the
+    # number of cores), whatever devices it was made from.
     return TensorCoreMesh(str(axis_name), int(num_cores),
-                          tuple(devices) if devices is not None else None)
+                          tuple(TensorCore(i) for i in range(int(num_cores))))
 
 
 def run_on_first_core(core_axis_name: str):
