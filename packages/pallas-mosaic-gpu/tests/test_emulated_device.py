@@ -259,3 +259,17 @@ def test_inline_mgpu_scalar_grid_index_with_layout_to_mgpu():
     with pl.emulate_device("cuda:sm_90a"):
         got = kernel()
     np.testing.assert_array_equal(got, np.repeat(np.arange(3), 128).reshape(3, 128))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float8_e5m2, jnp.float8_e4m3fn])
+def test_float8_blocks_are_copied_by_the_executor(dtype):
+    """The executor knows MLIR's float8 types (it raised 'no numpy type for MLIR type
+    f8E5M2'): a float8 block loaded and stored comes back bit for bit."""
+    x = (jnp.arange(64 * 128, dtype=jnp.float32).reshape(64, 128) % 13 - 6).astype(dtype)
+
+    def body(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    with pl.emulate_device("cuda:sm_90a"):
+        got = pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, dtype))(x)
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint8), np.asarray(x).view(np.uint8))

@@ -24,6 +24,13 @@ class EmulationUnsupported(LevelUnsupportedError):
 
 _FLOATS = {"f16": np.dtype(np.float16), "bf16": np.dtype(jnp.bfloat16),
            "f32": np.dtype(np.float32), "f64": np.dtype(np.float64)}
+# Narrow floats (ml_dtypes, through jnp): values copied, cast and compared as numpy does.
+for _mlir, _jnp in (("f8E5M2", "float8_e5m2"), ("f8E4M3FN", "float8_e4m3fn"),
+                    ("f8E4M3B11FNUZ", "float8_e4m3b11fnuz"), ("f8E4M3FNUZ", "float8_e4m3fnuz"),
+                    ("f8E5M2FNUZ", "float8_e5m2fnuz"), ("f8E8M0FNU", "float8_e8m0fnu"),
+                    ("f4E2M1FN", "float4_e2m1fn")):
+    if hasattr(jnp, _jnp):
+        _FLOATS[_mlir] = np.dtype(getattr(jnp, _jnp))
 _INTS = {1: np.dtype(np.bool_), 8: np.dtype(np.int8), 16: np.dtype(np.int16),
          32: np.dtype(np.int32), 64: np.dtype(np.int64)}
 UNSIGNED = {np.dtype(np.int8): np.dtype(np.uint8), np.dtype(np.int16): np.dtype(np.uint16),
