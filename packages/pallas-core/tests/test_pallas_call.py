@@ -566,6 +566,24 @@ def test_index_maps_ignoring_scalar_prefetch_pass_jax_enable_checks():
     np.testing.assert_array_equal(out, 4.0)
 
 
+def test_outputs_varying_over_shard_map_axes_pass_jax_enable_checks():
+    # jax_enable_checks re-derives the call's output types: they vary over the manual
+    # axes of the operands, as they did when the call was traced.
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+    x = jnp.ones((8, 128), jnp.float32)
+
+    @jax.jit
+    @jax.shard_map(mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    def inner(x):
+        return pl.pallas_call(lambda x_ref, y_ref: y_ref.__setitem__(..., x_ref[...] * 2),
+                              out_shape=jax.typeof(x), interpret=True)(x)
+
+    with jax.enable_checks(True):
+        np.testing.assert_array_equal(inner(x), 2.0)
+
+
 def test_grid_env_gives_program_id_and_num_programs_their_values():
     # pallas.core.grid_env: a kernel body traced inside another loop says where in the
     # grid it stands (upstream's jax._src.pallas.core.grid_env).

@@ -201,6 +201,29 @@ def test_shard_map_over_cpu_devices():
     np.testing.assert_array_equal(out, np.asarray(x) * 3)
 
 
+def test_shard_map_under_a_mesh_in_context_with_type_checks():
+    """Under ``jax.set_mesh`` and ``jax_enable_checks``: the call's outputs vary over the
+    manual axes of its operands, and the kernel is compiled as one device's program (not
+    partitioned over the mesh in context)."""
+    from jax.sharding import PartitionSpec as P
+
+    n = min(2, len(jax.devices()))
+    mesh = jax.make_mesh((n,), ("x",))
+    with jax.set_mesh(mesh), jax.enable_checks(True), pl.emulate_device("tpu:v5e"):
+        x = jnp.arange(n * 8 * 128, dtype=jnp.float32).reshape(n * 8, 128)
+        x = jax.device_put(x, jax.NamedSharding(mesh, P("x")))
+
+        @jax.jit
+        @jax.shard_map(mesh=mesh, out_specs=P("x"))
+        def inner(x):
+            return pl.pallas_call(lambda x_ref, y_ref: y_ref.__setitem__(..., x_ref[...] + 1),
+                                  out_shape=jax.typeof(x))(x)
+
+        y = inner(x)
+        assert jax.typeof(y) == jax.typeof(x)
+    np.testing.assert_array_equal(y, np.asarray(x) + 1)
+
+
 def test_an_async_copy_waited_for_by_the_next_kernel(async_copy_across_calls):
     # Regression: the DMA semaphore passed between the two pallas_calls was typed as a
     # regular semaphore (tpu.wait_dma2 did not verify), and the executor refused a DMA

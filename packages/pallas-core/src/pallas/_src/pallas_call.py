@@ -503,14 +503,11 @@ def _typecheck(_, *in_atoms, jaxpr, grid_mapping, **params):
     axes = list(zip(names, grid_mapping.grid)) if names else []
     with jc.extend_axis_env_nd(axes):
         jc.check_jaxpr(getattr(jaxpr, "jaxpr", jaxpr))
-    out = _abstract_eval(*(a.aval for a in in_atoms), jaxpr=jaxpr,
-                         grid_mapping=grid_mapping, **params)
-    # The call carries its kernel's effects other than those on the kernel's own refs,
-    # grid axes and kernel-local effects (debug prints, outer named axes), as the
-    # abstract evaluation records them when the call is traced.
-    from pallas._src.transforms.effects import call_effects
-
-    return out, call_effects(getattr(jaxpr, "jaxpr", jaxpr), names)
+    # The types and effects the call was traced with (transforms/effects.py: outputs
+    # vary over the manual axes their operands vary over; the kernel's effects other
+    # than those on its own refs, grid axes and kernel-local effects).
+    return pallas_call_p.abstract_eval(*(a.aval for a in in_atoms), jaxpr=jaxpr,
+                                       grid_mapping=grid_mapping, **params)
 
 
 jc.register_typecheck(pallas_call_p, _typecheck)

@@ -10,6 +10,8 @@ their discharge rules, and tracing to jaxprs.
 
 from __future__ import annotations
 
+import contextlib
+
 from jax._src import core, dtypes, effects
 from jax._src import linear_util as lu
 from jax._src import pjit as _pjit
@@ -225,3 +227,15 @@ def no_abstract_mesh():
     from jax._src import mesh as mesh_lib
 
     return mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh)
+
+
+@contextlib.contextmanager
+def no_mesh():
+    """A context with neither an abstract nor a concrete mesh (``jax.set_mesh``): a
+    kernel exported on its own for the compiler is one device's program."""
+    from jax._src import mesh as mesh_lib
+    from jax._src import sharding_impls
+
+    with sharding_impls._internal_use_concrete_mesh(mesh_lib.empty_concrete_mesh), \
+            mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh):
+        yield

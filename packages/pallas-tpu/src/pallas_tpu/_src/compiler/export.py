@@ -18,6 +18,7 @@ from jax.interpreters import mlir
 
 import pallas.plugins
 from pallas.plugins import KernelRequest, LoweringRequest
+from pallas_tpu._src import jax_compat
 
 kernel_p = jex.Primitive("pallas_tpu_compiled_kernel")
 kernel_p.multiple_results = True
@@ -87,5 +88,6 @@ def export_kernel(request: KernelRequest, backend: str) -> bytes:
             return g()
 
         avals = [jax.ShapeDtypeStruct((), jnp.int32)]
-    exported = jax.export.export(jax.jit(f), platforms=["tpu"])(*avals)
+    with jax_compat.no_mesh():  # one device's program, whatever mesh is in context
+        exported = jax.export.export(jax.jit(f), platforms=["tpu"])(*avals)
     return bytes(exported.serialize())
