@@ -224,6 +224,22 @@ def test_shard_map_under_a_mesh_in_context_with_type_checks():
     np.testing.assert_array_equal(y, np.asarray(x) + 1)
 
 
+def test_kernels_differing_only_in_an_index_map_are_not_confused():
+    """The emulated path caches a kernel per structure; the index maps are part of it."""
+    x = jnp.arange(4 * 8 * 128, dtype=jnp.float32).reshape(32, 128)
+
+    def call(index_map):
+        return pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...]),
+                              out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                              grid=(1,), in_specs=[pl.BlockSpec((8, 128), index_map)],
+                              out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)))(x)
+
+    with pl.emulate_device("tpu:v5e"):
+        first, last = call(lambda i: (i, 0)), call(lambda i: (i + 3, 0))
+    np.testing.assert_array_equal(first, x[:8])
+    np.testing.assert_array_equal(last, x[24:])
+
+
 def test_an_async_copy_waited_for_by_the_next_kernel(async_copy_across_calls):
     # Regression: the DMA semaphore passed between the two pallas_calls was typed as a
     # regular semaphore (tpu.wait_dma2 did not verify), and the executor refused a DMA

@@ -175,7 +175,7 @@ def _compile(b, request: KernelRequest, dev: EmulatedDevice) -> tuple[Any, str]:
 
 def prepare(dev: EmulatedDevice, b, request: KernelRequest) -> EmulatedKernel:
     """Compiles ``request`` for ``dev`` and builds its executor plan (cached)."""
-    key = (dev.spec, b.name, _structural(request.jaxpr), str(request.grid_mapping),
+    key = (dev.spec, b.name, _structural(request.jaxpr), _grid_key(request.grid_mapping),
            _hashable(request.compiler_params), request.name, request.out_avals,
            request.debug)
     with _lock:
@@ -214,6 +214,19 @@ def _structural(jaxpr) -> tuple:
     upstream code often does) traces a new but equal jaxpr."""
     consts = tuple(repr(c) for c in getattr(jaxpr, "consts", ()))
     return str(jaxpr), consts
+
+
+def _grid_key(value) -> Any:
+    """A key of a grid mapping with every field, index maps included (kernels that
+    differ only in an index map are different kernels; the mapping's repr omits them)."""
+    if hasattr(value, "jaxpr") and hasattr(value, "consts"):
+        return _structural(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__name__,) + tuple(
+            _grid_key(getattr(value, f.name)) for f in dataclasses.fields(value))
+    if isinstance(value, (tuple, list)):
+        return tuple(_grid_key(v) for v in value)
+    return _hashable(value)
 
 
 def _hashable(x):
