@@ -584,6 +584,20 @@ def test_outputs_varying_over_shard_map_axes_pass_jax_enable_checks():
         np.testing.assert_array_equal(inner(x), 2.0)
 
 
+def test_the_call_has_ahead_of_time_stages_as_a_jitted_function():
+    # Upstream's pallas_call returns a jitted function: .lower(...).compile(), .trace
+    # and .eval_shape work on it, for a call without operands too.
+    f = pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 2),
+                       out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32), interpret=True)
+    x = jnp.ones((8, 128), jnp.float32)
+    np.testing.assert_array_equal(f.lower(x).compile()(x), 2.0)
+    assert f.eval_shape(x) == jax.ShapeDtypeStruct((8, 128), jnp.float32)
+    assert "pallas_call" in str(f.trace(x).jaxpr)
+    g = pl.pallas_call(lambda o_ref: o_ref.__setitem__(..., jnp.ones((8, 128))),
+                       out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32), interpret=True)
+    np.testing.assert_array_equal(g.lower().compile()(), 1.0)
+
+
 def test_grid_env_gives_program_id_and_num_programs_their_values():
     # pallas.core.grid_env: a kernel body traced inside another loop says where in the
     # grid it stands (upstream's jax._src.pallas.core.grid_env).

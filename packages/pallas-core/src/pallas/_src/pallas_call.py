@@ -435,6 +435,11 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
             raise_if_error(jaxpr, gm, err)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
+    # As upstream, whose pallas_call returns a jitted function: AOT stages on the call
+    # itself (``pl.pallas_call(...).lower(x).compile()``), while calling it stays eager.
+    jitted = jax.jit(wrapped, inline=True)
+    wrapped.trace, wrapped.lower, wrapped.eval_shape = (
+        jitted.trace, jitted.lower, jitted.eval_shape)
     return wrapped
 
 
