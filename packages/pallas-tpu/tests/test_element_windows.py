@@ -149,3 +149,46 @@ def test_element_dims_follow_the_tiling_rule_over_the_padded_array():
     jax.eval_shape(f(12, (2, 2)), jnp.zeros((8, 128), F32))  # the whole padded dim
     with pytest.raises(ValueError, match="second-to-last block dimension 12"):
         jax.eval_shape(f(12, (0, 0)), jnp.zeros((32, 128), F32))
+
+
+# --------------------------------------------------------------------------------------
+# pipeline_mode: how many VMEM buffers the compiler's grid pipeline keeps per operand.
+
+
+def _copy_with_modes(x, in_mode=None, out_mode=None, grid=(2,)):
+    return pl.pallas_call(
+        _copy_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=grid,
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0), pipeline_mode=in_mode)],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0), pipeline_mode=out_mode))(x)
+
+
+def test_buffered_1_and_2_become_synchronous_and_double_buffered_windows(lower_tpu):
+    x = jnp.zeros((16, 128), F32)
+    _, (m,) = lower_tpu(lambda x: _copy_with_modes(x, None, pl.Buffered(1)), x)
+    wp = _window_params(m)
+    assert wp.count("pipeline_mode =") == 1 and "#tpu.pipeline_mode<synchronous>" in wp
+    _, (m,) = lower_tpu(lambda x: _copy_with_modes(
+        x, pl.Buffered(2), pl.Buffered(1, revisit=pl.RevisitMode.ANY)), x)
+    wp = _window_params(m)
+    assert "#tpu.pipeline_mode<double_buffered>" in wp
+    assert "revisit_mode = #tpu.revisit_mode<any>" in wp
+
+
+def test_a_whole_vmem_operand_at_index_0_is_single_buffered(lower_tpu):
+    x = jnp.zeros((8, 128), F32)
+    f = pl.pallas_call(
+        _copy_kernel, out_shape=jax.ShapeDtypeStruct((8, 128), F32), grid=(4,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i * 0, 0)))
+    _, (m,) = lower_tpu(f, x)
+    # The input's index map returns literal zeros; the output's is computed (i * 0).
+    assert _window_params(m).count("#tpu.pipeline_mode<synchronous>") == 1
+
+
+def test_pipeline_modes_mosaic_tpu_has_not_are_refused_naming_the_operand(lower_tpu):
+    x = jnp.zeros((16, 128), F32)
+    with pytest.raises(Exception, match=r"args\[0\]: pipeline_mode=.*1 \(synchronous\) or 2"):
+        lower_tpu(lambda x: _copy_with_modes(x, pl.Buffered(3)), x)
+    with pytest.raises(Exception, match=r"outputs: .*RevisitMode.ANY needs a single buffer"):
+        lower_tpu(lambda x: _copy_with_modes(
+            x, None, pl.Buffered(2, revisit=pl.RevisitMode.ANY)), x)

@@ -95,7 +95,7 @@ def test_buffers_follow_the_index_map_and_pipeline_mode():
 def test_too_large_blocks_are_refused_at_trace_time_naming_the_operands(lower_tpu):
     x = jnp.zeros((4096, 1024), jnp.float32)  # (2048, 1024) f32 blocks: 8 MiB each
     with pytest.raises(ValueError, match=(
-            r"VMEM buffers need 32.00 MiB \(33554432 bytes\), more than the default scoped "
+            r"^Ran out of memory in memory space vmem: .*VMEM buffers need 32.00 MiB \(33554432 bytes\), more than the default scoped "
             r"VMEM limit of TPU v5e \(16.00 MiB\): args\[0\] float32\[2048, 1024\]: 8.00 MiB "
             r"x 2 buffers = 16.00 MiB; outputs .*Valid: smaller blocks.*vmem_limit_bytes")):
         lower_tpu(functools.partial(_scale, rows=2048, chip="v5e"), x)

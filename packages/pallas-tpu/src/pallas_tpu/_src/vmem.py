@@ -199,7 +199,8 @@ def check_vmem(gm, params, name: str = "kernel") -> None:
     how = ("vmem_limit_bytes" if params.vmem_limit_bytes
            else f"the default scoped VMEM limit of TPU {chip}")
     raise VmemOomError(
-        f"{name}: its VMEM buffers need {_fmt(total)} ({total} bytes), more than {how} "
+        f"Ran out of memory in memory space vmem: {name}: its VMEM buffers need "
+        f"{_fmt(total)} ({total} bytes), more than {how} "
         f"({_fmt(limit)}): {listing}.{windows} Valid: smaller blocks (a block's VMEM bytes are its "
         f"tile-padded size times its buffer count, 2 when pipelined), "
         f"pipeline_mode=pl.Buffered(1) for a block whose index rarely changes, or "

@@ -149,6 +149,37 @@ def has_trivial_window(bm) -> bool:
             and tuple(bm.block_shape) == tuple(bm.array_aval.shape))
 
 
+def _pipeline_params(bm, space, name: str) -> dict:
+    """``window_params``' ``pipeline_mode`` (and ``revisit_mode``) of a block: what
+    ``pipeline_mode=pl.Buffered(n)`` asks of the compiler's pipeline (1: synchronous, one
+    VMEM buffer; 2: double-buffered). A VMEM block that is its whole operand at index 0
+    on every step is loaded once, so it is single-buffered too."""
+    mode = bm.pipeline_mode
+    if (mode is None and space is MemorySpace.VMEM and has_trivial_window(bm)
+            and all(isinstance(v, jc.Literal) and v.val == 0
+                    for v in bm.index_map_jaxpr.jaxpr.outvars)):
+        mode = pl.Buffered(1)
+    if mode is None:
+        return {}
+    where = f"pallas_call {name}: {bm.origin}: pipeline_mode={mode!r}"
+    if not isinstance(mode, pl.Buffered):
+        raise LoweringException(f"{where}: Mosaic TPU takes a pl.Buffered pipeline mode")
+    if mode.use_lookahead:
+        raise NotImplementedError(f"{where}: lookahead is not supported by Mosaic TPU's "
+                                  f"grid pipeline (pltpu.emit_pipeline supports it)")
+    if mode.buffer_count > 2:
+        raise LoweringException(f"{where}: Mosaic TPU's grid pipeline keeps 1 (synchronous) "
+                                f"or 2 (double-buffered) buffers per operand")
+    kind = "synchronous" if mode.buffer_count == 1 else "double_buffered"
+    out = {"pipeline_mode": ir.Attribute.parse(f"#tpu.pipeline_mode<{kind}>")}
+    if mode.revisit is not None:
+        if mode.revisit is pl.RevisitMode.ANY and mode.buffer_count > 1:
+            raise LoweringException(f"{where}: RevisitMode.ANY needs a single buffer "
+                                    f"(pl.Buffered(1, revisit=...))")
+        out["revisit_mode"] = ir.Attribute.parse(f"#tpu.revisit_mode<{mode.revisit.value}>")
+    return out
+
+
 def mosaic_grid(gm) -> tuple:
     """The grid Mosaic is given. A kernel without a grid whose blocks are all whole
     operands has none: Mosaic then takes no ``iteration_bounds`` or ``window_params``
@@ -202,6 +233,7 @@ def build_module(jaxpr, gm, params: CompilerParams, name: str,
                 }
                 if uses_element_window(bm):
                     wp["window_kind"] = _element_window_attr(bm)
+                wp.update(_pipeline_params(bm, space, name))
                 window_params.append(ir.DictAttr.get(wp))
             scratch = []
             for t in gm.scratch_types:
