@@ -240,6 +240,30 @@ def test_kernels_differing_only_in_an_index_map_are_not_confused():
     np.testing.assert_array_equal(last, x[24:])
 
 
+def test_poisoned_scratch_reads_nan_int_min_and_true():
+    """Under poison_buffers (ours or JAX's flag, as upstream's tests set it) the lowering
+    stores poison into buffers a kernel allocates; libtpu compiles it, the executor runs
+    it."""
+    def kernel(f_ref, i_ref, b_ref):
+        f = jax.empty_ref(jax.ShapeDtypeStruct((8, 128), jnp.float32))
+        b = jax.empty_ref(jax.ShapeDtypeStruct((8, 128), jnp.bool_))
+        f_ref[...] = f[...]
+        b_ref[...] = b[...]
+        pl.run_scoped(lambda s: i_ref.__setitem__(..., s[...]),
+                      pltpu.VMEM((8, 128), jnp.int32))
+
+    shapes = (jax.ShapeDtypeStruct((8, 128), jnp.float32),
+              jax.ShapeDtypeStruct((8, 128), jnp.int32),
+              jax.ShapeDtypeStruct((8, 128), jnp.bool_))
+    jax.config.update("jax_pallas_poison_buffers", True)
+    try:
+        with pl.emulate_device("tpu:v5e"):
+            f, i, b = pl.pallas_call(kernel, out_shape=shapes)()
+    finally:
+        jax.config.update("jax_pallas_poison_buffers", False)
+    assert np.isnan(f).all() and (i == -(1 << 31)).all() and b.all()
+
+
 def test_an_async_copy_waited_for_by_the_next_kernel(async_copy_across_calls):
     # Regression: the DMA semaphore passed between the two pallas_calls was typed as a
     # regular semaphore (tpu.wait_dma2 did not verify), and the executor refused a DMA

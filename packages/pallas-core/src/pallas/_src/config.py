@@ -24,10 +24,14 @@ class _Switch:
             name=name, default=False, help=doc, include_in_jit_key=True,
             include_in_trace_context=True,
         )
+        # JAX's own state of the same meaning (jax_pallas_poison_buffers, ...), which
+        # upstream's switch is and upstream code sets: it turns this switch on too.
+        self._jax_state = getattr(jc.config, f"jax_{name}", None)
 
     @property
     def value(self) -> bool:
-        return bool(self._state.value)
+        return bool(self._state.value) or bool(
+            self._jax_state is not None and self._jax_state.value)
 
     def __call__(self, new_val: Any = True) -> _SwitchContext:
         return _SwitchContext(self, bool(new_val))

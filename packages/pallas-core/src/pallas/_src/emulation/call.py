@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from pallas._src import config
 from pallas._src import jax_compat as jc
 from pallas._src.emulation.device import EmulatedDevice
 from pallas._src.registry import registry
@@ -177,7 +178,8 @@ def prepare(dev: EmulatedDevice, b, request: KernelRequest) -> EmulatedKernel:
     """Compiles ``request`` for ``dev`` and builds its executor plan (cached)."""
     key = (dev.spec, b.name, _structural(request.jaxpr), _grid_key(request.grid_mapping),
            _hashable(request.compiler_params), request.name, request.out_avals,
-           request.debug)
+           request.debug, config.enable_poison_buffers.value,
+           config.enable_debug_checks.value)  # switches a lowering reads
     with _lock:
         hit = _cache.get(key)
     if hit is not None:

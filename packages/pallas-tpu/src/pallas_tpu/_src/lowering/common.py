@@ -6,11 +6,14 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith, vector
+from jaxlib.mlir.dialects import arith, memref, vector
+from jaxlib.mosaic.python import tpu
 
+import pallas as pl
 from pallas.plugins import RuleTable
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.engine import Lit, RefVal
+from pallas_tpu._src.memory import MemorySpace
 
 #: pallas-tpu's Mosaic lowering rules, one table keyed by primitive object.
 RULES = RuleTable("mosaic_tpu lowering", "rule(lctx: LoweringContext, eqn, *invals) -> outs")
@@ -227,3 +230,26 @@ def to_i32(x) -> ir.Value:
     if isinstance(x.type, ir.IndexType):
         return arith.index_cast(T.i32(), x)
     return x
+
+
+def alloc_scratch(mt: ir.MemRefType, space) -> ir.Value:
+    """A buffer allocated inside the kernel (``run_scoped``, ``jax.empty_ref``). Under
+    ``pl.enable_poison_buffers`` (or JAX's ``jax_pallas_poison_buffers``, as upstream) a
+    VMEM or scalar buffer starts poisoned, as upstream's lowering does: NaN for floats,
+    the most negative value for integers (so a bool, stored as int32, reads True)."""
+    if T.is_semaphore(space):
+        return tpu.sem_alloc(mt)
+    m = memref.alloca(mt, [], [])
+    if pl.enable_poison_buffers.value and (not mt.shape or space is MemorySpace.VMEM):
+        et = mt.element_type
+        if isinstance(et, ir.FloatType):
+            val = arith.constant(et, ir.FloatAttr.get(et, float("nan")))
+        else:
+            val = arith.constant(et, ir.IntegerAttr.get(et, -(1 << (et.width - 1))))
+        if not mt.shape:
+            memref.store(val, m, [])
+        else:
+            zero = arith.constant(ir.IndexType.get(), 0)
+            vector.store(vector.broadcast(ir.VectorType.get(mt.shape, et), val), m,
+                         [zero] * len(mt.shape))
+    return m

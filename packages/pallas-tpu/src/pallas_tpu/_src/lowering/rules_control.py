@@ -7,7 +7,7 @@ import jax.extend.core as jex
 import jax.extend.core.primitives as P
 import jax.numpy as jnp
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith, memref, scf, vector
+from jaxlib.mlir.dialects import arith, scf, vector
 from jaxlib.mosaic.python import tpu
 
 from pallas_tpu._src import core_compat as cc
@@ -15,6 +15,7 @@ from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.core_compat import dynamic_grid_dim
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import (
+    alloc_scratch,
     aval_in,
     cmpi,
     const,
@@ -304,10 +305,7 @@ def _run_scoped(lctx, eqn, *consts):
         for t in p["types"]:
             space = T.scratch_space(t.memory_space)
             mt = T.memref_type(t.shape, t.dtype, space)
-            if T.is_semaphore(space):
-                m = tpu.sem_alloc(mt)
-            else:
-                m = memref.alloca(mt, [], [])
+            m = alloc_scratch(mt, space)
             refs.append(RefVal(m, t.dtype, space, (False,) * len(t.shape)))
         outs = lower_jaxpr(lctx, jaxpr, (), [*consts, *refs])
         tpu.yield_([materialize(o, a) for o, a in zip(outs, out_avals)])

@@ -15,6 +15,7 @@ from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.enums import MosaicUnsupported
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import (
+    alloc_scratch,
     aval_in,
     aval_out,
     cmpi,
@@ -246,7 +247,7 @@ def _empty_ref(lctx, eqn):
     ty = eqn.params["ty"]
     space = T.scratch_space(eqn.params.get("memory_space"))
     mt = T.memref_type(ty.shape, ty.dtype, space)
-    m = tpu.sem_alloc(mt) if T.is_semaphore(space) else memref.alloca(mt, [], [])
+    m = alloc_scratch(mt, space)
     return RefVal(m, ty.dtype, space, (False,) * len(ty.shape))
 
 
