@@ -264,6 +264,25 @@ def test_poisoned_scratch_reads_nan_int_min_and_true():
     assert np.isnan(f).all() and (i == -(1 << 31)).all() and b.all()
 
 
+def test_transcendentals_and_matmuls_agree_bit_for_bit_with_xla_on_the_host():
+    """As a TPU kernel's tanh agrees with XLA:TPU's, an emulated one agrees with the
+    host's XLA (upstream's tests compare exactly)."""
+    x = jax.random.normal(jax.random.key(0), (8, 128), jnp.float32)
+    w = jax.random.normal(jax.random.key(1), (128, 128), jnp.float32)
+
+    def kernel(x_ref, w_ref, t_ref, e_ref, m_ref):
+        t_ref[...] = jnp.tanh(x_ref[...])
+        e_ref[...] = jnp.exp(x_ref[...]) + jax.lax.erf(x_ref[...])
+        m_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+
+    shape = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+    with pl.emulate_device("tpu:v5e"):
+        t, e, m = pl.pallas_call(kernel, out_shape=(shape,) * 3)(x, w)
+    np.testing.assert_array_equal(t, jnp.tanh(x))
+    np.testing.assert_array_equal(e, jnp.exp(x) + jax.lax.erf(x))
+    np.testing.assert_array_equal(m, jnp.dot(x, w, precision="highest"))
+
+
 def test_an_async_copy_waited_for_by_the_next_kernel(async_copy_across_calls):
     # Regression: the DMA semaphore passed between the two pallas_calls was typed as a
     # regular semaphore (tpu.wait_dma2 did not verify), and the executor refused a DMA

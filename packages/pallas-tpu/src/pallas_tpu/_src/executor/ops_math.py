@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import special
 
+from pallas_tpu._src.executor import host_xla
 from pallas_tpu._src.executor.engine import elementwise
 from pallas_tpu._src.executor.types import bits
 
@@ -35,7 +36,7 @@ for _name, _f in {
     "math.round": lambda x: np.where(np.abs(x - np.trunc(x)) == 0.5,
                                      np.trunc(x) + np.sign(x), np.rint(x)),
 }.items():
-    elementwise(_name)(_f32(_f))
+    elementwise(_name)(_f32(host_xla.function(_name) if _name in host_xla.FUNCTIONS else _f))
 
 elementwise("math.absi")(np.abs)
 

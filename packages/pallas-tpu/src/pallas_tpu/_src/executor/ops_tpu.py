@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 from jaxlib.mlir import ir
 
+from pallas_tpu._src.executor import host_xla
 from pallas_tpu._src.executor.derived import DerivedRef, bitcast, pack, unpack
 from pallas_tpu._src.executor.engine import op
 from pallas_tpu._src.executor.ops_vector import i64s, window
@@ -255,7 +256,8 @@ def _matmul(o, cc):
         m_shape, k_shape = a.shape[nb:nb + len(lnc)], a.shape[nb + len(lnc):]
         n_shape = b.shape[nb + len(rc):]
         k = int(np.prod(k_shape))
-        r = (a.reshape(bshape + (-1, k)) @ b.reshape(bshape + (k, -1)))
+        a, b = a.reshape(bshape + (-1, k)), b.reshape(bshape + (k, -1))
+        r = a @ b if wide is np.int64 else host_xla.matmul(a, b)
         r = np.transpose(r.reshape(bshape + m_shape + n_shape), perm)
         return ((r + np.asarray(acc).astype(wide)).astype(dt),)
 
