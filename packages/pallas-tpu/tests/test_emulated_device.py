@@ -283,6 +283,37 @@ def test_transcendentals_and_matmuls_agree_bit_for_bit_with_xla_on_the_host():
     np.testing.assert_array_equal(m, jnp.dot(x, w, precision="highest"))
 
 
+def _copy_rows_of_runtime_count(start, count, data, array, interpret=False):
+    def kernel(start_ref, count_ref, data_ref, _, out_ref, sem):
+        n = count_ref[0]
+        pltpu.async_copy(data_ref.at[pl.ds(0, n)], out_ref.at[pl.ds(start_ref[0], n)],
+                         sem).wait()
+
+    return pl.pallas_call(
+        kernel, out_shape=array,
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)] * 2
+        + [pl.BlockSpec(memory_space=pltpu.VMEM), pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        scratch_shapes=[pltpu.SemaphoreType.DMA], input_output_aliases={3: 0},
+        interpret=interpret,
+    )(start, count, data, array)
+
+
+def test_a_dma_of_a_size_known_only_at_run_time(lower_tpu):
+    """pl.ds(start, n) with a traced n: a memref of dynamic size, compiled by libtpu."""
+    array, data = jnp.zeros((64, 128), jnp.int32), jnp.ones((8, 128), jnp.int32)
+    start, count = jnp.array([3], jnp.int32), jnp.array([5], jnp.int32)
+    _, (m,) = lower_tpu(_copy_rows_of_runtime_count, start, count, data, array)
+    assert "memref<?x128xi32" in str(m)
+    with pl.emulate_device("tpu:v5e"):
+        out = _copy_rows_of_runtime_count(start, count, data, array)
+    np.testing.assert_array_equal(out, array.at[3:8].set(1))
+    # The interpreters (the core's and TPU interpret mode) copy it on whole dims.
+    for interpret in (True, pltpu.InterpretParams()):
+        out = _copy_rows_of_runtime_count(start, count, data, array, interpret=interpret)
+        np.testing.assert_array_equal(out, array.at[3:8].set(1))
+
+
 def test_an_async_copy_waited_for_by_the_next_kernel(async_copy_across_calls):
     # Regression: the DMA semaphore passed between the two pallas_calls was typed as a
     # regular semaphore (tpu.wait_dma2 did not verify), and the executor refused a DMA

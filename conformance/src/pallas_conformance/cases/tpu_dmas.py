@@ -10,6 +10,7 @@ installed; a backend that claims ``tpu_dmas`` runs them.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 import pallas as pl
 from pallas_conformance.catalogue import case, randn, sds
@@ -64,3 +65,26 @@ if pltpu is not None:
     def slice_across_calls(pallas_call, x):
         """The same with a copy of rows 8..16 (a sliced source view)."""
         return _copy_across(pallas_call, x, _start_rows, _done_rows, 8)
+
+
+def _copy_rows_of_run_time_count(start_ref, count_ref, data_ref, _aliased, out_ref, sem):
+    n = count_ref[0]
+    pltpu.async_copy(data_ref.at[pl.ds(0, n)], out_ref.at[pl.ds(start_ref[0], n)],
+                     sem).wait()
+
+
+if pltpu is not None:
+    @case("tpu_dmas/copy_of_run_time_size", tags={"tpu_dmas", "aliasing"},
+          inputs=lambda rng: (randn(rng, (8, C)), randn(rng, (64, C))),
+          reference=lambda data, array: array.at[3:8].set(data[:5]))
+    def copy_of_run_time_size(pallas_call, data, array):
+        """A DMA of ``pl.ds(start, n)`` rows with ``n`` read from SMEM at run time (a
+        memref of dynamic size for the compiler)."""
+        smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+        return pallas_call(
+            _copy_rows_of_run_time_count, out_shape=jax.ShapeDtypeStruct.like(array),
+            in_specs=[smem, smem, pl.BlockSpec(memory_space=pltpu.VMEM),
+                      pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[pltpu.SemaphoreType.DMA], input_output_aliases={3: 0},
+        )(jnp.array([3], jnp.int32), jnp.array([5], jnp.int32), data, array)

@@ -269,9 +269,13 @@ def _memref_slice(o, cc):
     _, shape = elem_and_shape(o.result.type)
     n_base = len(elem_and_shape(o.operands[0].type)[1])
 
+    dynamic = [k for k, n in enumerate(shape) if ir.ShapedType.is_dynamic_size(n)]
+
     def run(env, ref, *idx):
-        base = idx[:n_base]
-        return (ref[tuple(slice(int(i), int(i) + n) for i, n in zip(base, shape))],)
+        base, sizes = idx[:n_base], list(shape)
+        for k, n in zip(dynamic, idx[n_base:]):  # dims of run-time size
+            sizes[k] = int(n)
+        return (ref[tuple(slice(int(i), int(i) + n) for i, n in zip(base, sizes))],)
 
     return run
 

@@ -44,6 +44,17 @@ class Window:
         self.sizes = list(ref.memref_shape)
         self.dropped = list(ref.squeezed)
         self.strides = [1] * len(ref.squeezed)
+        # Dims sliced with a run-time size (pl.ds(start, size) with a traced size): their
+        # size is MLIR's dynamic size and the value is here. Only DMAs take such views.
+        self.dynamic_sizes: dict[int, ir.Value] = {}
+
+    def check_static(self, what: str) -> None:
+        """Refuses a view of run-time size for anything but a DMA."""
+        if self.dynamic_sizes:
+            raise NotImplementedError(
+                f"{what} a ref view whose size is known only at run time (pl.ds(start, "
+                f"size) with a traced size, dims {sorted(self.dynamic_sizes)}): Mosaic TPU "
+                f"copies such views with DMAs only; load and store static sizes")
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -77,7 +88,16 @@ def apply_transforms(ref: RefVal, flat, tree) -> Window:
             scale = w.strides[dim]
             if isinstance(idx, jc.Slice):
                 w.starts[dim] = _add(w.starts[dim], _scaled(idx.start, scale))
-                w.sizes[dim] = static_dim(idx.size)
+                if isinstance(idx.size, ir.Value):
+                    if int(idx.stride) != 1 or scale != 1:
+                        raise NotImplementedError(
+                            "a strided ref view whose size is known only at run time")
+                    w.sizes[dim] = ir.ShapedType.get_dynamic_size()
+                    w.dynamic_sizes[dim] = to_i32(idx.size)
+                else:
+                    w.sizes[dim] = static_dim(idx.size.val if isinstance(idx.size, Lit)
+                                              else idx.size)
+                    w.dynamic_sizes.pop(dim, None)
                 w.strides[dim] = scale * int(idx.stride)
             else:
                 if isinstance(idx, ir.Value) and isinstance(idx.type, ir.VectorType) or (
@@ -94,6 +114,7 @@ def _reshaped_or_bitcast(w: Window, t) -> RefVal:
     memref, then ``tpu.memref_reshape`` or ``tpu.memref_bitcast`` (Mosaic checks that the
     new shape keeps the memory layout's tiling)."""
     ref = w.ref
+    w.check_static("ref.reshape/ref.bitcast of")
     if _strided(w):
         raise NotImplementedError("ref.reshape/ref.bitcast of a strided ref view")
     src = window_memref(w)
@@ -151,7 +172,8 @@ def window_memref(w: Window) -> ir.Value:
         raise NotImplementedError("DMAs or semaphores on strided ref views")
     if tuple(w.sizes) != tuple(mt.shape) or not _static_zero(w):
         t = ir.MemRefType.get(w.sizes, mt.element_type, memory_space=mt.memory_space)
-        src = tpu.memref_slice(t, src, [to_i32(s) for s in w.starts], [])
+        src = tpu.memref_slice(t, src, [to_i32(s) for s in w.starts],
+                               [w.dynamic_sizes[d] for d in sorted(w.dynamic_sizes)])
     if any(w.dropped):
         shape = [s for s, d in zip(w.sizes, w.dropped) if not d]
         t = ir.MemRefType.get(shape, mt.element_type, memory_space=mt.memory_space)
@@ -189,6 +211,7 @@ def _check_vector_window(w: Window, what: str) -> None:
 
 
 def load_window(w: Window, dtype) -> ir.Value:
+    w.check_static("a load of")
     if jnp.dtype(dtype) == jnp.bool_:  # stored as int32 (see T.memory_dtype)
         v = load_window(w, jnp.int32)
         return cmpi(arith.CmpIPredicate.ne, v, const(w.shape, jnp.int32, 0))
@@ -212,6 +235,7 @@ def load_window(w: Window, dtype) -> ir.Value:
 
 
 def store_window(w: Window, value: ir.Value, dtype, mask=None) -> None:
+    w.check_static("a store to")
     if jnp.dtype(dtype) == jnp.bool_:  # stored as int32 (see T.memory_dtype)
         value = arith.extui(T.value_type(w.shape, jnp.int32), value)
         dtype = jnp.int32

@@ -24,6 +24,7 @@ from pallas import DeviceIdType
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.memory import SemaphoreType, canonical_space
 from pallas_tpu._src.primitives import dma_indexed as DI
+from pallas_tpu._src.primitives import dma_run_time_size as RT
 from pallas_tpu._src.primitives import refs as R
 
 _log = logging.getLogger("pallas_tpu")
@@ -289,6 +290,12 @@ def dma_start_rule(ctx, eqn, invals):
     DI.check_bounds(ctx, src, rs, "source")
     DI.check_bounds(ctx, dst, rd, "destination")
     (s_flat, s_tree), (d_flat, d_tree) = (rs.flat, rs.tree), (rd.flat, rd.tree)
+    if RT.has_run_time_size(s_flat, s_tree) or RT.has_run_time_size(d_flat, d_tree):
+        if p["add"]:
+            raise NotImplementedError("a DMA with add=True of a view of run-time size")
+        dst.value, size = RT.copy(src.value, s_flat, s_tree, dst.value, d_flat, d_tree)
+        _count_bytes(sem, m_flat, m_tree, src_sem, size)
+        return []
     data = _view(src, s_flat, s_tree)
     if rs.skip is not None:  # an ignored source index leaves its destination row as it was
         data = jnp.where(DI.skip_mask(rs, data.shape), _view(dst, d_flat, d_tree), data)
@@ -303,24 +310,32 @@ def dma_start_rule(ctx, eqn, invals):
         _set(dst, d_flat, d_tree, data)
         if rd.skip is not None:  # every index ignored: nothing moved at all
             dst.value = jnp.where(jnp.all(rd.skip), old, dst.value)
-    size = R.nbytes(jax.typeof(data))
+    _count_bytes(sem, m_flat, m_tree, src_sem, R.nbytes(jax.typeof(data)))
+    return []
+
+
+def _count_bytes(sem, m_flat, m_tree, src_sem, size) -> None:
+    """A started DMA adds its bytes to its semaphore (and its source semaphore)."""
     _set(sem, m_flat, m_tree, _view(sem, m_flat, m_tree) + jnp.int32(size))
     if src_sem is not None:
         c, f, t = src_sem
         _set(c, f, t, _view(c, f, t) + jnp.int32(size))
-    return []
 
 
 def dma_wait_rule(ctx, eqn, invals):
     p = eqn.params
     (sem, m_flat, m_tree), _src, (dst, d_flat, d_tree) = R.unflatten(p["refs"], invals)
     rd = DI.resolve(dst, d_flat, d_tree)
-    size = R.nbytes(jax.typeof(_view(dst, rd.flat, rd.tree)))
+    if RT.has_run_time_size(rd.flat, rd.tree):
+        size, said = RT.view_nbytes(dst.value, rd.flat, rd.tree), "a size known at run time"
+    else:
+        size = R.nbytes(jax.typeof(_view(dst, rd.flat, rd.tree)))
+        said = f"{size} bytes"
     cur = _view(sem, m_flat, m_tree)
     ctx.report(
         jnp.all(cur >= size),
         f"DMA wait on {sem.origin} would block forever: no DMA of this size "
-        f"({size} bytes) was started on that semaphore",
+        f"({said}) was started on that semaphore",
     )
     _set(sem, m_flat, m_tree, cur - jnp.int32(size))
     return []
