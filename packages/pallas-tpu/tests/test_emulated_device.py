@@ -314,6 +314,28 @@ def test_a_dma_of_a_size_known_only_at_run_time(lower_tpu):
         np.testing.assert_array_equal(out, array.at[3:8].set(1))
 
 
+def test_a_ref_bitcast_chain_through_float16_keeps_the_bits(lower_tpu):
+    """A float16 view made by ref.bitcast holds float16's bits (as int16): a chain of
+    views through it reaches the right int32 elements; loading it is refused."""
+    def kernel(x_ref, y_ref):
+        ref = (x_ref.at[:16, :256].bitcast(jnp.int16).reshape((2, 16, 256))
+               .bitcast(jnp.float16).at[1:].reshape((16, 256)).at[:, :128]
+               .bitcast(jnp.int32))
+        y_ref[...] = ref[...]
+
+    x = jnp.arange(32 * 256, dtype=jnp.int32).reshape(32, 256)
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.int32))
+    with pl.emulate_device("tpu:v5e"):
+        np.testing.assert_array_equal(f(x), x[8:16, :128])
+
+    def load_f16(x_ref, y_ref):
+        y_ref[...] = x_ref.bitcast(jnp.float16)[...].astype(jnp.float32)
+
+    g = pl.pallas_call(load_f16, out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32))
+    with pytest.raises(Exception, match="a load of a float16 view made by ref.bitcast"):
+        lower_tpu(g, jnp.zeros((16, 128), jnp.int16))
+
+
 def test_an_async_copy_waited_for_by_the_next_kernel(async_copy_across_calls):
     # Regression: the DMA semaphore passed between the two pallas_calls was typed as a
     # regular semaphore (tpu.wait_dma2 did not verify), and the executor refused a DMA

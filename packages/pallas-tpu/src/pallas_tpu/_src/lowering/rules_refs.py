@@ -120,18 +120,39 @@ def _reshaped_or_bitcast(w: Window, t) -> RefVal:
     src = window_memref(w)
     aval = jc.transform_type([t], jc.ShapedArray(w.shape, ref.dtype))
     space = T.space_of(ref.space)
-    new_t = T.memref_type(aval.shape, aval.dtype, space)
     if isinstance(t, jc.ReshapeTransform):
-        new = tpu.memref_reshape(new_t, src)
+        mem = jnp.int16 if is_bit_view(ref) else aval.dtype
+        new = tpu.memref_reshape(T.memref_type(aval.shape, mem, space), src)
     else:
-        if T.is_widened(aval.dtype) or T.is_widened(ref.dtype):
+        widened = [d for d in (ref.dtype, aval.dtype) if T.is_widened(d)
+                   and not (d == ref.dtype and is_bit_view(ref))
+                   and not (d == aval.dtype and jnp.dtype(d) == jnp.float16)]
+        if widened:
+            d = jnp.dtype(widened[0])
             raise NotImplementedError(
                 f"ref.bitcast {jnp.dtype(ref.dtype).name} -> {jnp.dtype(aval.dtype).name}: "
-                f"a {jnp.dtype(ref.dtype).name if T.is_widened(ref.dtype) else aval.dtype} "
-                f"ref holds {T.memory_dtype(ref.dtype if T.is_widened(ref.dtype) else aval.dtype)}"
-                f" in pallas-tpu's kernels (bool as int32, float16 as float32)")
-        new = tpu.memref_bitcast(new_t, src)
+                f"a {d.name} ref holds {T.memory_dtype(d)} in pallas-tpu's kernels (bool as "
+                f"int32, float16 as float32); only a float16 view made by ref.bitcast holds "
+                f"float16's bits")
+        # A float16 view made by ref.bitcast keeps the bits, as int16 in memory.
+        mem = jnp.int16 if jnp.dtype(aval.dtype) == jnp.float16 else aval.dtype
+        new_t = T.memref_type(aval.shape, mem, space)
+        new = src if new_t == src.type else tpu.memref_bitcast(new_t, src)
     return RefVal(new, aval.dtype, ref.space, (False,) * len(aval.shape))
+
+
+def is_bit_view(ref: RefVal) -> bool:
+    """Whether ``ref`` is a float16 view made by ``ref.bitcast``: it holds float16's bits
+    (as int16), not the float32 a float16 operand holds in pallas-tpu's kernels."""
+    return (jnp.dtype(ref.dtype) == jnp.float16
+            and ir.MemRefType(ref.memref.type).element_type == T.elem_type(jnp.int16))
+
+
+def _check_not_bit_view(ref: RefVal, what: str) -> None:
+    if is_bit_view(ref):
+        raise NotImplementedError(
+            f"{what} a float16 view made by ref.bitcast: Mosaic TPU has no float16 vectors "
+            f"on any chip; bitcast the ref on to int16, bfloat16 or a 32-bit type first")
 
 
 def _scaled(i, k: int):
@@ -212,6 +233,7 @@ def _check_vector_window(w: Window, what: str) -> None:
 
 def load_window(w: Window, dtype) -> ir.Value:
     w.check_static("a load of")
+    _check_not_bit_view(w.ref, "a load of")
     if jnp.dtype(dtype) == jnp.bool_:  # stored as int32 (see T.memory_dtype)
         v = load_window(w, jnp.int32)
         return cmpi(arith.CmpIPredicate.ne, v, const(w.shape, jnp.int32, 0))
@@ -236,6 +258,7 @@ def load_window(w: Window, dtype) -> ir.Value:
 
 def store_window(w: Window, value: ir.Value, dtype, mask=None) -> None:
     w.check_static("a store to")
+    _check_not_bit_view(w.ref, "a store to")
     if jnp.dtype(dtype) == jnp.bool_:  # stored as int32 (see T.memory_dtype)
         value = arith.extui(T.value_type(w.shape, jnp.int32), value)
         dtype = jnp.int32
