@@ -199,7 +199,11 @@ def execute(kernel: Kernel, operands, out_shapes, aliases=()) -> list[np.ndarray
     grid = tuple(next(dyn) if n == DYNAMIC else n for n in kernel.grid)
     operands = operands[ndyn:]
     aliases = tuple((i - ndyn, o) for i, o in aliases)
-    hbm_in = [_signless(np.array(x)) for x in operands]
+    # Inputs are read in place (an HBM operand may be gigabytes); those aliased to an
+    # output are copied, as the output buffer they become.
+    aliased = {i for i, _ in aliases}
+    hbm_in = [_signless(np.array(x) if k in aliased else np.asarray(x))
+              for k, x in enumerate(operands)]
     outs = []
     alias = dict((o, i) for i, o in aliases)
     for k, (shape, dt) in enumerate(out_shapes):

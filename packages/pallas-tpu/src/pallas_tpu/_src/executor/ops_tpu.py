@@ -349,7 +349,10 @@ def _enqueue_dma(o, cc):
         it = iter(vals)
         groups = [[next(it) for _ in range(n)] for n in seg]
         src, src_sem, dst, dst_sem = groups[0][0], groups[1], groups[2][0], groups[3][0]
-        env[0].start_dma(np.array(src), dst, dst_sem, src_sem[0] if src_sem else None)
+        # The data as it is when the DMA starts (it lands at the wait); a read-only
+        # source (an XLA operand) cannot change meanwhile, so it is not copied.
+        data = np.array(src) if src.flags.writeable else src
+        env[0].start_dma(data, dst, dst_sem, src_sem[0] if src_sem else None)
 
     return run
 
