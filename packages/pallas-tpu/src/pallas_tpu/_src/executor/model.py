@@ -199,10 +199,14 @@ def execute(kernel: Kernel, operands, out_shapes, aliases=()) -> list[np.ndarray
     grid = tuple(next(dyn) if n == DYNAMIC else n for n in kernel.grid)
     operands = operands[ndyn:]
     aliases = tuple((i - ndyn, o) for i, o in aliases)
-    # Inputs are read in place (an HBM operand may be gigabytes); those aliased to an
-    # output are copied, as the output buffer they become.
-    aliased = {i for i, _ in aliases}
-    hbm_in = [_signless(np.array(x) if k in aliased else np.asarray(x))
+    # Inputs are read in place (an HBM operand may be gigabytes); those the kernel may
+    # write are copied: an input aliased to an output (the output buffer it becomes) and
+    # a semaphore (waits decrement it).
+    npf_types = kernel.arg_types[len(kernel.grid):]
+    written = {i for i, _ in aliases} | {
+        k for k, (_dt, _shape, space) in enumerate(npf_types[:len(operands)])
+        if "semaphore" in space}
+    hbm_in = [_signless(np.array(x) if k in written else np.asarray(x))
               for k, x in enumerate(operands)]
     outs = []
     alias = dict((o, i) for i, o in aliases)

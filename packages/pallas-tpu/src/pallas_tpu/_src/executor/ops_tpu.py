@@ -351,7 +351,8 @@ def _enqueue_dma(o, cc):
         src, src_sem, dst, dst_sem = groups[0][0], groups[1], groups[2][0], groups[3][0]
         # The data as it is when the DMA starts (it lands at the wait); a read-only
         # source (an XLA operand) cannot change meanwhile, so it is not copied.
-        data = np.array(src) if src.flags.writeable else src
+        fixed = isinstance(src, np.ndarray) and not src.flags.writeable
+        data = src if fixed else np.array(src)
         env[0].start_dma(data, dst, dst_sem, src_sem[0] if src_sem else None)
 
     return run
