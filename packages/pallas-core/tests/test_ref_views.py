@@ -77,3 +77,40 @@ def test_uninitialised_reads_are_tracked_through_a_bitcast_view(rows, ok):
     else:
         with pytest.raises(Exception, match="uninitialised"):
             run()
+
+
+# -- pl.select_ref ------------------------------------------------------------------------
+
+
+def _write_selected(idx):
+    """Writes 1 into the output ``pl.select_ref(idx, o0, o1, o2)`` picks, 0 elsewhere."""
+    def kernel(i_ref, o0, o1, o2):
+        for o in (o0, o1, o2):
+            o[...] = jnp.zeros_like(o)
+        sel = pl.select_ref(i_ref[0], o0, o1.at[0:8], o2)
+        sel.dispatch(lambda r: r.__setitem__(..., jnp.ones(r.shape, r.dtype)))
+
+    out = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+    o0, o1, o2 = pl.pallas_call(
+        kernel, out_shape=(out, jax.ShapeDtypeStruct((16, 128), jnp.float32), out),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)], interpret=True,
+    )(jnp.array([idx], jnp.int32))
+    return [int(o[:8].min()) for o in (o0, o1, o2)]
+
+
+@pytest.mark.parametrize("idx, picked", [(0, 0), (1, 1), (2, 2), (7, 2), (-1, 2)])
+def test_select_ref_picks_the_option_and_the_last_for_any_other_index(idx, picked):
+    # pl.select_ref was a stub raising NotImplementedError (upstream's test_select_ref*).
+    assert _write_selected(idx) == [int(k == picked) for k in range(3)]
+
+
+def test_select_ref_errors():
+    x = jnp.zeros((8, 128))
+    with pytest.raises(ValueError, match="At least two refs"):
+        pl.select_ref(0, x)
+    with pytest.raises(ValueError, match="integer scalar"):
+        pl.select_ref(jnp.zeros((2,), jnp.int32), x, x)
+    sel = pl.select_ref(1, x, x)
+    assert sel.shape == (8, 128) and len(sel.reshape(1024).options) == 2
+    with pytest.raises(NotImplementedError, match="DMA operand only"):
+        sel[...]

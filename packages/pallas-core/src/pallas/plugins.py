@@ -96,6 +96,7 @@ from pallas._src.registry.registry import (
 from pallas._src.registry.requests import KernelRequest, LoweringRequest
 from pallas._src.registry.rule_table import RuleConflictError, RuleTable
 from pallas._src.transforms.effects import register_kernel_local_effect
+from pallas._src.utils import SelectedRef  # pl.select_ref's result, for DMA operands
 
 # The primitives of pallas-core that a backend lowers (besides JAX's own, e.g. the state
 # primitives get/swap/addupdate and lax's), and the interpreter pieces it may reuse.
@@ -118,7 +119,7 @@ __all__ = [
     "KernelContext", "LEVELS", "LevelUnreachableError", "LevelUnsupportedError", "Mesh", "PluginLoadWarning", "env_var", "get_backend", "hookimpl",
     "hookspec", "list_backends", "load_failures", "register_backend",
     "register_kernel_local_effect",
-    "register_interpret_rule", "reset", "scratch_live_in", "select_backend",
+    "register_interpret_rule", "reset", "scratch_live_in", "select_backend", "SelectedRef",
     # Backends whose cores cooperate (e.g. SparseCore barriers) schedule kernels themselves.
     "interpret_schedules", "register_interpret_schedule",
     # Race detection for interpret modes that simulate concurrency (vector clocks).

@@ -98,9 +98,74 @@ def run_state(f):
     return jc.state_discharge.run_state(f)
 
 
-def select_ref(idx, *refs):
-    """Selects one of ``refs`` by a traced index (not supported by pallas-core yet)."""
-    raise NotImplementedError(
-        "pl.select_ref is not supported by pallas-core; index a stacked ref instead "
-        "(ref.at[idx])"
-    )
+class SelectedRef:
+    """The ref among ``options`` that a scalar ``index`` picks at run time (the result of
+    :func:`select_ref`): option ``k`` when ``index == k``, the last one for any other
+    index (as upstream's nested ``scf.if``). Operations that take one call
+    :meth:`dispatch`, which runs them once per option under ``pl.when``."""
+
+    def __init__(self, index, options):
+        self.index, self.options = index, tuple(options)
+
+    shape = property(lambda self: self.options[0].shape)
+    dtype = property(lambda self: self.options[0].dtype)
+
+    def dispatch(self, fn) -> None:
+        """Calls ``fn(option)`` for the option the index picks: under ``pl.when(index ==
+        k)`` for each option but the last, and for the last under its complement."""
+        from pallas._src.primitives.control import when
+
+        last = len(self.options) - 1
+        for k, ref in enumerate(self.options[:-1]):
+            when(self.index == k)(lambda ref=ref: fn(ref))
+        when((self.index < 0) | (self.index >= last))(lambda: fn(self.options[-1]))
+
+    def _map(self, f) -> SelectedRef:
+        return SelectedRef(self.index, [f(r) for r in self.options])
+
+    def reshape(self, *shape) -> SelectedRef:
+        """Each option reshaped (``ref.reshape``)."""
+        return self._map(lambda r: r.reshape(*shape))
+
+    def bitcast(self, dtype) -> SelectedRef:
+        """Each option bitcast (``ref.bitcast``)."""
+        return self._map(lambda r: r.bitcast(dtype))
+
+    @property
+    def at(self):
+        """``sel.at[idx]``: each option viewed at ``idx``."""
+        sel = self
+
+        class _At:
+            def __getitem__(self, idx):
+                return sel._map(lambda r: r.at[idx])
+
+        return _At()
+
+    def __getitem__(self, idx):
+        raise NotImplementedError(
+            "pl.select_ref's result is a DMA operand only (pltpu.async_copy, "
+            "make_async_copy, make_async_remote_copy); to read or write one of several "
+            "refs by a run-time index, stack them into one ref and use ref.at[idx]")
+
+    __setitem__ = __getitem__
+
+    def __repr__(self) -> str:
+        return f"SelectedRef(index={self.index!r}, options={len(self.options)})"
+
+
+def select_ref(idx, *refs) -> SelectedRef:
+    """Selects one of ``refs`` by the run-time value of the scalar ``idx``: ``refs[idx]``
+    for ``0 <= idx < len(refs) - 1``, the last ref otherwise (as upstream). The result
+    is a DMA operand (source, destination or semaphore) of ``pltpu.async_copy`` and
+    friends; an option may itself be a view (``ref.at[...]``).
+
+    Raises ``ValueError`` for fewer than two refs or a non-scalar integer ``idx``.
+    """
+    if len(refs) <= 1:
+        raise ValueError("At least two refs are required for pl.select_ref.")
+    idx = jnp.asarray(idx)
+    if idx.shape != () or not jnp.issubdtype(idx.dtype, jnp.integer):
+        raise ValueError(f"pl.select_ref: the index must be an integer scalar; got "
+                         f"{idx.dtype}{list(idx.shape)}")
+    return SelectedRef(idx, refs)

@@ -8,6 +8,7 @@ is imported here and only here, so that a change in pallas-core is a change to t
 from __future__ import annotations
 
 from pallas.plugins import (
+    SelectedRef,  # pl.select_ref's result: a DMA operand picked at run time
     atomic_cas_p,
     atomic_rmw_p,
     axis_index_p,
@@ -34,7 +35,7 @@ from pallas.plugins import (
 )
 
 __all__ = [
-    "atomic_cas_p", "atomic_rmw_p", "axis_index_p", "core_map_p", "debug_check_p",
+    "SelectedRef", "atomic_cas_p", "atomic_rmw_p", "axis_index_p", "core_map_p", "debug_check_p",
     "debug_print_p", "debug_prims", "delay_p", "dynamic_grid_dim",
     "fresh_cell", "get_global_p", "interpret_pallas_call", "interpret_rules", "is_semaphore_space",
     "load_p", "lower_with_interpreter", "multiple_of_p", "num_programs_p", "program_id_p",

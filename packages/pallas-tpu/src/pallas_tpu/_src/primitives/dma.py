@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas import DeviceIdType
+from pallas_tpu._src import core_compat as cc
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.memory import SemaphoreType, canonical_space
 from pallas_tpu._src.primitives import dma_indexed as DI
@@ -127,9 +128,23 @@ class AsyncCopyDescriptor:
             except Exception:  # noqa: BLE001 - interpreter shutdown
                 pass
 
+    def _selected(self, run) -> bool:
+        """If an operand is a ``pl.select_ref``, runs ``run(descriptor)`` for each
+        option, under ``pl.when`` of the index picking it (the same ``pl.when`` nest
+        for ``start`` and ``wait``), and says so."""
+        for field in ("src_ref", "dst_ref", "dst_sem", "src_sem"):
+            sel = getattr(self, field)
+            if isinstance(sel, cc.SelectedRef):
+                self.unused = False
+                sel.dispatch(lambda ref, field=field: run(dataclasses.replace(self, **{field: ref})))
+                return True
+        return False
+
     def start(self, priority: int | None = None) -> None:
         """Starts the copy."""
         self.unused = False
+        if self._selected(lambda d: d.start(priority)):
+            return
         _check_semaphore(self.dst_sem, "signal")
         if self.src_sem is not None:
             _check_semaphore(self.src_sem, "signal")
@@ -143,6 +158,9 @@ class AsyncCopyDescriptor:
 
     def _wait(self, sem, kind: str) -> None:
         self.unused = False
+        if self._selected(lambda d: d._wait(d.dst_sem if kind == "recv" else d.src_sem,
+                                            kind)):
+            return
         _check_semaphore(sem, "wait on")
         refs = R.FlatRefs(sem, self.src_ref, self.dst_ref)
         dev, dev_tree = ([], None)
