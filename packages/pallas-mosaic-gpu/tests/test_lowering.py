@@ -174,3 +174,13 @@ def test_implicit_broadcasts_cumulative_ops_and_concatenation_lower():
     k = build(p["jaxpr"], p["grid_mapping"], None, "mix")
     assert {"cumsum", "concatenate", "add"} <= k.primitives
     assert "custom_call @mosaic_gpu_v2" in _lower(f, row, col)
+
+
+def test_is_signed_of_4_bit_integers():
+    """int4/uint4 are integers for FragmentedArray's ``is_signed`` (numpy's kind of the
+    ml_dtypes types is "V"; loading an int4 block raised 'is_signed must be non-None ...
+    for i4')."""
+    from pallas_mosaic_gpu._src.lowering import values as V
+
+    assert V.signed(jnp.int4) is True and V.signed(jnp.uint4) is False
+    assert V.signed(jnp.int8) is True and V.signed(jnp.float32) is None

@@ -50,8 +50,8 @@ def signed(dtype) -> bool | None:
     dt = jnp.dtype(dtype)
     if dt == jnp.bool_:
         return False
-    if dt.kind in "iu":
-        return dt.kind == "i"
+    if jnp.issubdtype(dt, jnp.integer):  # int4/uint4 too (ml_dtypes: numpy kind "V")
+        return bool(jnp.issubdtype(dt, jnp.signedinteger))
     return None
 
 
