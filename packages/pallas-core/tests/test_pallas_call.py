@@ -596,6 +596,11 @@ def test_the_call_has_ahead_of_time_stages_as_a_jitted_function():
     g = pl.pallas_call(lambda o_ref: o_ref.__setitem__(..., jnp.ones((8, 128))),
                        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32), interpret=True)
     np.testing.assert_array_equal(g.lower().compile()(), 1.0)
+    # The stages stay the call's own: a vmap of it (functools.wraps copies a function's
+    # __dict__) exports the batched call.
+    xs = jnp.ones((3, 8, 128), jnp.float32)
+    exp = jax.export.export(jax.jit(jax.vmap(f)), platforms=["cpu"])(xs)
+    np.testing.assert_array_equal(exp.call(xs), 2.0)
 
 
 def test_grid_env_gives_program_id_and_num_programs_their_values():

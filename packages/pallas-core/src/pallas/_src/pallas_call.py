@@ -435,12 +435,32 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
             raise_if_error(jaxpr, gm, err)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
-    # As upstream, whose pallas_call returns a jitted function: AOT stages on the call
-    # itself (``pl.pallas_call(...).lower(x).compile()``), while calling it stays eager.
-    jitted = jax.jit(wrapped, inline=True)
-    wrapped.trace, wrapped.lower, wrapped.eval_shape = (
-        jitted.trace, jitted.lower, jitted.eval_shape)
-    return wrapped
+    return PallasCallFunction(wrapped)
+
+
+class PallasCallFunction:
+    """What ``pallas_call`` returns: calling it runs the call (eagerly, as written); as
+    upstream's (a jitted function) it also has the ahead-of-time stages ``trace``,
+    ``lower`` (``pl.pallas_call(...).lower(x).compile()``) and ``eval_shape``. They are
+    methods, not attributes, so wrappers that copy a function's ``__dict__``
+    (``functools.wraps`` in ``jax.vmap``) do not take them over."""
+
+    def __init__(self, fun: Callable):
+        functools.update_wrapper(self, fun)
+        self._fun = fun
+        self._jitted = jax.jit(fun, inline=True)
+
+    def __call__(self, *args):
+        return self._fun(*args)
+
+    def trace(self, *args):
+        return self._jitted.trace(*args)
+
+    def lower(self, *args):
+        return self._jitted.lower(*args)
+
+    def eval_shape(self, *args):
+        return self._jitted.eval_shape(*args)
 
 
 def _with_grid(grid_spec, grid):
