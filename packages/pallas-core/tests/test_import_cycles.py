@@ -52,9 +52,6 @@ KNOWN_CYCLES: dict[str, list[frozenset[str]]] = {
         frozenset({"_src.interpret.devices", "_src.interpret.pairs", "_src.interpret.sync"}),
         frozenset({"_src.memory", "_src.transforms"}),
     ],
-    "pallas_tpu_sparsecore": [
-        frozenset({"_src.mesh", "_src.subcores"}),
-    ],
     "pallas_conformance": [
         frozenset({"cases", "catalogue", *(f"cases.{m}" for m in (
             "aliasing", "atomics", "broadcasting", "broadcasting_more", "control_flow",
@@ -69,7 +66,7 @@ KNOWN_CYCLES: dict[str, list[frozenset[str]]] = {
 # Function-local imports of the package's own modules (a ratchet: only down).
 LOCAL_IMPORTS_AT_MOST = {
     "pallas": 45, "pallas_tpu": 43, "pallas_mosaic_gpu": 63, "pallas_triton": 20,
-    "pallas_tpu_sparsecore": 17, "pallas_conformance": 6,
+    "pallas_tpu_sparsecore": 10, "pallas_conformance": 6,
 }
 
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 
+import pallas as pl
 from pallas.plugins import Mesh
 from pallas_tpu import CORE_PARALLEL, SUBCORE_PARALLEL, CoreType, MemorySpace
+from pallas_tpu_sparsecore._src import subcores
 from pallas_tpu_sparsecore._src.info import current_chip, get_sparse_core_info
 
 BACKEND = "mosaic_sparsecore"
@@ -128,9 +130,6 @@ class VectorSubcoreMesh(Mesh):
         """``pl.core_map`` over this mesh outside a kernel runs its subcores as
         coroutines meeting at barriers (``_src/subcores.py``), in the interpreter; a
         backend interpret mode (e.g. ``pltpu.InterpretParams``) keeps its own."""
-        import pallas as pl
-        from pallas_tpu_sparsecore._src import subcores
-
         if interpret is not None and not isinstance(interpret, (bool, pl.InterpretParams)):
             return None
 

@@ -39,14 +39,17 @@ from jax import lax
 
 from pallas.plugins import (
     Cell,
+    Checks,
     KernelContext,
     MemoryRef,
     fresh_cell,
     interpret_rules,
     run_scoped_p,
 )
-from pallas_tpu import MemorySpace
+from pallas_tpu import CoreType, MemorySpace
 from pallas_tpu_sparsecore._src import jax_compat as jc
+from pallas_tpu_sparsecore._src.dma_checks import check_indexed_dmas
+from pallas_tpu_sparsecore._src.primitives.control import subcore_barrier_p
 
 _CALLS = {"pjit", "jit", "closed_call", "core_call", "remat", "checkpoint",
           "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"}
@@ -56,10 +59,13 @@ class SubcoreBarrierError(ValueError):
     """Subcores did not all reach the same ``subcore_barrier`` (a hang on hardware)."""
 
 
-def _barrier_p():
-    from pallas_tpu_sparsecore._src.primitives.control import subcore_barrier_p
+# The meshes of ``_src/mesh.py`` (which sits above this module: its
+# ``discharge_core_map`` runs ``run_core_map``) are recognised by their core type.
+_SPARSECORE_TYPES = (CoreType.SC_SCALAR_SUBCORE, CoreType.SC_VECTOR_SUBCORE)
 
-    return subcore_barrier_p
+
+def _core_type(mesh):
+    return getattr(mesh, "core_type", None) if mesh is not None else None
 
 
 def _sub_jaxprs(eqn):
@@ -76,7 +82,7 @@ def _uses(jaxpr) -> tuple[bool, bool]:
     """(calls subcore_barrier, allocates VMEM_SHARED with run_scoped), anywhere inside."""
     barrier = shared = False
     for eqn in jaxpr.eqns:
-        if eqn.primitive is _barrier_p():
+        if eqn.primitive is subcore_barrier_p:
             barrier = True
         if eqn.primitive is run_scoped_p and any(
                 t.memory_space is MemorySpace.VMEM_SHARED for t in eqn.params["types"]):
@@ -92,12 +98,10 @@ def needs_model(jaxpr, gm) -> bool:
     ``VectorSubcoreMesh`` that uses barriers or ``VMEM_SHARED``, or a ``pallas_call``
     over a ``(cores, subcores)`` grid with whole operands that calls
     ``subcore_barrier``. Other kernels run their mesh points in order."""
-    from pallas_tpu_sparsecore._src.mesh import VectorSubcoreMesh
-
     if len(gm.grid) != 2 or gm.num_scalar_prefetch:
         return False
     barrier, shared = _uses(jaxpr.jaxpr)
-    if isinstance(gm.mesh, VectorSubcoreMesh):
+    if _core_type(gm.mesh) is CoreType.SC_VECTOR_SUBCORE:
         return barrier or shared or any(
             t.memory_space is MemorySpace.VMEM_SHARED for t in gm.scratch_types)
     whole = all(tuple(bm.block_shape) == tuple(bm.array_aval.shape)
@@ -108,10 +112,7 @@ def needs_model(jaxpr, gm) -> bool:
 def schedule(args, *, jaxpr, grid_mapping, checks, errors):
     """The interpreter schedule this package registers (``register_interpret_schedule``);
     it also checks the indexed DMAs of every SparseCore-mesh kernel first."""
-    from pallas_tpu_sparsecore._src.dma_checks import check_indexed_dmas
-    from pallas_tpu_sparsecore._src.mesh import ScalarSubcoreMesh, VectorSubcoreMesh
-
-    if isinstance(grid_mapping.mesh, (ScalarSubcoreMesh, VectorSubcoreMesh)):
+    if _core_type(grid_mapping.mesh) in _SPARSECORE_TYPES:
         check_indexed_dmas(jaxpr.jaxpr)
     if not needs_model(jaxpr, grid_mapping):
         return None
@@ -266,7 +267,7 @@ class _Subcore:
         env.update(zip(jaxpr.invars, args))
         for eqn in jaxpr.eqns:
             invals = [read(v) for v in eqn.invars]
-            if eqn.primitive is _barrier_p():
+            if eqn.primitive is subcore_barrier_p:
                 yield eqn
                 outs = []
             elif eqn.primitive is run_scoped_p and (any(_uses(eqn.params["jaxpr"])) or any(
@@ -442,8 +443,6 @@ def run_core_map(mesh, in_avals, args, params):
     """``pl.core_map`` over a ``VectorSubcoreMesh`` outside a kernel (under
     ``pl.run_state``), under the same model: the refs it closes over are shared buffers.
     Returns the refs' new values (None for non-refs)."""
-    from pallas.plugins import Checks
-
     layout = []
     for i, (x, aval) in enumerate(zip(args, in_avals)):
         if isinstance(aval, jc.AbstractRef):

@@ -20,7 +20,7 @@ from jaxlib.mlir.dialects import func
 from pallas_tpu import CoreType, MemorySpace
 from pallas_tpu import extend as tpx
 from pallas_tpu_sparsecore._src import jax_compat as jc
-from pallas_tpu_sparsecore._src.info import SparseCoreInfo
+from pallas_tpu_sparsecore._src.info import SparseCoreInfo, current_chip
 from pallas_tpu_sparsecore._src.lowering import rules as _rules  # (also registers)
 from pallas_tpu_sparsecore._src.lowering.table import RULES
 
@@ -52,8 +52,6 @@ def _check_core_count(core_type: CoreType, grid: tuple, info: SparseCoreInfo,
     """libtpu compiles a scalar-subcore kernel over one SparseCore or all of them (v5p:
     1 or 4; 2 and 3 are 'Core-parallel dimension must be less than or equal to the
     number of active cores'), so other counts are refused before it."""
-    from pallas_tpu_sparsecore._src.info import current_chip
-
     cores = grid[0]
     if core_type is CoreType.SC_SCALAR_SUBCORE and cores not in (1, info.num_cores):
         raise tpx.MosaicUnsupported(

@@ -24,6 +24,7 @@ from jaxlib.mosaic.python import tpu
 from pallas_tpu import MemorySpace
 from pallas_tpu import extend as tpx
 from pallas_tpu_sparsecore._src import jax_compat as jc
+from pallas_tpu_sparsecore._src.indices import Indices
 from pallas_tpu_sparsecore._src.info import check_vector_shape, current_chip
 from pallas_tpu_sparsecore._src.lowering.table import rule
 
@@ -114,8 +115,6 @@ def _swap(lctx, eqn, ref, val, *idx):
 def _offsets(idx):
     """(offsets, ignored value or None) of an indexed DMA's index: a vector, a ref, a
     ref view or ``plsc.Indices`` of one of those; None if ``idx`` is not an index array."""
-    from pallas_tpu_sparsecore._src.indices import Indices
-
     ignored = None
     if isinstance(idx, Indices):
         idx, ignored = idx.values, idx.ignored_value
