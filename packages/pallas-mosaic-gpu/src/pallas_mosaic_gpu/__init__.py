@@ -68,6 +68,7 @@ from pallas_mosaic_gpu._src.memory import (
     ClusterBarrier,
     GPUMemoryRef,
     MemorySpace,
+    transpose_ref,
 )
 from pallas_mosaic_gpu._src.mesh import Mesh, WarpMesh
 from pallas_mosaic_gpu._src.pipeline import PipelinePipeline, emit_pipeline
@@ -118,7 +119,6 @@ from pallas_mosaic_gpu._src.transforms import (
     TilingTransform,
     Transform,
     transform_ref,
-    transpose_ref,
 )
 
 __all__ = [

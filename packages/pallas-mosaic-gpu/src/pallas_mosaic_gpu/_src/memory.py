@@ -1,4 +1,5 @@
-"""GPU memory spaces (GMEM, SMEM, TMEM, REGS), their buffer types, and barrier scratch.
+"""GPU memory spaces (GMEM, SMEM, TMEM, REGS), their buffer types, barrier scratch, and
+``transpose_ref`` (a view that TMEM refs refuse).
 
 ``plgpu.SMEM((128, 64), jnp.float16)`` describes a scratch buffer, as upstream; TMEM
 buffers (Blackwell's tensor memory) also carry whether narrow dtypes are packed and
@@ -17,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas import MemoryRef
+from pallas_mosaic_gpu._src import jax_compat as jc
+from pallas_mosaic_gpu._src.transforms import check_transforms
 
 
 class MemorySpace(enum.Enum):
@@ -53,8 +56,6 @@ class MemorySpace(enum.Enum):
                 f"plgpu.{self.name}{shape}: packed, collective and layout arguments are "
                 "only supported for TMEM.")
         if transforms:
-            from pallas_mosaic_gpu._src.transforms import check_transforms
-
             check_transforms(transforms, shape, dtype, f"plgpu.{self.name}{shape} {dtype}")
         return GPUMemoryRef(_shaped(shape, dtype), self, transforms=tuple(transforms),
                             packed=packed, collective=collective, layout=layout)
@@ -179,3 +180,13 @@ class ClusterBarrier:
 
     def get_ref_aval(self):
         return self.get_memory_ref().get_ref_aval()
+
+
+def transpose_ref(ref: Any, permutation: tuple[int, ...]) -> Any:
+    """``ref`` with its dims permuted (e.g. a K-major SMEM tile seen as N x K)."""
+    base = ref.ref if isinstance(ref, jc.TransformedRef) else ref
+    if getattr(jax.typeof(base), "memory_space", None) is TMEM:
+        raise ValueError("Can't transpose a TMEM reference.")
+    if not isinstance(ref, jc.TransformedRef):
+        ref = jc.TransformedRef(ref, ())
+    return ref.transpose(tuple(permutation))

@@ -16,6 +16,17 @@ from pallas_mosaic_gpu._src.memory import GMEM
 
 MAX_THREADS = 2048 // 128  # each thread is a warpgroup of 128 CUDA threads
 
+# GPU interpret mode's discharge of ``pl.core_map`` on a :class:`Mesh`:
+# ``interpret.launch`` (which runs meshes, so sits above them) registers it when
+# imported; ``_src.interpret`` imports it.
+_CORE_MAP_INTERPRETER: list = []
+
+
+def register_core_map_interpreter(discharge) -> None:
+    """Sets ``discharge(mesh, interpret) -> simulate | None``, GPU interpret mode's
+    ``pl.core_map`` on a mesh (None: ``interpret`` does not select it)."""
+    _CORE_MAP_INTERPRETER[:] = [discharge]
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Mesh(CoreMesh):
@@ -57,22 +68,11 @@ class Mesh(CoreMesh):
     def discharge_core_map(self, interpret: Any):
         """``pl.core_map`` on this mesh outside a kernel runs in GPU interpret mode when
         ``interpret`` is ``plgpu.InterpretParams`` or ``True`` (its threads may wait for
-        each other, which the reference interpreter cannot run)."""
-        from pallas_mosaic_gpu._src.interpret.params import InterpretParams
-
-        if interpret is True:  # threads that wait for each other need GPU interpret mode
-            interpret = InterpretParams()
-        if not isinstance(interpret, InterpretParams):
-            return None
-
-        def simulate(in_avals, args, params):
-            from pallas_mosaic_gpu._src.interpret.launch import discharge_core_map
-
-            return discharge_core_map(interpret, in_avals, args, jaxpr=params["jaxpr"],
-                                      mesh=self, scratch_types=params["scratch_types"],
-                                      name=params.get("name"))
-
-        return simulate
+        each other, which the reference interpreter cannot run): the ``simulate``
+        function GPU interpret mode registered (:func:`register_core_map_interpreter`)
+        gives, or None."""
+        (discharge,) = _CORE_MAP_INTERPRETER
+        return discharge(self, interpret)
 
     @property
     def shape(self) -> Mapping[str, int]:

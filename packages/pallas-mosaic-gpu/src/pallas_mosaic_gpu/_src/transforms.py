@@ -89,18 +89,6 @@ def transform_ref(ref: Any, transform: Any) -> Any:
     return jc.TransformedRef(ref.ref, (*ref.transforms, transform))
 
 
-def transpose_ref(ref: Any, permutation: tuple[int, ...]) -> Any:
-    """``ref`` with its dims permuted (e.g. a K-major SMEM tile seen as N x K)."""
-    from pallas_mosaic_gpu._src.memory import TMEM
-
-    base = ref.ref if isinstance(ref, jc.TransformedRef) else ref
-    if getattr(jax.typeof(base), "memory_space", None) is TMEM:
-        raise ValueError("Can't transpose a TMEM reference.")
-    if not isinstance(ref, jc.TransformedRef):
-        ref = jc.TransformedRef(ref, ())
-    return ref.transpose(tuple(permutation))
-
-
 @dataclasses.dataclass(frozen=True)
 class BlockSpec(CoreBlockSpec):
     """A GPU ``BlockSpec``: adds the SMEM ``transforms`` of the block, ``delay_release``

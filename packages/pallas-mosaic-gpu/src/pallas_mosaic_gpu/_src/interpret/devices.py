@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from pallas import DeviceIdType
+from pallas_mosaic_gpu._src.cluster import PeerMemRef, PeerTransform, _ClusterRef
+from pallas_mosaic_gpu._src.interpret import pairs
 
 #: How long a device waits at the start for the other devices' callbacks (seconds).
 START_TIMEOUT = 600.0
@@ -215,8 +217,6 @@ def reset_all() -> None:
 def _peer_kinds(tree) -> frozenset:
     """Which memory-redirecting transforms a ref view's transforms hold: "device"
     (``remote_ref``), "multicast" (``multicast_ref``), "cluster" (``cluster_ref``)."""
-    from pallas_mosaic_gpu._src.cluster import PeerMemRef, PeerTransform, _ClusterRef
-
     if tree is None:
         return frozenset()
     transforms = jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves)
@@ -233,8 +233,6 @@ def has_peer(tree) -> bool:
 
 def _on_cluster_block(th, buf, t, what: str):
     """``buf`` in the block of ``th``'s cluster that a ``cluster_ref`` names."""
-    from pallas_mosaic_gpu._src.interpret import pairs
-
     for axis, index in zip(t.axes, t.block_ids):
         index = int(jnp.asarray(index))
         _, size = pairs.rank(th, axis, what + " through plgpu.cluster_ref")
@@ -253,8 +251,6 @@ def resolve_all(th, buf, flat, tree, what: str) -> list:
     kinds = _peer_kinds(tree)
     if not kinds:
         return [(buf, flat, tree)]
-    from pallas_mosaic_gpu._src.cluster import PeerMemRef, PeerTransform, _ClusterRef
-
     transforms = jax.tree_util.tree_unflatten(tree, list(flat))
     peers = [t for t in transforms if isinstance(t, PeerTransform)]
     if sum(not isinstance(t, _ClusterRef) for t in peers) > 1:

@@ -26,10 +26,13 @@ from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.interpret import blocks, devices
 from pallas_mosaic_gpu._src.interpret.evaluator import eval_jaxpr
 from pallas_mosaic_gpu._src.interpret.memory import Buffer, fill_value
+from pallas_mosaic_gpu._src.interpret.params import InterpretParams, register_launcher
 from pallas_mosaic_gpu._src.interpret.sync import check_barriers_at_exit
 from pallas_mosaic_gpu._src.interpret.thread import Launch, ThreadCtx
 from pallas_mosaic_gpu._src.interpret.threads import SimThread, run_threads
 from pallas_mosaic_gpu._src.mesh import Mesh as GpuMesh
+from pallas_mosaic_gpu._src.mesh import register_core_map_interpreter
+from pallas_mosaic_gpu._src.primitives.multimem import NAMES
 
 # -- the race report that pallas_mosaic_gpu.interpret.get_races() returns --------------
 
@@ -134,8 +137,6 @@ def _trees(params):
 def communicates(jaxpr) -> bool:
     """Whether the kernel reaches other devices: a remote semaphore signal, a
     ``plgpu.remote_ref`` view, a multimem primitive."""
-    from pallas_mosaic_gpu._src.primitives.multimem import NAMES
-
     for eqn in _all_eqns(jaxpr):
         if eqn.primitive is semaphore_signal_p and eqn.params["device_id_tree"].num_leaves:
             return True
@@ -210,6 +211,27 @@ def discharge_core_map(params, in_avals, args, *, jaxpr, mesh, scratch_types, na
     axis_vals = [lax.axis_index(n) for n in outer]
     outs = iter(_callback(run, shapes, group, *args, *axis_vals))
     return [next(outs) if r else None for r in is_ref]
+
+
+def core_map_interpreter(mesh, interpret: Any):
+    """``pl.core_map`` on a ``plgpu.Mesh`` in GPU interpret mode, when ``interpret`` is
+    ``plgpu.InterpretParams`` or ``True`` (threads that wait for each other need it):
+    the core's ``simulate(in_avals, args, params)``; None for other ``interpret``."""
+    if interpret is True:
+        interpret = InterpretParams()
+    if not isinstance(interpret, InterpretParams):
+        return None
+
+    def simulate(in_avals, args, params):
+        return discharge_core_map(interpret, in_avals, args, jaxpr=params["jaxpr"],
+                                  mesh=mesh, scratch_types=params["scratch_types"],
+                                  name=params.get("name"))
+
+    return simulate
+
+
+register_launcher(lower_pallas_call)
+register_core_map_interpreter(core_map_interpreter)
 
 
 # -- running -----------------------------------------------------------------------------

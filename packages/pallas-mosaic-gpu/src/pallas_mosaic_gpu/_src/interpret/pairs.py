@@ -78,13 +78,3 @@ def peer_view(th, view, axis: str, index: int):
     """``(buffer, flat, tree)`` of a ref view, on the block at ``index`` along ``axis``."""
     buf, flat, tree = view
     return peer_buffer(th, buf, axis, index), flat, tree
-
-
-def peer_barrier(th, view, axis: str, index: int):
-    """The barrier state a barrier view names, in the block at ``index`` along ``axis``."""
-    from pallas_mosaic_gpu._src.interpret.sync import BarrierArray
-
-    buf, flat, tree = peer_view(th, view, axis, index)
-    if not isinstance(buf.sync, BarrierArray):
-        raise TypeError(f"{buf.name} is not a barrier")
-    return buf.sync.at(buf, flat, tree)

@@ -16,6 +16,16 @@ from typing import Any, Literal
 
 from pallas.plugins import forced_interpret_mode, set_forced_interpret
 
+# GPU interpret mode's ``pallas_call`` lowering: ``interpret.launch`` (which reads these
+# params, so sits above them) registers it when imported; ``_src.interpret`` imports it.
+_LAUNCHER: list = []
+
+
+def register_launcher(lower) -> None:
+    """Sets the function that lowers a ``pallas_call`` in GPU interpret mode:
+    ``lower(params, ctx, *in_nodes, jaxpr, grid_mapping, name, out_avals)``."""
+    _LAUNCHER[:] = [lower]
+
 
 class LoggingMode(enum.Flag):
     """What GPU interpret mode logs: barrier operations, semaphores, shared memory."""
@@ -69,9 +79,8 @@ class InterpretParams:
     # -- pallas-core's interpret-mode protocol (pallas.plugins.InterpretMode) -----------
     def lower_pallas_call(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params=None,
                           name: str = "kernel", **_: Any):
-        from pallas_mosaic_gpu._src.interpret.launch import lower_pallas_call
-
-        return lower_pallas_call(self, ctx, *in_nodes, jaxpr=jaxpr,
+        (lower,) = _LAUNCHER  # interpret.launch registers it when imported
+        return lower(self, ctx, *in_nodes, jaxpr=jaxpr,
                                  grid_mapping=grid_mapping, name=name,
                                  out_avals=list(ctx.avals_out))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pallas_mosaic_gpu._src.interpret import pairs
 from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.rules_core import read, write
-from pallas_mosaic_gpu._src.interpret.sync import barrier_of, tensor_core_arrive
+from pallas_mosaic_gpu._src.interpret.sync import barrier_of, peer_barrier, tensor_core_arrive
 from pallas_mosaic_gpu._src.layouts import layout_cast_p
 from pallas_mosaic_gpu._src.primitives import hints, tmem
 from pallas_mosaic_gpu._src.primitives import refs as R
@@ -59,5 +59,5 @@ def _commit_arrive(th, eqn, invals):
     (bar,) = R.unflatten(spec, invals)[:1]
     blocks = _pair_blocks(th, eqn, "tcgen05_commit_arrive")
     if blocks:
-        tensor_core_arrive(th, *(pairs.peer_barrier(th, bar, axis, j) for j in blocks))
+        tensor_core_arrive(th, *(peer_barrier(th, bar, axis, j) for j in blocks))
     return []

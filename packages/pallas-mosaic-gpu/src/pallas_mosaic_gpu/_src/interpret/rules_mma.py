@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from pallas_mosaic_gpu._src.interpret import pairs
 from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.rules_core import read, write
-from pallas_mosaic_gpu._src.interpret.sync import barrier_of, tensor_core_arrive
+from pallas_mosaic_gpu._src.interpret.sync import barrier_of, peer_barrier, tensor_core_arrive
 from pallas_mosaic_gpu._src.primitives import mma
 from pallas_mosaic_gpu._src.primitives import refs as R
 
@@ -71,4 +71,4 @@ def _pair_mma(th, spec, invals, accumulate, axis) -> None:
         a_j = read(th, *pairs.peer_view(th, a, axis, j))
         write(th, *acc_j, base + mma._dot(a_j, b_full, old.dtype))
     if bar is not None:
-        tensor_core_arrive(th, *(pairs.peer_barrier(th, bar, axis, j) for j in (0, 1)))
+        tensor_core_arrive(th, *(peer_barrier(th, bar, axis, j) for j in (0, 1)))

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas.plugins import semaphore_read_p, semaphore_signal_p, semaphore_wait_p
-from pallas_mosaic_gpu._src.interpret import devices
+from pallas_mosaic_gpu._src.interpret import devices, pairs
 from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.memory import access_region
 from pallas_mosaic_gpu._src.interpret.threads import Blocker
@@ -291,3 +291,11 @@ def _sem_read_rule(th, eqn, invals):
     buf, idx, _ = _sem_operands(eqn, invals)
     i = _sem_index(buf, idx, eqn.params["tree"])
     return [jnp.asarray(buf.sync.counts[i], jnp.int32)]
+
+
+def peer_barrier(th, view, axis: str, index: int):
+    """The barrier state a barrier view names, in the block at ``index`` along ``axis``."""
+    buf, flat, tree = pairs.peer_view(th, view, axis, index)
+    if not isinstance(buf.sync, BarrierArray):
+        raise TypeError(f"{buf.name} is not a barrier")
+    return buf.sync.at(buf, flat, tree)

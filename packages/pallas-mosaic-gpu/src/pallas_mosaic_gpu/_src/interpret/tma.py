@@ -26,7 +26,7 @@ from pallas_mosaic_gpu._src.interpret.memory import (
     get_view,
     set_view,
 )
-from pallas_mosaic_gpu._src.interpret.sync import arrive, barrier_of
+from pallas_mosaic_gpu._src.interpret.sync import arrive, barrier_of, peer_barrier
 from pallas_mosaic_gpu._src.primitives import cluster_store
 from pallas_mosaic_gpu._src.primitives import copies as C
 from pallas_mosaic_gpu._src.primitives import refs as R
@@ -118,7 +118,7 @@ def _leader_tracked(th, p, src, dst, bar) -> None:
         src = _part(src, part, index, size)
     unit = _start_unit(th)
     _copy(th, src, dst, unit)
-    state = pairs.peer_barrier(th, bar, axis, 0)
+    state = peer_barrier(th, bar, axis, 0)
     state.tracked_arrive(index, size, None if unit is None else th.launch.clocks.release(unit))
 
 
@@ -190,6 +190,6 @@ def _async_store_smem(th, eqn, invals):
         new = C.reduce(p["atomic"], get_view(buf, flat, tree), src)
     th.access(buf, "write", region, unit=unit)
     buf.value = set_view(buf, new, flat, tree)
-    arrive(pairs.peer_barrier(th, bar, axis, index),
+    arrive(peer_barrier(th, bar, axis, index),
            None if unit is None else th.launch.clocks.release(unit))
     return []
