@@ -266,9 +266,10 @@ def test_trace_value_touch_and_memory_space_constraint():
     np.testing.assert_array_equal(out, x)
 
 
-def test_to_pallas_key():
-    k = jax.random.key(0)
-    assert pltpu.to_pallas_key(k).dtype == jnp.uint32
+def test_to_pallas_key_makes_a_pallas_tpu_key():
+    k = pltpu.to_pallas_key(jax.random.key(0))
+    assert str(jax.random.key_impl(k)) == "pallas_tpu"
+    assert k.shape == () and jax.random.key_data(k).shape == (1, 2)
 
 
 def test_remote_dma_in_interpreter_is_not_silently_wrong():

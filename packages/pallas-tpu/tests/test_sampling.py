@@ -45,7 +45,7 @@ def _sample(key_data, block, sampler=jax.random.uniform, dtype=jnp.float32):
 @pytest.mark.parametrize("block", [(8, 128), (16, 256), (32, 512), (8, 512)])
 def test_sample_block_matches_the_whole_array_sampler(block):
     key = jax.random.key(42)
-    out = _sample(pltpu.to_pallas_key(key), block)
+    out = _sample(jax.random.key_data(key), block)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(_reference(key)))
     assert 0.0 <= float(out.min()) and float(out.max()) < 1.0
     assert len(np.unique(np.asarray(out))) > out.size // 2
@@ -54,7 +54,7 @@ def test_sample_block_matches_the_whole_array_sampler(block):
 def test_sample_block_kwargs_and_other_samplers():
     key = jax.random.key(3)
     sampler = functools.partial(jax.random.normal, dtype=jnp.float32)
-    out = _sample(pltpu.to_pallas_key(key), (16, 128), sampler)
+    out = _sample(jax.random.key_data(key), (16, 128), sampler)
     np.testing.assert_allclose(np.asarray(out), np.asarray(_reference(key, sampler)))
 
     def kernel(key_ref, o_ref):
@@ -63,7 +63,7 @@ def test_sample_block_kwargs_and_other_samplers():
 
     out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.int32),
                          in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
-                         interpret=True)(pltpu.to_pallas_key(key))
+                         interpret=True)(jax.random.key_data(key))
     ref = jax.random.randint(jax.random.fold_in(key, 1 * 4 + 2), TILE, 0, 10)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
 
@@ -88,7 +88,7 @@ def test_sample_block_argument_errors():
 
 
 def test_sample_block_lowering_names_the_missing_primitive():
-    key_data = pltpu.to_pallas_key(jax.random.key(1))
+    key_data = jax.random.key_data(jax.random.key(1))
 
     def kernel(key_ref, o_ref):
         o_ref[...] = pltpu.sample_block(jax.random.uniform, key_ref[...], (8, 128), TILE,
@@ -100,3 +100,14 @@ def test_sample_block_lowering_names_the_missing_primitive():
                        compiler_params=pltpu.CompilerParams())
     with pytest.raises(Exception, match="random_"):
         jax.jit(f).trace(key_data).lower(lowering_platforms=("tpu",))
+
+
+def test_sample_block_with_pallas_keys_is_block_invariant():
+    """With a ``pallas_tpu`` key the samples come from the core's PRNG (interpreted), and
+    still do not depend on the block shape or the iteration order (upstream's test)."""
+    key = pltpu.to_pallas_key(jax.random.key(7))
+    small = np.asarray(_sample(key, (8, 128)))
+    large = np.asarray(_sample(key, (16, 256)))
+    np.testing.assert_array_equal(small, large)
+    assert 0.0 <= small.min() and small.max() < 1.0
+    assert len(np.unique(small)) > small.size // 2

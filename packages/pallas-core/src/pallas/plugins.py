@@ -45,7 +45,13 @@ from pallas._src.interpreter.views import add_flat as add_view
 from pallas._src.interpreter.views import read_flat as read_view
 from pallas._src.interpreter.views import swap_flat as swap_view
 from pallas._src.jax_compat import axis_index_p
-from pallas._src.memory import MemoryRef, MemorySpace, SemaphoreSpace, is_semaphore_space
+from pallas._src.memory import (
+    MemoryRef,
+    MemorySpace,
+    SemaphoreSpace,
+    array_dtype,
+    is_semaphore_space,
+)
 from pallas._src.mesh import CoreMesh, Mesh, core_map_p
 from pallas._src.pallas_call import lower_with_interpreter, pallas_call_p
 from pallas._src.primitives.atomics import atomic_cas_p, atomic_rmw_p
@@ -107,7 +113,7 @@ PRIMITIVES = (
 )
 
 __all__ = [
-    "PRIMITIVES", "atomic_cas_p", "atomic_rmw_p", "BlockMapping", "Blocked", "BoundedSlice",
+    "PRIMITIVES", "array_dtype", "atomic_cas_p", "atomic_rmw_p", "BlockMapping", "Blocked", "BoundedSlice",
     "Checks", "Element",
     "GridMapping", "dynamic_grid_dim", "MemoryRef", "MemorySpace", "SemaphoreSpace", "Squeezed",
     "axis_index_p", "core_map_p", "debug_check_p", "debug_print_p", "delay_p",

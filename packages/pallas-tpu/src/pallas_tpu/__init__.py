@@ -74,9 +74,9 @@ from pallas_tpu._src.primitives.vector import (
     pack_elementwise,
     roll,
     stochastic_round,
-    to_pallas_key,
     unpack_elementwise,
 )
+from pallas_tpu._src.prng_keys import to_pallas_key
 from pallas_tpu._src.sampling import sample_block
 from pallas_tpu._src.tpu_info import (
     ChipVersion,

@@ -123,6 +123,7 @@ def dispatch_apply_primitive(prim, *args, **params):
 # primitives that block specs are pulled through.
 from jax._src import hijax as _hijax  # noqa: E402
 from jax._src.random import prng as _prng  # noqa: E402
+from jax._src.random import threefry2x32 as _threefry2x32  # noqa: E402
 
 shaped_abstractify = core.shaped_abstractify
 typeof = core.typeof
@@ -138,6 +139,9 @@ new_jaxpr_eqn = core.new_jaxpr_eqn
 random_bits_p = _prng.random_bits_p
 random_wrap_p = _prng.random_wrap_p
 random_fold_in_p = _prng.random_fold_in_p
+random_seed_p = _prng.random_seed_p
+random_split_p = _prng.random_split_p
+threefry2x32_p = _threefry2x32.threefry2x32_p
 random_bits = _prng.random_bits
 random_fold_in = _prng.random_fold_in
 call_hi_primitive_p = _hijax.call_hi_primitive_p

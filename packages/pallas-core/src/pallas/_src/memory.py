@@ -6,6 +6,7 @@ import dataclasses
 import enum
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -27,10 +28,18 @@ class MemorySpace(enum.Enum):
         return self.value
 
 
+def array_dtype(dtype: Any):
+    """``dtype`` as a JAX array dtype: NumPy dtypes canonicalised, extended dtypes (typed
+    PRNG keys, ``key<fry>``) kept as they are."""
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return dtype
+    return jnp.dtype(dtype)
+
+
 def jax_shaped(shape, dtype):
     from pallas._src.jax_compat import ShapedArray
 
-    return ShapedArray(tuple(int(d) for d in shape), jnp.dtype(dtype))
+    return ShapedArray(tuple(int(d) for d in shape), array_dtype(dtype))
 
 
 def ANY(shape: tuple[int, ...], dtype: Any) -> MemoryRef:  # noqa: N802 - upstream name
@@ -121,8 +130,13 @@ def is_semaphore_space(space: Any) -> bool:
 
 
 def uninitialized_value(shape: tuple[int, ...], dtype: Any):
-    """The value of memory nobody wrote: NaN for floats, the minimum for ints, False for bool."""
-    dtype = jnp.dtype(dtype)
+    """The value of memory nobody wrote: NaN for floats, the minimum for ints, False for bool
+    (for typed PRNG keys, keys whose data is all ones)."""
+    dtype = array_dtype(dtype)
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        impl = dtype._impl
+        data = jnp.full((*shape, *impl.key_shape), np.iinfo(np.uint32).max, jnp.uint32)
+        return jax.random.wrap_key_data(data, impl=impl.name)
     if jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating):
         return jnp.full(shape, jnp.nan, dtype)
     if jnp.issubdtype(dtype, jnp.integer):

@@ -33,6 +33,7 @@ from pallas._src.grid_spec import (
     unzip_dynamic_grid,
 )
 from pallas._src.interpreter.modes import resolve_interpret
+from pallas._src.memory import array_dtype
 from pallas._src.registry import registry
 from pallas._src.registry.requests import KernelRequest, LoweringRequest
 
@@ -82,7 +83,7 @@ def _out_avals(out_shape) -> tuple[list, Any, list[str]]:
         try:
             # Symbolic dims (jax.export shape polymorphism) stay symbolic.
             shape = tuple(d if jc.is_symbolic_dim(d) else int(d) for d in leaf.shape)
-            dtype = jnp.dtype(leaf.dtype)
+            dtype = array_dtype(leaf.dtype)
         except TypeError as e:
             raise TypeError(f"out_shape {origin} has an invalid shape or dtype: {e}") from None
         avals.append(jc.ShapedArray(shape, dtype))

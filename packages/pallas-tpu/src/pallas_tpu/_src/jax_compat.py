@@ -239,3 +239,13 @@ def no_mesh():
     with sharding_impls._internal_use_concrete_mesh(mesh_lib.empty_concrete_mesh), \
             mesh_lib.use_abstract_mesh(mesh_lib.empty_abstract_mesh):
         yield
+
+# -- PRNG key implementations (pltpu.to_pallas_key's "pallas_tpu" keys) --------------------
+from jax._src.random import prng as _prng  # noqa: E402
+from jax._src.random import threefry2x32 as _threefry2x32  # noqa: E402
+
+PRNGImpl = _prng.PRNGImpl
+prng_impls = _prng.prngs  # name -> PRNGImpl, what jax.random's impl= strings resolve to
+register_prng = _prng.register_prng
+threefry_apply_round = _threefry2x32.apply_round
+KeyTy = _prng.KeyTy  # the dtype of typed keys of one PRNGImpl

@@ -14,18 +14,17 @@ import enum
 from collections.abc import Sequence
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
 import pallas as pl
-from pallas import MemoryRef
+from pallas import MemoryRef, plugins
 from pallas import MemorySpace as CoreMemorySpace
 from pallas_tpu._src import core_compat
 from pallas_tpu._src import jax_compat as jc
 
 
 def _aval(shape, dtype):
-    return jc.ShapedArray(tuple(int(d) for d in shape), jnp.dtype(dtype))
+    return jc.ShapedArray(tuple(int(d) for d in shape), plugins.array_dtype(dtype))
 
 
 class MemorySpace(enum.Enum):

@@ -27,6 +27,7 @@ from jax import lax
 from pallas._src import config
 from pallas._src.interpreter import analysis
 from pallas._src.interpreter import blocks as B
+from pallas._src.interpreter import prng as _prng_rules  # noqa: F401 (registers its rules)
 from pallas._src.interpreter.evaluator import Cell, ErrorTable, KernelContext, eval_jaxpr
 from pallas._src.memory import is_semaphore_space, uninitialized_value
 from pallas._src.primitives.scoped import fresh_cell

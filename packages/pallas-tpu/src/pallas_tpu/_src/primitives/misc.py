@@ -34,9 +34,20 @@ def prng_seed(*seeds) -> None:
         raise ValueError("prng_seed needs at least one seed")
     flat = []
     for s in seeds:
-        s = jnp.asarray(s)
+        s = jnp.asarray(s) if not isinstance(s, jax.Array) else s
+        if jnp.issubdtype(s.dtype, jax.dtypes.prng_key):  # a key seeds with its words
+            flat += [w.astype(jnp.int32) for w in _key_words(s)]
+            continue
         flat += list(s.reshape(-1)) if s.ndim else [s]
     prng_seed_p.bind(*[jnp.asarray(s).astype(jnp.int32) for s in flat])
+
+
+def _key_words(key) -> list:
+    """A typed key's uint32 words: scalars for a (1, N) key (Pallas TPU keys), else its data."""
+    shape = tuple(key.dtype._impl.key_shape)
+    if key.ndim == 0 and len(shape) == 2 and shape[0] == 1:
+        return list(unwrap_pallas_seed(key))
+    return list(jax.random.key_data(key).reshape(-1))
 
 
 def prng_random_bits(shape):
@@ -70,6 +81,71 @@ def _bits_rule(ctx, eqn, invals):
     state[1] = n + 1
     bits = jax.random.bits(jax.random.fold_in(key, n), eqn.params["shape"], jnp.uint32)
     return [lax.bitcast_convert_type(bits, jnp.int32)]
+
+
+# -- Pallas TPU keys as scalars (upstream's prng_split / prng_join) ----------------------
+# JAX's key_data/wrap_key_data make vectors; a TPU kernel keeps a key as SMEM scalars.
+
+split_key_p = jc.Primitive("prng_split")
+split_key_p.multiple_results = True
+join_key_p = jc.Primitive("prng_join")
+
+
+def _pallas_key_shape(impl) -> tuple[int, ...]:
+    shape = tuple(impl.key_shape)
+    if len(shape) != 2 or shape[0] != 1:
+        raise ValueError(f"Key shape must be (1, N), got {shape} (PRNG impl {impl.name!r}); "
+                         f"Pallas TPU keys are a row of uint32 scalars")
+    return shape
+
+
+def _split_abstract_eval(key):
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        raise TypeError(f"unwrap_pallas_seed: expected a typed PRNG key, got {key.dtype}")
+    n = _pallas_key_shape(key.dtype._impl)[1]
+    return [jc.ShapedArray(key.shape, jnp.dtype("uint32"))] * n
+
+
+def _join_abstract_eval(*seeds, impl):
+    n = _pallas_key_shape(impl)[1]
+    if len(seeds) != n:
+        raise ValueError(f"Number of seeds must match key shape, got {len(seeds)} != {n}.")
+    shapes = {tuple(s.shape) for s in seeds}
+    if len(shapes) != 1:
+        raise ValueError(f"wrap_pallas_seed: the seeds must have one shape, got {shapes}")
+    return jc.ShapedArray(shapes.pop(), jc.KeyTy(impl))
+
+
+split_key_p.def_abstract_eval(_split_abstract_eval)
+join_key_p.def_abstract_eval(_join_abstract_eval)
+
+
+def unwrap_pallas_seed(seed):
+    """The uint32 scalars of a Pallas TPU key (``key_shape == (1, N)``), as a list."""
+    return split_key_p.bind(seed)
+
+
+def wrap_pallas_seed(*seeds, impl):
+    """Joins uint32 scalars into one key of ``impl`` (a name or a ``PRNGImpl``)."""
+    if isinstance(impl, str):
+        if impl not in jc.prng_impls:
+            raise ValueError(f"wrap_pallas_seed: unknown PRNG impl {impl!r}; registered: "
+                             f"{sorted(jc.prng_impls)}")
+        impl = jc.prng_impls[impl]
+    return join_key_p.bind(*[jnp.asarray(s, jnp.uint32) for s in seeds], impl=impl)
+
+
+def _split_rule(ctx, eqn, invals):
+    data = jax.random.key_data(invals[0])
+    return [data[..., 0, i] for i in range(data.shape[-1])]
+
+
+def _join_rule(ctx, eqn, invals):
+    impl = eqn.params["impl"]
+    data = jnp.stack([jnp.asarray(s, jnp.uint32) for s in invals], axis=-1)[..., None, :]
+    return [jax.random.wrap_key_data(data, impl=impl.name)]
+
+
 
 
 # -- stateful samplers built on the kernel PRNG ----------------------------------------------
@@ -218,6 +294,8 @@ INTERPRET_RULES = {
     core_barrier_p: _core_barrier_rule,
     get_barrier_semaphore_p: _barrier_rule,
     prng_seed_p: _seed_rule,
+    split_key_p: _split_rule,
+    join_key_p: _join_rule,
     prng_random_bits_p: _bits_rule,
     trace_value_p: lambda ctx, eqn, invals: [],
     touch_p: lambda ctx, eqn, invals: [],

@@ -35,7 +35,8 @@ def view_aval_from(base_aval, flat, tree):
 
 
 def nbytes(aval) -> int:
-    return int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
+    # (extended dtypes, typed PRNG keys, know their own size; np.dtype does not know them)
+    return int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize
 
 
 class FlatRefs(plugins.RefOperands):

@@ -204,10 +204,3 @@ def stochastic_round(x, random_bits, *, target_dtype):
             f"pallas-tpu (backend mosaic_tpu); supported: bfloat16, float16, float32"
         )
     return stochastic_round_p.bind(x, random_bits, target_dtype=jnp.dtype(target_dtype))
-
-
-def to_pallas_key(key: jax.Array) -> jax.Array:
-    """The raw uint32 key data of a typed JAX PRNG key (for passing into kernels)."""
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        return jax.random.key_data(key)
-    return key
