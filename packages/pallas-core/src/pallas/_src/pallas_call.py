@@ -392,6 +392,14 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
                 a = jax.typeof(x)
             except TypeError:
                 raise TypeError(f"pallas_call operand {p} is not an array: {x!r}") from None
+            if isinstance(a, jc.AbstractRef):
+                # Without a state-discharge rule of pallas_call the kernel's writes to it
+                # would be lost: refuse rather than compute the wrong thing.
+                raise NotImplementedError(
+                    f"pallas_call operand {p} is a Ref ({a}, from jax.new_ref/empty_ref "
+                    f"outside the kernel): Ref operands are not supported yet. Pass its "
+                    f"value (ref[...]) and return the result as an output, aliased with "
+                    f"input_output_aliases if it should update in place.")
             in_avals.append(a.update(weak_type=False) if hasattr(a, "update") else a)
         # Tracing is cached per operand types (and trace-time switches), so repeated
         # eager calls reuse one kernel jaxpr and hence one compiled executable.
