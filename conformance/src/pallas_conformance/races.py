@@ -126,7 +126,7 @@ RACE_CASES = (
 def race_backends() -> list:
     """The installed backends that claim ``semaphores`` and offer a race kit."""
     return [b for b in list_backends()
-            if "semaphores" in getattr(b, "capabilities", ()) and hasattr(b, "race_kit")]
+            if "semaphores" in b.capabilities and b.race_kit() is not None]
 
 
 def run_race_case(case: RaceCase, backend, *, racy: bool) -> bool:

@@ -79,10 +79,11 @@ def rival_backend(monkeypatch, clean_registry):
 class _RecordingBackend(pallas.plugins.Backend):
     """Lowers through the interpreter but counts as compiled; records its calls."""
 
-    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost_estimate,
-              name, metadata, out_avals):
-        self.calls.append(dict(name=name, grid=grid_mapping.grid, cost=cost_estimate))
-        return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping)
+    def lower(self, request):
+        self.calls.append(dict(name=request.name, grid=request.grid_mapping.grid,
+                               cost=request.cost_estimate))
+        return lower_with_interpreter(request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
+                                      grid_mapping=request.grid_mapping)
 
 
 @pytest.fixture

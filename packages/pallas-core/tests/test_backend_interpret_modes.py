@@ -15,7 +15,7 @@ from pallas.plugins import CoreMesh, InterpretMode, forced_interpret_mode, lower
 
 
 @dataclasses.dataclass(frozen=True)
-class Recording:
+class Recording(InterpretMode):
     """Runs kernels with the reference interpreter and records what it was handed."""
 
     seen: list = dataclasses.field(default_factory=list, compare=False, hash=False)

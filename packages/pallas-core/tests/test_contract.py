@@ -3,8 +3,9 @@
 - A plugin whose ``@hookimpl`` names no Pallas hook (a misspelling) fails to load, and
   the failure names the plugin and the hook it meant; ``BackendLoadError`` is raised
   when a backend of a plugin that failed to load is asked for.
-- Backend methods take one request; a backend written against the older keyword
-  signatures is adapted when its class is defined.
+- Backend methods take one request; a backend written against the old keyword
+  signatures is refused when its class is defined. What else a backend may offer
+  (race kit, tuning figures, title) is declared on ``Backend`` with defaults.
 - Rules live in ``RuleTable``s keyed by primitive objects; a second base rule from
   another package is an error; overrides apply in a fixed order, whatever the import
   order; gaps are declared with a reason.
@@ -139,50 +140,41 @@ class _RequestBackend(plugins.Backend):
                                               grid_mapping=request.grid_mapping)
 
 
-class _KeywordBackend(plugins.Backend):
-    """Written against the older keyword signatures."""
-
-    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost_estimate,
-              name, metadata, out_avals):
-        self.seen = (name, tuple(out_avals))
-        return plugins.lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr,
-                                              grid_mapping=grid_mapping)
-
-    def emulate(self, jaxpr, grid_mapping, compiler_params, *args, name=None, **kw):
-        self.emulated = (name, kw)
-        return plugins.interpret_pallas_call(*args, jaxpr=jaxpr, grid_mapping=grid_mapping)
-
-
 def _add_one(x_ref, o_ref):
     o_ref[...] = x_ref[...] + 1
 
 
-@pytest.mark.parametrize("cls", [_RequestBackend, _KeywordBackend])
-def test_lower_receives_one_typed_request(cls, clean_registry):
-    b = cls(name=f"req_{cls.__name__.lower()}", version="1", platforms=("cpu",))
+def test_lower_receives_one_typed_request(clean_registry):
+    b = _RequestBackend(name="req", version="1", platforms=("cpu",))
     plugins.register_backend(b)
     x = jnp.arange(8, dtype=jnp.float32)
     f = pl.pallas_call(_add_one, SDS((8,), jnp.float32), name="add_one", backend=b.name)
     np.testing.assert_array_equal(jax.jit(f)(x), x + 1)
-    if cls is _RequestBackend:
-        assert b.seen.name == "add_one"
-        assert b.seen.out_avals[0].shape == (8,) and len(b.seen.in_nodes) == 1
-        assert b.seen.kernel.grid_mapping is b.seen.grid_mapping
-    else:
-        assert b.seen[0] == "add_one" and b.seen[1][0].shape == (8,)
+    assert b.seen.name == "add_one"
+    assert b.seen.out_avals[0].shape == (8,) and len(b.seen.in_nodes) == 1
+    assert b.seen.kernel.grid_mapping is b.seen.grid_mapping
 
 
-def test_a_keyword_signature_backend_is_called_with_requests():
-    b = _KeywordBackend(name="kw", version="1", platforms=("cpu",))
-    x = jnp.arange(8, dtype=jnp.float32)
-    f = pl.pallas_call(_add_one, SDS((8,), jnp.float32), name="k")
-    (eqn,) = [e for e in jax.make_jaxpr(f)(x).eqns if e.primitive is plugins.pallas_call_p]
-    request = plugins.KernelRequest.from_params(eqn.params, None, target="sm_80")
-    (out,) = b.emulate(request, x)
-    np.testing.assert_array_equal(out, x + 1)
-    assert b.emulated == ("k", {"out_avals": request.out_avals, "cost_estimate": None,
-                                "target": "sm_80"})
-    assert request.debug is False
+def test_a_backend_written_the_old_way_is_refused_when_defined():
+    with pytest.raises(TypeError, match=r"_Old\.emulate has the keyword signature of the "
+                       r"old backend contract.*emulate\(request"):
+        class _Old(plugins.Backend):
+            def emulate(self, jaxpr, grid_mapping, compiler_params, *args, **kw):
+                return []
+
+
+def test_what_a_backend_may_offer_is_declared_with_defaults():
+    # The conformance suite, the autotuner and the errors ask the contract, never
+    # hasattr/getattr: a backend offering nothing answers with the defaults.
+    b = _RequestBackend(name="plain", version="1", platforms=("cpu",))
+    assert b.race_kit() is None
+    assert b.tuning_figures(None, None) is None
+    assert b.title == "plain"
+    assert _RequestBackend(name="p", version="1", platforms=("cpu",),
+                           display_name="Plain").title == "Plain"
+    from pallas._src.tuning.figures import provider_for
+
+    assert provider_for(b)(None, None) is None  # no compile level: no figures
 
 
 def test_a_request_carries_debug():

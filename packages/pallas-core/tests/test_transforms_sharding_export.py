@@ -145,10 +145,10 @@ def test_export_of_transformed_calls(operands):
 
 
 class _RecordingBackend(pallas.plugins.Backend):
-    def lower(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost_estimate,
-              name, metadata, out_avals):
-        self.costs.append(cost_estimate)
-        return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping)
+    def lower(self, request):
+        self.costs.append(request.cost_estimate)
+        return lower_with_interpreter(request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
+                                      grid_mapping=request.grid_mapping)
 
 
 @pytest.fixture

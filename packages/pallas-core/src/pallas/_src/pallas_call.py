@@ -32,7 +32,7 @@ from pallas._src.grid_spec import (
     resolve_grid_mapping,
     unzip_dynamic_grid,
 )
-from pallas._src.interpreter.modes import resolve_interpret
+from pallas._src.interpreter.modes import InterpretMode, resolve_interpret
 from pallas._src.memory import array_dtype
 from pallas._src.registry import registry
 from pallas._src.registry.requests import KernelRequest, LoweringRequest
@@ -597,11 +597,9 @@ def _plain_aval(a):
 
 
 def _interpret_hook(interpret):
-    """A backend's interpret mode (e.g. ``pltpu.InterpretParams``) lowers the call itself
-    when its params object has a ``lower_pallas_call`` method."""
-    if interpret is None or isinstance(interpret, (bool, InterpretParams)):
-        return None
-    return getattr(interpret, "lower_pallas_call", None)
+    """A backend's interpret mode (e.g. ``pltpu.InterpretParams``) lowers the call itself:
+    its params object is a :class:`pallas.plugins.InterpretMode`."""
+    return interpret.lower_pallas_call if isinstance(interpret, InterpretMode) else None
 
 
 def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compiler_params,
@@ -614,8 +612,7 @@ def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compi
             cost_estimate=cost_estimate, metadata=metadata, backend=backend,
             out_avals=out_avals, checks=checks)
     if hook is not None:
-        if grid_mapping.num_dynamic_grid_bounds and not getattr(
-                interpret, "supports_dynamic_grid", False):
+        if grid_mapping.num_dynamic_grid_bounds and not interpret.supports_dynamic_grid:
             raise NotImplementedError(
                 f"pallas_call {name}: dynamic grid bounds not supported in "
                 f"{type(interpret).__name__} (grid {_grid_repr(grid_mapping)}); use "
@@ -671,9 +668,8 @@ def _check_dynamic_grid_support(b, gm, name) -> None:
     """A backend lowers grids with run-time sizes only if it claims ``dynamic_grid``."""
     if "dynamic_grid" in b.capabilities or "*" in b.capabilities:
         return
-    title = getattr(b, "display_name", None) or b.name
     raise NotImplementedError(
-        f"dynamic grid bounds not supported in the {title} backend: pallas_call {name} "
+        f"dynamic grid bounds not supported in the {b.title} backend: pallas_call {name} "
         f"has grid {_grid_repr(gm)}, whose dynamic sizes (traced values or symbolic "
         f"dimensions) backend {b.name!r} does not lower. Use static grid sizes, or "
         f"a backend that supports them (mosaic_tpu, or interpret=True)")
@@ -687,7 +683,7 @@ def _check_dynamic_shapes_support(b, gm, name) -> None:
         return
     bm = sym[0]
     raise NotImplementedError(
-        f"dynamic shapes not supported in the {getattr(b, 'display_name', None) or b.name} "
+        f"dynamic shapes not supported in the {b.title} "
         f"backend: pallas_call {name} operand {bm.origin} has symbolic dimensions (array "
         f"{bm.array_aval.str_short()}, block {tuple(str(d) for d in bm.block_shape)}), "
         f"which backend {b.name!r} does not lower. Export with concrete shapes, or use a "

@@ -257,7 +257,7 @@ def lower_emulated(ctx, *in_nodes, dev: EmulatedDevice, jaxpr, grid_mapping, nam
     if grid_mapping.num_dynamic_grid_bounds:
         _check_dynamic_grid_support(b, grid_mapping, name)
     _check_dynamic_shapes_support(b, grid_mapping, name)
-    if not hasattr(b, "emulator") or "emulate" not in b.levels:
+    if "emulate" not in b.levels:
         raise EmulationError(
             f"pallas_call {name} on the emulated device {dev}: backend {b.name!r} has no "
             f"executor of its generated code (no emulate level), so it cannot run on an "

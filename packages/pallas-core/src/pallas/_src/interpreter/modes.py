@@ -17,22 +17,29 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar
 
 from pallas._src import jax_compat as jc
 
 
-@runtime_checkable
-class InterpretMode(Protocol):
-    """What a backend's interpret-mode params implement.
+class InterpretMode:
+    """The base class of a backend's interpret-mode params (``interpret=...``).
 
     ``lower_pallas_call`` receives what ``Backend.lower`` receives (the mesh of
     ``pl.kernel`` is ``grid_mapping.mesh``, None for a plain ``pallas_call``) and returns
     the MLIR values of the call's results (``ctx.avals_out`` gives their types).
+    ``supports_dynamic_grid``: whether the mode takes grids with run-time sizes (their
+    values arrive first among ``in_nodes``); without it pallas-core refuses such calls.
+    A params object that does not subclass this runs in the reference interpreter.
     """
 
+    supports_dynamic_grid: ClassVar[bool] = False
+
     def lower_pallas_call(self, ctx: Any, *in_nodes: Any, jaxpr: Any, grid_mapping: Any,
-                          compiler_params: Any, name: str) -> Sequence[Any]: ...
+                          compiler_params: Any, name: str) -> Sequence[Any]:
+        """Lowers one ``pallas_call`` to this interpret mode."""
+        raise NotImplementedError(
+            f"{type(self).__qualname__} does not implement lower_pallas_call")
 
 
 _forced = jc.config.string_or_object_state(

@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pallas._src.registry.requests import KernelRequest, LoweringRequest
@@ -37,10 +37,12 @@ class Backend:
     Subclasses override :meth:`lower` (required), and :meth:`validate`,
     :meth:`compile`, :meth:`emulate` and :meth:`interpret` where they have them. Each
     takes one typed request (:class:`~pallas.plugins.KernelRequest`,
-    :class:`~pallas.plugins.LoweringRequest`). A subclass written against the older
+    :class:`~pallas.plugins.LoweringRequest`). A subclass written against the old
     keyword signatures (``lower(ctx, *in_nodes, jaxpr=..., ...)``,
-    ``compile(jaxpr, grid_mapping, compiler_params, **kw)``, ...) is adapted when it is
-    defined, so callers always pass requests.
+    ``compile(jaxpr, grid_mapping, compiler_params, **kw)``, ...) is refused with a
+    ``TypeError`` when it is defined. What else a backend may offer is declared here
+    with a default: :meth:`emulator`, :meth:`targeting`, :meth:`race_kit`,
+    :meth:`tuning_figures`.
 
     Attributes:
       name: unique backend name (``"triton"``, ``"mosaic_tpu"``, a third party's).
@@ -145,12 +147,39 @@ class Backend:
             raise ValueError(f"backend {self.name!r} takes no target (got {target!r})")
         return contextlib.nullcontext()
 
+    def race_kit(self) -> Any | None:
+        """What the conformance suite's planted-race cases (``pallas_conformance.races``)
+        need from a backend whose interpret mode detects data races: its DMAs, memory
+        spaces, interpret-mode params and race report (pallas-tpu's ``TpuRaceKit`` is the
+        reference). ``None`` (the default): the backend has no such interpret mode.
+        """
+        return None
+
+    def tuning_figures(self, request: KernelRequest, target: Any) -> Mapping[str, Any] | None:
+        """Compile figures of one kernel for the autotuner (``registers``,
+        ``spill_stores``, ``smem_bytes``, ...; see ``pallas.tuning``), for ``target`` (a
+        tuning target with ``compile_options()``, already in ``request.options``).
+        ``None`` (the default): the core reads them from :meth:`compile`'s artifact when
+        the backend has a ``compile`` level.
+        """
+        return None
+
+    @property
+    def title(self) -> str:
+        """How errors name the backend: :attr:`display_name`, else :attr:`name`."""
+        return self.display_name or self.name
+
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
         for method in _METHODS:
             fn = cls.__dict__.get(method)
             if fn is not None and _takes_keywords(fn):
-                setattr(cls, method, _from_keywords(method, fn))
+                raise TypeError(
+                    f"{cls.__module__}.{cls.__qualname__}.{method} has the keyword "
+                    f"signature of the old backend contract (a 'jaxpr' parameter); Backend "
+                    f"methods take one typed request: "
+                    f"{method}{_request_signature(method)}. See "
+                    f"docs/backend-authors.md, 'The contract'.")
 
     def describe(self) -> str:
         return f"{self.name} {self.version} ({', '.join(self.platforms)})"
@@ -167,38 +196,7 @@ def _takes_keywords(fn: Any) -> bool:
         return False
 
 
-def _from_keywords(method: str, fn: Any) -> Any:
-    """Adapts an older-signature method to take a request."""
-
-    def kernel_kw(r: KernelRequest) -> dict:
-        return {"name": r.name, "out_avals": r.out_avals,
-                "cost_estimate": r.cost_estimate, **r.options}
-
-    if method == "lower":
-        def from_request(self, request):
-            return fn(self, request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
-                      grid_mapping=request.grid_mapping,
-                      compiler_params=request.compiler_params,
-                      cost_estimate=request.cost_estimate, name=request.name,
-                      metadata=request.metadata, out_avals=request.out_avals)
-    elif method == "validate":
-        def from_request(self, request):
-            return fn(self, request.jaxpr, request.grid_mapping, request.compiler_params)
-    elif method == "compile":
-        def from_request(self, request):
-            return fn(self, request.jaxpr, request.grid_mapping, request.compiler_params,
-                      **kernel_kw(request))
-    else:
-        def from_request(self, request, *args):
-            return fn(self, request.jaxpr, request.grid_mapping, request.compiler_params,
-                      *args, **kernel_kw(request))
-
-    def adapted(self, *args, **kw):
-        if args and isinstance(args[0], KernelRequest) and not kw:
-            return from_request(self, *args)
-        return fn(self, *args, **kw)  # the backend calling its own method as written
-
-    functools.update_wrapper(adapted, fn)
-    adapted.__signature__ = inspect.signature(getattr(Backend, method))
-    adapted.keyword_signature = fn  # the method as written
-    return adapted
+def _request_signature(method: str) -> str:
+    """``Backend.method``'s signature without ``self``, for the error above."""
+    sig = inspect.signature(getattr(Backend, method))
+    return str(sig.replace(parameters=list(sig.parameters.values())[1:]))

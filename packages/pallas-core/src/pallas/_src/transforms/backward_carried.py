@@ -412,7 +412,7 @@ def transpose_carried(ct_touts, known, params, L, info: CarriedState, primal_par
     if gm.input_output_aliases:
         raise NotKernelizable("the call aliases inputs to outputs")
     b = bw.target_backend(params)
-    caps = getattr(b, "capabilities", None) or frozenset()  # a backend claiming no tag
+    caps = b.capabilities if b is not None else frozenset()  # a backend claiming no tag
     if caps and "*" not in caps and "scratch" not in caps:  # (a test's) is not refused
         raise NotKernelizable(f"the state sweep carries cotangents in scratch from one grid "
                               f"step to the next, and backend {b.name!r} does not claim "

@@ -4,7 +4,7 @@ A backend contributes figures in one of three ways, first found wins:
 
 1. a provider registered with :func:`register_figures` (``provider(request, target)``
    returning a mapping), for a plugin that wants to choose what it reports;
-2. a ``tuning_figures(request, target)`` method on its ``Backend`` object;
+2. its ``Backend.tuning_figures(request, target)`` (the default answers ``None``);
 3. otherwise, where the backend has a ``compile`` level, its compiled artifact is read
    for the attributes named in :data:`FIELDS` (``registers``, ``smem_bytes``, ...).
 
@@ -85,12 +85,14 @@ def provider_for(backend: Any) -> Provider | None:
     """The figures source of ``backend`` (see the module docstring), or ``None``."""
     if backend.name in _PROVIDERS:
         return _PROVIDERS[backend.name]
-    method = getattr(backend, "tuning_figures", None)
-    if callable(method):
-        return method
-    if "compile" in getattr(backend, "levels", ()):
-        return lambda request, target: read_compiled(backend.compile(request))
-    return None
+    if "compile" not in backend.levels:
+        return backend.tuning_figures  # Backend's default answers None: no figures
+
+    def figures(request: KernelRequest, target: Any) -> Mapping[str, Any]:
+        own = backend.tuning_figures(request, target)
+        return own if own is not None else read_compiled(backend.compile(request))
+
+    return figures
 
 
 @dataclasses.dataclass
@@ -112,4 +114,5 @@ def backend_figures(backend: Any, params: Mapping[str, Any], target: Any) -> Bac
     request = KernelRequest.from_params(
         params, resolve_compiler_params(backend, params.get("compiler_params")),
         **target.compile_options())
-    return BackendFigures(backend.name, dict(provider(request, target)))
+    values = provider(request, target)
+    return None if values is None else BackendFigures(backend.name, dict(values))

@@ -14,7 +14,7 @@ import dataclasses
 import enum
 from typing import Any, Literal
 
-from pallas.plugins import forced_interpret_mode, set_forced_interpret
+from pallas.plugins import InterpretMode, forced_interpret_mode, set_forced_interpret
 
 # GPU interpret mode's ``pallas_call`` lowering: ``interpret.launch`` (which reads these
 # params, so sits above them) registers it when imported; ``_src.interpret`` imports it.
@@ -36,7 +36,7 @@ class LoggingMode(enum.Flag):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class InterpretParams:
+class InterpretParams(InterpretMode):
     """Options of GPU interpret mode (upstream's ``InterpretGPUParams``).
 
     ``detect_races``: check every access against a happens-before order (vector clocks)

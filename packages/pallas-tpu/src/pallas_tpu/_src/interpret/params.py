@@ -12,6 +12,8 @@ import enum
 from collections.abc import Callable
 from typing import Any, Literal
 
+from pallas.plugins import InterpretMode
+
 _CHOICES = {
     "out_of_bounds_reads": ("raise", "uninitialized"),
     "uninitialized_memory": ("nan", "zero"),
@@ -29,7 +31,7 @@ class LoggingMode(enum.Flag):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class InterpretParams:
+class InterpretParams(InterpretMode):
     """Options of TPU interpret mode (``interpret=pltpu.InterpretParams(...)``).
 
     Attributes:
