@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pallas.executor import ExecutorError
 from pallas_tpu._src.executor.engine import OPS
 from pallas_tpu._src.executor.model import compile_module, execute
 from pallas_tpu._src.executor.module import deserialize, payload_of
-from pallas_tpu._src.executor.types import ExecutorError
 
 
 def run_custom_call(backend_config: bytes | str, operands: Sequence, out_shapes: Sequence,

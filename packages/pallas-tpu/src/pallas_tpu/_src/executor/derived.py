@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pallas_tpu._src.executor.types import bits, is_float, unsigned
+from pallas.executor import bits, is_float, unsigned
 
 
 def _as_bits(x: np.ndarray) -> np.ndarray:

@@ -20,9 +20,11 @@ import ml_dtypes
 import numpy as np
 from jaxlib.mlir import ir
 
-from pallas_tpu._src.executor import engine
+from pallas.executor import ExecutorError, Plan, elem_and_shape, run
+from pallas_tpu._src.executor import ops_math, ops_tpu  # noqa: F401 - register rules
+from pallas_tpu._src.executor.engine import OPS, TpuCompiler
+from pallas_tpu._src.executor.module import deserialize
 from pallas_tpu._src.executor.ops_vector import i64s
-from pallas_tpu._src.executor.types import ExecutorError, elem_and_shape
 
 MemRefType = ir.MemRefType
 
@@ -31,11 +33,12 @@ DYNAMIC = -(2**63)  # MLIR's dynamic size: an iteration bound given as an operan
 
 
 class Machine:
-    """Per-run state the ops reach through ``env[0]``: DMAs in flight."""
+    """Per-run state every op receives: DMAs in flight, the grid, the values."""
 
-    def __init__(self, grid=()):
+    def __init__(self, grid=(), nslots: int = 0):
         self.dmas: list = []
         self.grid = tuple(grid)  # the grid's sizes for this run (tpu.iteration_bound)
+        self.env: list = [None] * nslots  # every SSA value's slot
 
     def start_dma(self, data, dst, dst_sem, src_sem) -> None:
         if data.shape != dst.shape:
@@ -96,7 +99,7 @@ def _same(a, b) -> bool:
 class Kernel:
     """A compiled module: ``@main``, its grid and the windows of its operands."""
 
-    main: engine.Plan
+    main: Plan
     nslots: int
     grid: tuple
     num_prefetch: int
@@ -111,12 +114,9 @@ class Kernel:
 @functools.lru_cache(maxsize=256)
 def compile_module(payload: bytes) -> Kernel:
     """Compiles the deserialised module of ``payload`` (cached)."""
-    from pallas_tpu._src.executor import ops_arith, ops_math, ops_scf, ops_tpu  # noqa: F401
-    from pallas_tpu._src.executor.module import deserialize
-
     ctx, module = deserialize(payload)
     with ctx:
-        cc = engine.Compiler(module)
+        cc = TpuCompiler(module, OPS)
         if "main" not in cc.funcs:
             raise ExecutorError("the Mosaic module has no @main function")
         main = cc.funcs["main"]
@@ -234,9 +234,8 @@ def execute(kernel: Kernel, operands, out_shapes, aliases=()) -> list[np.ndarray
     # (upstream's paged attention keeps its buffer index and step there), and index
     # maps of later steps read what was written.
     prefetch = [np.array(x) for x in hbm_in[:npf]]
-    machine = Machine(grid)
-    env = [None] * kernel.nslots
-    env[0] = machine
+    machine = Machine(grid, kernel.nslots)
+    env = machine.env
     with np.errstate(all="ignore"):
         for ids in itertools.product(*[range(n) for n in grid]):
             pid = [np.int32(i) for i in ids]
@@ -246,11 +245,11 @@ def execute(kernel: Kernel, operands, out_shapes, aliases=()) -> list[np.ndarray
                     refs.append(hbm[k])
                     continue
                 plan, bounds, elem = windows[k]
-                idx = [int(v) for v in engine.run(plan, env, pid + prefetch)]
+                idx = [int(v) for v in run(plan, machine, env, pid + prefetch)]
                 at = tuple(idx) if elem else tuple(i * b for i, b in zip(idx, bounds))
                 w.move_to(at)
                 refs.append(w.buf)
-            engine.run(kernel.main, env, pid + prefetch + refs + scratch)
+            run(kernel.main, machine, env, pid + prefetch + refs + scratch)
         for w in wins:
             if w is not None:
                 w.flush()

@@ -9,34 +9,37 @@ import ml_dtypes
 import numpy as np
 from jaxlib.mlir import ir
 
+from pallas.executor import ExecutorError, bits, elem_and_shape, unsigned
+from pallas.executor import dtype_of as np_dtype
+from pallas.executor import run as run_plan
 from pallas_tpu._src.executor import host_xla
 from pallas_tpu._src.executor.derived import DerivedRef, bitcast, pack, unpack
 from pallas_tpu._src.executor.engine import op
 from pallas_tpu._src.executor.ops_vector import i64s, window
-from pallas_tpu._src.executor.types import (
-    ExecutorError,
-    bits,
-    elem_and_shape,
-    np_dtype,
-    unsigned,
-)
 
 
 @op("tpu.assume_multiple")
 def _assume_multiple(o, cc):
-    return lambda env, x: (x,)
+    return lambda m, x: (x,)
 
 
 @op("tpu.trace_start", "tpu.trace_stop")
 def _trace(o, cc):
     # Profiler annotations (jax.named_scope): nothing to compute.
-    return lambda env: ()
+    return lambda m: ()
+
+
+@op("tpu.region")
+def _region(o, cc):
+    # A scope for ``memref.alloca``: its body runs once, in place.
+    body = cc.region(o.regions[0])
+    return lambda m: run_plan(body, m, m.env)
 
 
 @op("tpu.iteration_bound")
 def _iteration_bound(o, cc):
     d = ir.IntegerAttr(o.attributes["dim"]).value
-    return lambda env: (np.int32(env[0].grid[d]),)
+    return lambda m: (np.int32(m.grid[d]),)
 
 
 @op("tpu.iota")
@@ -49,19 +52,19 @@ def _iota(o, cc):
     val = np.broadcast_to(
         np.arange(shape[d], dtype=dt).reshape([-1 if i == d else 1 for i in range(len(shape))]),
         shape)
-    return lambda env: (val,)
+    return lambda m: (val,)
 
 
 @op("tpu.transpose")
 def _transpose(o, cc):
     perm = i64s(o.attributes["permutation"])
-    return lambda env, x: (np.transpose(x, perm),)
+    return lambda m, x: (np.transpose(x, perm),)
 
 
 @op("tpu.concatenate")
 def _concatenate(o, cc):
     d = ir.IntegerAttr(o.attributes["dimension"]).value
-    return lambda env, *xs: (np.concatenate(xs, axis=d),)
+    return lambda m, *xs: (np.concatenate(xs, axis=d),)
 
 
 @op("tpu.dynamic_rotate")
@@ -71,7 +74,7 @@ def _dynamic_rotate(o, cc):
     sdim = (ir.IntegerAttr(o.attributes["stride_dimension"]).value
             if "stride_dimension" in o.attributes else None)
 
-    def run(env, x, amount):
+    def run(m, x, amount):
         x = np.asarray(x)
         if not stride:
             return (np.roll(x, int(amount), axis=d),)
@@ -93,7 +96,7 @@ def _dynamic_gather(o, cc):
         raise ExecutorError(f"tpu.dynamic_gather over dimensions {dims}: only one is supported")
     d = dims[0]
 
-    def run(env, src, idx):
+    def run(m, src, idx):
         src = np.asarray(src)
         idx = np.mod(np.asarray(idx).astype(np.int64), src.shape[d])
         return (np.take_along_axis(src, idx, axis=d),)
@@ -112,7 +115,7 @@ def _stochastic_convert(o, cc):
     drop = 23 - int(ml_dtypes.finfo(dt).nmant)
     mask = np.uint32((1 << drop) - 1)
 
-    def run(env, x, bits):
+    def run(m, x, bits):
         x = np.asarray(x, np.float32)
         u = x.view(np.uint32)
         noisy = ((u + (np.asarray(bits).view(np.uint32) & mask)) & ~mask).view(np.float32)
@@ -149,7 +152,7 @@ def _pack_elementwise(o, cc):
     n, fdt = _sub_word(ir.TypeAttr(o.attributes["target_type"]).value)
     width = bits(rdt)
 
-    def run(env, *xs):
+    def run(m, *xs):
         acc = np.zeros(np.shape(xs[0]), np.int64)
         for i, x in enumerate(xs):
             if fdt is not None:
@@ -170,7 +173,7 @@ def _unpack_elementwise(o, cc):
     n, fdt = _sub_word(ir.TypeAttr(o.attributes["source_type"]).value)
     index = ir.IntegerAttr(o.attributes["index"]).value
 
-    def run(env, x):
+    def run(m, x):
         part = _low_bits(np.asarray(x).astype(np.int64) >> (index * n), n)
         if fdt is not None:
             val = part.astype(unsigned(fdt)).view(fdt)
@@ -190,14 +193,14 @@ def _strided(ref, idx, strides, shape):
 def _strided_load(o, cc):
     strides = i64s(o.attributes["strides"])
     _, shape = elem_and_shape(o.result.type)
-    return lambda env, ref, *idx: (_strided(ref, idx, strides, shape).copy(),)
+    return lambda m, ref, *idx: (_strided(ref, idx, strides, shape).copy(),)
 
 
 @op("tpu.strided_store")
 def _strided_store(o, cc):
     strides = i64s(o.attributes["strides"])
 
-    def run(env, val, ref, *idx):
+    def run(m, val, ref, *idx):
         _strided(ref, idx, strides, np.shape(val))[...] = val
 
     return run
@@ -210,7 +213,7 @@ def _vector_store(o, cc):
     n_idx, has_mask = int(seg[2]), int(seg[3]) if len(seg) > 3 else 0
     add = "add" in o.attributes and bool(ir.BoolAttr(o.attributes["add"]).value)
 
-    def run(env, val, ref, *rest):
+    def run(m, val, ref, *rest):
         idx, mask = rest[:n_idx], (rest[n_idx] if has_mask else None)
         val = np.asarray(val)
         view = (_strided(ref, idx, strides, val.shape) if strides
@@ -242,7 +245,7 @@ def _matmul(o, cc):
     tl = "transpose_lhs" in o.attributes and bool(ir.BoolAttr(o.attributes["transpose_lhs"]).value)
     tr = "transpose_rhs" in o.attributes and bool(ir.BoolAttr(o.attributes["transpose_rhs"]).value)
 
-    def run(env, lhs, rhs, acc):
+    def run(m, lhs, rhs, acc):
         lhs, rhs = np.asarray(lhs), np.asarray(rhs)
         if tl:
             lhs = np.swapaxes(lhs, -1, -2)
@@ -271,7 +274,7 @@ def _memref_slice(o, cc):
 
     dynamic = [k for k, n in enumerate(shape) if ir.ShapedType.is_dynamic_size(n)]
 
-    def run(env, ref, *idx):
+    def run(m, ref, *idx):
         base, sizes = idx[:n_base], list(shape)
         for k, n in zip(dynamic, idx[n_base:]):  # dims of run-time size
             sizes[k] = int(n)
@@ -284,7 +287,7 @@ def _memref_slice(o, cc):
 def _memref_reshape(o, cc):
     _, shape = elem_and_shape(o.result.type)
 
-    def run(env, ref):
+    def run(m, ref):
         v = ref.reshape(shape)
         if isinstance(ref, DerivedRef):
             return (v,)
@@ -298,7 +301,7 @@ def _memref_reshape(o, cc):
 @op("tpu.memref_bitcast")
 def _memref_bitcast(o, cc):
     dt, _ = elem_and_shape(o.result.type)
-    return lambda env, ref: (bitcast(ref, dt),)
+    return lambda m, ref: (bitcast(ref, dt),)
 
 
 @op("tpu.bitcast")
@@ -310,15 +313,15 @@ def _vector_bitcast(o, cc):
     src, _ = elem_and_shape(o.operands[0].type)
     # int4 counts 4 bits, two to a byte (derived.pack/unpack work on bit patterns).
     if bits(src) == bits(dt):
-        return lambda env, x: (np.array(bitcast(np.ascontiguousarray(x), dt)),)
+        return lambda m, x: (np.array(bitcast(np.ascontiguousarray(x), dt)),)
     if bits(src) > bits(dt):
-        return lambda env, x: (unpack(np.asarray(x), dt),)
-    return lambda env, x: (pack(np.asarray(x), dt),)
+        return lambda m, x: (unpack(np.asarray(x), dt),)
+    return lambda m, x: (pack(np.asarray(x), dt),)
 
 
 @op("tpu.sem_signal")
 def _sem_signal(o, cc):
-    def run(env, sem, amount, *rest):
+    def run(m, sem, amount, *rest):
         sem[...] = sem + amount
 
     return run
@@ -326,7 +329,7 @@ def _sem_signal(o, cc):
 
 @op("tpu.sem_wait")
 def _sem_wait(o, cc):
-    def run(env, sem, amount):
+    def run(m, sem, amount):
         if int(sem) < int(amount):
             raise ExecutorError(
                 f"tpu.sem_wait for {int(amount)} on a semaphore holding {int(sem)}: it "
@@ -338,14 +341,14 @@ def _sem_wait(o, cc):
 
 @op("tpu.sem_read")
 def _sem_read(o, cc):
-    return lambda env, sem: (np.asarray(sem, np.int32).copy(),)
+    return lambda m, sem: (np.asarray(sem, np.int32).copy(),)
 
 
 @op("tpu.enqueue_dma")
 def _enqueue_dma(o, cc):
     seg = [int(v) for v in o.operation.attributes["operandSegmentSizes"]]
 
-    def run(env, *vals):
+    def run(m, *vals):
         it = iter(vals)
         groups = [[next(it) for _ in range(n)] for n in seg]
         src, src_sem, dst, dst_sem = groups[0][0], groups[1], groups[2][0], groups[3][0]
@@ -353,7 +356,7 @@ def _enqueue_dma(o, cc):
         # source (an XLA operand) cannot change meanwhile, so it is not copied.
         fixed = isinstance(src, np.ndarray) and not src.flags.writeable
         data = src if fixed else np.array(src)
-        env[0].start_dma(data, dst, dst_sem, src_sem[0] if src_sem else None)
+        m.start_dma(data, dst, dst_sem, src_sem[0] if src_sem else None)
 
     return run
 
@@ -362,8 +365,8 @@ def _enqueue_dma(o, cc):
 def _wait_dma(o, cc):
     name = o.operation.name
 
-    def run(env, sem, *refs):
-        env[0].wait_dma(sem, refs[1] if name == "tpu.wait_dma2" else None)
+    def run(m, sem, *refs):
+        m.wait_dma(sem, refs[1] if name == "tpu.wait_dma2" else None)
 
     return run
 
@@ -372,4 +375,4 @@ def _wait_dma(o, cc):
 def _sem_alloc(o, cc):
     # An array of semaphores (SemaphoreType.REGULAR((m, n))) has the memref's shape.
     shape = tuple(ir.MemRefType(o.result.type).shape)
-    return lambda env: (np.zeros(shape, np.int32),)
+    return lambda m: (np.zeros(shape, np.int32),)

@@ -5,16 +5,9 @@ from __future__ import annotations
 import numpy as np
 from jaxlib.mlir import ir
 
+from pallas.executor import ExecutorError, elem_and_shape
+from pallas.executor import int_array_attr as i64s
 from pallas_tpu._src.executor.engine import op
-from pallas_tpu._src.executor.types import ExecutorError, elem_and_shape
-
-
-def i64s(a) -> list[int]:
-    """The integers of a DenseI64/I32ArrayAttr or ArrayAttr of IntegerAttrs."""
-    try:
-        return [int(v) for v in a]
-    except TypeError:
-        return [ir.IntegerAttr(v).value for v in ir.ArrayAttr(a)]
 
 
 def window(ref, idx, shape):
@@ -33,12 +26,12 @@ def window(ref, idx, shape):
 @op("vector.load")
 def _load(o, cc):
     _, shape = elem_and_shape(o.result.type)
-    return lambda env, ref, *idx: (window(ref, idx, shape).copy(),)
+    return lambda m, ref, *idx: (window(ref, idx, shape).copy(),)
 
 
 @op("vector.store")
 def _store(o, cc):
-    def run(env, val, ref, *idx):
+    def run(m, val, ref, *idx):
         window(ref, idx, np.shape(val))[...] = val
 
     return run
@@ -46,12 +39,12 @@ def _store(o, cc):
 
 @op("memref.load")
 def _mload(o, cc):
-    return lambda env, ref, *idx: (ref[tuple(int(i) for i in idx)].copy(),)
+    return lambda m, ref, *idx: (ref[tuple(int(i) for i in idx)].copy(),)
 
 
 @op("memref.store")
 def _mstore(o, cc):
-    def run(env, val, ref, *idx):
+    def run(m, val, ref, *idx):
         ref[tuple(int(i) for i in idx)] = val
 
     return run
@@ -60,19 +53,19 @@ def _mstore(o, cc):
 @op("memref.alloca", "memref.alloc")
 def _alloca(o, cc):
     dt, shape = elem_and_shape(o.result.type)
-    return lambda env: (np.zeros(shape, dt),)
+    return lambda m: (np.zeros(shape, dt),)
 
 
 @op("vector.broadcast")
 def _broadcast(o, cc):
     _, shape = elem_and_shape(o.result.type)
-    return lambda env, x: (np.broadcast_to(x, shape),)
+    return lambda m, x: (np.broadcast_to(x, shape),)
 
 
 @op("vector.shape_cast")
 def _shape_cast(o, cc):
     _, shape = elem_and_shape(o.result.type)
-    return lambda env, x: (np.reshape(x, shape),)
+    return lambda m, x: (np.reshape(x, shape),)
 
 
 @op("vector.extract")
@@ -81,7 +74,7 @@ def _extract(o, cc):
     dyn = ir.ShapedType.get_dynamic_size() if hasattr(ir.ShapedType, "get_dynamic_size") \
         else -9223372036854775808
 
-    def run(env, x, *d):
+    def run(m, x, *d):
         it = iter(d)
         pos = tuple(int(next(it)) if p == dyn else p for p in static)
         return (np.asarray(x[pos]).copy(),)
@@ -94,7 +87,7 @@ def _ess(o, cc):
     offs, sizes = i64s(o.attributes["offsets"]), i64s(o.attributes["sizes"])
     strides = i64s(o.attributes["strides"])
     sl = tuple(slice(a, a + n * s, s) for a, n, s in zip(offs, sizes, strides))
-    return lambda env, x: (x[sl],)
+    return lambda m, x: (x[sl],)
 
 
 _KINDS = {
@@ -116,7 +109,7 @@ def _multi_reduction(o, cc):
     if kind in ("maxui", "minui"):
         f = np.maximum if kind == "maxui" else np.minimum
 
-        def run(env, x, acc):
+        def run(m, x, acc):
             x, acc = np.asarray(x), np.asarray(acc)
             u = x.view(np.dtype(f"u{x.dtype.itemsize}"))
             r = f(f.reduce(u, axis=axes), acc.view(u.dtype))
@@ -127,7 +120,7 @@ def _multi_reduction(o, cc):
         raise ExecutorError(f"the Mosaic executor does not know reduction kind {kind!r}")
     f = _KINDS[kind]
 
-    def run(env, x, acc):
+    def run(m, x, acc):
         x = np.asarray(x)
         wide = x.astype(np.float32) if x.dtype.kind == "f" and x.dtype.itemsize < 4 else x
         r = f.reduce(wide, axis=axes)
@@ -136,4 +129,4 @@ def _multi_reduction(o, cc):
     return run
 
 
-__all__ = ["ExecutorError"]
+__all__ = ["ExecutorError", "i64s", "window"]
