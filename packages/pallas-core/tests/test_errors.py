@@ -451,19 +451,3 @@ def test_the_error_comes_before_any_computation():
             np.zeros((4,), np.float32))
     assert calls == [1]  # traced once, never run
 
-
-def test_a_ref_operand_is_refused_not_silently_dropped():
-    """A jax.new_ref passed to pallas_call: the kernel's writes would be lost without a
-    state-discharge rule, so the call says so (it computed zeros for upstream's
-    ``pl.kernel(pltpu.sync_copy)(x_ref, o_ref)`` once the trace got that far)."""
-    def kernel(x_ref, o_ref):
-        o_ref[...] = x_ref[...]
-
-    @jax.jit
-    def f(x):
-        o_ref = jax.new_ref(jnp.zeros_like(x))
-        pl.pallas_call(kernel, out_shape=(), interpret=True)(x, o_ref)
-        return jax.freeze(o_ref)
-
-    with pytest.raises(NotImplementedError, match=r"args\[1\] is a Ref .*not supported yet"):
-        f(jnp.ones((8, 128)))

@@ -21,7 +21,7 @@ import numpy as np
 
 from pallas._src import block_spec as bs
 from pallas._src import jax_compat as jc
-from pallas._src import partitioning
+from pallas._src import partitioning, ref_args
 from pallas._src.compiler_params import CompilerParams, FrozenParams
 from pallas._src.cost import CostEstimate
 from pallas._src.grid_spec import (
@@ -382,6 +382,12 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
 
     @functools.wraps(kernel)
     def wrapped(*args):
+        if any(ref_args.is_ref(x) for x in jax.tree_util.tree_leaves(args)):
+            return ref_args.call_with_ref_operands(
+                _remake, args, kernel=kernel, out_shape=out_shape,
+                in_specs=grid_spec.in_specs, out_specs=grid_spec.out_specs,
+                input_output_aliases=input_output_aliases,
+                num_scalar_prefetch=grid_spec.num_scalar_prefetch)
         interpret = resolve_interpret(as_written)  # forced interpret modes apply at call
         flat_args, in_tree = jax.tree_util.tree_flatten(args)
         leaves_with_paths = jax.tree_util.tree_flatten_with_path(args)[0]
@@ -392,14 +398,8 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
                 a = jax.typeof(x)
             except TypeError:
                 raise TypeError(f"pallas_call operand {p} is not an array: {x!r}") from None
-            if isinstance(a, jc.AbstractRef):
-                # Without a state-discharge rule of pallas_call the kernel's writes to it
-                # would be lost: refuse rather than compute the wrong thing.
-                raise NotImplementedError(
-                    f"pallas_call operand {p} is a Ref ({a}, from jax.new_ref/empty_ref "
-                    f"outside the kernel): Ref operands are not supported yet. Pass its "
-                    f"value (ref[...]) and return the result as an output, aliased with "
-                    f"input_output_aliases if it should update in place.")
+            if isinstance(a, jc.AbstractRef):  # (ref_args rewrites such calls first)
+                raise TypeError(f"pallas_call operand {p} is a Ref ({a})")
             in_avals.append(a.update(weak_type=False) if hasattr(a, "update") else a)
         # Tracing is cached per operand types (and trace-time switches), so repeated
         # eager calls reuse one kernel jaxpr and hence one compiled executable.
@@ -443,6 +443,20 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
             *outs, err = outs
             raise_if_error(jaxpr, gm, err)
         return jax.tree_util.tree_unflatten(out_tree, outs)
+
+    def _remake(new_kernel, new_out_shape, new_in_specs, new_out_specs, new_aliases):
+        """This call with Ref operands turned into aliased outputs (see ``ref_args``)."""
+        if grid_bounds:
+            raise NotImplementedError("pallas_call: Ref operands with a grid sized at run "
+                                      "time are not supported; pass the ref's value")
+        spec = copy.copy(grid_spec)
+        object.__setattr__(spec, "in_specs", new_in_specs)
+        object.__setattr__(spec, "out_specs", new_out_specs)
+        return pallas_call_with_axes(
+            new_kernel, new_out_shape, grid_spec=spec, input_output_aliases=new_aliases,
+            debug=debug, interpret=as_written, name=kname, compiler_params=compiler_params,
+            cost_estimate=cost_estimate, metadata=metadata, backend=backend,
+            grid_names=grid_names, mesh=mesh)
 
     return PallasCallFunction(wrapped)
 

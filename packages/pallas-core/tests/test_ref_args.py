@@ -1,0 +1,83 @@
+"""Refs made outside a kernel (``jax.new_ref``/``jax.empty_ref``) as ``pallas_call`` and
+``pl.kernel`` operands: the kernel reads and writes them in place, as upstream."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas as pl
+
+
+def copy_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+
+def test_a_kernel_writes_into_a_ref_operand():
+    x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+
+    @jax.jit
+    def f(x):
+        o_ref = jax.empty_ref(jax.typeof(x))
+        pl.pallas_call(copy_kernel, out_shape=(), interpret=True)(x, o_ref)
+        return jax.freeze(o_ref)
+
+    np.testing.assert_array_equal(f(x), x)
+
+
+def test_ref_operands_mixed_with_outputs_and_blocks():
+    """A read-and-written ref beside a plain input and an output, over a blocked grid."""
+    def kernel(x_ref, acc_ref, o_ref):
+        acc_ref[...] += x_ref[...]
+        o_ref[...] = acc_ref[...] * 2
+
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+
+    @jax.jit
+    def f(x, acc):
+        acc_ref = jax.new_ref(acc)
+        out = pl.pallas_call(kernel, grid=(2,), in_specs=[spec, spec], out_specs=spec,
+                             out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                             interpret=True)(x, acc_ref)
+        return out, jax.freeze(acc_ref)
+
+    x, acc = jnp.ones((16, 128)), jnp.full((16, 128), 3.0)
+    out, acc_after = f(x, acc)
+    np.testing.assert_array_equal(acc_after, 4.0)
+    np.testing.assert_array_equal(out, 8.0)
+
+
+def test_two_refs_swap_through_scratch():
+    def body(x_ref, y_ref, sx, sy):
+        sx[...] = x_ref[...]
+        sy[...] = y_ref[...]
+        y_ref[...] = sx[...]
+        x_ref[...] = sy[...]
+
+    x, y = jnp.arange(8.0 * 128).reshape(8, 128), jnp.zeros((8, 128))
+
+    @jax.jit
+    def f(x, y):
+        x_ref, y_ref = jax.new_ref(x), jax.new_ref(y)
+        pl.pallas_call(body, out_shape=(), interpret=True,
+                       scratch_shapes=[pl.ANY((8, 128), jnp.float32)] * 2,
+                       )(x_ref, y_ref)
+        return jax.freeze(x_ref), jax.freeze(y_ref)
+
+    x2, y2 = f(x, y)
+    np.testing.assert_array_equal(x2, y)
+    np.testing.assert_array_equal(y2, x)
+
+
+def test_a_ref_cannot_also_be_aliased():
+    @jax.jit
+    def f(x):
+        o_ref = jax.new_ref(x)
+        pl.pallas_call(copy_kernel, out_shape=(), input_output_aliases={1: 0},
+                       interpret=True)(x, o_ref)
+        return jax.freeze(o_ref)
+
+    with pytest.raises(ValueError, match="is a Ref and also in input_output_aliases"):
+        f(jnp.ones((8, 128)))
