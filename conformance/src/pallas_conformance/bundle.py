@@ -30,8 +30,8 @@ import numpy as np
 
 import pallas
 import pallas.plugins
+from pallas_conformance import bench_examples, bench_kernels
 from pallas_conformance.__about__ import __version__
-from pallas_conformance.catalogue import Case
 from pallas_conformance.levels import (
     FAIL,
     SKIPPED,
@@ -43,6 +43,7 @@ from pallas_conformance.levels import (
     claimed_tags,
     unclaimed,
 )
+from pallas_conformance.registry import Case
 from pallas_conformance.suite import select_cases
 
 SCHEMA = "pallas-bundle/1"
@@ -283,8 +284,6 @@ def vendor_flatbuffers(out_dir: str) -> None:
 
 
 def _benchmarks(backend, platform, target, size, keyword, examples_dir, out_dir, note):
-    from pallas_conformance import bench_examples, bench_kernels
-
     if size == "none":
         return [], {}
     if size not in ("full", "small"):

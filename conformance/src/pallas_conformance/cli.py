@@ -17,9 +17,10 @@ import contextlib
 import sys
 
 import pallas.plugins
+from pallas_conformance import bundle_cli
 from pallas_conformance.__about__ import __version__
-from pallas_conformance.catalogue import TAGS
 from pallas_conformance.levels import FAIL, LEVELS, CaseRunner
+from pallas_conformance.registry import TAGS
 from pallas_conformance.suite import resolve_backend, run_suite, select_cases
 
 
@@ -65,8 +66,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bundle"]:
-        from pallas_conformance import bundle_cli
-
         return bundle_cli.main(argv[1:])
     args = _parser().parse_args(argv)
     if args.list_backends:

@@ -51,7 +51,7 @@ import pallas as pl
 import pallas.plugins
 from pallas.plugins import KernelRequest
 from pallas_conformance._jax_compat import is_known_platform
-from pallas_conformance.catalogue import TAG_ALIASES, TAGS, Case
+from pallas_conformance.registry import TAG_ALIASES, TAGS, Case
 
 LEVELS = ("interpret", "lower", "compile", "backend_interpret", "emulate", "execute")
 BACKEND_LEVELS = LEVELS[1:]
@@ -101,7 +101,7 @@ def claimed_tags(backend) -> frozenset[str]:
     """The capability tags ``backend`` claims; ``"*"`` means every tag.
 
     Claimed tags the catalogue does not know are ignored; the aliases of
-    :data:`~pallas_conformance.catalogue.TAG_ALIASES` (``"matmul"`` for ``"dot"``) count.
+    :data:`~pallas_conformance.registry.TAG_ALIASES` (``"matmul"`` for ``"dot"``) count.
 
     ``backend`` is a :class:`pallas.plugins.Backend` or the string ``"interpret"`` (the
     core interpreter level). For the builtin ``interpret`` backend a ``"*"`` claim is

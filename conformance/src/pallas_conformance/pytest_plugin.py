@@ -18,8 +18,10 @@ import json
 
 import pytest
 
-from pallas_conformance.levels import FAIL, LEVELS, PASS, CaseRunner, Result
-from pallas_conformance.suite import resolve_backend, select_cases
+import pallas
+from pallas_conformance.catalogue import all_cases
+from pallas_conformance.levels import FAIL, LEVELS, PASS, CaseRunner, Result, claimed_tags
+from pallas_conformance.suite import Report, resolve_backend, select_cases
 
 _RUNNERS: dict[str, CaseRunner] = {}
 _PROPERTY = "pallas_conformance_result"
@@ -125,11 +127,6 @@ def pytest_sessionfinish(session, exitstatus):
     results = getattr(config, "_pallas_conformance_results", None)
     if not results or hasattr(config, "workerinput"):  # only the xdist controller writes
         return
-    import pallas
-    from pallas_conformance.catalogue import all_cases
-    from pallas_conformance.levels import claimed_tags
-    from pallas_conformance.suite import Report
-
     name = config.getoption("--pallas-backend")
     b = resolve_backend(name)
     names = {r.case for r in results}

@@ -15,7 +15,7 @@ import jax
 
 import pallas.plugins
 from pallas_conformance.__about__ import __version__
-from pallas_conformance.catalogue import TAGS, Case, all_cases
+from pallas_conformance.catalogue import all_cases
 from pallas_conformance.levels import (
     FAIL,
     LEVELS,
@@ -27,6 +27,7 @@ from pallas_conformance.levels import (
     Result,
     claimed_tags,
 )
+from pallas_conformance.registry import TAGS, Case
 
 
 def resolve_backend(name: str | None):

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 import pallas as pl
-from pallas_conformance.catalogue import case, randn, sds
+from pallas_conformance.registry import case, randn, sds
 
 R, C = 32, 128
 

@@ -15,7 +15,7 @@ from jax import lax
 
 import pallas as pl
 from pallas import atomics
-from pallas_conformance.catalogue import case, randn, sds
+from pallas_conformance.registry import case, randn, sds
 
 C = 128
 N = 4  # programs (blocks of 8 rows)

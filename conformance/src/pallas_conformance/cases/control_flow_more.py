@@ -12,7 +12,7 @@ import numpy as np
 from jax import lax
 
 import pallas as pl
-from pallas_conformance.catalogue import case, randn, sds
+from pallas_conformance.registry import case, randn, sds
 
 C = 128
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import pallas as pl
-from pallas_conformance.catalogue import Case, dtype_tags, randn, register, sds, short
+from pallas_conformance.registry import Case, dtype_tags, randn, register, sds, short
 
 M, K, N = 32, 64, 32
 F32, BF16, F16, I8, I32 = jnp.float32, jnp.bfloat16, jnp.float16, jnp.int8, jnp.int32

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import pallas as pl
-from pallas_conformance.catalogue import Case, dtype_tags, randn, register, sds, short, uniform
+from pallas_conformance.registry import Case, dtype_tags, randn, register, sds, short, uniform
 
 SHAPE = (16, 128)
 BLOCK = (8, 128)

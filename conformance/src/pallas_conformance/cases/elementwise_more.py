@@ -15,7 +15,7 @@ import numpy as np
 from jax import lax
 
 import pallas as pl
-from pallas_conformance.catalogue import (
+from pallas_conformance.registry import (
     Case,
     case,
     dtype_tags,

@@ -10,7 +10,7 @@ from jax import lax
 
 import pallas as pl
 from pallas import fuser
-from pallas_conformance.catalogue import case, randn
+from pallas_conformance.registry import case, randn
 
 HI = lax.Precision.HIGHEST
 F32 = jnp.float32

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 import pallas as pl
 from pallas.plugins import LevelUnsupportedError
-from pallas_conformance.catalogue import call_options, case, randn, sds
+from pallas_conformance.registry import call_options, case, randn, sds
 
 plgpu = None
 try:  # the Mosaic GPU frontend; without it there are no GPU cases

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import pallas as pl
-from pallas_conformance.catalogue import case, randn, sds
+from pallas_conformance.registry import case, randn, sds
 
 C = 128
 HI = lax.Precision.HIGHEST

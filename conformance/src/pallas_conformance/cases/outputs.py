@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 import pallas as pl
-from pallas_conformance.catalogue import case, randn, sds
+from pallas_conformance.registry import case, randn, sds
 
 R, C = 16, 128
 

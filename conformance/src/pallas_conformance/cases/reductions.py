@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 import pallas as pl
-from pallas_conformance.catalogue import Case, dtype_tags, randn, register, sds, short, uniform
+from pallas_conformance.registry import Case, dtype_tags, randn, register, sds, short, uniform
 
 R, C = 16, 128
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas as pl
-from pallas_conformance.catalogue import Case, dtype_tags, randn, register, sds, short, uniform
+from pallas_conformance.registry import Case, dtype_tags, randn, register, sds, short, uniform
 
 R, C = 16, 256
 SHAPE3 = (4, 8, 128)

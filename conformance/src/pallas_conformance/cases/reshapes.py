@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from pallas_conformance.catalogue import case, dtype_tags, randn, sds, short
+from pallas_conformance.registry import case, dtype_tags, randn, sds, short
 
 C = 128
 

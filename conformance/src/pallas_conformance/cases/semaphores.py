@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 import pallas as pl
 from pallas.plugins import SemaphoreSpace
-from pallas_conformance.catalogue import case, randn, sds
+from pallas_conformance.registry import case, randn, sds
 
 C = 128
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas as pl
-from pallas_conformance.catalogue import call_options, case, randn, sds
+from pallas_conformance.registry import call_options, case, randn, sds
 
 pltpu = plsc = None
 try:  # the SparseCore frontend; without it there are no SparseCore cases

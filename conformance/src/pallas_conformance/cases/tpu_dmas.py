@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 import pallas as pl
-from pallas_conformance.catalogue import case, randn, sds
+from pallas_conformance.registry import case, randn, sds
 
 pltpu = None
 try:  # the TPU frontend; without it there are no such cases

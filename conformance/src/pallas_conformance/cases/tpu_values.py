@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_conformance.catalogue import case, randn, sds
+from pallas_conformance.registry import case, randn, sds
 
 pltpu = None
 try:  # the TPU frontend; without it there are no such cases

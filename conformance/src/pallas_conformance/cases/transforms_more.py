@@ -20,7 +20,7 @@ from pallas_conformance.cases.transforms import (
     _running_sum,
     _tiled_sin,
 )
-from pallas_conformance.catalogue import case, randn, sds
+from pallas_conformance.registry import case, randn, sds
 
 # --- More grad and jvp ----------------------------------------------------------------
 
