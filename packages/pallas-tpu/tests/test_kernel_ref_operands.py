@@ -46,3 +46,19 @@ def test_refs_and_scratch_in_pl_kernel():
     x2, y2 = f(x, y)
     np.testing.assert_array_equal(x2, y)
     np.testing.assert_array_equal(y2, x)
+
+
+def test_sync_copy_takes_pytrees_of_refs():
+    """Upstream's sync_copy copies a pytree of refs (an empty one copies nothing)."""
+    def kernel(a_hbm, b_hbm, o_a, o_b):
+        pltpu.sync_copy(((), [], ()), ((), [], ()))
+        pltpu.sync_copy({"a": a_hbm.at[0:8], "b": b_hbm}, {"a": o_a, "b": o_b})
+
+    a, b = jnp.arange(16.0 * 128).reshape(16, 128), jnp.ones((8, 128), jnp.int32)
+    any_spec = pl.BlockSpec(memory_space=pl.ANY)
+    oa, ob = pl.pallas_call(
+        kernel, in_specs=[any_spec, any_spec], out_specs=[any_spec, any_spec],
+        out_shape=[jax.ShapeDtypeStruct((8, 128), a.dtype),
+                   jax.ShapeDtypeStruct(b.shape, b.dtype)])(a, b)
+    np.testing.assert_array_equal(oa, a[:8])
+    np.testing.assert_array_equal(ob, b)

@@ -207,15 +207,29 @@ def async_copy(src_ref, dst_ref, sem, *, priority: int = 0,
 
 
 def sync_copy(src_ref, dst_ref, *, add: bool = False) -> None:
-    """Copies ``src_ref`` to ``dst_ref`` and waits for it (with a scoped DMA semaphore)."""
+    """Copies ``src_ref`` to ``dst_ref`` and waits for it (with a scoped DMA semaphore).
+
+    Either may be a pytree of refs (the other of the same structure): every copy starts,
+    then every one is waited for, on one semaphore; an empty pytree copies nothing.
+    """
     from pallas import run_scoped
 
-    _check_copy(src_ref, dst_ref, "sync_copy")
+    srcs, src_tree = jax.tree_util.tree_flatten(src_ref)
+    dsts, dst_tree = jax.tree_util.tree_flatten(dst_ref)
+    if src_tree != dst_tree:
+        raise ValueError(f"sync_copy: the source and destination pytrees differ: {src_tree} "
+                         f"vs {dst_tree}")
+    if not srcs:
+        return
+    for s, d in zip(srcs, dsts):
+        _check_copy(s, d, "sync_copy")
 
     def body(sem):
-        desc = AsyncCopyDescriptor(src_ref, dst_ref, sem, add=add)
-        desc.start()
-        desc.wait()
+        descs = [AsyncCopyDescriptor(s, d, sem, add=add) for s, d in zip(srcs, dsts)]
+        for desc in descs:
+            desc.start()
+        for desc in descs:
+            desc.wait()
 
     run_scoped(body, SemaphoreType.DMA)
 
