@@ -264,3 +264,10 @@ def test_an_unused_copy_descriptor_is_reported(caplog):
     with caplog.at_level("ERROR"):
         np.testing.assert_array_equal(np.asarray(call(used)), np.asarray(x))
     assert not caplog.records
+
+
+def test_has_side_effects_takes_a_bool_or_a_side_effect_type():
+    assert pltpu.CompilerParams(has_side_effects=pltpu.SideEffectType.PURE).has_side_effects \
+        is pltpu.SideEffectType.PURE
+    with pytest.raises(ValueError, match="Invalid side effect type: 'invalid'"):
+        pltpu.CompilerParams(has_side_effects="invalid")

@@ -129,6 +129,11 @@ class CompilerParams(CoreCompilerParams):
             object.__setattr__(self, "flags", tuple(sorted(dict(self.flags).items())))
         if self.vmem_limit_bytes is not None and not isinstance(self.vmem_limit_bytes, int):
             raise TypeError(f"vmem_limit_bytes must be an int; got {self.vmem_limit_bytes!r}")
+        if not isinstance(self.has_side_effects, (bool, SideEffectType)):
+            raise ValueError(
+                f"Invalid side effect type: {self.has_side_effects!r} (has_side_effects takes "
+                f"a bool or a pltpu.SideEffectType: "
+                f"{', '.join(m.name for m in SideEffectType)})")
 
     @property
     def flags_dict(self) -> dict[str, Any] | None:
