@@ -13,7 +13,6 @@ from pallas_conformance.cases import (
     indexing,
     indexing_more,
     kernels,
-    operands_more,
     outputs,
     prefetch,
     reductions,

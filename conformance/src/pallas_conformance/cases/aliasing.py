@@ -1,4 +1,6 @@
-"""input_output_aliases: outputs that start as their inputs."""
+"""input_output_aliases: outputs that start as their inputs (in place, partly written,
+read back, under jit with donation, tiled over a grid, two crossed pairs, and with
+scalar prefetch, whose operand the alias index counts)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,10 @@ import pallas as pl
 from pallas_conformance.registry import case, randn, sds
 
 R, C = 32, 128
+
+
+def _spec():
+    return pl.BlockSpec((8, C), lambda i: (i, 0))
 
 
 @case("aliasing/in_place_update", tags={"aliasing"},
@@ -72,3 +78,47 @@ def donated(pallas_call, x):
 
     call = pallas_call(kernel, out_shape=sds(x.shape, x.dtype), input_output_aliases={0: 0})
     return jax.jit(call, donate_argnums=0)(x + 0)
+
+
+@case("aliasing/tiled_in_place", tags={"aliasing"},
+      inputs=lambda rng: (randn(rng, (32, C)),), reference=lambda x: x * 2 + 1)
+def tiled_in_place(pallas_call, x):
+    """An aliased input and output tiled over a grid of four blocks."""
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2 + 1
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(4,),
+                       in_specs=[_spec()], out_specs=_spec(),
+                       input_output_aliases={0: 0})(x)
+
+
+@case("aliasing/two_pairs_swapped", tags={"aliasing", "multiple_outputs"},
+      inputs=lambda rng: (randn(rng, (16, C)), randn(rng, (16, C), jnp.int32)),
+      reference=lambda a, b: (b + 1, a * 3))
+def two_pairs(pallas_call, a, b):
+    """Two aliased pairs of different dtypes, crossed: input 1 -> output 0, 0 -> 1."""
+    def kernel(a_ref, b_ref, o_ref, p_ref):
+        o_ref[...] = b_ref[...] + 1
+        p_ref[...] = a_ref[...] * 3
+
+    return pallas_call(kernel, out_shape=(sds(b.shape, b.dtype), sds(a.shape, a.dtype)),
+                       grid=(2,), in_specs=[_spec(), _spec()], out_specs=(_spec(), _spec()),
+                       input_output_aliases={1: 0, 0: 1})(a, b)
+
+
+@case("aliasing/with_scalar_prefetch", tags={"aliasing", "scalar_prefetch"},
+      inputs=lambda rng: (jnp.asarray([3, 1], jnp.int32), randn(rng, (32, C))),
+      reference=lambda idx, x: x.at[24:32].multiply(-1).at[8:16].multiply(-1))
+def alias_prefetch(pallas_call, idx, x):
+    """Aliasing with scalar prefetch (the alias index counts the prefetch operand):
+    only the blocks that the prefetched indices name are rewritten."""
+    def kernel(idx_ref, x_ref, o_ref):
+        del idx_ref
+        o_ref[...] = -x_ref[...]
+
+    spec = pl.BlockSpec((8, C), lambda i, idx: (idx[i], 0))
+    return pallas_call(
+        kernel, out_shape=sds(x.shape, x.dtype),
+        grid_spec=pl.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(2,),
+                                            in_specs=[spec], out_specs=spec),
+        input_output_aliases={1: 0})(idx, x)

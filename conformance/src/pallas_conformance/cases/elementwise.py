@@ -2,7 +2,8 @@
 NaN/inf operands, rounding ties, jax.nn activations, the gamma family), comparisons and
 integer ops over every dtype (unsigned and wrap-around semantics), casts (float8
 included) and bitcasts, ``where``/``select``/``select_n``/``clamp``/``clip``, over f32,
-bf16, f16, int8, int32, uint32 and bool, and a kernel traced under a mesh.
+bf16, f16, int8, int32, uint32 and bool, int4/uint4 selected and widened, and a kernel
+traced under a mesh.
 
 Every case runs a (16, 128) array through a grid of two (8, 128) blocks.
 """
@@ -485,3 +486,22 @@ def where_under_a_mesh(pallas_call, x):
     with jax.sharding.use_abstract_mesh(mesh):
         return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(2,),
                            in_specs=[_spec()], out_specs=_spec())(x)
+
+
+# int4/uint4 operands.
+
+@case("operands/int4_select_and_widen", tags={"elementwise", "int4"},
+      inputs=lambda rng: (randn(rng, SHAPE, jnp.bool_), randn(rng, SHAPE, jnp.int4),
+                          randn(rng, SHAPE, jnp.uint4)),
+      reference=lambda m, x, u: (jnp.where(m, x, 0), x.astype(jnp.int32),
+                                 u.astype(jnp.int32)))
+def int4_select_and_widen(pallas_call, m, x, u):
+    """int4/uint4 blocks selected under a mask and widened to int32 (sign- and
+    zero-extended): what TPUs do with 4-bit integers (no arithmetic in int4)."""
+    def kernel(m_ref, x_ref, u_ref, o_ref, w_ref, v_ref):
+        o_ref[...] = jnp.where(m_ref[...], x_ref[...], 0)
+        w_ref[...] = x_ref[...].astype(jnp.int32)
+        v_ref[...] = u_ref[...].astype(jnp.int32)
+
+    return pallas_call(kernel, out_shape=(sds(x.shape, x.dtype), sds(x.shape, jnp.int32),
+                                          sds(u.shape, jnp.int32)))(m, x, u)

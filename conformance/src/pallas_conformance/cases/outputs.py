@@ -1,6 +1,9 @@
-"""Multiple outputs and pytrees of operands, outputs and specs."""
+"""Multiple outputs (of different dtypes, with different grids of blocks) and pytrees of
+operands, outputs and specs (namedtuples, lists, None leaves and None operands)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax.numpy as jnp
 
@@ -112,3 +115,95 @@ def list_scratch(pallas_call, x):
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype),
                        scratch_shapes=[[pl.ANY((8, C), jnp.float32),
                                         (pl.ANY((8, C), jnp.float32),)]])(x)
+
+
+# --- Multiple outputs -------------------------------------------------------------------
+
+@case("multiple_outputs/accumulator_and_tiles",
+      tags={"multiple_outputs", "reductions", "sequential_grid", "carry_across_blocks"},
+      inputs=lambda rng: (randn(rng, (32, C)),),
+      reference=lambda x: (jnp.tanh(x), jnp.sum(x.reshape(4, 8, C), axis=0)),
+      tolerance={"float32": (1e-5, 1e-5)})
+def acc_and_tiles(pallas_call, x):
+    """One output written per block, another revisited by every program (accumulated)."""
+    def kernel(x_ref, t_ref, s_ref):
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            s_ref[...] = jnp.zeros_like(s_ref)
+
+        t_ref[...] = jnp.tanh(x_ref[...])
+        s_ref[...] += x_ref[...]
+
+    return pallas_call(kernel, out_shape=(sds(x.shape, x.dtype), sds((8, C), x.dtype)),
+                       grid=(4,), in_specs=[_spec()],
+                       out_specs=(_spec(), pl.BlockSpec((8, C), lambda i: (0, 0))))(x)
+
+
+@case("multiple_outputs/four_dtypes", tags={"multiple_outputs", "bool", "int8", "bf16"},
+      inputs=lambda rng: (randn(rng, (16, C)),),
+      reference=lambda x: (x > 0, (x * 10).astype(jnp.int8), x.astype(jnp.bfloat16),
+                           jnp.abs(x)))
+def four_dtypes(pallas_call, x):
+    """Four outputs of four dtypes (bool, int8, bf16, f32) from one kernel."""
+    def kernel(x_ref, b_ref, i_ref, h_ref, f_ref):
+        v = x_ref[...]
+        b_ref[...] = v > 0
+        i_ref[...] = (v * 10).astype(jnp.int8)
+        h_ref[...] = v.astype(jnp.bfloat16)
+        f_ref[...] = jnp.abs(v)
+
+    shapes = tuple(sds(x.shape, d) for d in (jnp.bool_, jnp.int8, jnp.bfloat16, jnp.float32))
+    return pallas_call(kernel, out_shape=shapes, grid=(2,), in_specs=[_spec()],
+                       out_specs=(_spec(),) * 4)(x)
+
+
+# --- Pytrees ----------------------------------------------------------------------------
+
+class _Params(NamedTuple):
+    scale: object
+    shift: object
+
+
+@case("pytrees/namedtuple_operands", tags={"pytrees"},
+      inputs=lambda rng: (randn(rng, (16, C)), randn(rng, (1, C)), randn(rng, (1, C))),
+      reference=lambda x, s, b: x * s + b)
+def namedtuple_ops(pallas_call, x, s, b):
+    """A NamedTuple of operands with a NamedTuple of in_specs."""
+    def kernel(x_ref, p, o_ref):
+        o_ref[...] = x_ref[...] * p.scale[...] + p.shift[...]
+
+    row = pl.BlockSpec((1, C), lambda i: (0, 0))
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(2,),
+                       in_specs=[_spec(), _Params(row, row)],
+                       out_specs=_spec())(x, _Params(s, b))
+
+
+@case("pytrees/list_outputs_mixed_specs", tags={"pytrees", "multiple_outputs"},
+      inputs=lambda rng: (randn(rng, (16, C)),),
+      reference=lambda x: (x + 1, [x * 2, x.reshape(2, 8, C).max(axis=1, keepdims=True)]))
+def list_outputs(pallas_call, x):
+    """A nested list out_shape whose leaves have different block specs (the kernel gets
+    one argument per top-level entry: a ref and a list of refs)."""
+    def kernel(x_ref, a_ref, bm_refs):
+        b_ref, m_ref = bm_refs
+        a_ref[...] = x_ref[...] + 1
+        b_ref[...] = x_ref[...] * 2
+        m_ref[...] = jnp.max(x_ref[...], axis=0, keepdims=True)
+
+    return pallas_call(
+        kernel, out_shape=[sds(x.shape, x.dtype), [sds(x.shape, x.dtype), sds((2, 1, C), x.dtype)]],
+        grid=(2,), in_specs=[_spec()],
+        out_specs=[_spec(), [_spec(), pl.BlockSpec((None, 1, C), lambda i: (i, 0, 0))]])(x)
+
+
+@case("pytrees/absent_operand_none", tags={"pytrees"},
+      inputs=lambda rng: (randn(rng, (16, C)),), reference=lambda x: x * 3)
+def absent_operand(pallas_call, x):
+    """An operand passed as None (upstream's Hopper matmul passes ``c=None``) with the
+    spec None: no operand, and the kernel gets None in its place."""
+    def kernel(x_ref, c_ref, o_ref):
+        assert c_ref is None
+        o_ref[...] = x_ref[...] * 3
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(2,),
+                       in_specs=[_spec(), None], out_specs=_spec())(x, None)

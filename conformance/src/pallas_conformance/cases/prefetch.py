@@ -1,5 +1,5 @@
 """Scalar prefetch: PrefetchScalarGridSpec, index maps that read prefetched scalars, and
-kernels that read them."""
+kernels that read them, a block-sparse matmul over a 2-D grid, prefetch with scratch."""
 
 from __future__ import annotations
 
@@ -96,3 +96,60 @@ def block_sparse(pallas_call, mask, x):
         kernel, out_shape=sds(x.shape, x.dtype),
         grid_spec=pl.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(4,),
                                             in_specs=[spec], out_specs=spec))(mask, x)
+
+
+def _block_sparse_ref(bcols, a, b):
+    """Row block i of the output: a's block (i, k) times b's block (bcols[i, k], 0),
+    summed over k."""
+    out = []
+    for i in range(2):
+        acc = jnp.zeros((8, C), jnp.float32)
+        for k in range(2):
+            j = int(bcols[i, k])
+            acc = acc + jnp.dot(a[i * 8:(i + 1) * 8, k * C:(k + 1) * C],
+                                b[j * C:(j + 1) * C], precision="highest")
+        out.append(acc)
+    return jnp.concatenate(out)
+
+
+@case("scalar_prefetch/block_sparse_matmul_2d_grid",
+      tags={"scalar_prefetch", "dot", "sequential_grid"},
+      inputs=lambda rng: (jnp.asarray([[2, 0], [1, 3]], jnp.int32),
+                          randn(rng, (16, 2 * C), scale=0.3), randn(rng, (4 * C, C), scale=0.3)),
+      reference=_block_sparse_ref, tolerance={"float32": (1e-4, 1e-4)})
+def block_sparse_matmul(pallas_call, bcols, a, b):
+    """A 2-D grid whose rhs index map reads a 2-D prefetched table (block-sparse matmul)."""
+    def kernel(t_ref, a_ref, b_ref, o_ref):
+        del t_ref
+
+        @pl.when(pl.program_id(1) == 0)
+        def _():
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        o_ref[...] += jnp.dot(a_ref[...], b_ref[...], precision="highest")
+
+    return pallas_call(
+        kernel, out_shape=sds((16, C), a.dtype),
+        grid_spec=pl.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(2, 2),
+            in_specs=[pl.BlockSpec((8, C), lambda i, k, t: (i, k)),
+                      pl.BlockSpec((C, C), lambda i, k, t: (t[i, k], 0))],
+            out_specs=pl.BlockSpec((8, C), lambda i, k, t: (i, 0))))(bcols, a, b)
+
+
+@case("scalar_prefetch/with_scratch", tags={"scalar_prefetch", "scratch"},
+      inputs=lambda rng: (jnp.asarray([2, 5, 1, 3], jnp.int32), randn(rng, (32, C))),
+      reference=lambda n, x: x * jnp.repeat(n, 8)[:, None].astype(jnp.float32) + 1)
+def prefetch_scratch(pallas_call, n, x):
+    """A prefetched scalar and a scratch buffer in the same kernel (ref order: prefetch,
+    inputs, outputs, scratch)."""
+    def kernel(n_ref, x_ref, o_ref, s_ref):
+        s_ref[...] = x_ref[...] * n_ref[pl.program_id(0)].astype(jnp.float32)
+        o_ref[...] = s_ref[...] + 1
+
+    spec = pl.BlockSpec((8, C), lambda i, n: (i, 0))
+    return pallas_call(
+        kernel, out_shape=sds(x.shape, x.dtype),
+        grid_spec=pl.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(4,),
+                                            in_specs=[spec], out_specs=spec,
+                                            scratch_shapes=[pl.ANY((8, C), jnp.float32)]))(n, x)

@@ -1,8 +1,10 @@
 """Scratch buffers (``scratch_shapes`` with ``pl.ANY`` buffers, which persist across grid
-iterations) and ``pl.run_scoped``."""
+iterations) of several dtypes and ranks, ``pl.run_scoped`` (nested too), and scratch a
+kernel allocates with ``jax.empty_ref``."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 import pallas as pl
@@ -144,3 +146,65 @@ def bf16_scratch(pallas_call, x):
 
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype),
                        scratch_shapes=[pl.ANY((8, C), jnp.bfloat16)])(x)
+
+
+@case("scratch/several_dtypes", tags={"scratch", "int8", "bool"},
+      inputs=lambda rng: (randn(rng, (8, C)),),
+      reference=lambda x: jnp.where(x > 0, (x * 10).astype(jnp.int8).astype(jnp.int32), -1))
+def several_dtypes(pallas_call, x):
+    """int8, bool and int32 scratch buffers in one kernel."""
+    def kernel(x_ref, o_ref, q_ref, m_ref, i_ref):
+        q_ref[...] = (x_ref[...] * 10).astype(jnp.int8)
+        m_ref[...] = x_ref[...] > 0
+        i_ref[...] = q_ref[...].astype(jnp.int32)
+        o_ref[...] = jnp.where(m_ref[...], i_ref[...], -1)
+
+    return pallas_call(kernel, out_shape=sds(x.shape, jnp.int32),
+                       scratch_shapes=[pl.ANY((8, C), jnp.int8), pl.ANY((8, C), jnp.bool_),
+                                       pl.ANY((8, C), jnp.int32)])(x)
+
+
+@case("scratch/nested_run_scoped", tags={"scratch"},
+      inputs=lambda rng: (randn(rng, (8, C)),), reference=lambda x: (x * 2 + 1) * 3)
+def nested_scoped(pallas_call, x):
+    """pl.run_scoped inside pl.run_scoped: the inner buffer sees the outer one."""
+    def kernel(x_ref, o_ref):
+        def outer(a_ref):
+            a_ref[...] = x_ref[...] * 2
+
+            def inner(b_ref):
+                b_ref[...] = a_ref[...] + 1
+                o_ref[...] = b_ref[...] * 3
+
+            pl.run_scoped(inner, pl.ANY((8, C), jnp.float32))
+
+        pl.run_scoped(outer, pl.ANY((8, C), jnp.float32))
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(x)
+
+
+@case("scratch/three_d_buffer", tags={"scratch", "control_flow"},
+      inputs=lambda rng: (randn(rng, (8, C)),),
+      reference=lambda x: x * (1 + 2 + 4 + 8))
+def three_d_scratch(pallas_call, x):
+    """A (4, 8, 128) scratch buffer filled and summed slot by slot in a loop."""
+    def kernel(x_ref, o_ref, s_ref):
+        for k in range(4):
+            s_ref[k] = x_ref[...] * float(2 ** k)
+        o_ref[...] = jax.lax.fori_loop(0, 4, lambda k, acc: acc + s_ref[k],
+                                       jnp.zeros((8, C), jnp.float32))
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype),
+                       scratch_shapes=[pl.ANY((4, 8, C), jnp.float32)])(x)
+
+
+@case("scratch/jax_empty_ref", tags={"scratch", "empty_ref"},
+      inputs=lambda rng: (randn(rng, (8, C)),), reference=lambda x: (x + 1) * 4)
+def jax_empty_ref(pallas_call, x):
+    """A scratch buffer the kernel allocates itself with jax.empty_ref, written then read."""
+    def kernel(x_ref, o_ref):
+        s_ref = jax.empty_ref(jax.ShapeDtypeStruct(x_ref.shape, x_ref.dtype))
+        s_ref[...] = x_ref[...] + 1
+        o_ref[...] = s_ref[...] * 4
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(x)
