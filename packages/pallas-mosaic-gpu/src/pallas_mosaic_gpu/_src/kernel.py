@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pallas as pl
+from pallas_mosaic_gpu._src.interpret.params import InterpretParams
 from pallas_mosaic_gpu._src.mesh import Mesh
 
 
@@ -79,8 +80,6 @@ def kernel(body: Callable[..., None] | Any = NOT_SPECIFIED,
     if interpret is True:
         # The threads of a block may wait for each other (barriers), which the reference
         # interpreter, running them one after another, cannot do: GPU interpret mode.
-        from pallas_mosaic_gpu._src.interpret.params import InterpretParams
-
         interpret = InterpretParams()
 
     def run(*operands):

@@ -42,6 +42,7 @@ from pallas_mosaic_gpu._src.lowering.engine import (
     LoweringContext,
     MosaicGpuLoweringError,
     RefVal,
+    is_elementwise,
     lower_jaxpr,
     unsupported,
 )
@@ -354,7 +355,7 @@ def _build(jaxpr, gm, params, name: str, target: str | None, jax_mesh) -> Kernel
     # Cross-warp partial results of reductions (none reserved for kernels without one).
     red = (_sds(per_wg((REDUCTION_SCRATCH_BYTES // 4,)), jnp.float32)
            if reduces(jaxpr.jaxpr) else None)
-    spills = spill_buffers(jaxpr.jaxpr)
+    spills = spill_buffers(jaxpr.jaxpr, is_elementwise)
 
     def smem_tree(keep, with_red=True):
         """The SMEM tree with the spill buffers of the eqns in ``keep`` (None: all), and

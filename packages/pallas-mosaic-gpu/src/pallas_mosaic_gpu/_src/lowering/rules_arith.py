@@ -2,7 +2,7 @@
 shift operations, transcendental functions, casts and selects.
 
 Each rule builds one function over ``ir.Value`` (a scalar, or one register: a vector of
-a warpgroup array) and :func:`~values.pointwise` applies it to every register.
+a warpgroup array) and :func:`pointwise` applies it to every register.
 Transcendental functions of 16-bit floats are computed in float32, as XLA does.
 """
 
@@ -17,21 +17,46 @@ from jaxlib.mlir.dialects import arith, llvm, vector
 from jaxlib.mlir.dialects import math as mmath
 
 from pallas_mosaic_gpu._src import jax_compat as jc
+from pallas_mosaic_gpu._src.lowering import small
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import rule
+from pallas_mosaic_gpu._src.lowering.register_layouts import in_layout
 
 CF, CI = arith.CmpFPredicate, arith.CmpIPredicate
 
 
+def pointwise(eqn, invals, fn):
+    """Lowers an elementwise eqn with ``fn`` over ir.Values (scalar or vector)."""
+    out = eqn.outvars[0].aval
+    avals = [v.aval for v in eqn.invars]
+    if not out.shape:
+        return fn(*(V.scalar(x, a) for x, a in zip(invals, avals)))
+    tiled = next((x.layout for x in invals if isinstance(x, V.FragmentedArray)
+                  and isinstance(x.layout, V.fa.TiledLayout)), None)
+    if tiled is not None:  # arrays in a tiled layout (say, WGMMA's) stay in it
+        shape = tuple(out.shape)
+        if any(a.shape and tuple(a.shape) != shape for a in avals):
+            raise NotImplementedError(
+                f"{eqn.primitive.name} of arrays of shapes {[tuple(a.shape) for a in avals]} "
+                f"in the register layout {tiled} (broadcast them to {shape} first, e.g. "
+                "with lax.broadcast_in_dim)")
+        arrays = [in_layout(x, a.update(shape=shape), tiled) for x, a in zip(invals, avals)]
+        return V.map_registers(fn, arrays, out.dtype)
+    # Operands with size-1 dims stretch to the output's shape (as lax allows).
+    shape = tuple(out.shape)
+    invals = [small.stretch(x, a, shape) if a.shape and tuple(a.shape) != shape
+              and tuple(getattr(x, "shape", ())) != shape else x
+              for x, a in zip(invals, avals)]
+    avals = [a.update(shape=tuple(out.shape)) if a.shape else a for a in avals]
+    if small.is_small(out.shape):
+        arrays = [small.to_small(x, a, out.shape) for x, a in zip(invals, avals)]
+        return small.map_small(fn, arrays)
+    arrays = [V.array(x, a, out.shape) for x, a in zip(invals, avals)]
+    return V.map_registers(fn, arrays, out.dtype)
+
+
 def _in_dtype(eqn, i=0):
     return eqn.invars[i].aval.dtype
-
-
-def _like(ty: ir.Type, et: ir.Type) -> ir.Type:
-    """``ty`` (scalar or vector type) with element type ``et``."""
-    if isinstance(ty, ir.VectorType):
-        return ir.VectorType.get(ir.VectorType(ty).shape, et)
-    return et
 
 
 def _per_element(op, *vals):
@@ -51,7 +76,7 @@ def _binary(f_op, i_op, u_op=None):
         op = f_op if k == "f" else (u_op or i_op) if k in "ub" else i_op
         if op is None:
             raise NotImplementedError(f"{eqn.primitive.name} on {jnp.dtype(_in_dtype(eqn))}")
-        return V.pointwise(eqn, [a, b], op)
+        return pointwise(eqn, [a, b], op)
 
     return lower
 
@@ -70,7 +95,7 @@ def _rem(lctx, eqn, a, b):
             return arith.truncf(x.type, r)
         return libdevice(lctx, "__nv_fmodf", [x, y], x.type)
 
-    return V.pointwise(eqn, [a, b], lambda x, y: _per_element(fmod, x, y))
+    return pointwise(eqn, [a, b], lambda x, y: _per_element(fmod, x, y))
 
 
 def libdevice(lctx, fname: str, args, result_type):
@@ -113,9 +138,9 @@ def _compare(fpred, spred, upred):
     def lower(lctx, eqn, a, b):
         k = V.kind(_in_dtype(eqn))
         if k == "f":
-            return V.pointwise(eqn, [a, b], lambda x, y: arith.cmpf(fpred, x, y))
+            return pointwise(eqn, [a, b], lambda x, y: arith.cmpf(fpred, x, y))
         pred = spred if k == "i" else upred
-        return V.pointwise(eqn, [a, b], lambda x, y: arith.cmpi(pred, x, y))
+        return pointwise(eqn, [a, b], lambda x, y: arith.cmpi(pred, x, y))
 
     return lower
 
@@ -145,10 +170,10 @@ def _float_unary(op, upcast=True):
             if not wide:
                 return op(v)
             t = v.type
-            r = op(arith.extf(_like(t, ir.F32Type.get()), v))
+            r = op(arith.extf(V.with_elem_type(t, ir.F32Type.get()), v))
             return arith.truncf(t, r)
 
-        return V.pointwise(eqn, [x], f)
+        return pointwise(eqn, [x], f)
 
     return lower
 
@@ -184,7 +209,7 @@ def _round(lctx, eqn, x):
 
 @rule(P.is_finite_p)
 def _is_finite(lctx, eqn, x):
-    return V.pointwise(eqn, [x], mmath.isfinite)
+    return pointwise(eqn, [x], mmath.isfinite)
 
 
 @rule(P.atan2_p)
@@ -195,26 +220,26 @@ def _atan2(lctx, eqn, a, b):
         if not wide:
             return mmath.atan2(x, y)
         t = x.type
-        f32 = _like(t, ir.F32Type.get())
+        f32 = V.with_elem_type(t, ir.F32Type.get())
         return arith.truncf(t, mmath.atan2(arith.extf(f32, x), arith.extf(f32, y)))
 
-    return V.pointwise(eqn, [a, b], f)
+    return pointwise(eqn, [a, b], f)
 
 
 @rule(P.neg_p)
 def _neg(lctx, eqn, x):
     if V.kind(_in_dtype(eqn)) == "f":
-        return V.pointwise(eqn, [x], arith.negf)
-    return V.pointwise(eqn, [x], lambda v: arith.subi(V.const_like(0, v), v))
+        return pointwise(eqn, [x], arith.negf)
+    return pointwise(eqn, [x], lambda v: arith.subi(V.const_like(0, v), v))
 
 
 @rule(P.abs_p)
 def _abs(lctx, eqn, x):
     k = V.kind(_in_dtype(eqn))
     if k == "f":
-        return V.pointwise(eqn, [x], mmath.absf)
+        return pointwise(eqn, [x], mmath.absf)
     if k == "i":
-        return V.pointwise(eqn, [x], mmath.absi)
+        return pointwise(eqn, [x], mmath.absi)
     return x
 
 
@@ -233,18 +258,18 @@ def _sign(lctx, eqn, x):
             return arith.select(arith.cmpi(CI.slt, v, zero), V.const_like(-1, v), pos)
         return pos
 
-    return V.pointwise(eqn, [x], f)
+    return pointwise(eqn, [x], f)
 
 
 @rule(P.not_p)
 def _not(lctx, eqn, x):
-    return V.pointwise(eqn, [x], lambda v: arith.xori(v, V.const_like(-1, v)))
+    return pointwise(eqn, [x], lambda v: arith.xori(v, V.const_like(-1, v)))
 
 
 @rule(P.square_p)
 def _square(lctx, eqn, x):
     op = arith.mulf if V.kind(_in_dtype(eqn)) == "f" else arith.muli
-    return V.pointwise(eqn, [x], lambda v: op(v, v))
+    return pointwise(eqn, [x], lambda v: op(v, v))
 
 
 @rule(P.integer_pow_p)
@@ -269,7 +294,7 @@ def _integer_pow(lctx, eqn, x):
             acc = arith.divf(V.const_like(1.0, v), acc)
         return acc
 
-    return V.pointwise(eqn, [x], f)
+    return pointwise(eqn, [x], f)
 
 
 def _shift(kind_op):
@@ -286,7 +311,7 @@ def _shift(kind_op):
             clamped = arith.select(big, V.const_like(bits - 1, s), s)
             return arith.shrsi(x, clamped)
 
-        return V.pointwise(eqn, [a, b], f)
+        return pointwise(eqn, [a, b], f)
 
     return lower
 
@@ -298,12 +323,12 @@ rule(P.shift_right_arithmetic_p)(_shift("arithmetic"))
 
 @rule(P.population_count_p)
 def _popcount(lctx, eqn, x):
-    return V.pointwise(eqn, [x], mmath.ctpop)
+    return pointwise(eqn, [x], mmath.ctpop)
 
 
 @rule(P.clz_p)
 def _clz(lctx, eqn, x):
-    return V.pointwise(eqn, [x], mmath.ctlz)
+    return pointwise(eqn, [x], mmath.ctlz)
 
 
 @rule(P.select_n_p)
@@ -321,7 +346,7 @@ def _select_n(lctx, eqn, which, *cases):
             out = arith.select(arith.cmpi(CI.eq, w, V.const_like(i, w)), vals[i], out)
         return out
 
-    return V.pointwise(eqn, [which, *cases], f)
+    return pointwise(eqn, [which, *cases], f)
 
 
 @rule(P.clamp_p)
@@ -329,38 +354,7 @@ def _clamp(lctx, eqn, lo, x, hi):
     k = V.kind(_in_dtype(eqn, 1))
     mx = {"f": arith.maximumf, "i": arith.maxsi}.get(k, arith.maxui)
     mn = {"f": arith.minimumf, "i": arith.minsi}.get(k, arith.minui)
-    return V.pointwise(eqn, [lo, x, hi], lambda a, v, b: mn(mx(v, a), b))
-
-
-def convert(v: ir.Value, src, dst) -> ir.Value:
-    """Converts a scalar or vector ``ir.Value`` from dtype ``src`` to ``dst``."""
-    s, d = jnp.dtype(src), jnp.dtype(dst)
-    if s == d:
-        return v
-    t = _like(v.type, V.elem_type(d))
-    ks, kd = V.kind(s), V.kind(d)
-    if kd == "b":
-        zero = V.const_like(0, v)
-        if ks == "f":
-            return arith.cmpf(CF.UNE, v, zero)
-        return arith.cmpi(CI.ne, v, zero)
-    if ks == "f" and kd == "f":
-        if s.itemsize == d.itemsize:  # bf16 <-> f16, through f32
-            v = arith.extf(_like(v.type, ir.F32Type.get()), v)
-            return arith.truncf(t, v)
-        return arith.extf(t, v) if d.itemsize > s.itemsize else arith.truncf(t, v)
-    if ks in "iu" and kd == "f":
-        return arith.sitofp(t, v) if ks == "i" else arith.uitofp(t, v)
-    if ks == "b" and kd == "f":
-        return arith.uitofp(t, v)
-    if ks == "f":
-        return arith.fptosi(t, v) if kd == "i" else arith.fptoui(t, v)
-    sbits = 1 if ks == "b" else s.itemsize * 8
-    if d.itemsize * 8 > sbits:
-        return arith.extsi(t, v) if ks == "i" else arith.extui(t, v)
-    if d.itemsize * 8 == sbits:
-        return v
-    return arith.trunci(t, v)
+    return pointwise(eqn, [lo, x, hi], lambda a, v, b: mn(mx(v, a), b))
 
 
 @rule(P.convert_element_type_p)
@@ -379,7 +373,7 @@ def _convert(lctx, eqn, x):
         raise NotImplementedError(
             f"converting a scalar between {jnp.dtype(src).name} and {jnp.dtype(dst).name}: "
             f"Mosaic GPU converts float8 arrays only (pallas-mosaic-gpu)")
-    return V.pointwise(eqn, [x], lambda v: convert(v, src, dst))
+    return pointwise(eqn, [x], lambda v: V.convert(v, src, dst))
 
 
 @rule(P.bitcast_convert_type_p)
@@ -387,8 +381,8 @@ def _bitcast(lctx, eqn, x):
     src, dst = jnp.dtype(_in_dtype(eqn)), jnp.dtype(eqn.params["new_dtype"])
     if src.itemsize != dst.itemsize:
         raise NotImplementedError("bitcasts between dtypes of different widths")
-    return V.pointwise(
-        eqn, [x], lambda v: arith.bitcast(_like(v.type, V.elem_type(dst)), v))
+    return pointwise(
+        eqn, [x], lambda v: arith.bitcast(V.with_elem_type(v.type, V.elem_type(dst)), v))
 
 
 @rule(P.copy_p, P.stop_gradient_p, P.sharding_constraint_p, jc.reshard_p)
@@ -406,7 +400,7 @@ def _pow(lctx, eqn, a, b):
 
     def f(x, y):
         t = x.type
-        f32 = _like(t, ir.F32Type.get())
+        f32 = V.with_elem_type(t, ir.F32Type.get())
         xf = arith.extf(f32, x) if wide else x
         if not int_exp:
             yf = arith.extf(f32, y) if wide else y
@@ -419,7 +413,7 @@ def _pow(lctx, eqn, a, b):
             r = arith.select(neg, arith.negf(mag), mag)
         return arith.truncf(t, r) if wide else r
 
-    return V.pointwise(eqn, [a, b], f)
+    return pointwise(eqn, [a, b], f)
 
 
 @rule(P.nextafter_p)
@@ -430,12 +424,12 @@ def _nextafter(lctx, eqn, a, b):
         raise NotImplementedError(f"nextafter on {dt.name}")
 
     def f(x, y):
-        ity = _like(x.type, ir.IntegerType.get_signless(32))
+        ity = V.with_elem_type(x.type, ir.IntegerType.get_signless(32))
         bits = arith.bitcast(ity, x)
         zero = V.const_like(0.0, x)
-        up = arith.cmpi(CI.eq, arith.extui(_like(x.type, ir.IntegerType.get_signless(32)),
+        up = arith.cmpi(CI.eq, arith.extui(V.with_elem_type(x.type, ir.IntegerType.get_signless(32)),
                                            arith.cmpf(CF.OLT, x, y)),
-                        arith.extui(_like(x.type, ir.IntegerType.get_signless(32)),
+                        arith.extui(V.with_elem_type(x.type, ir.IntegerType.get_signless(32)),
                                     arith.cmpf(CF.OGT, x, zero)))
         step = arith.select(up, V.const_like(1, bits), V.const_like(-1, bits))
         moved = arith.bitcast(x.type, arith.addi(bits, step))
@@ -445,7 +439,7 @@ def _nextafter(lctx, eqn, a, b):
         nan = arith.cmpf(CF.UNO, x, y)
         return arith.select(nan, arith.addf(x, y), out)
 
-    return V.pointwise(eqn, [a, b], f)
+    return pointwise(eqn, [a, b], f)
 
 
 # Giles (2010), "Approximating the erfinv function": single-precision polynomials.
@@ -488,7 +482,7 @@ def _lgamma(lctx, eqn, x):
 
     if V.kind(dt) != "f":
         raise NotImplementedError(f"lgamma on {dt.name}")
-    return V.pointwise(eqn, [x], lambda v: _per_element(one, v))
+    return pointwise(eqn, [x], lambda v: _per_element(one, v))
 
 
 @rule(P.digamma_p)

@@ -24,7 +24,9 @@ from pallas_mosaic_gpu._src.loops import ROLLED_SCOPE
 from pallas_mosaic_gpu._src.lowering import small
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import Lit, lower_jaxpr, rule
-from pallas_mosaic_gpu._src.lowering.rules_refs import load_view, store_view
+from pallas_mosaic_gpu._src.lowering.register_layouts import in_layout, is_tiled
+from pallas_mosaic_gpu._src.lowering.scoped import AccVal
+from pallas_mosaic_gpu._src.lowering.views import load_view, store_view
 
 
 class _CarryLayout(Exception):
@@ -42,8 +44,6 @@ def _flatten(vals, avals, specs=None):
     layouts the op was created for: a loop's entry, or None per value for the strided
     layout of branch results), each value is put in the layout its spec names, or a
     ``_CarryLayout`` is raised for a tiled value where another layout was expected."""
-    from pallas_mosaic_gpu._src.lowering.rules_layout import in_layout, is_tiled
-
     flat, out = [], []
     for i, (x, a) in enumerate(zip(vals, avals)):
         want = None if specs is None else specs[i]
@@ -112,8 +112,6 @@ def _is_splat(x) -> bool:
 def _relayout(init, avals, e: _CarryLayout) -> list:
     """The loop's entry values with carry ``e.index`` in the body's layout (None: the
     strided layout)."""
-    from pallas_mosaic_gpu._src.lowering.rules_layout import in_layout
-
     init = list(init)
     x, a = init[e.index], avals[e.index]
     init[e.index] = V.to_strided(V.array(x, a)) if e.layout is None else in_layout(
@@ -151,8 +149,6 @@ def _count(state) -> int:
 def _accs(args) -> list:
     """The ``plgpu.ACC`` accumulators among an equation's operands (registers that a
     loop or branch may replace, so they travel as loop carries and branch results)."""
-    from pallas_mosaic_gpu._src.lowering.scoped import AccVal
-
     seen, out = set(), []
     for a in args:
         if isinstance(a, AccVal) and id(a) not in seen:

@@ -21,7 +21,6 @@ from jaxlib.mlir.dialects import math as mmath
 from pallas_mosaic_gpu._src.lowering import small
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import rule
-from pallas_mosaic_gpu._src.lowering.rules_arith import convert
 from pallas_mosaic_gpu._src.lowering.spill import operand_memrefs
 
 
@@ -76,13 +75,13 @@ def _dot_general(lctx, eqn, a, b):
                                                  lfree, nb))
             y = memref.load(b_ref, operand_index(idx, k, len(ra.shape), rc[0], list(rb),
                                                  rfree, nb + len(lfree)))
-            x, y = convert(x, la.dtype, acc_dt), convert(y, ra.dtype, acc_dt)
+            x, y = V.convert(x, la.dtype, acc_dt), V.convert(y, ra.dtype, acc_dt)
             if V.kind(acc_dt) == "f":
                 new.append(mmath.fma(x, y, acc))
             else:
                 new.append(arith.addi(acc, arith.muli(x, y)))
         scf.YieldOp(new)
-    accs = [convert(a, acc_dt, out.dtype) for a in loop.results]
+    accs = [V.convert(a, acc_dt, out.dtype) for a in loop.results]
     mgpu.warpgroup_barrier()  # every thread is done reading before the buffers are reused
     if is_small:
         return small.Small(np.array(accs, dtype=object).reshape(shape))

@@ -19,7 +19,7 @@ import pallas.plugins as pp
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.lowering import elements
 from pallas_mosaic_gpu._src.lowering.engine import RULES, RefVal, rule
-from pallas_mosaic_gpu._src.lowering.rules_refs import view
+from pallas_mosaic_gpu._src.lowering.views import view
 
 
 def _window(ref, flat, tree, what: str):

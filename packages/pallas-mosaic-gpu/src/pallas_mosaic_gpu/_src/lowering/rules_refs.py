@@ -1,5 +1,6 @@
 """Lowering rules of refs and the grid: ``ref[...]`` loads and stores (static and
-dynamic ``pl.ds`` windows, strided ones too, integer indices), ``pl.program_id`` and
+dynamic ``pl.ds`` windows, strided ones too, integer indices), ``pl.run_state`` and
+``pl.run_scoped`` (the buffers :mod:`scoped` planned), ``pl.program_id`` and
 ``pl.num_programs``.
 
 A load of a window with at least one dimension becomes a warpgroup array read from
@@ -13,137 +14,20 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import numpy as np
 from jax.experimental.mosaic import gpu as mgpu
 from jax.experimental.mosaic.gpu import fragmented_array as fa
-from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import arith, memref, scf
+from jaxlib.mlir.dialects import arith
 
 import pallas.plugins as pp
 from pallas_mosaic_gpu._src import jax_compat as jc
-from pallas_mosaic_gpu._src.lowering import elements, small, threads, tmem
+from pallas_mosaic_gpu._src.lowering import mma, scoped, scoped_stack, smem, tmem
 from pallas_mosaic_gpu._src.lowering import values as V
-from pallas_mosaic_gpu._src.lowering.engine import Lit, RefVal, lower_jaxpr, rule
-
-
-def _index(x) -> object:
-    """A static int or an ``index``-typed ir.Value for an indexer entry."""
-    if isinstance(x, Lit):
-        return int(np.asarray(x.val))
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, mgpu.FragmentedArray):
-        raise NotImplementedError("gather-style (array) ref indexing")
-    return arith.index_cast(V.index(), x)
-
-
-def view(ref: RefVal, flat, tree):
-    """(memref view, shape seen by the kernel) for ``ref.at[...]`` transforms."""
-    transforms = jax.tree_util.tree_unflatten(tree, flat)
-    m = ref.memref
-    for t in transforms:
-        if isinstance(t, jc.ReshapeTransform):  # ref.reshape(...) of a contiguous view
-            m = mgpu.memref_reshape(m, tuple(t.shape))
-            continue
-        if not isinstance(t, jc.NDIndexer):
-            raise NotImplementedError(
-                f"ref transform {type(t).__name__} (bitcast/reshape/transpose of refs)")
-        if tuple(getattr(t, "int_indexer_shape", ())):
-            raise NotImplementedError("gather-style (array) ref indexing")
-        base, dims = [], []
-        for idx in t.indices:
-            if isinstance(idx, jc.Slice):
-                size, step = int(idx.size), int(idx.stride)
-                extent = (size - 1) * step + 1 if size else 0
-                base.append(mgpu.ds(_index(idx.start), extent))
-                dims.append((size, step))
-            else:
-                base.append(_index(idx))
-        m = elements.window(mgpu.memref_slice(m, tuple(base)), dims)
-    return m
-
-
-def stepped(flat, tree) -> bool:
-    """Whether ``ref.at[...]`` transforms take every n-th element (``pl.ds(.., stride)``)
-    along some dim: such a view is read and written element by element (elements.py)."""
-    return any(isinstance(i, jc.Slice) and int(i.stride) != 1
-               for t in jax.tree_util.tree_unflatten(tree, flat)
-               if isinstance(t, jc.NDIndexer) for i in t.indices)
-
-
-def load_view(m, dtype, shape, elementwise: bool = False):
-    """Reads a memref view: a scalar for rank 0, else a warpgroup array (bools are
-    stored as int8 and read as ``!= 0``); ``elementwise`` for a strided view."""
-    is_bool = V.kind(dtype) == "b"
-
-    def scalar_load(idx):
-        v = memref.load(m, [V.const(i, V.index()) for i in idx])
-        return arith.cmpi(arith.CmpIPredicate.ne, v, V.const_like(0, v)) if is_bool else v
-
-    if not shape:
-        return scalar_load([])
-    if small.is_small(shape):
-        small.check_small(shape)
-        vals = np.empty(tuple(shape), dtype=object)
-        for idx in np.ndindex(vals.shape):
-            vals[idx] = scalar_load(idx)
-        return small.Small(vals)
-    if elementwise:
-        return elements.load(m, jax.ShapeDtypeStruct(tuple(shape), dtype))
-    layout = V.strided_layout(tuple(shape))
-    arr = mgpu.FragmentedArray.load_strided(m, is_signed=V.signed(V.storage_dtype(dtype)),
-                                            vec_size=layout.vec_size)
-    if is_bool:
-        arr = V.map_registers(
-            lambda v: arith.cmpi(arith.CmpIPredicate.ne, v, V.const_like(0, v)), [arr], dtype)
-    return arr
-
-
-def store_view(m, value, aval, space: str, sync: bool = True, elementwise: bool = False):
-    """Writes ``value`` (array, scalar or literal of ``aval``) into a memref view
-    (``elementwise`` for a strided view)."""
-    is_bool = V.kind(aval.dtype) == "b"
-
-    def scalar_store(v, idx):
-        if is_bool:
-            v = arith.extui(V.elem_type(V.storage_dtype(aval.dtype)), v)
-        memref.store(v, m, [V.const(i, V.index()) for i in idx])
-
-    if not aval.shape:
-        scalar_store(V.scalar(value, aval), [])
-    elif small.is_small(aval.shape):
-        # Every thread holds the same values; one thread writes them.
-        vals = small.to_small(value, aval, aval.shape).values
-        if_op = scf.IfOp(threads.issuer())
-        with ir.InsertionPoint(if_op.then_block):
-            for idx in np.ndindex(vals.shape):
-                scalar_store(vals[idx], idx)
-            scf.YieldOp([])
-    elif elementwise:
-        elements.store(m, value, aval)
-    elif (isinstance(value, mgpu.FragmentedArray) and not is_bool
-          and isinstance(value.layout, fa.TiledLayout)):
-        try:  # e.g. a matmul result in the WGMMA layout
-            # Mosaic GPU plans bank-conflict-free transfers for SMEM only; a GMEM ref
-            # (a plgpu.kernel's output) takes plain stores.
-            value.store_untiled(m, optimized=space == "smem")
-        except fa.TransferPlanDerivationError:  # no bank-conflict-free plan: plain stores
-            value.store_untiled(m, optimized=False)
-    elif (isinstance(value, mgpu.FragmentedArray) and not is_bool
-          and isinstance(value.layout, fa.WGStridedFragLayout)):
-        value.store_untiled(m)  # at its own vector width (say, a WG_STRIDED layout_cast)
-    else:
-        arr = V.to_strided(V.array(value, aval))
-        if is_bool:
-            i8 = V.elem_type(V.storage_dtype(aval.dtype))
-            arr = V.map_registers(
-                lambda v: arith.extui(ir.VectorType.get(ir.VectorType(v.type).shape, i8), v)
-                if isinstance(v.type, ir.VectorType) else arith.extui(i8, v),
-                [arr], V.storage_dtype(aval.dtype))
-        arr.store_untiled(m)
-    if space == "smem" and sync:
-        mgpu.warpgroup_barrier()
+from pallas_mosaic_gpu._src.lowering.engine import RefVal, lower_jaxpr, rule
+from pallas_mosaic_gpu._src.lowering.register_layouts import in_layout
+from pallas_mosaic_gpu._src.lowering.scoped import AccVal, BarrierVal
+from pallas_mosaic_gpu._src.lowering.views import load_view, stepped, store_view, view
+from pallas_mosaic_gpu._src.memory import AccumulatorSpace
 
 
 def _check_space(ref: RefVal, what: str):
@@ -155,8 +39,6 @@ def _check_space(ref: RefVal, what: str):
 
 def _tiled_view(ref: RefVal, flat, tree):
     """The memref of a view of a tiled/swizzled SMEM ref (whole tiles only)."""
-    from pallas_mosaic_gpu._src.lowering import smem
-
     v = smem.view(ref, flat, tree)
     if v.tiling is None or len(v.tiling) != 2 or len(v.shape) != 2:
         raise NotImplementedError(
@@ -191,12 +73,6 @@ def _run_state(lctx, eqn, *inits):
     """``pl.run_state(f)(...)``: ``f`` runs on refs starting at the inputs (a
     ``plgpu.ACC.init(x)`` accumulator in registers, a ref passed through, or a value it
     closed over); the results are the refs' final values."""
-    from jax.experimental.mosaic.gpu import fragmented_array as fa
-
-    from pallas_mosaic_gpu._src.lowering.rules_layout import in_layout
-    from pallas_mosaic_gpu._src.lowering.scoped import AccVal, BarrierVal
-    from pallas_mosaic_gpu._src.memory import AccumulatorSpace
-
     jaxpr = eqn.params["jaxpr"]
     refs = []
     for v, x, init in zip(jaxpr.invars, inits, eqn.params["is_initialized"]):
@@ -222,16 +98,27 @@ def _run_state(lctx, eqn, *inits):
             else r for r in refs]
 
 
+@rule(pp.run_scoped_p)
+def _run_scoped(lctx, eqn, *consts):
+    sync = lctx.scope_syncs.get(id(eqn))  # bytes or barriers an earlier scope used
+    scoped_stack.enter(sync, [(lctx.scoped[k][1], lctx.scoped[k][0].entry.arrival_count)
+                              for k in (sync.barriers if sync else ())])
+    refs = []
+    for k in range(len(eqn.params["types"])):
+        if (id(eqn), k) not in lctx.scoped:
+            raise NotImplementedError("run_scoped outside the kernel body (not planned)")
+        planned, allocated = lctx.scoped[(id(eqn), k)]
+        refs.append(scoped.value(planned, allocated))
+    return lower_jaxpr(lctx, eqn.params["jaxpr"], [], [*consts, *refs])
+
+
 @rule(jc.get_p)
 def _get(lctx, eqn, ref, *flat):
-    from pallas_mosaic_gpu._src.lowering import rules_wgmma
-    from pallas_mosaic_gpu._src.lowering.scoped import AccVal
-
     _check_scope(lctx, eqn.outvars[0].aval, "reading")
     if isinstance(ref, ValRef):
         return ref.access(flat, "reading").value
     if isinstance(ref, AccVal):
-        return rules_wgmma.read_acc(ref, flat, eqn.params["tree"])
+        return mma.read_acc(ref, flat, eqn.params["tree"])
     if isinstance(ref, tmem.TmemVal):
         return tmem.load(ref, flat, eqn.params["tree"], eqn.outvars[0].aval)
     # A GMEM ref is read in place by every thread (say, group sizes or offsets in a
@@ -253,18 +140,15 @@ def _get(lctx, eqn, ref, *flat):
 
 @rule(jc.swap_p)
 def _swap(lctx, eqn, ref, value, *flat):
-    from pallas_mosaic_gpu._src.lowering import rules_wgmma
-    from pallas_mosaic_gpu._src.lowering.scoped import AccVal
-
     _check_scope(lctx, eqn.invars[1].aval, "writing")
     if isinstance(ref, ValRef):
         old = ref.access(flat, "writing").value
         ref.value = value
         return old
     if isinstance(ref, AccVal):
-        old = rules_wgmma.read_acc(ref, flat, eqn.params["tree"]) \
+        old = mma.read_acc(ref, flat, eqn.params["tree"]) \
             if lctx.is_used(eqn.outvars[0]) else None
-        rules_wgmma.write_acc(ref, value, eqn.invars[1].aval, flat, eqn.params["tree"])
+        mma.write_acc(ref, value, eqn.invars[1].aval, flat, eqn.params["tree"])
         return old
     if isinstance(ref, tmem.TmemVal):
         old = tmem.load(ref, flat, eqn.params["tree"], eqn.invars[1].aval) \

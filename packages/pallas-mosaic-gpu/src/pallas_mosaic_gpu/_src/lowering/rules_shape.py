@@ -21,8 +21,9 @@ from jaxlib.mlir.dialects import arith, scf, vector
 from pallas_mosaic_gpu._src.lowering import small
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import Lit, rule
-from pallas_mosaic_gpu._src.lowering.rules_layout import full_layout, hinted_layout, is_tiled
+from pallas_mosaic_gpu._src.lowering.register_layouts import full_layout, hinted_layout, is_tiled
 from pallas_mosaic_gpu._src.lowering.spill import load_element, operand_memrefs
+from pallas_mosaic_gpu._src.lowering.views import store_view
 
 
 def _reshaped(x, shape):
@@ -345,8 +346,6 @@ def _concatenate(lctx, eqn, *xs):
         if isinstance(x, small.Small):
             srcs.append(("small", x))
         elif buf is not None:
-            from pallas_mosaic_gpu._src.lowering.rules_refs import store_view
-
             store_view(buf, x, a, "smem", sync=False)
             srcs.append(("smem", buf))
             spilled = True

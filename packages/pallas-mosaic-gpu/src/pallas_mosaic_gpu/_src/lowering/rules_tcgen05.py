@@ -19,12 +19,12 @@ from jax.experimental.mosaic.gpu import tcgen05
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import nvvm
 
-from pallas_mosaic_gpu._src.lowering import smem, threads, warps
+from pallas_mosaic_gpu._src.lowering import smem, threads
 from pallas_mosaic_gpu._src.lowering import tmem as T
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import KernelError, Lit, RefVal, rule
-from pallas_mosaic_gpu._src.lowering.rules_tma import barrier_at
-from pallas_mosaic_gpu._src.lowering.rules_wgmma import BLACKWELL, check_target, operand
+from pallas_mosaic_gpu._src.lowering.mma import BLACKWELL, check_target, operand
+from pallas_mosaic_gpu._src.lowering.scoped import barrier_at
 from pallas_mosaic_gpu._src.primitives import refs as R
 from pallas_mosaic_gpu._src.primitives.hints import commit_tmem_p, wait_load_tmem_p
 from pallas_mosaic_gpu._src.primitives.mma import tcgen05_mma_p
@@ -100,7 +100,7 @@ def _tcgen05_mma(lctx, eqn, *ops):
     _check_mma("tcgen05_mma", acc, a_dtype, bv)
     accumulate = _flag(ops[R.spec_end(spec)])
     barrier = barrier_at(*bar, "tcgen05_mma") if bar is not None else None
-    with mgpu.when(warps.issuer(lctx)):
+    with mgpu.when(threads.scope_issuer(lctx)):
         try:
             tcgen05.mma(acc.ref, am, bm, a_swizzle=a_swizzle, b_swizzle=b_swizzle,
                         accumulate=accumulate, collective=pair)
@@ -130,7 +130,7 @@ def _commit_arrive(lctx, eqn, *ops):
     if axis is not None:
         threads.check_pair(lctx, axis, "tcgen05_commit_arrive", "collective_axis")
     barrier = barrier_at(bar, flat, tree, "tcgen05_commit_arrive")
-    with mgpu.when(warps.issuer(lctx)):
+    with mgpu.when(threads.scope_issuer(lctx)):
         _commit(lctx, barrier, axis is not None)
     return []
 
@@ -145,7 +145,7 @@ def _smem_to_tmem(lctx, eqn, *ops):
     (s, sflat, stree), (d, dflat, dtree) = R.unflatten(p["refs"], ops)
     sv = smem.view(s, sflat, stree)
     dv = _acc(d, dflat, dtree, "async_copy_smem_to_tmem")
-    with mgpu.when(warps.issuer(lctx)):
+    with mgpu.when(threads.scope_issuer(lctx)):
         try:
             tcgen05.async_copy_smem_to_tmem(sv.memref, dv.ref)
         except (ValueError, NotImplementedError) as e:
@@ -158,7 +158,7 @@ def _smem_to_tmem(lctx, eqn, *ops):
 def _commit_tmem(lctx, eqn):
     check_target(lctx, "commit_tmem", BLACKWELL)
     nvvm.tcgen05_wait(nvvm.Tcgen05WaitKind.STORE)
-    warps.sync(lctx)
+    threads.scope_sync(lctx)
     lctx.synced = True  # a barrier arrival right after needs no synchronisation again
     return []
 
@@ -167,6 +167,6 @@ def _commit_tmem(lctx, eqn):
 def _wait_load_tmem(lctx, eqn):
     check_target(lctx, "wait_load_tmem", BLACKWELL)
     nvvm.tcgen05_wait(nvvm.Tcgen05WaitKind.LOAD)
-    warps.sync(lctx)
+    threads.scope_sync(lctx)
     lctx.synced = True  # a barrier arrival right after needs no synchronisation again
     return []

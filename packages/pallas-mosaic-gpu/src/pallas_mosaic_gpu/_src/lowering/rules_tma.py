@@ -20,10 +20,10 @@ from jax.experimental.mosaic.gpu.launch_context import TileTransform
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, nvvm
 
-from pallas_mosaic_gpu._src.lowering import collectives, smem, threads, warps
+from pallas_mosaic_gpu._src.lowering import collectives, smem, threads
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import KernelError, Lit, RefVal, rule
-from pallas_mosaic_gpu._src.lowering.scoped import BarrierVal
+from pallas_mosaic_gpu._src.lowering.scoped import barrier_at
 from pallas_mosaic_gpu._src.primitives import refs as R
 from pallas_mosaic_gpu._src.primitives.barriers import barrier_arrive_p, barrier_wait_p
 from pallas_mosaic_gpu._src.primitives.copies import (
@@ -35,27 +35,6 @@ from pallas_mosaic_gpu._src.primitives.copies import (
 )
 
 TMA_MAX_BOX = 256
-
-
-def barrier_at(bar, flat, tree, fn: str):
-    """The single mbarrier ``barrier.at[i]`` selects."""
-    if not isinstance(bar, BarrierVal):
-        raise TypeError(f"plgpu.{fn}: the barrier argument is not a plgpu.Barrier")
-    sel = smem._transforms(flat, tree)
-    ref, n = bar.ref, bar.shape[0]
-    for t in sel:
-        entries = smem._entries(t)
-        if len(entries) != 1 or entries[0][0] != "index":
-            raise NotImplementedError(f"plgpu.{fn}: barrier refs are indexed by one int")
-        i = entries[0][1]
-        if isinstance(i, int) and not 0 <= i < n:
-            raise KernelError(f"plgpu.{fn}: barrier index {i} is out of range for "
-                             f"plgpu.Barrier(num_barriers={n}); valid: 0..{n - 1}")
-        ref, n = ref[i], 1
-    if n != 1:
-        raise KernelError(f"plgpu.{fn}: index the barrier array (num_barriers={n}), e.g. "
-                         "barrier.at[i]")
-    return ref
 
 
 def _check_tma(fn: str, gmem: RefVal, window, dst: RefVal, arg: str):
@@ -138,12 +117,12 @@ def _gmem_to_smem(lctx, eqn, *ops):
     if isinstance(barrier, mgpu.utils.CollectiveBarrierRef):
         barrier = barrier.barrier  # TMA arrives through the copy's own collective mode
     if not lctx.synced:  # no thread still reads the destination
-        warps.sync(lctx)
+        threads.scope_sync(lctx)
         lctx.synced = True
     _copy(lctx, "copy_gmem_to_smem", src_ref=src.memref, dst_ref=d.memref, gmem_slice=window,
           gmem_transform=_transform(d), swizzle=d.swizzle, barrier=barrier,
           collective=dims or None, leader_tracked=leader,
-          oob_mode=p["oob_mode"], predicate=warps.issuer(lctx))
+          oob_mode=p["oob_mode"], predicate=threads.scope_issuer(lctx))
     return []
 
 
@@ -158,7 +137,7 @@ def _smem_to_gmem(lctx, eqn, *ops):
     dflat, dtree, peer = collectives.split_peer(lctx, dflat, dtree, "plgpu.copy_smem_to_gmem")
     window = smem.gmem_window(dst, dflat, dtree)
     _check_tma("copy_smem_to_gmem", dst, window, s, "dst")
-    pred = warps.issuer(lctx)
+    pred = threads.scope_issuer(lctx)
     if p["has_predicate"]:
         user = ops[R.spec_end(p["refs"])]
         user = V.const(bool(np.asarray(user.val)), ir.IntegerType.get_signless(1)) \
@@ -173,7 +152,7 @@ def _smem_to_gmem(lctx, eqn, *ops):
 @rule(commit_smem_p)
 def _commit_smem(lctx, eqn):
     nvvm.fence_proxy(nvvm.ProxyKind.async_shared, space=nvvm.SharedSpace.shared_cta)
-    warps.sync(lctx)
+    threads.scope_sync(lctx)
     return []
 
 
@@ -185,7 +164,7 @@ def _commit_group(lctx, eqn):
 
 @rule(wait_smem_to_gmem_p)
 def _wait_smem_to_gmem(lctx, eqn):
-    scope = mgpu.ThreadSubset.WARP if warps.in_warp(lctx) else mgpu.ThreadSubset.WARPGROUP
+    scope = mgpu.ThreadSubset.WARP if threads.in_warp(lctx) else mgpu.ThreadSubset.WARPGROUP
     lctx.launch_ctx.await_async_copy(eqn.params["n"],
                                      await_read_only=eqn.params["wait_read_only"],
                                      scope=scope)
@@ -197,16 +176,16 @@ def _barrier_arrive(lctx, eqn, *ops):
     ((bar, flat, tree),) = R.unflatten(eqn.params["refs"], ops)
     ref = barrier_at(bar, flat, tree, "barrier_arrive")
     if isinstance(ref, mgpu.utils.CollectiveBarrierRef):  # plgpu.ClusterBarrier
-        if warps.in_warp(lctx):
+        if threads.in_warp(lctx):
             raise NotImplementedError(
                 "plgpu.barrier_arrive on a plgpu.ClusterBarrier inside a plgpu.WarpMesh "
                 "(Mosaic GPU's cluster arrivals are issued by a whole warpgroup)")
         ref.arrive(orders_tensor_core=bar.space.orders_tensor_core)  # syncs the warpgroup
         return []
     if not lctx.synced:  # the warpgroup's (or warp's) work before the arrival is done
-        warps.sync(lctx)
+        threads.scope_sync(lctx)
         lctx.synced = True
-    ref.arrive(predicate=warps.issuer(lctx),
+    ref.arrive(predicate=threads.scope_issuer(lctx),
                orders_tensor_core=bar.space.orders_tensor_core)
     return []
 

@@ -21,9 +21,11 @@ import numpy as np
 from jax.experimental.mosaic import gpu as mgpu
 
 from pallas import plugins
-from pallas_mosaic_gpu._src.lowering import scoped_stack, smem
+from pallas_mosaic_gpu._src.lowering import smem, threads, tmem
 from pallas_mosaic_gpu._src.lowering import values as V
-from pallas_mosaic_gpu._src.lowering.engine import KernelError, lower_jaxpr, rule
+from pallas_mosaic_gpu._src.lowering.context import KernelError, unsupported
+from pallas_mosaic_gpu._src.lowering.infer import wgmma_transforms
+from pallas_mosaic_gpu._src.lowering.threads import Threads, per_thread
 from pallas_mosaic_gpu._src.memory import AccumulatorSpace, BarrierSpace, MemorySpace
 
 MAX_BARRIERS = 32  # per barrier array (Mosaic GPU tracks phases in one 32-bit word)
@@ -117,16 +119,14 @@ def plan_type(t, what: str, kernel: str, target: str | None = None,
                              "float16, int32")
         return Planned(None, "acc", shape, dt)
     if space is MemorySpace.TMEM:
-        from pallas_mosaic_gpu._src.lowering import tmem
-
-        return tmem.plan_tmem(t, shape, dtype, what, kernel, target)
+        return _plan_tmem(t, shape, dtype, what, kernel, target)
     if str(getattr(space, "name", space) or "").lower() not in ("", "smem", "any"):
-        raise _unsupported(kernel, f"{what} in memory space {space}")
+        raise unsupported(kernel, f"{what} in memory space {space}")
     if dtype is None:
-        raise _unsupported(kernel, f"{what} of type {type(t).__name__}")
+        raise unsupported(kernel, f"{what} of type {type(t).__name__}")
     dt = jnp.dtype(dtype)
     if dt.itemsize > 4:
-        raise _unsupported(kernel, f"{what} of dtype {dt.name} (64-bit)")
+        raise unsupported(kernel, f"{what} of dtype {dt.name} (64-bit)")
     tiling, swizzle = smem.layout(tuple(getattr(t, "transforms", ())), shape, dt,
                                   f"{what} plgpu.SMEM{shape} {dt.name}")
     phys = smem.physical_shape(shape, tiling)
@@ -138,21 +138,49 @@ def _cluster_barrier(space: BarrierSpace, n: int, what: str, cluster_names: tupl
     """Mosaic GPU's ``ClusterBarrier`` for a ``plgpu.ClusterBarrier``: each arrival
     reaches the barrier in every block of the cluster along ``collective_axes`` (or only
     the leader's, ``leader_tracked``), which expects arrivals from all of them."""
-    from pallas_mosaic_gpu._src.lowering.threads import cluster_dims
-
     dims = []
     for axes in space.collective_axes:
-        d = cluster_dims(cluster_names, axes, f"ClusterBarrier ({what})", "collective_axes")
+        d = threads.cluster_dims(cluster_names, axes, f"ClusterBarrier ({what})",
+                                 "collective_axes")
         dims.append(d[0] if isinstance(axes, str) else d)
     return mgpu.ClusterBarrier(tuple(dims), space.num_arrivals, n,
                                orders_tensor_core=space.orders_tensor_core,
                                leader_tracked=space.leader_tracked)
 
 
-def _unsupported(kernel: str, what: str):
-    from pallas_mosaic_gpu._src.lowering.engine import unsupported
-
-    return unsupported(kernel, what)
+def _plan_tmem(t, shape, dtype, what: str, kernel: str, target: str | None):
+    """The ``Planned`` allocation of a ``plgpu.TMEM`` buffer type ``t``; a
+    ``KernelError`` naming the buffer for shapes and dtypes TMEM cannot hold."""
+    desc = f"{what}: plgpu.TMEM({tuple(shape)}, {jnp.dtype(dtype).name})"
+    if target is not None and target != tmem.BLACKWELL:
+        raise KernelError(
+            f"{what}: plgpu.TMEM (tensor memory, for tcgen05_mma) is Blackwell-only "
+            f"(sm_100a) but kernel {kernel} is compiled for {target}; on {target} use "
+            "plgpu.wgmma with a plgpu.ACC accumulator")
+    dt = jnp.dtype(dtype)
+    if getattr(t, "layout", None) is not None:
+        raise unsupported(kernel, f"{desc} with an explicit TMEM layout (block scales, "
+                                  "sparse metadata)")
+    if dt.name not in tmem.DTYPES:
+        raise KernelError(f"{desc}: TMEM buffers hold {', '.join(tmem.DTYPES)} in the "
+                          f"mosaic_gpu lowering, not {dt.name}")
+    if len(shape) != 2 or shape[0] not in (tmem.ROWS, tmem.ROWS // 2):
+        raise KernelError(
+            f"{desc}: a TMEM buffer is 2D with {tmem.ROWS} rows (TMEM's lanes) or "
+            f"{tmem.ROWS // 2}; got shape {tuple(shape)}")
+    packing = 32 // (dt.itemsize * 8) if getattr(t, "packed", False) else 1
+    if shape[1] % (8 * packing):
+        raise KernelError(f"{desc}: the columns ({shape[1]}) must be a multiple of "
+                          f"{8 * packing}")
+    cols = tmem.columns(shape, dt, packing)
+    if cols > tmem.MAX_COLS:
+        raise KernelError(
+            f"{desc} needs {cols} TMEM columns; TMEM has {tmem.MAX_COLS} (32-bit) columns per "
+            f"block: use at most {tmem.MAX_COLS * packing} columns"
+            + (" (or packed=True)" if dt.itemsize < 4 and packing == 1 else ""))
+    entry = mgpu.TMEM(tuple(shape), dt, packing=packing,
+                      collective=bool(getattr(t, "collective", False)))
+    return Planned(entry, "tmem", tuple(shape), dt)
 
 
 def plan(jaxpr, kernel: str, threads=None, target: str | None = None,
@@ -160,9 +188,6 @@ def plan(jaxpr, kernel: str, threads=None, target: str | None = None,
     """``{(id(run_scoped eqn), j): Planned}`` for every ``run_scoped`` in ``jaxpr``;
     the buffers in ``infer`` get the layout ``wgmma`` needs when declared without one
     (Warpgroup semantics, see :mod:`infer`)."""
-    from pallas_mosaic_gpu._src.lowering.infer import wgmma_transforms
-    from pallas_mosaic_gpu._src.lowering.threads import Threads, per_thread
-
     threads = threads or Threads()
     out: dict = {}
 
@@ -185,8 +210,6 @@ def plan(jaxpr, kernel: str, threads=None, target: str | None = None,
 
 def value(p: Planned, allocated) -> Any:
     """The kernel's value for buffer ``p`` (``allocated``: its SMEM memref or BarrierRef)."""
-    from pallas_mosaic_gpu._src.lowering import threads
-
     if p.copies > 1 and p.kind == "barrier":
         allocated = threads.own_barriers(allocated, p.shape[0])
     elif p.copies > 1 and p.kind == "smem":
@@ -194,9 +217,7 @@ def value(p: Planned, allocated) -> Any:
     if p.kind == "barrier":
         return BarrierVal(allocated, p.shape, p.space)
     if p.kind == "tmem":
-        from pallas_mosaic_gpu._src.lowering.tmem import TmemVal
-
-        return TmemVal(allocated, p.shape, p.dtype, bool(p.entry.collective))
+        return tmem.TmemVal(allocated, p.shape, p.dtype, bool(p.entry.collective))
     if p.kind == "sem":
         return allocated  # the RefVal of its words in the semaphore buffer
     if p.kind == "acc":
@@ -207,15 +228,22 @@ def value(p: Planned, allocated) -> Any:
     return smem.smem_ref(allocated, p.dtype, p.shape, p.tiling, p.swizzle)
 
 
-@rule(plugins.run_scoped_p)
-def _run_scoped(lctx, eqn, *consts):
-    sync = lctx.scope_syncs.get(id(eqn))  # bytes or barriers an earlier scope used
-    scoped_stack.enter(sync, [(lctx.scoped[k][1], lctx.scoped[k][0].entry.arrival_count)
-                              for k in (sync.barriers if sync else ())])
-    refs = []
-    for k in range(len(eqn.params["types"])):
-        if (id(eqn), k) not in lctx.scoped:
-            raise NotImplementedError("run_scoped outside the kernel body (not planned)")
-        planned, allocated = lctx.scoped[(id(eqn), k)]
-        refs.append(value(planned, allocated))
-    return lower_jaxpr(lctx, eqn.params["jaxpr"], [], [*consts, *refs])
+def barrier_at(bar, flat, tree, fn: str):
+    """The single mbarrier ``barrier.at[i]`` selects."""
+    if not isinstance(bar, BarrierVal):
+        raise TypeError(f"plgpu.{fn}: the barrier argument is not a plgpu.Barrier")
+    sel = smem._transforms(flat, tree)
+    ref, n = bar.ref, bar.shape[0]
+    for t in sel:
+        entries = smem._entries(t)
+        if len(entries) != 1 or entries[0][0] != "index":
+            raise NotImplementedError(f"plgpu.{fn}: barrier refs are indexed by one int")
+        i = entries[0][1]
+        if isinstance(i, int) and not 0 <= i < n:
+            raise KernelError(f"plgpu.{fn}: barrier index {i} is out of range for "
+                             f"plgpu.Barrier(num_barriers={n}); valid: 0..{n - 1}")
+        ref, n = ref[i], 1
+    if n != 1:
+        raise KernelError(f"plgpu.{fn}: index the barrier array (num_barriers={n}), e.g. "
+                         "barrier.at[i]")
+    return ref

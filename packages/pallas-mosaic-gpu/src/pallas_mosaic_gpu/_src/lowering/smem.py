@@ -21,7 +21,7 @@ from jaxlib.mlir.dialects import arith
 
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.lowering import values as V
-from pallas_mosaic_gpu._src.lowering.engine import KernelError, Lit, RefVal
+from pallas_mosaic_gpu._src.lowering.context import KernelError, Lit, RefVal
 from pallas_mosaic_gpu._src.transforms import SwizzleTransform, TilingTransform
 
 

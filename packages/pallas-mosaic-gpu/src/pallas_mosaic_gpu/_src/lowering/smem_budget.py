@@ -7,7 +7,7 @@ the bytes each part needs and the target's limit, instead of deep in Mosaic GPU.
 from __future__ import annotations
 
 from pallas.plugins import LevelUnsupportedError
-from pallas_mosaic_gpu._src.lowering.engine import BACKEND, KernelError
+from pallas_mosaic_gpu._src.lowering.context import BACKEND, KernelError
 
 # Dynamic shared memory per block (opt-in maximum): 227 KiB on Hopper (sm_90a) and on
 # datacenter Blackwell (sm_100a), which is also what Mosaic GPU assumes when it compiles

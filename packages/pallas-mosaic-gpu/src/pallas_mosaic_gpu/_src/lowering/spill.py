@@ -18,7 +18,9 @@ import jax.numpy as jnp
 from jax.experimental.mosaic import gpu as mgpu
 
 from pallas_mosaic_gpu._src import jax_compat as jc
+from pallas_mosaic_gpu._src.lowering import small
 from pallas_mosaic_gpu._src.lowering import values as V
+from pallas_mosaic_gpu._src.lowering.views import store_view
 
 # Primitives whose first operand is read across the warpgroup (when strided).
 GATHERING = (P.reduce_sum_p, P.reduce_max_p, P.reduce_min_p, P.reduce_prod_p,
@@ -77,13 +79,11 @@ def needs_gather(eqn) -> bool:
             or p in (P.reduce_and_p, P.reduce_or_p))
 
 
-def _stretches(eqn) -> bool:
-    """An elementwise eqn with a strided operand that has size-1 dims the output has
-    not (lax broadcasts those implicitly)."""
-    from pallas_mosaic_gpu._src.lowering.engine import RULES
-
-    r = RULES.get(eqn.primitive)
-    if r is None or not getattr(r, "__module__", "").endswith(".rules_arith"):
+def _stretches(eqn, elementwise) -> bool:
+    """An elementwise eqn (``elementwise(primitive)``: the engine's
+    ``is_elementwise``) with a strided operand that has size-1 dims the output has not
+    (lax broadcasts those implicitly)."""
+    if not elementwise(eqn.primitive):
         return False
     if len(eqn.outvars) != 1 or not hasattr(eqn.outvars[0].aval, "shape"):
         return False
@@ -116,9 +116,11 @@ def scanned_avals(eqn) -> list:
     return [v.aval for v in eqn.invars[n:]] + [v.aval for v in eqn.outvars[p["num_carry"]:]]
 
 
-def spill_buffers(jaxpr) -> list[tuple]:
+def spill_buffers(jaxpr, elementwise) -> list[tuple]:
     """(eqn, [aval or None per operand]) of every eqn needing SMEM for its operands
-    (None: read in place), sub-jaxprs included."""
+    (None: read in place), sub-jaxprs included; ``elementwise(primitive)`` tells the
+    eqns whose operands stretch (the engine's ``is_elementwise``, passed down since the
+    engine sits above this module)."""
     found = []
     for pos, eqn in enumerate(jaxpr.eqns):
         if eqn.primitive is P.dot_general_p:
@@ -132,21 +134,19 @@ def spill_buffers(jaxpr) -> list[tuple]:
         elif needs_gather(eqn):
             v = eqn.invars[0]
             found.append((eqn, [None if _in_place(jaxpr, pos, v) else v.aval]))
-        elif _stretches(eqn):
+        elif _stretches(eqn, elementwise):
             out = tuple(eqn.outvars[0].aval.shape)
             found.append((eqn, [v.aval if _strided(v.aval) and tuple(v.aval.shape) != out
                                 and not _in_place(jaxpr, pos, v) else None
                                 for v in eqn.invars]))
         for sub in jex.jaxprs_in_params(eqn.params):
-            found.extend(spill_buffers(getattr(sub, "jaxpr", sub)))
+            found.extend(spill_buffers(getattr(sub, "jaxpr", sub), elementwise))
     return found
 
 
 def operand_memrefs(lctx, eqn, xs) -> tuple[list, bool]:
     """SMEM memrefs holding the operands ``xs`` of ``eqn`` (written there if needed),
     and whether any was written (then the caller syncs again after reading)."""
-    from pallas_mosaic_gpu._src.lowering.rules_refs import store_view
-
     bufs = lctx.spill_buffers[id(eqn)]
     out, stored = [], False
     for x, v, buf in zip(xs, eqn.invars, bufs):
@@ -169,9 +169,6 @@ def stretch(lctx, eqn, i, x, aval, shape):
     """Operand ``i`` of an elementwise eqn, a strided array, broadcast along its size-1
     dims to ``shape`` (as lax allows) by reading it from SMEM: where it was loaded from
     a ref, or the buffer reserved for it."""
-    from pallas_mosaic_gpu._src.lowering import small
-    from pallas_mosaic_gpu._src.lowering.rules_refs import store_view
-
     buf = (lctx.spill_buffers.get(id(eqn)) or [None] * (i + 1))[i]
     if buf is not None:
         store_view(buf, x, aval, "smem")

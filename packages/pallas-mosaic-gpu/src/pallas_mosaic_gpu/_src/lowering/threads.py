@@ -10,6 +10,10 @@ A mesh's cluster axes (``cluster=``/``cluster_names=``) launch clusters of block
 cluster axis ``j`` is CUDA dimension ``j`` (x, y, z), the CUDA grid is the block grid
 times the cluster along each dimension, and ``lax.axis_index`` of a cluster axis is the
 block's index in its cluster (``%cluster_ctaid``).
+
+Inside ``pl.core_map(plgpu.WarpMesh(...))`` (:mod:`warps`) the lowering is in warp
+scope: :func:`scope_issuer` and :func:`scope_sync` then issue and synchronise per warp.
+The rules (``lax.axis_index``, ``set_max_registers``) are in :mod:`rules_threads`.
 """
 
 from __future__ import annotations
@@ -21,10 +25,8 @@ import math
 from jax.experimental.mosaic import gpu as mgpu
 from jaxlib.mlir.dialects import arith, nvvm
 
-from pallas import plugins
 from pallas_mosaic_gpu._src.lowering import values as V
-from pallas_mosaic_gpu._src.lowering.engine import KernelError, rule
-from pallas_mosaic_gpu._src.primitives.hints import set_max_registers_p
+from pallas_mosaic_gpu._src.lowering.context import KernelError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +124,26 @@ def entry_values(threads: Threads):
         _ENTRY.pop()
 
 
+def scope_issuer(lctx):
+    """The predicate of the one thread that issues a single-thread operation in the
+    current scope (of the warpgroup, or of the warp)."""
+    if lctx.scope == "warp":  # the warp's elected lane (no warp-index broadcast needed)
+        return mgpu.single_thread_predicate(mgpu.ThreadSubset.WARP)
+    return issuer()
+
+
+def scope_sync(lctx) -> None:
+    """Synchronises the threads running the current scope (the warpgroup, or the warp)."""
+    if lctx.scope == "warp":
+        nvvm.bar_warp_sync(V.const(-1, V.i32()))
+    else:
+        mgpu.warpgroup_barrier()
+
+
+def in_warp(lctx) -> bool:
+    return lctx.scope == "warp"
+
+
 def own_slice(memref):
     """This warpgroup's part of a per-warpgroup buffer (leading dim = warpgroups)."""
     return mgpu.memref_slice(memref, arith.index_cast(V.index(), warpgroup()))
@@ -131,32 +153,6 @@ def own_barriers(ref, n: int):
     """This warpgroup's ``n`` barriers of a per-warpgroup barrier array."""
     off = arith.muli(warpgroup(), V.const(n, V.i32()))
     return dataclasses.replace(ref, offset=arith.addi(ref.offset, off), num_barriers=n)
-
-
-@rule(plugins.axis_index_p)
-def _axis_index(lctx, eqn):
-    name = eqn.params["axis_name"]
-    names = lctx.axis_names
-    if isinstance(name, tuple) and len(name) == 1:
-        name = name[0]
-    if name in lctx.inner_axes:  # a plgpu.WarpMesh's axis (warps.py)
-        return lctx.inner_axes[name]
-    if name not in names and lctx.jax_mesh is not None and name in lctx.jax_mesh[0]:
-        from pallas_mosaic_gpu._src.lowering.collectives import mesh_axis_index
-
-        return mesh_axis_index(lctx, name)  # a device's index in the shard_map's mesh
-    if name not in names:
-        raise NotImplementedError(f"lax.axis_index({name!r}) of an axis that is not one of "
-                                  f"the kernel mesh's {names}")
-    return lctx.program_ids[names.index(name)]
-
-
-@rule(set_max_registers_p)
-def _set_max_registers(lctx, eqn):
-    action = nvvm.SetMaxRegisterAction.increase if eqn.params["action"] == "increase" \
-        else nvvm.SetMaxRegisterAction.decrease
-    nvvm.setmaxregister(eqn.params["n"], action)
-    return []
 
 
 def cluster_dims(names: tuple, axes, fn: str, arg: str) -> tuple:

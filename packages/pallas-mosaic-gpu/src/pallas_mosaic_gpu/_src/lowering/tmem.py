@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental.mosaic import gpu as mgpu
+from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jax.experimental.mosaic.gpu import tcgen05
 
 from pallas_mosaic_gpu._src.lowering import smem
-from pallas_mosaic_gpu._src.lowering.engine import KernelError, unsupported
+from pallas_mosaic_gpu._src.lowering import values as V
+from pallas_mosaic_gpu._src.lowering.context import KernelError
 
 BLACKWELL = "sm_100a"
 ROWS = tcgen05.TMEM_ROWS  # 128 lanes
@@ -40,43 +41,6 @@ class TmemVal:
 def columns(shape, dtype, packing: int) -> int:
     """The TMEM columns a buffer takes (as Mosaic GPU allocates them)."""
     return max(32, 1 << (max(shape[1] // packing, 1) - 1).bit_length())
-
-
-def plan_tmem(t, shape, dtype, what: str, kernel: str, target: str | None):
-    """The ``Planned`` allocation of a ``plgpu.TMEM`` buffer type ``t``; a
-    ``KernelError`` naming the buffer for shapes and dtypes TMEM cannot hold."""
-    from pallas_mosaic_gpu._src.lowering.scoped import Planned
-
-    desc = f"{what}: plgpu.TMEM({tuple(shape)}, {jnp.dtype(dtype).name})"
-    if target is not None and target != BLACKWELL:
-        raise KernelError(
-            f"{what}: plgpu.TMEM (tensor memory, for tcgen05_mma) is Blackwell-only "
-            f"(sm_100a) but kernel {kernel} is compiled for {target}; on {target} use "
-            "plgpu.wgmma with a plgpu.ACC accumulator")
-    dt = jnp.dtype(dtype)
-    if getattr(t, "layout", None) is not None:
-        raise unsupported(kernel, f"{desc} with an explicit TMEM layout (block scales, "
-                                  "sparse metadata)")
-    if dt.name not in DTYPES:
-        raise KernelError(f"{desc}: TMEM buffers hold {', '.join(DTYPES)} in the "
-                          f"mosaic_gpu lowering, not {dt.name}")
-    if len(shape) != 2 or shape[0] not in (ROWS, ROWS // 2):
-        raise KernelError(
-            f"{desc}: a TMEM buffer is 2D with {ROWS} rows (TMEM's lanes) or "
-            f"{ROWS // 2}; got shape {tuple(shape)}")
-    packing = 32 // (dt.itemsize * 8) if getattr(t, "packed", False) else 1
-    if shape[1] % (8 * packing):
-        raise KernelError(f"{desc}: the columns ({shape[1]}) must be a multiple of "
-                          f"{8 * packing}")
-    cols = columns(shape, dt, packing)
-    if cols > MAX_COLS:
-        raise KernelError(
-            f"{desc} needs {cols} TMEM columns; TMEM has {MAX_COLS} (32-bit) columns per "
-            f"block: use at most {MAX_COLS * packing} columns"
-            + (" (or packed=True)" if dt.itemsize < 4 and packing == 1 else ""))
-    entry = mgpu.TMEM(tuple(shape), dt, packing=packing,
-                      collective=bool(getattr(t, "collective", False)))
-    return Planned(entry, "tmem", tuple(shape), dt)
 
 
 def view(tv: TmemVal, flat, tree, fn: str = "ref") -> TmemVal:
@@ -104,17 +68,11 @@ def load(tv: TmemVal, flat, tree, aval):
     v = view(tv, flat, tree, "async_load_tmem")
     if v.shape[0] != ROWS:
         raise NotImplementedError(f"loading a TMEM ref of {v.shape[0]} rows (only {ROWS})")
-    from pallas_mosaic_gpu._src.lowering import values as V
-
     return v.ref.load(is_signed=V.signed(aval.dtype))
 
 
 def store(tv: TmemVal, flat, tree, value, aval) -> None:
     """``async_store_tmem(ref, x)``/``ref[...] = x``: registers into TMEM."""
-    from jax.experimental.mosaic.gpu import fragmented_array as fa
-
-    from pallas_mosaic_gpu._src.lowering import values as V
-
     v = view(tv, flat, tree, "async_store_tmem")
     if v.shape[0] != ROWS:
         raise NotImplementedError(f"storing a TMEM ref of {v.shape[0]} rows (only {ROWS})")

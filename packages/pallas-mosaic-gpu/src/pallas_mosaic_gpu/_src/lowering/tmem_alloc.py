@@ -22,7 +22,7 @@ from jax.experimental.mosaic.gpu import tcgen05
 from jaxlib.mlir.dialects import arith, gpu, memref, nvvm
 
 from pallas_mosaic_gpu._src.lowering import values as V
-from pallas_mosaic_gpu._src.lowering.engine import KernelError
+from pallas_mosaic_gpu._src.lowering.context import KernelError
 
 
 class TmemAddress(jax.ShapeDtypeStruct):

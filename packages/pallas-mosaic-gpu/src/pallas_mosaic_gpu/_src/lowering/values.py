@@ -17,9 +17,7 @@ from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith
 
-from pallas_mosaic_gpu._src.lowering.engine import Lit, RefVal
-
-__all__ = ["Lit", "RefVal"]
+from pallas_mosaic_gpu._src.lowering.context import Lit, RefVal
 
 FragmentedArray = mgpu.FragmentedArray
 WARPGROUP_SIZE = 128
@@ -180,35 +178,39 @@ def map_registers(fn, arrays: list[FragmentedArray], out_dtype) -> FragmentedArr
     return FragmentedArray(_registers=regs, _layout=layout, _is_signed=signed(out_dtype))
 
 
-def pointwise(eqn, invals, fn):
-    """Lowers an elementwise eqn with ``fn`` over ir.Values (scalar or vector)."""
-    from pallas_mosaic_gpu._src.lowering import small
+def with_elem_type(ty: ir.Type, et: ir.Type) -> ir.Type:
+    """``ty`` (scalar or vector type) with element type ``et``."""
+    if isinstance(ty, ir.VectorType):
+        return ir.VectorType.get(ir.VectorType(ty).shape, et)
+    return et
 
-    out = eqn.outvars[0].aval
-    avals = [v.aval for v in eqn.invars]
-    if not out.shape:
-        return fn(*(scalar(x, a) for x, a in zip(invals, avals)))
-    tiled = next((x.layout for x in invals if isinstance(x, FragmentedArray)
-                  and isinstance(x.layout, fa.TiledLayout)), None)
-    if tiled is not None:  # arrays in a tiled layout (say, WGMMA's) stay in it
-        from pallas_mosaic_gpu._src.lowering.rules_layout import in_layout
 
-        shape = tuple(out.shape)
-        if any(a.shape and tuple(a.shape) != shape for a in avals):
-            raise NotImplementedError(
-                f"{eqn.primitive.name} of arrays of shapes {[tuple(a.shape) for a in avals]} "
-                f"in the register layout {tiled} (broadcast them to {shape} first, e.g. "
-                "with lax.broadcast_in_dim)")
-        arrays = [in_layout(x, a.update(shape=shape), tiled) for x, a in zip(invals, avals)]
-        return map_registers(fn, arrays, out.dtype)
-    # Operands with size-1 dims stretch to the output's shape (as lax allows).
-    shape = tuple(out.shape)
-    invals = [small.stretch(x, a, shape) if a.shape and tuple(a.shape) != shape
-              and tuple(getattr(x, "shape", ())) != shape else x
-              for x, a in zip(invals, avals)]
-    avals = [a.update(shape=tuple(out.shape)) if a.shape else a for a in avals]
-    if small.is_small(out.shape):
-        arrays = [small.to_small(x, a, out.shape) for x, a in zip(invals, avals)]
-        return small.map_small(fn, arrays)
-    arrays = [array(x, a, out.shape) for x, a in zip(invals, avals)]
-    return map_registers(fn, arrays, out.dtype)
+def convert(v: ir.Value, src, dst) -> ir.Value:
+    """Converts a scalar or vector ``ir.Value`` from dtype ``src`` to ``dst``."""
+    s, d = jnp.dtype(src), jnp.dtype(dst)
+    if s == d:
+        return v
+    t = with_elem_type(v.type, elem_type(d))
+    ks, kd = kind(s), kind(d)
+    if kd == "b":
+        zero = const_like(0, v)
+        if ks == "f":
+            return arith.cmpf(arith.CmpFPredicate.UNE, v, zero)
+        return arith.cmpi(arith.CmpIPredicate.ne, v, zero)
+    if ks == "f" and kd == "f":
+        if s.itemsize == d.itemsize:  # bf16 <-> f16, through f32
+            v = arith.extf(with_elem_type(v.type, ir.F32Type.get()), v)
+            return arith.truncf(t, v)
+        return arith.extf(t, v) if d.itemsize > s.itemsize else arith.truncf(t, v)
+    if ks in "iu" and kd == "f":
+        return arith.sitofp(t, v) if ks == "i" else arith.uitofp(t, v)
+    if ks == "b" and kd == "f":
+        return arith.uitofp(t, v)
+    if ks == "f":
+        return arith.fptosi(t, v) if kd == "i" else arith.fptoui(t, v)
+    sbits = 1 if ks == "b" else s.itemsize * 8
+    if d.itemsize * 8 > sbits:
+        return arith.extsi(t, v) if ks == "i" else arith.extui(t, v)
+    if d.itemsize * 8 == sbits:
+        return v
+    return arith.trunci(t, v)

@@ -6,8 +6,9 @@ The warpgroup's 128 threads all enter the body; ``lax.axis_index`` of the mesh's
 the thread's warp index (0..3), uniform within a warp, so ``pl.when`` on it gives each
 warp its own branch. Inside, the lowering is in *warp scope* (``lctx.scope``): an
 operation one thread issues (a TMA copy, a barrier arrival, ``tcgen05_mma``, a commit)
-is issued by one thread of the warp rather than of the warpgroup (:func:`issuer`), and
-nothing synchronises the warpgroup (:func:`sync`), since the other warps run other code.
+is issued by one thread of the warp rather than of the warpgroup
+(:func:`threads.scope_issuer`), and nothing synchronises the warpgroup
+(:func:`threads.scope_sync`), since the other warps run other code.
 Arrays (held across a warpgroup's threads) are not available in warp scope. After the
 body the warpgroup synchronises, so what a warp wrote to SMEM is seen by all of it.
 """
@@ -15,35 +16,14 @@ body the warpgroup synchronises, so what a warp wrote to SMEM is seen by all of 
 from __future__ import annotations
 
 from jax.experimental.mosaic import gpu as mgpu
-from jaxlib.mlir.dialects import arith, nvvm
+from jaxlib.mlir.dialects import arith
 
 from pallas import plugins
-from pallas_mosaic_gpu._src.lowering import threads
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import lower_jaxpr, rule
 from pallas_mosaic_gpu._src.mesh import WarpMesh
 
 WARPS = WarpMesh.NUM_WARPS_PER_WARPGROUP
-
-
-def issuer(lctx):
-    """The predicate of the one thread that issues a single-thread operation in the
-    current scope (of the warpgroup, or of the warp)."""
-    if lctx.scope == "warp":  # the warp's elected lane (no warp-index broadcast needed)
-        return mgpu.single_thread_predicate(mgpu.ThreadSubset.WARP)
-    return threads.issuer()
-
-
-def sync(lctx) -> None:
-    """Synchronises the threads running the current scope (the warpgroup, or the warp)."""
-    if lctx.scope == "warp":
-        nvvm.bar_warp_sync(V.const(-1, V.i32()))
-    else:
-        mgpu.warpgroup_barrier()
-
-
-def in_warp(lctx) -> bool:
-    return lctx.scope == "warp"
 
 
 @rule(plugins.core_map_p)

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_mosaic_gpu._src import jax_compat as jc
-from pallas_mosaic_gpu._src.memory import AccumulatorSpace, MemoryRef, _shaped
+from pallas_mosaic_gpu._src.memory import AccumulatorSpace, MemoryRef, MemorySpace, _shaped
 from pallas_mosaic_gpu._src.primitives import refs as R
 from pallas_mosaic_gpu._src.primitives.barriers import check_barrier
 
@@ -173,8 +173,6 @@ SCALE_DTYPES = {32: ("float8_e8m0fnu",), 16: ("float8_e8m0fnu", "float8_e4m3fn")
 def _check_scales(a_aval, b_aval, a_scale, b_scale) -> None:
     """Block scales: ``a_scale (M, K / block)``, ``b_scale (N, K / block)`` TMEM refs of
     one scale per ``block`` (32, or 16 for 4-bit operands) consecutive elements of K."""
-    from pallas_mosaic_gpu._src.memory import MemorySpace
-
     (m, k), (_, n) = a_aval.shape[-2:], b_aval.shape[-2:]
     sa, sb = R.view_aval(a_scale), R.view_aval(b_scale)
     for arg, ref, aval, rows in (("a_scale", a_scale, sa, m), ("b_scale", b_scale, sb, n)):
@@ -209,8 +207,6 @@ def scaled_operands(a, b, a_scale, b_scale):
 def _check_spaces(acc, a, b) -> None:
     """Upstream's memory-space rules for ``tcgen05_mma`` (acc TMEM, a SMEM/TMEM, b SMEM),
     where a ref's space is known."""
-    from pallas_mosaic_gpu._src.memory import MemorySpace
-
     for arg, ref, ok in (("acc", acc, ("tmem",)), ("a", a, ("smem", "tmem")),
                          ("b", b, ("smem",))):
         space = R.memory_space(ref)

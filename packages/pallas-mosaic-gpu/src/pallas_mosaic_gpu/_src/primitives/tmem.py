@@ -16,6 +16,7 @@ import jax
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.layouts import layout_cast
 from pallas_mosaic_gpu._src.primitives import refs as R
+from pallas_mosaic_gpu._src.primitives.mma import check_tensor_core_barrier
 
 copy_smem_to_tmem_p = jc.Primitive("mgpu_copy_smem_to_tmem")
 copy_smem_to_tmem_p.multiple_results = True
@@ -90,8 +91,6 @@ def async_copy_sparse_metadata_to_tmem(smem_ref: Any, tmem_ref: Any,
 
 def tcgen05_commit_arrive(barrier: Any, collective_axis: str | None = None) -> None:
     """Arrives on ``barrier`` once every ``tcgen05_mma`` issued so far has completed."""
-    from pallas_mosaic_gpu._src.primitives.mma import check_tensor_core_barrier
-
     check_tensor_core_barrier(barrier, "tcgen05_commit_arrive")
     refs = R.FlatRefs(barrier)
     tcgen05_commit_arrive_p.bind(*refs.operands, refs=refs.spec, collective_axis=collective_axis)
