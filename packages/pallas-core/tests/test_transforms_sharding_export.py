@@ -282,3 +282,39 @@ def test_a_kernel_may_slice_its_refs_by_a_symbolic_size():
 def test_cdiv_of_symbolic_dimensions_stays_symbolic():
     (w,) = export.symbolic_shape("w")
     assert str(pl.cdiv(w, 8)) == str((w + 7) // 8)
+
+
+_DECLARED_VMA_SCRIPT = textwrap.dedent('''
+import jax, jax.numpy as jnp, numpy as np
+import pallas as pl
+from jax.sharding import PartitionSpec as P
+
+mesh = jax.make_mesh((2,), ("d",))
+
+def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + jax.lax.axis_index("d").astype(jnp.float32)
+
+def body(x):
+    out_shape = jax.ShapeDtypeStruct(
+        x.shape, x.dtype, manual_axis_type=jax.sharding.ManualAxisType(varying={"d"}))
+    y = pl.pallas_call(kernel, out_shape=out_shape, interpret=True)(x)
+    print("vma", sorted(jax.typeof(y).manual_axis_type.varying))
+    return y
+
+f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P("d")))
+np.testing.assert_array_equal(f(jnp.zeros((8, 128))),
+                              np.concatenate([np.zeros((8, 128)), np.ones((8, 128))]))
+print("ok declared")
+''')
+
+
+def test_an_out_shape_declares_the_mesh_axes_its_output_varies_over():
+    """A replicated operand, an output that differs per device: upstream's
+    ``ShapeDtypeStruct(manual_axis_type=...)`` says it varies (inferring from the
+    operands would say it does not)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    proc = subprocess.run([sys.executable, "-c", _DECLARED_VMA_SCRIPT], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "vma ['d']" in proc.stdout and "ok declared" in proc.stdout, proc.stdout

@@ -86,7 +86,12 @@ def _out_avals(out_shape) -> tuple[list, Any, list[str]]:
             dtype = array_dtype(leaf.dtype)
         except TypeError as e:
             raise TypeError(f"out_shape {origin} has an invalid shape or dtype: {e}") from None
-        avals.append(jc.ShapedArray(shape, dtype))
+        # Inside shard_map, the varying mesh axes the out_shape declares (upstream's
+        # manual_axis_type); without one they are inferred from the operands.
+        mat = getattr(leaf, "manual_axis_type", None)
+        avals.append(jc.ShapedArray(shape, dtype) if mat is None
+                     else jc.ShapedArray(shape, dtype, sharding=jc.core.get_cur_mesh_sharding(),
+                                         manual_axis_type=mat))
         paths.append(origin)
     return avals, tree, paths
 

@@ -6,8 +6,9 @@
   effects are threaded through ``jit`` in program order. A backend's kernel-local
   effects (``pallas.plugins.register_kernel_local_effect``: fences, barriers) stay
   inside, so ``jax.export`` can serialise the call where the backend is not installed.
-- **shard_map**: outputs vary over the manual mesh axes that any operand varies over
-  (``check_vma=True`` works).
+- **shard_map**: an output varies over the manual mesh axes that any operand varies over
+  and those its ``out_shape`` declares (``jax.ShapeDtypeStruct(...,
+  manual_axis_type=...)``, upstream's way; ``check_vma=True`` works without it).
 - **checkify**: with ``errors=checkify.user_checks`` (or any set with
   ``FailedCheckError``), ``pl.debug_check`` inside an interpreted kernel becomes a
   checkify error carrying its message and the grid point, instead of raising. (As
@@ -63,12 +64,16 @@ def _varying(avals) -> frozenset:
 def _effectful_abstract_eval(*avals, jaxpr, **params):
     outs = _abstract_eval(*avals, jaxpr=jaxpr, **params)
     vma = _varying(avals)
-    if vma:
-        mat = jc.core.ManualAxisType(varying=vma)
+    # An out_shape may declare more (a kernel reading lax.axis_index writes per-device
+    # values from replicated operands); the operands' axes are always included.
+    declared = [_varying([o]) for o in params["out_avals"]]
+    declared += [frozenset()] * (len(outs) - len(declared))  # (the checks' error vector)
+    if vma or any(declared):
         outs = [
             jc.ShapedArray(o.shape, o.dtype, weak_type=o.weak_type,
-                           sharding=jc.core.get_cur_mesh_sharding(), manual_axis_type=mat)
-            for o in outs
+                           sharding=jc.core.get_cur_mesh_sharding(),
+                           manual_axis_type=jc.core.ManualAxisType(varying=vma | d))
+            for o, d in zip(outs, declared)
         ]
     return outs, call_effects(jaxpr.jaxpr, params["grid_mapping"].grid_names)
 
