@@ -359,3 +359,10 @@ def test_buffered_rejects_a_zero_buffer_count():
 def test_block_shape_must_be_a_sequence():
     with pytest.raises(TypeError, match="block_shape"):
         pl.BlockSpec(8, lambda i: (i,))
+
+
+def test_replace_makes_a_changed_copy():
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0), memory_space=pl.ANY)
+    moved = spec.replace(index_map=lambda i: (0, i))
+    assert moved.block_shape == (8, 128) and moved.memory_space is pl.ANY
+    assert moved.index_map(3) == (0, 3) and spec.index_map(3) == (3, 0)

@@ -111,6 +111,10 @@ class BlockSpec:
     _: dataclasses.KW_ONLY
     memory_space: Any | None = None
 
+    def replace(self, **changes: Any) -> BlockSpec:
+        """A copy with ``changes`` (upstream's ``BlockSpec.replace``)."""
+        return dataclasses.replace(self, **changes)
+
     def __post_init__(self):
         if self.block_shape is not None and not isinstance(self.block_shape, Sequence):
             raise TypeError(
