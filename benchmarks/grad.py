@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas as pl
-from pallas_conformance.cases.transforms_more import flash_grid_kv
+from pallas_conformance.cases.grad import flash_grid_kv
 
 HI = jax.lax.Precision.HIGHEST
 

@@ -1,6 +1,6 @@
-"""Indexing: pl.ds with static and dynamic starts, strides, ref.at, integer indices,
-pl.load/pl.store, masked loads and stores, squeezed block dims, and edge blocks that
-overhang the array."""
+"""Indexing: pl.ds with static and dynamic starts, strides (with dynamic starts, on both
+axes), ref.at views (chained, dynamic, strided), integer indices, pl.load/pl.store,
+swap, squeezed block dims, pl.Element block dims and bounded slices."""
 
 from __future__ import annotations
 
@@ -92,6 +92,39 @@ def strided_store(pallas_call, a, b):
     return pallas_call(kernel, out_shape=sds((R, C), a.dtype))(a, b)
 
 
+@case("indexing/strided_dynamic_start", tags={"indexing"},
+      inputs=lambda rng: (randn(rng, (32, C)),),
+      reference=lambda x: jnp.concatenate([x[0:16:2], x[1:17:2]], axis=0))
+def strided_dynamic(pallas_call, x):
+    """pl.ds(program_id, 8, stride=2): every other row from a start that program_id sets."""
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[pl.ds(pl.program_id(0), 8, stride=2), :]
+
+    return pallas_call(kernel, out_shape=sds((16, C), x.dtype), grid=(2,),
+                       in_specs=[pl.BlockSpec((32, C), lambda i: (0, 0))],
+                       out_specs=pl.BlockSpec((8, C), lambda i: (i, 0)))(x)
+
+
+@case("indexing/strided_both_axes", tags={"indexing"},
+      inputs=lambda rng: (randn(rng, (16, 2 * C)),), reference=lambda x: x[1::2, ::2])
+def strided_both(pallas_call, x):
+    """A stride on the rows and on the lanes of one load."""
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[pl.ds(1, 8, stride=2), pl.ds(0, C, stride=2)]
+
+    return pallas_call(kernel, out_shape=sds((8, C), x.dtype))(x)
+
+
+@case("indexing/strided_stride4", tags={"indexing"},
+      inputs=lambda rng: (randn(rng, (32, C)),), reference=lambda x: x[3::4] * 2)
+def strided4(pallas_call, x):
+    """pl.ds(3, 8, stride=4)."""
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[pl.ds(3, 8, stride=4), :] * 2
+
+    return pallas_call(kernel, out_shape=sds((8, C), x.dtype))(x)
+
+
 @case("indexing/ref_at_read", tags={"indexing"},
       inputs=lambda rng: (randn(rng, (R, C)),), reference=lambda x: x[8:16, 0:64] + 1)
 def ref_at_read(pallas_call, x):
@@ -113,6 +146,45 @@ def ref_at_write(pallas_call, x):
         o_ref.at[pl.ds(8, 8)][...] = x_ref[...] * 3
 
     return pallas_call(kernel, out_shape=sds((R, C), x.dtype))(x)
+
+
+@case("indexing/ref_at_integer_3d", tags={"indexing"},
+      inputs=lambda rng: (randn(rng, (4, 8, C)),), reference=lambda x: x[1] + x[3] * 2)
+def ref_at_int(pallas_call, x):
+    """x_ref.at[1] and x_ref.at[3]: integer views that drop the leading axis of a 3-D ref."""
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref.at[1][...] + x_ref.at[3][...] * 2
+
+    return pallas_call(kernel, out_shape=sds((8, C), x.dtype))(x)
+
+
+@case("indexing/ref_at_dynamic_write", tags={"indexing", "control_flow"},
+      inputs=lambda rng: (randn(rng, (4, 8, C)),),
+      reference=lambda x: x * jnp.arange(1, 5, dtype=jnp.float32)[:, None, None])
+def ref_at_dynamic(pallas_call, x):
+    """o_ref.at[i] with a loop index: a helper writes through the view it is given."""
+    def scale_into(src, dst, s):
+        dst[...] = src[...] * s
+
+    def kernel(x_ref, o_ref):
+        def body(i, c):
+            scale_into(x_ref.at[i], o_ref.at[i], (i + 1).astype(jnp.float32))
+            return c
+
+        jax.lax.fori_loop(0, 4, body, 0)
+
+    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(x)
+
+
+@case("indexing/ref_at_strided", tags={"indexing"},
+      inputs=lambda rng: (randn(rng, (32, C)),), reference=lambda x: x[0:32:2][4:12])
+def ref_at_strided(pallas_call, x):
+    """A contiguous ds of a strided .at view (view composition)."""
+    def kernel(x_ref, o_ref):
+        evens = x_ref.at[pl.ds(0, 16, stride=2)]
+        o_ref[...] = evens[pl.ds(4, 8), :]
+
+    return pallas_call(kernel, out_shape=sds((8, C), x.dtype))(x)
 
 
 @case("indexing/integer_index", tags={"indexing"},
@@ -176,74 +248,6 @@ def swap(pallas_call, x):
     return pallas_call(kernel, out_shape=(sds(x.shape, x.dtype), sds(x.shape, x.dtype)))(x)
 
 
-def _lane_mask(n):
-    return jax.lax.broadcasted_iota(jnp.int32, (8, C), 1) < n
-
-
-@case("indexing/masked_load_other", tags={"indexing"},
-      inputs=lambda rng: (randn(rng, (8, C)),),
-      reference=lambda x: jnp.where(jnp.arange(C)[None] < 100, x, -1.0))
-def masked_load(pallas_call, x):
-    """pl.load with mask= and other=: masked-out lanes read as other."""
-    def kernel(x_ref, o_ref):
-        o_ref[...] = pl.load(x_ref, (slice(None), slice(None)), mask=_lane_mask(100),
-                             other=-1.0)
-
-    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(x)
-
-
-@case("indexing/masked_store", tags={"indexing"},
-      inputs=lambda rng: (randn(rng, (8, C)), randn(rng, (8, C))),
-      reference=lambda x, y: jnp.where(jnp.arange(C)[None] < 37, x * 2, y))
-def masked_store(pallas_call, x, y):
-    """pl.store with mask=: masked-out lanes keep what was there (the aliased input)."""
-    def kernel(x_ref, y_ref, o_ref):
-        del y_ref
-        pl.store(o_ref, (slice(None), slice(None)), x_ref[...] * 2, mask=_lane_mask(37))
-
-    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype),
-                       input_output_aliases={1: 0})(x, y)
-
-
-@case("indexing/masked_store_first_write", tags={"indexing"},
-      inputs=lambda rng: (randn(rng, (8, C)),),
-      reference=lambda x: jnp.where(jnp.arange(C)[None] < 50, x, 0.0) + jnp.where(
-          jnp.arange(C)[None] >= 50, 7.0, 0.0))
-def masked_store_two(pallas_call, x):
-    """Two complementary masked stores fill an output."""
-    def kernel(x_ref, o_ref):
-        m = _lane_mask(50)
-        pl.store(o_ref, (slice(None), slice(None)), x_ref[...], mask=m)
-        pl.store(o_ref, (slice(None), slice(None)), jnp.full((8, C), 7.0, jnp.float32),
-                 mask=jnp.logical_not(m))
-
-    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(x)
-
-
-@case("indexing/masked_load_sum", tags={"indexing", "reductions"},
-      inputs=lambda rng: (randn(rng, (8, C)),),
-      reference=lambda x: jnp.sum(x[:, :77], axis=1))
-def masked_load_sum(pallas_call, x):
-    """A masked load with other=0 feeding a reduction (the ragged-tail idiom)."""
-    def kernel(x_ref, o_ref):
-        v = pl.load(x_ref, (slice(None), slice(None)), mask=_lane_mask(77), other=0.0)
-        o_ref[...] = jnp.sum(v, axis=1)
-
-    return pallas_call(kernel, out_shape=sds((8,), x.dtype))(x)
-
-
-@case("indexing/masked_load_ds", tags={"indexing"},
-      inputs=lambda rng: (randn(rng, (R, C)),),
-      reference=lambda x: jnp.where(jnp.arange(64)[None] % 3 == 0, x[4:12, 32:96], 5.0))
-def masked_load_ds(pallas_call, x):
-    """A masked load through a pl.ds window."""
-    def kernel(x_ref, o_ref):
-        m = jax.lax.broadcasted_iota(jnp.int32, (8, 64), 1) % 3 == 0
-        o_ref[...] = pl.load(x_ref, (pl.ds(4, 8), pl.ds(32, 64)), mask=m, other=5.0)
-
-    return pallas_call(kernel, out_shape=sds((8, 64), x.dtype))(x)
-
-
 @case("indexing/squeezed_block_dim", tags={"indexing"},
       inputs=lambda rng: (randn(rng, (4, 8, C)),),
       reference=lambda x: x.sum(axis=1, keepdims=True))
@@ -258,93 +262,16 @@ def squeezed(pallas_call, x):
                        out_specs=pl.BlockSpec((None, 1, C), lambda i: (i, 0, 0)))(x)
 
 
-@case("indexing/index_map_reversed", tags={"indexing"},
-      inputs=lambda rng: (randn(rng, (32, C)),),
-      reference=lambda x: x.reshape(4, 8, C)[::-1].reshape(32, C))
-def index_map_reversed(pallas_call, x):
-    """An index map that visits the input blocks in reverse."""
+@case("indexing/three_d_dynamic_leading_index", tags={"indexing"},
+      inputs=lambda rng: (randn(rng, (4, 8, C)),), reference=lambda x: x[::-1])
+def three_d_dynamic(pallas_call, x):
+    """x_ref[3 - program_id] on a whole 3-D block: a traced index on the leading axis."""
     def kernel(x_ref, o_ref):
-        o_ref[...] = x_ref[...]
+        o_ref[...] = x_ref[3 - pl.program_id(0)]
 
     return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(4,),
-                       in_specs=[pl.BlockSpec((8, C), lambda i: (3 - i, 0))],
-                       out_specs=pl.BlockSpec((8, C), lambda i: (i, 0)))(x)
-
-
-# --- Edge blocks: array shapes that the block shape does not divide.
-
-@case("indexing/edge_elementwise_2d", tags={"indexing"},
-      inputs=lambda rng: (randn(rng, (20, 200)),), reference=lambda x: x * 3 + 1)
-def edge_elementwise(pallas_call, x):
-    """(20, 200) through (8, 128) blocks on a (3, 2) grid: reads are padded and the
-    write-back of the overhanging parts is dropped."""
-    def kernel(x_ref, o_ref):
-        o_ref[...] = x_ref[...] * 3 + 1
-
-    spec = pl.BlockSpec((8, C), lambda i, j: (i, j))
-    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(3, 2),
-                       in_specs=[spec], out_specs=spec)(x)
-
-
-@case("indexing/edge_row_sum_masked",
-      tags={"indexing", "reductions", "sequential_grid", "unaligned_blocks"},
-      inputs=lambda rng: (randn(rng, (20, 200)),), reference=lambda x: x.sum(axis=1))
-def edge_row_sum(pallas_call, x):
-    """A row sum over lane blocks that overhang: the padding is masked out with
-    program_id, and the output block is revisited along the reduction axis."""
-    n_cols = x.shape[1]
-
-    def kernel(x_ref, o_ref):
-        j = pl.program_id(1)
-
-        @pl.when(j == 0)
-        def _():
-            o_ref[...] = jnp.zeros_like(o_ref)
-
-        cols = j * C + jax.lax.broadcasted_iota(jnp.int32, (8, C), 1)
-        v = pl.load(x_ref, (slice(None), slice(None)), mask=cols < n_cols, other=0.0)
-        o_ref[...] += jnp.sum(v, axis=1)
-
-    return pallas_call(kernel, out_shape=sds((20,), x.dtype), grid=(3, 2),
-                       in_specs=[pl.BlockSpec((8, C), lambda i, j: (i, j))],
-                       out_specs=pl.BlockSpec((8,), lambda i, j: (i,)))(x)
-
-
-@case("indexing/edge_one_d", tags={"indexing"},
-      inputs=lambda rng: (randn(rng, (1000,)), randn(rng, (1000,))),
-      reference=lambda x, y: x * y)
-def edge_1d(pallas_call, x, y):
-    """A 1-D array of 1000 elements in blocks of 256 (the last block is partial)."""
-    def kernel(x_ref, y_ref, o_ref):
-        o_ref[...] = x_ref[...] * y_ref[...]
-
-    spec = pl.BlockSpec((256,), lambda i: (i,))
-    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(pl.cdiv(1000, 256),),
-                       in_specs=[spec, spec], out_specs=spec)(x, y)
-
-
-@case("indexing/edge_int32", tags={"indexing"},
-      inputs=lambda rng: (randn(rng, (12, 130), jnp.int32),), reference=lambda x: x * 2 - 1)
-def edge_int(pallas_call, x):
-    """Integer edge blocks."""
-    def kernel(x_ref, o_ref):
-        o_ref[...] = x_ref[...] * 2 - 1
-
-    spec = pl.BlockSpec((8, C), lambda i, j: (i, j))
-    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(2, 2),
-                       in_specs=[spec], out_specs=spec)(x)
-
-
-@case("indexing/edge_bool_output", tags={"indexing", "bool"},
-      inputs=lambda rng: (randn(rng, (20, 200)),), reference=lambda x: x > 0.5)
-def edge_bool(pallas_call, x):
-    """A bool output written through overhanging edge blocks."""
-    def kernel(x_ref, o_ref):
-        o_ref[...] = x_ref[...] > 0.5
-
-    spec = pl.BlockSpec((8, C), lambda i, j: (i, j))
-    return pallas_call(kernel, out_shape=sds(x.shape, jnp.bool_), grid=(3, 2),
-                       in_specs=[spec], out_specs=spec)(x)
+                       in_specs=[pl.BlockSpec((4, 8, C), lambda i: (0, 0, 0))],
+                       out_specs=pl.BlockSpec((None, 8, C), lambda i: (i, 0, 0)))(x)
 
 
 @case("indexing/element_block_dim", tags={"indexing"},

@@ -1,35 +1,29 @@
-"""JAX transformations of pallas_call: vmap, grad/vjp/jvp, shard_map, jax.export.
+"""jax.vmap of pallas_call: batch axes in and out (mixed, last, nested), gridded kernels
+and scratch, program_id under vmap, unbatched operands, several outputs, pytrees, vmap
+of jit, scalar prefetch with batched and unbatched indices, aliased inputs.
 
 These need the transformation rules of ``pallas_call_p`` (batching, JVP, partial eval);
-backends claim ``vmap``/``grad``/``shard_map``/``export`` when they pass.
+backends claim the tag when they pass.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
 import pallas as pl
+from pallas_conformance.cases._transformed import (
+    HI,
+    C,
+    add_program_id,
+    matmul_rows,
+    ref_add_program_id,
+    ref_running_sum,
+    running_sum,
+    scale_add,
+    tiled_sin,
+)
 from pallas_conformance.registry import case, randn, sds
-
-C = 128
-
-
-def _scale_add(pallas_call, x, y):
-    def kernel(x_ref, y_ref, o_ref):
-        o_ref[...] = x_ref[...] * 2.0 + y_ref[...]
-
-    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(x, y)
-
-
-def _tiled_sin(pallas_call, x):
-    def kernel(x_ref, o_ref):
-        o_ref[...] = jnp.sin(x_ref[...]) * x_ref[...]
-
-    spec = pl.BlockSpec((8, C), lambda i: (i, 0))
-    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(x.shape[0] // 8,),
-                       in_specs=[spec], out_specs=spec)(x)
 
 
 @case("vmap/batch_axis0", tags={"vmap"},
@@ -37,7 +31,7 @@ def _tiled_sin(pallas_call, x):
       reference=lambda x, y: x * 2.0 + y)
 def vmap0(pallas_call, x, y):
     """jax.vmap over a leading batch axis."""
-    return jax.vmap(lambda a, b: _scale_add(pallas_call, a, b))(x, y)
+    return jax.vmap(lambda a, b: scale_add(pallas_call, a, b))(x, y)
 
 
 @case("vmap/in_axes_mixed", tags={"vmap"},
@@ -45,7 +39,7 @@ def vmap0(pallas_call, x, y):
       reference=lambda x, y: jnp.moveaxis(x, 1, 0) * 2.0 + y)
 def vmap_mixed(pallas_call, x, y):
     """in_axes=(1, None): a batched operand on axis 1 and an unbatched one."""
-    return jax.vmap(lambda a, b: _scale_add(pallas_call, a, b), in_axes=(1, None))(x, y)
+    return jax.vmap(lambda a, b: scale_add(pallas_call, a, b), in_axes=(1, None))(x, y)
 
 
 @case("vmap/gridded_kernel", tags={"vmap"},
@@ -53,141 +47,7 @@ def vmap_mixed(pallas_call, x, y):
       reference=lambda x: jnp.sin(x) * x)
 def vmap_grid(pallas_call, x):
     """vmap of a kernel that already has a grid."""
-    return jax.vmap(lambda a: _tiled_sin(pallas_call, a))(x)
-
-
-@case("grad/elementwise_vjp", tags={"grad"},
-      inputs=lambda rng: (randn(rng, (16, C)),),
-      reference=lambda x: jax.grad(lambda a: jnp.sum(jnp.sin(a) * a))(x))
-def grad_elementwise(pallas_call, x):
-    """jax.grad through a tiled elementwise kernel."""
-    return jax.grad(lambda a: jnp.sum(_tiled_sin(pallas_call, a)))(x)
-
-
-@case("grad/jvp", tags={"grad"},
-      inputs=lambda rng: (randn(rng, (16, C)), randn(rng, (16, C))),
-      reference=lambda x, t: jax.jvp(lambda a: jnp.sin(a) * a, (x,), (t,)))
-def jvp(pallas_call, x, t):
-    """jax.jvp of a tiled elementwise kernel."""
-    return jax.jvp(lambda a: _tiled_sin(pallas_call, a), (x,), (t,))
-
-
-@case("grad/two_operands", tags={"grad"},
-      inputs=lambda rng: (randn(rng, (8, C)), randn(rng, (8, C))),
-      reference=lambda x, y: (jnp.full_like(x, 2.0), jnp.ones_like(y)))
-def grad_two(pallas_call, x, y):
-    """Gradients with respect to two operands."""
-    return jax.grad(lambda a, b: jnp.sum(_scale_add(pallas_call, a, b)), argnums=(0, 1))(x, y)
-
-
-def _mesh():
-    return jax.make_mesh((1,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
-
-
-@case("shard_map/rows", tags={"shard_map"},
-      inputs=lambda rng: (randn(rng, (16, C)),), reference=lambda x: jnp.sin(x) * x)
-def shard_rows(pallas_call, x):
-    """pallas_call per shard under jax.shard_map over a 1-device mesh."""
-    mesh = _mesh()
-    f = jax.shard_map(lambda a: _tiled_sin(pallas_call, a), mesh=mesh, in_specs=P("x"),
-                      out_specs=P("x"))
-    return jax.jit(f)(jax.device_put(x, jax.NamedSharding(mesh, P("x"))))
-
-
-@case("shard_map/with_psum", tags={"shard_map", "reductions"},
-      inputs=lambda rng: (randn(rng, (8, C)), randn(rng, (8, C))),
-      reference=lambda x, y: x * 2.0 + y)
-def shard_psum(pallas_call, x, y):
-    """A kernel per shard followed by a collective (psum over a 1-device axis)."""
-    mesh = _mesh()
-    f = jax.shard_map(lambda a, b: jax.lax.psum(_scale_add(pallas_call, a, b), "x"),
-                      mesh=mesh, in_specs=(P(), P()), out_specs=P())
-    return jax.jit(f)(x, y)
-
-
-def _export(pallas_call, f):
-    """``jax.export.export(f)`` for the platform the case's backend lowers for (the
-    default platform when ``pallas_call`` names no backend): a backend for another
-    platform (``cuda`` on a CPU machine) exports, and the caller embeds, its own kernel."""
-    import pallas.plugins
-
-    name = getattr(pallas_call, "keywords", {}).get("backend")
-    platforms = pallas.plugins.get_backend(name).platforms[:1] if name else None
-    return jax.export.export(f, platforms=platforms)
-
-
-@case("export/export_and_call", tags={"export"},
-      inputs=lambda rng: (randn(rng, (16, C)),), reference=lambda x: jnp.sin(x) * x)
-def export_round_trip(pallas_call, x):
-    """jax.export.export, then call the Exported (serialisation needs flatbuffers)."""
-    exp = _export(pallas_call, jax.jit(lambda a: _tiled_sin(pallas_call, a)))(x)
-    assert "func.func public @main" in exp.mlir_module()
-    return exp.call(x)
-
-
-@case("export/two_outputs", tags={"export", "multiple_outputs"},
-      inputs=lambda rng: (randn(rng, (8, C)), randn(rng, (8, C))),
-      reference=lambda x, y: (x * 2.0 + y, x * 2.0 + y))
-def export_two(pallas_call, x, y):
-    """An exported function with two pallas_call results."""
-    def f(a, b):
-        r = _scale_add(pallas_call, a, b)
-        return r, r
-
-    exp = _export(pallas_call, jax.jit(f))(x, y)
-    return exp.call(x, y)
-
-
-# --- More vmap ------------------------------------------------------------------------
-
-HI = jax.lax.Precision.HIGHEST
-
-
-def _matmul_rows(pallas_call, x, w):
-    """(16, C) @ (C, C) in two row blocks; ``w`` is one whole block for every program."""
-    def kernel(x_ref, w_ref, o_ref):
-        o_ref[...] = jnp.dot(x_ref[...], w_ref[...], precision=HI)
-
-    return pallas_call(kernel, out_shape=sds((x.shape[0], w.shape[1]), x.dtype),
-                       grid=(x.shape[0] // 8,),
-                       in_specs=[pl.BlockSpec((8, C), lambda i: (i, 0)),
-                                 pl.BlockSpec((C, C), lambda i: (0, 0))],
-                       out_specs=pl.BlockSpec((8, C), lambda i: (i, 0)))(x, w)
-
-
-def _add_program_id(pallas_call, x):
-    def kernel(x_ref, o_ref):
-        o_ref[...] = x_ref[...] + 10.0 * pl.program_id(0).astype(jnp.float32)
-
-    spec = pl.BlockSpec((8, C), lambda i: (i, 0))
-    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(x.shape[0] // 8,),
-                       in_specs=[spec], out_specs=spec)(x)
-
-
-def _ref_add_program_id(x):
-    return x + 10.0 * jnp.repeat(jnp.arange(x.shape[-2] // 8, dtype=jnp.float32),
-                                 8)[:, None]
-
-
-def _running_sum(pallas_call, x):
-    """A running sum of row blocks in scratch that persists along the grid."""
-    def kernel(x_ref, o_ref, acc_ref):
-        @pl.when(pl.program_id(0) == 0)
-        def _():
-            acc_ref[...] = jnp.zeros_like(acc_ref)
-
-        acc_ref[...] += x_ref[...]
-        o_ref[...] = acc_ref[...]
-
-    spec = pl.BlockSpec((8, C), lambda i: (i, 0))
-    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(x.shape[0] // 8,),
-                       in_specs=[spec], out_specs=spec,
-                       scratch_shapes=[pl.ANY((8, C), jnp.float32)])(x)
-
-
-def _ref_running_sum(x):
-    n = x.shape[0] // 8
-    return jnp.cumsum(x.reshape(n, 8, C), axis=0).reshape(x.shape)
+    return jax.vmap(lambda a: tiled_sin(pallas_call, a))(x)
 
 
 @case("vmap/in_axes1_out_axes1", tags={"vmap"},
@@ -195,7 +55,7 @@ def _ref_running_sum(x):
       reference=lambda x: jnp.sin(x) * x)
 def vmap_axes1(pallas_call, x):
     """in_axes=1 and out_axes=1: the batch axis in the middle of operand and result."""
-    return jax.vmap(lambda a: _tiled_sin(pallas_call, a), in_axes=1, out_axes=1)(x)
+    return jax.vmap(lambda a: tiled_sin(pallas_call, a), in_axes=1, out_axes=1)(x)
 
 
 @case("vmap/in_axes_last", tags={"vmap"},
@@ -203,14 +63,14 @@ def vmap_axes1(pallas_call, x):
       reference=lambda x, y: jnp.moveaxis(x * 2.0 + y, -1, 0))
 def vmap_last(pallas_call, x, y):
     """in_axes=-1: the batch axis is the (minor-most) lane axis of the operands."""
-    return jax.vmap(lambda a, b: _scale_add(pallas_call, a, b), in_axes=-1)(x, y)
+    return jax.vmap(lambda a, b: scale_add(pallas_call, a, b), in_axes=-1)(x, y)
 
 
 @case("vmap/nested", tags={"vmap"},
       inputs=lambda rng: (randn(rng, (2, 3, 16, C)),), reference=lambda x: jnp.sin(x) * x)
 def vmap_nested(pallas_call, x):
     """vmap of vmap of a grid kernel (two added grid axes)."""
-    return jax.vmap(jax.vmap(lambda a: _tiled_sin(pallas_call, a)))(x)
+    return jax.vmap(jax.vmap(lambda a: tiled_sin(pallas_call, a)))(x)
 
 
 @case("vmap/nested_mixed_axes", tags={"vmap"},
@@ -218,23 +78,23 @@ def vmap_nested(pallas_call, x):
       reference=lambda x, y: (jnp.moveaxis(x, 1, 0)[:, None] * 2.0 + y[None]))
 def vmap_nested_mixed(pallas_call, x, y):
     """Nested vmap where each level batches a different operand (the other unbatched)."""
-    inner = jax.vmap(lambda a, b: _scale_add(pallas_call, a, b), in_axes=(None, 0))
+    inner = jax.vmap(lambda a, b: scale_add(pallas_call, a, b), in_axes=(None, 0))
     return jax.vmap(inner, in_axes=(1, None))(x, y)
 
 
 @case("vmap/program_id", tags={"vmap", "control_flow"},
-      inputs=lambda rng: (randn(rng, (3, 16, C)),), reference=jax.vmap(_ref_add_program_id))
+      inputs=lambda rng: (randn(rng, (3, 16, C)),), reference=jax.vmap(ref_add_program_id))
 def vmap_program_id(pallas_call, x):
     """A kernel that reads program_id keeps its per-block values under vmap."""
-    return jax.vmap(lambda a: _add_program_id(pallas_call, a))(x)
+    return jax.vmap(lambda a: add_program_id(pallas_call, a))(x)
 
 
 @case("vmap/nested_program_id", tags={"vmap", "control_flow"},
       inputs=lambda rng: (randn(rng, (2, 2, 16, C)),),
-      reference=jax.vmap(jax.vmap(_ref_add_program_id)))
+      reference=jax.vmap(jax.vmap(ref_add_program_id)))
 def vmap_nested_program_id(pallas_call, x):
     """program_id under two nested vmaps."""
-    return jax.vmap(jax.vmap(lambda a: _add_program_id(pallas_call, a)))(x)
+    return jax.vmap(jax.vmap(lambda a: add_program_id(pallas_call, a)))(x)
 
 
 @case("vmap/unbatched_weight_dot", tags={"vmap", "dot"},
@@ -243,16 +103,16 @@ def vmap_nested_program_id(pallas_call, x):
       tolerance={"float32": (1e-4, 1e-4)})
 def vmap_unbatched_weight(pallas_call, x, w):
     """in_axes=(0, None) on a grid kernel: a batched activation and a shared weight."""
-    return jax.vmap(lambda a, b: _matmul_rows(pallas_call, a, b), in_axes=(0, None))(x, w)
+    return jax.vmap(lambda a, b: matmul_rows(pallas_call, a, b), in_axes=(0, None))(x, w)
 
 
 @case("vmap/grid_scratch_accumulate",
       tags={"vmap", "scratch", "sequential_grid", "carry_across_blocks"},
-      inputs=lambda rng: (randn(rng, (3, 32, C)),), reference=jax.vmap(_ref_running_sum),
+      inputs=lambda rng: (randn(rng, (3, 32, C)),), reference=jax.vmap(ref_running_sum),
       tolerance={"float32": (1e-5, 1e-5)})
 def vmap_grid_scratch(pallas_call, x):
     """vmap of a grid kernel whose scratch, reset at program_id 0, persists along the grid."""
-    return jax.vmap(lambda a: _running_sum(pallas_call, a))(x)
+    return jax.vmap(lambda a: running_sum(pallas_call, a))(x)
 
 
 @case("vmap/multiple_outputs", tags={"vmap", "multiple_outputs", "reductions"},
@@ -294,7 +154,7 @@ def vmap_pytree(pallas_call, x, y):
       inputs=lambda rng: (randn(rng, (4, 16, C)),), reference=lambda x: jnp.sin(x) * x)
 def vmap_of_jit(pallas_call, x):
     """vmap of a jitted function that calls the kernel (batching through pjit)."""
-    return jax.vmap(jax.jit(lambda a: _tiled_sin(pallas_call, a)))(x)
+    return jax.vmap(jax.jit(lambda a: tiled_sin(pallas_call, a)))(x)
 
 
 def _gather_blocks(pallas_call, idx, x):

@@ -1,28 +1,54 @@
-"""More JAX transformations of pallas_call: grad/vjp/jvp of whole kernels, shard_map
-with collectives, jax.export round trips, and backward passes that accumulate over grid
-axes (continues :mod:`.transforms`, whose helpers it reuses)."""
+"""jax.grad / jax.vjp / jax.jvp of pallas_call: elementwise kernels and whole ones
+(matmul, softmax, grid-KV flash attention), several operands and outputs, loops inside
+kernels, second order, under vmap and checkpoint, masked loads and stores, and backward
+passes through state carried between grid steps (accumulators, running sums).
+
+These need the transformation rules of ``pallas_call_p`` (batching, JVP, partial eval);
+backends claim the tag when they pass.
+"""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
 import pallas as pl
-from pallas_conformance.cases.transforms import (
+from pallas_conformance.cases._transformed import (
     HI,
     C,
-    _add_program_id,
-    _export,
-    _matmul_rows,
-    _ref_add_program_id,
-    _ref_running_sum,
-    _running_sum,
-    _tiled_sin,
+    matmul_loss,
+    matmul_rows,
+    ref_running_sum,
+    running_sum,
+    scale_add,
+    tiled_sin,
 )
 from pallas_conformance.registry import case, randn, sds
 
-# --- More grad and jvp ----------------------------------------------------------------
+
+@case("grad/elementwise_vjp", tags={"grad"},
+      inputs=lambda rng: (randn(rng, (16, C)),),
+      reference=lambda x: jax.grad(lambda a: jnp.sum(jnp.sin(a) * a))(x))
+def grad_elementwise(pallas_call, x):
+    """jax.grad through a tiled elementwise kernel."""
+    return jax.grad(lambda a: jnp.sum(tiled_sin(pallas_call, a)))(x)
+
+
+@case("grad/jvp", tags={"grad"},
+      inputs=lambda rng: (randn(rng, (16, C)), randn(rng, (16, C))),
+      reference=lambda x, t: jax.jvp(lambda a: jnp.sin(a) * a, (x,), (t,)))
+def jvp(pallas_call, x, t):
+    """jax.jvp of a tiled elementwise kernel."""
+    return jax.jvp(lambda a: tiled_sin(pallas_call, a), (x,), (t,))
+
+
+@case("grad/two_operands", tags={"grad"},
+      inputs=lambda rng: (randn(rng, (8, C)), randn(rng, (8, C))),
+      reference=lambda x, y: (jnp.full_like(x, 2.0), jnp.ones_like(y)))
+def grad_two(pallas_call, x, y):
+    """Gradients with respect to two operands."""
+    return jax.grad(lambda a, b: jnp.sum(scale_add(pallas_call, a, b)), argnums=(0, 1))(x, y)
+
 
 def _softmax_rows(pallas_call, x):
     def kernel(x_ref, o_ref):
@@ -35,17 +61,13 @@ def _softmax_rows(pallas_call, x):
                        in_specs=[spec], out_specs=spec)(x)
 
 
-def _matmul_loss(a, b):
-    return jnp.sum(jnp.dot(a, b, precision=HI) ** 2)
-
-
 @case("grad/matmul", tags={"grad", "dot"},
       inputs=lambda rng: (randn(rng, (16, C), scale=0.3), randn(rng, (C, C), scale=0.1)),
-      reference=lambda x, w: jax.grad(_matmul_loss, argnums=(0, 1))(x, w),
+      reference=lambda x, w: jax.grad(matmul_loss, argnums=(0, 1))(x, w),
       tolerance={"float32": (1e-4, 1e-4)})
 def grad_matmul(pallas_call, x, w):
     """grad of sum((x @ w)**2) through a row-tiled matmul kernel, for both operands."""
-    return jax.grad(lambda a, b: jnp.sum(_matmul_rows(pallas_call, a, b) ** 2),
+    return jax.grad(lambda a, b: jnp.sum(matmul_rows(pallas_call, a, b) ** 2),
                     argnums=(0, 1))(x, w)
 
 
@@ -67,7 +89,7 @@ def grad_softmax(pallas_call, x, t):
       tolerance={"float32": (1e-4, 1e-4)})
 def jvp_matmul(pallas_call, x, w, tx, tw):
     """jax.jvp of a matmul kernel with tangents for both operands."""
-    return jax.jvp(lambda a, b: _matmul_rows(pallas_call, a, b), (x, w), (tx, tw))
+    return jax.jvp(lambda a, b: matmul_rows(pallas_call, a, b), (x, w), (tx, tw))
 
 
 @case("grad/vjp_two_outputs", tags={"grad", "multiple_outputs"},
@@ -134,7 +156,7 @@ def grad_fori(pallas_call, x):
       tolerance={"float32": (1e-5, 1e-5)})
 def grad_second(pallas_call, x):
     """grad of grad: the diagonal second derivative of a tiled elementwise kernel."""
-    g = jax.grad(lambda a: jnp.sum(_tiled_sin(pallas_call, a)))
+    g = jax.grad(lambda a: jnp.sum(tiled_sin(pallas_call, a)))
     return jax.grad(lambda a: jnp.sum(g(a)))(x)
 
 
@@ -143,7 +165,7 @@ def grad_second(pallas_call, x):
       reference=jax.vmap(jax.grad(lambda a: jnp.sum(jnp.sin(a) * a))))
 def grad_vmap(pallas_call, x):
     """vmap of grad of a tiled elementwise kernel (per-example gradients)."""
-    return jax.vmap(jax.grad(lambda a: jnp.sum(_tiled_sin(pallas_call, a))))(x)
+    return jax.vmap(jax.grad(lambda a: jnp.sum(tiled_sin(pallas_call, a))))(x)
 
 
 @case("grad/checkpoint", tags={"grad"},
@@ -152,17 +174,17 @@ def grad_vmap(pallas_call, x):
       tolerance={"float32": (1e-5, 1e-5)})
 def grad_checkpoint(pallas_call, x):
     """grad through jax.checkpoint around the kernel (the kernel is recomputed)."""
-    f = jax.checkpoint(lambda a: _tiled_sin(pallas_call, a))
+    f = jax.checkpoint(lambda a: tiled_sin(pallas_call, a))
     return jax.grad(lambda a: jnp.sum(f(a) ** 2))(x)
 
 
 @case("grad/jvp_scratch", tags={"grad", "scratch", "sequential_grid", "carry_across_blocks"},
       inputs=lambda rng: (randn(rng, (32, C)), randn(rng, (32, C))),
-      reference=lambda x, t: jax.jvp(_ref_running_sum, (x,), (t,)),
+      reference=lambda x, t: jax.jvp(ref_running_sum, (x,), (t,)),
       tolerance={"float32": (1e-5, 1e-5)})
 def jvp_scratch(pallas_call, x, t):
     """jax.jvp of a kernel with persistent scratch (the scratch gets a tangent buffer)."""
-    return jax.jvp(lambda a: _running_sum(pallas_call, a), (x,), (t,))
+    return jax.jvp(lambda a: running_sum(pallas_call, a), (x,), (t,))
 
 
 def _masked_tanh(pallas_call, x):
@@ -209,145 +231,6 @@ def jvp_while(pallas_call, x, t):
     return jax.jvp(f, (x,), (t,))
 
 
-# --- More shard_map (over every local device; set XLA_FLAGS=
-# --xla_force_host_platform_device_count=N on a CPU to use N > 1) -----------------------
-
-def _mesh_all(rows: int):
-    """A 1-D mesh over as many local devices (a power of two, at most 4) as divide
-    ``rows // 8`` row blocks."""
-    n = 1
-    while n * 2 <= min(jax.device_count(), 4) and (rows // 8) % (n * 2) == 0:
-        n *= 2
-    return jax.make_mesh((n,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,),
-                         devices=jax.devices()[:n])
-
-
-@case("shard_map/psum_column_sums", tags={"shard_map", "reductions"},
-      inputs=lambda rng: (randn(rng, (32, C)), randn(rng, (32, C))),
-      reference=lambda x, y: jnp.sum(x * y, axis=0),
-      tolerance={"float32": (1e-4, 1e-5)})
-def shard_psum_cols(pallas_call, x, y):
-    """Each shard's kernel reduces its rows; lax.psum adds the partial sums of all shards."""
-    mesh = _mesh_all(x.shape[0])
-
-    def local(a, b):
-        def kernel(a_ref, b_ref, o_ref):
-            o_ref[...] = jnp.sum(a_ref[...] * b_ref[...], axis=0)
-
-        part = pallas_call(kernel, out_shape=sds((C,), a.dtype))(a, b)
-        return jax.lax.psum(part, "x")
-
-    f = jax.shard_map(local, mesh=mesh, in_specs=(P("x"), P("x")), out_specs=P())
-    sh = jax.NamedSharding(mesh, P("x"))
-    return jax.jit(f)(jax.device_put(x, sh), jax.device_put(y, sh))
-
-
-@case("shard_map/all_gather", tags={"shard_map"},
-      inputs=lambda rng: (randn(rng, (32, C)),), reference=lambda x: jnp.sin(x) * x)
-def shard_all_gather(pallas_call, x):
-    """A tiled kernel per shard, then lax.all_gather(tiled=True) back to the whole array
-    (check_vma=False: the gathered result is replicated)."""
-    mesh = _mesh_all(x.shape[0])
-    f = jax.shard_map(
-        lambda a: jax.lax.all_gather(_tiled_sin(pallas_call, a), "x", tiled=True),
-        mesh=mesh, in_specs=P("x"), out_specs=P(), check_vma=False)
-    return jax.jit(f)(jax.device_put(x, jax.NamedSharding(mesh, P("x"))))
-
-
-@case("shard_map/program_id_per_shard", tags={"shard_map", "control_flow"},
-      inputs=lambda rng: (randn(rng, (32, C)),),
-      reference=lambda x: jnp.concatenate(
-          [_ref_add_program_id(s) for s in jnp.split(x, _mesh_all(x.shape[0]).size)]))
-def shard_program_id(pallas_call, x):
-    """program_id counts the grid of each shard's call, not of the global array."""
-    mesh = _mesh_all(x.shape[0])
-    f = jax.shard_map(lambda a: _add_program_id(pallas_call, a), mesh=mesh, in_specs=P("x"),
-                      out_specs=P("x"))
-    return jax.jit(f)(jax.device_put(x, jax.NamedSharding(mesh, P("x"))))
-
-
-@case("shard_map/grad", tags={"shard_map", "grad"},
-      inputs=lambda rng: (randn(rng, (32, C)), randn(rng, (C, C), scale=0.1)),
-      reference=lambda x, w: jax.grad(_matmul_loss, argnums=(0, 1))(x, w),
-      tolerance={"float32": (1e-4, 1e-4)})
-def shard_grad(pallas_call, x, w):
-    """grad through shard_map of a matmul kernel with a replicated weight (its cotangent
-    is summed over the shards)."""
-    mesh = _mesh_all(x.shape[0])
-
-    def loss(a, b):
-        def local(a_, b_):
-            return jax.lax.psum(jnp.sum(_matmul_rows(pallas_call, a_, b_) ** 2), "x")
-
-        return jax.shard_map(local, mesh=mesh, in_specs=(P("x"), P()), out_specs=P())(a, b)
-
-    return jax.jit(jax.grad(loss, argnums=(0, 1)))(
-        jax.device_put(x, jax.NamedSharding(mesh, P("x"))), w)
-
-
-# --- More export ----------------------------------------------------------------------
-
-@case("export/serialize_round_trip", tags={"export"},
-      inputs=lambda rng: (randn(rng, (16, C)),), reference=lambda x: jnp.sin(x) * x)
-def export_serialize(pallas_call, x):
-    """jax.export, serialize to bytes, deserialize and call the deserialized Exported."""
-    exp = _export(pallas_call, jax.jit(lambda a: _tiled_sin(pallas_call, a)))(x)
-    blob = exp.serialize()
-    assert isinstance(blob, (bytes, bytearray)) and len(blob) > 0
-    return jax.export.deserialize(blob).call(x)
-
-
-@case("export/pytree_args", tags={"export", "pytrees", "multiple_outputs"},
-      inputs=lambda rng: (randn(rng, (8, C)), randn(rng, (8, C))),
-      reference=lambda x, y: {"sum": x + y, "prod": (x * y, x - y)})
-def export_pytree(pallas_call, x, y):
-    """Export of a function with a dict argument and a nested dict/tuple result, after a
-    serialize/deserialize round trip."""
-    def f(d):
-        def kernel(a_ref, b_ref, s_ref, p_ref, m_ref):
-            a, b = a_ref[...], b_ref[...]
-            s_ref[...] = a + b
-            p_ref[...] = a * b
-            m_ref[...] = a - b
-
-        s = sds(d["a"].shape, d["a"].dtype)
-        total, prod, diff = pallas_call(kernel, out_shape=(s, s, s))(d["a"], d["b"])
-        return {"sum": total, "prod": (prod, diff)}
-
-    args = {"a": x, "b": y}
-    exp = jax.export.deserialize(_export(pallas_call, jax.jit(f))(args).serialize())
-    return exp.call(args)
-
-
-@case("export/of_vmap", tags={"export", "vmap"},
-      inputs=lambda rng: (randn(rng, (3, 16, C)),), reference=lambda x: jnp.sin(x) * x)
-def export_vmap(pallas_call, x):
-    """Export of a vmapped grid kernel, serialized and deserialized."""
-    f = jax.jit(jax.vmap(lambda a: _tiled_sin(pallas_call, a)))
-    return jax.export.deserialize(_export(pallas_call, f)(x).serialize()).call(x)
-
-
-@case("export/of_grad", tags={"export", "grad"},
-      inputs=lambda rng: (randn(rng, (16, C)),),
-      reference=lambda x: jax.grad(lambda a: jnp.sum(jnp.sin(a) * a))(x))
-def export_grad(pallas_call, x):
-    """Export of the gradient of a tiled elementwise kernel."""
-    f = jax.jit(jax.grad(lambda a: jnp.sum(_tiled_sin(pallas_call, a))))
-    return _export(pallas_call, f)(x).call(x)
-
-
-@case("export/scratch_and_grid",
-      tags={"export", "scratch", "sequential_grid", "carry_across_blocks"},
-      inputs=lambda rng: (randn(rng, (32, C)),), reference=_ref_running_sum,
-      tolerance={"float32": (1e-5, 1e-5)})
-def export_scratch(pallas_call, x):
-    """Export of a grid kernel with persistent scratch, serialized and deserialized."""
-    f = jax.jit(lambda a: _running_sum(pallas_call, a))
-    return jax.export.deserialize(_export(pallas_call, f)(x).serialize()).call(x)
-
-
-# --- Backward passes with accumulation over grid axes ------------------------------------
-
 def _k_matmul(pallas_call, x, w, rescale=None):
     """x @ w over an (i, j, k) grid of (8, 128) x (128, 128) blocks, accumulating into the
     output block along k; with ``rescale``, ``o = o * rescale + x @ w`` at every step."""
@@ -380,7 +263,7 @@ def _rescaled_ref(x, w, rescale):
 @case("grad/matmul_k_accumulation", tags={"grad", "dot", "sequential_grid"},
       inputs=lambda rng: (randn(rng, (16, 2 * C), scale=0.3),
                           randn(rng, (2 * C, 2 * C), scale=0.1)),
-      reference=lambda x, w: jax.grad(_matmul_loss, argnums=(0, 1))(x, w),
+      reference=lambda x, w: jax.grad(matmul_loss, argnums=(0, 1))(x, w),
       tolerance={"float32": (1e-4, 1e-4)})
 def grad_k_matmul(pallas_call, x, w):
     """grad of a matmul that accumulates into its output along a k grid axis: each
@@ -401,8 +284,6 @@ def grad_rescaled(pallas_call, x, w):
     return jax.grad(lambda a, b: jnp.sum(_k_matmul(pallas_call, a, b, 0.5) ** 2),
                     argnums=(0, 1))(x, w)
 
-
-# --- Backward passes through state carried between grid steps ---------------------------
 
 FA_S, FA_B = 64, 32  # sequence length and block size of the grid-KV flash attention
 
@@ -469,9 +350,9 @@ def grad_flash_grid_kv(pallas_call, q, k, v, t):
 @case("grad/running_sum_scratch",
       tags={"grad", "scratch", "sequential_grid", "carry_across_blocks"},
       inputs=lambda rng: (randn(rng, (32, C)),),
-      reference=lambda x: jax.grad(lambda a: jnp.sum(_ref_running_sum(a) ** 2))(x),
+      reference=lambda x: jax.grad(lambda a: jnp.sum(ref_running_sum(a) ** 2))(x),
       tolerance={"float32": (1e-4, 1e-4)})
 def grad_running_sum(pallas_call, x):
     """grad through a running sum kept in scratch that persists from one output block
     to the next: the cotangent of the scratch flows back through every earlier step."""
-    return jax.grad(lambda a: jnp.sum(_running_sum(pallas_call, a) ** 2))(x)
+    return jax.grad(lambda a: jnp.sum(running_sum(pallas_call, a) ** 2))(x)
