@@ -1,8 +1,5 @@
 """jax.export of functions that call pallas_call: round trips (serialised too), several
 outputs, pytree arguments, export of vmap and of grad, scratch and grids.
-
-These need the transformation rules of ``pallas_call_p`` (batching, JVP, partial eval);
-backends claim the tag when they pass.
 """
 
 from __future__ import annotations
@@ -10,14 +7,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pallas_conformance.cases._transformed import (
-    C,
-    ref_running_sum,
-    running_sum,
-    scale_add,
-    tiled_sin,
-)
+from pallas_conformance.cases import _programs as shared
 from pallas_conformance.registry import case, randn, sds
+
+C = shared.C
 
 
 def _export(pallas_call, f):
@@ -35,7 +28,7 @@ def _export(pallas_call, f):
       inputs=lambda rng: (randn(rng, (16, C)),), reference=lambda x: jnp.sin(x) * x)
 def export_round_trip(pallas_call, x):
     """jax.export.export, then call the Exported (serialisation needs flatbuffers)."""
-    exp = _export(pallas_call, jax.jit(lambda a: tiled_sin(pallas_call, a)))(x)
+    exp = _export(pallas_call, jax.jit(lambda a: shared.tiled_sin(pallas_call, a)))(x)
     assert "func.func public @main" in exp.mlir_module()
     return exp.call(x)
 
@@ -46,7 +39,7 @@ def export_round_trip(pallas_call, x):
 def export_two(pallas_call, x, y):
     """An exported function with two pallas_call results."""
     def f(a, b):
-        r = scale_add(pallas_call, a, b)
+        r = shared.scale_add(pallas_call, a, b)
         return r, r
 
     exp = _export(pallas_call, jax.jit(f))(x, y)
@@ -57,7 +50,7 @@ def export_two(pallas_call, x, y):
       inputs=lambda rng: (randn(rng, (16, C)),), reference=lambda x: jnp.sin(x) * x)
 def export_serialize(pallas_call, x):
     """jax.export, serialize to bytes, deserialize and call the deserialized Exported."""
-    exp = _export(pallas_call, jax.jit(lambda a: tiled_sin(pallas_call, a)))(x)
+    exp = _export(pallas_call, jax.jit(lambda a: shared.tiled_sin(pallas_call, a)))(x)
     blob = exp.serialize()
     assert isinstance(blob, (bytes, bytearray)) and len(blob) > 0
     return jax.export.deserialize(blob).call(x)
@@ -89,7 +82,7 @@ def export_pytree(pallas_call, x, y):
       inputs=lambda rng: (randn(rng, (3, 16, C)),), reference=lambda x: jnp.sin(x) * x)
 def export_vmap(pallas_call, x):
     """Export of a vmapped grid kernel, serialized and deserialized."""
-    f = jax.jit(jax.vmap(lambda a: tiled_sin(pallas_call, a)))
+    f = jax.jit(jax.vmap(lambda a: shared.tiled_sin(pallas_call, a)))
     return jax.export.deserialize(_export(pallas_call, f)(x).serialize()).call(x)
 
 
@@ -98,15 +91,15 @@ def export_vmap(pallas_call, x):
       reference=lambda x: jax.grad(lambda a: jnp.sum(jnp.sin(a) * a))(x))
 def export_grad(pallas_call, x):
     """Export of the gradient of a tiled elementwise kernel."""
-    f = jax.jit(jax.grad(lambda a: jnp.sum(tiled_sin(pallas_call, a))))
+    f = jax.jit(jax.grad(lambda a: jnp.sum(shared.tiled_sin(pallas_call, a))))
     return _export(pallas_call, f)(x).call(x)
 
 
 @case("export/scratch_and_grid",
       tags={"export", "scratch", "sequential_grid", "carry_across_blocks"},
-      inputs=lambda rng: (randn(rng, (32, C)),), reference=ref_running_sum,
+      inputs=lambda rng: (randn(rng, (32, C)),), reference=shared.ref_running_sum,
       tolerance={"float32": (1e-5, 1e-5)})
 def export_scratch(pallas_call, x):
     """Export of a grid kernel with persistent scratch, serialized and deserialized."""
-    f = jax.jit(lambda a: running_sum(pallas_call, a))
+    f = jax.jit(lambda a: shared.running_sum(pallas_call, a))
     return jax.export.deserialize(_export(pallas_call, f)(x).serialize()).call(x)

@@ -2,9 +2,6 @@
 (matmul, softmax, grid-KV flash attention), several operands and outputs, loops inside
 kernels, second order, under vmap and checkpoint, masked loads and stores, and backward
 passes through state carried between grid steps (accumulators, running sums).
-
-These need the transformation rules of ``pallas_call_p`` (batching, JVP, partial eval);
-backends claim the tag when they pass.
 """
 
 from __future__ import annotations
@@ -13,17 +10,10 @@ import jax
 import jax.numpy as jnp
 
 import pallas as pl
-from pallas_conformance.cases._transformed import (
-    HI,
-    C,
-    matmul_loss,
-    matmul_rows,
-    ref_running_sum,
-    running_sum,
-    scale_add,
-    tiled_sin,
-)
+from pallas_conformance.cases import _programs as shared
 from pallas_conformance.registry import case, randn, sds
+
+C = shared.C
 
 
 @case("grad/elementwise_vjp", tags={"grad"},
@@ -31,7 +21,7 @@ from pallas_conformance.registry import case, randn, sds
       reference=lambda x: jax.grad(lambda a: jnp.sum(jnp.sin(a) * a))(x))
 def grad_elementwise(pallas_call, x):
     """jax.grad through a tiled elementwise kernel."""
-    return jax.grad(lambda a: jnp.sum(tiled_sin(pallas_call, a)))(x)
+    return jax.grad(lambda a: jnp.sum(shared.tiled_sin(pallas_call, a)))(x)
 
 
 @case("grad/jvp", tags={"grad"},
@@ -39,7 +29,7 @@ def grad_elementwise(pallas_call, x):
       reference=lambda x, t: jax.jvp(lambda a: jnp.sin(a) * a, (x,), (t,)))
 def jvp(pallas_call, x, t):
     """jax.jvp of a tiled elementwise kernel."""
-    return jax.jvp(lambda a: tiled_sin(pallas_call, a), (x,), (t,))
+    return jax.jvp(lambda a: shared.tiled_sin(pallas_call, a), (x,), (t,))
 
 
 @case("grad/two_operands", tags={"grad"},
@@ -47,7 +37,7 @@ def jvp(pallas_call, x, t):
       reference=lambda x, y: (jnp.full_like(x, 2.0), jnp.ones_like(y)))
 def grad_two(pallas_call, x, y):
     """Gradients with respect to two operands."""
-    return jax.grad(lambda a, b: jnp.sum(scale_add(pallas_call, a, b)), argnums=(0, 1))(x, y)
+    return jax.grad(lambda a, b: jnp.sum(shared.scale_add(pallas_call, a, b)), argnums=(0, 1))(x, y)
 
 
 def _softmax_rows(pallas_call, x):
@@ -63,11 +53,11 @@ def _softmax_rows(pallas_call, x):
 
 @case("grad/matmul", tags={"grad", "dot"},
       inputs=lambda rng: (randn(rng, (16, C), scale=0.3), randn(rng, (C, C), scale=0.1)),
-      reference=lambda x, w: jax.grad(matmul_loss, argnums=(0, 1))(x, w),
+      reference=lambda x, w: jax.grad(shared.matmul_loss, argnums=(0, 1))(x, w),
       tolerance={"float32": (1e-4, 1e-4)})
 def grad_matmul(pallas_call, x, w):
     """grad of sum((x @ w)**2) through a row-tiled matmul kernel, for both operands."""
-    return jax.grad(lambda a, b: jnp.sum(matmul_rows(pallas_call, a, b) ** 2),
+    return jax.grad(lambda a, b: jnp.sum(shared.matmul_rows(pallas_call, a, b) ** 2),
                     argnums=(0, 1))(x, w)
 
 
@@ -84,12 +74,12 @@ def grad_softmax(pallas_call, x, t):
 @case("grad/jvp_matmul", tags={"grad", "dot"},
       inputs=lambda rng: (randn(rng, (16, C), scale=0.3), randn(rng, (C, C), scale=0.1),
                           randn(rng, (16, C), scale=0.3), randn(rng, (C, C), scale=0.1)),
-      reference=lambda x, w, tx, tw: jax.jvp(lambda a, b: jnp.dot(a, b, precision=HI),
+      reference=lambda x, w, tx, tw: jax.jvp(lambda a, b: jnp.dot(a, b, precision=shared.HI),
                                              (x, w), (tx, tw)),
       tolerance={"float32": (1e-4, 1e-4)})
 def jvp_matmul(pallas_call, x, w, tx, tw):
     """jax.jvp of a matmul kernel with tangents for both operands."""
-    return jax.jvp(lambda a, b: matmul_rows(pallas_call, a, b), (x, w), (tx, tw))
+    return jax.jvp(lambda a, b: shared.matmul_rows(pallas_call, a, b), (x, w), (tx, tw))
 
 
 @case("grad/vjp_two_outputs", tags={"grad", "multiple_outputs"},
@@ -156,7 +146,7 @@ def grad_fori(pallas_call, x):
       tolerance={"float32": (1e-5, 1e-5)})
 def grad_second(pallas_call, x):
     """grad of grad: the diagonal second derivative of a tiled elementwise kernel."""
-    g = jax.grad(lambda a: jnp.sum(tiled_sin(pallas_call, a)))
+    g = jax.grad(lambda a: jnp.sum(shared.tiled_sin(pallas_call, a)))
     return jax.grad(lambda a: jnp.sum(g(a)))(x)
 
 
@@ -165,7 +155,7 @@ def grad_second(pallas_call, x):
       reference=jax.vmap(jax.grad(lambda a: jnp.sum(jnp.sin(a) * a))))
 def grad_vmap(pallas_call, x):
     """vmap of grad of a tiled elementwise kernel (per-example gradients)."""
-    return jax.vmap(jax.grad(lambda a: jnp.sum(tiled_sin(pallas_call, a))))(x)
+    return jax.vmap(jax.grad(lambda a: jnp.sum(shared.tiled_sin(pallas_call, a))))(x)
 
 
 @case("grad/checkpoint", tags={"grad"},
@@ -174,17 +164,17 @@ def grad_vmap(pallas_call, x):
       tolerance={"float32": (1e-5, 1e-5)})
 def grad_checkpoint(pallas_call, x):
     """grad through jax.checkpoint around the kernel (the kernel is recomputed)."""
-    f = jax.checkpoint(lambda a: tiled_sin(pallas_call, a))
+    f = jax.checkpoint(lambda a: shared.tiled_sin(pallas_call, a))
     return jax.grad(lambda a: jnp.sum(f(a) ** 2))(x)
 
 
 @case("grad/jvp_scratch", tags={"grad", "scratch", "sequential_grid", "carry_across_blocks"},
       inputs=lambda rng: (randn(rng, (32, C)), randn(rng, (32, C))),
-      reference=lambda x, t: jax.jvp(ref_running_sum, (x,), (t,)),
+      reference=lambda x, t: jax.jvp(shared.ref_running_sum, (x,), (t,)),
       tolerance={"float32": (1e-5, 1e-5)})
 def jvp_scratch(pallas_call, x, t):
     """jax.jvp of a kernel with persistent scratch (the scratch gets a tangent buffer)."""
-    return jax.jvp(lambda a: running_sum(pallas_call, a), (x,), (t,))
+    return jax.jvp(lambda a: shared.running_sum(pallas_call, a), (x,), (t,))
 
 
 def _masked_tanh(pallas_call, x):
@@ -239,7 +229,7 @@ def _k_matmul(pallas_call, x, w, rescale=None):
         def _():
             o_ref[...] = jnp.zeros_like(o_ref)
 
-        prod = jnp.dot(x_ref[...], w_ref[...], precision=HI)
+        prod = jnp.dot(x_ref[...], w_ref[...], precision=shared.HI)
         if rescale is None:
             o_ref[...] += prod
         else:
@@ -256,14 +246,14 @@ def _rescaled_ref(x, w, rescale):
     o = jnp.zeros((x.shape[0], w.shape[1]), x.dtype)
     for kk in range(x.shape[1] // C):
         o = o * rescale + jnp.dot(x[:, kk * C:(kk + 1) * C], w[kk * C:(kk + 1) * C],
-                                  precision=HI)
+                                  precision=shared.HI)
     return o
 
 
 @case("grad/matmul_k_accumulation", tags={"grad", "dot", "sequential_grid"},
       inputs=lambda rng: (randn(rng, (16, 2 * C), scale=0.3),
                           randn(rng, (2 * C, 2 * C), scale=0.1)),
-      reference=lambda x, w: jax.grad(matmul_loss, argnums=(0, 1))(x, w),
+      reference=lambda x, w: jax.grad(shared.matmul_loss, argnums=(0, 1))(x, w),
       tolerance={"float32": (1e-4, 1e-4)})
 def grad_k_matmul(pallas_call, x, w):
     """grad of a matmul that accumulates into its output along a k grid axis: each
@@ -306,13 +296,13 @@ def flash_grid_kv(pallas_call, q, k, v, block: int = FA_B):
             l_ref[...] = jnp.zeros_like(l_ref)
             acc_ref[...] = jnp.zeros_like(acc_ref)
 
-        sc = jnp.dot(q_ref[...] * scale, k_ref[...].T, precision=HI)
+        sc = jnp.dot(q_ref[...] * scale, k_ref[...].T, precision=shared.HI)
         m_prev = m_ref[...]
         m_new = jnp.maximum(m_prev, jnp.max(sc, axis=1, keepdims=True))
         p = jnp.exp(sc - jnp.max(m_new, axis=1, keepdims=True))
         alpha = jnp.exp(m_prev - m_new)
         l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
-        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(p, v_ref[...], precision=HI)
+        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(p, v_ref[...], precision=shared.HI)
         m_ref[...] = m_new
 
         @pl.when(kj == nk - 1)
@@ -328,8 +318,8 @@ def flash_grid_kv(pallas_call, q, k, v, block: int = FA_B):
 
 
 def _attention_loss_ref(q, k, v, t):
-    s = jnp.einsum("hqd,hkd->hqk", q, k, precision=HI) / q.shape[-1] ** 0.5
-    o = jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(s, axis=-1), v, precision=HI)
+    s = jnp.einsum("hqd,hkd->hqk", q, k, precision=shared.HI) / q.shape[-1] ** 0.5
+    o = jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(s, axis=-1), v, precision=shared.HI)
     return jnp.sum(o * t)
 
 
@@ -350,9 +340,9 @@ def grad_flash_grid_kv(pallas_call, q, k, v, t):
 @case("grad/running_sum_scratch",
       tags={"grad", "scratch", "sequential_grid", "carry_across_blocks"},
       inputs=lambda rng: (randn(rng, (32, C)),),
-      reference=lambda x: jax.grad(lambda a: jnp.sum(ref_running_sum(a) ** 2))(x),
+      reference=lambda x: jax.grad(lambda a: jnp.sum(shared.ref_running_sum(a) ** 2))(x),
       tolerance={"float32": (1e-4, 1e-4)})
 def grad_running_sum(pallas_call, x):
     """grad through a running sum kept in scratch that persists from one output block
     to the next: the cotangent of the scratch flows back through every earlier step."""
-    return jax.grad(lambda a: jnp.sum(running_sum(pallas_call, a) ** 2))(x)
+    return jax.grad(lambda a: jnp.sum(shared.running_sum(pallas_call, a) ** 2))(x)

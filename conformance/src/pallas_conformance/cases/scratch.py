@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 import pallas as pl
+from pallas_conformance.cases import _programs as shared
 from pallas_conformance.registry import case, randn, sds
 
 R, C = 32, 128
@@ -30,17 +31,7 @@ def staging(pallas_call, x):
       reference=lambda x: jnp.cumsum(x.reshape(4, 8, C), axis=0).reshape(R, C))
 def persists(pallas_call, x):
     """A running sum over grid steps kept in scratch (scratch persists across programs)."""
-    def kernel(x_ref, o_ref, acc_ref):
-        @pl.when(pl.program_id(0) == 0)
-        def _():
-            acc_ref[...] = jnp.zeros_like(acc_ref)
-
-        acc_ref[...] += x_ref[...]
-        o_ref[...] = acc_ref[...]
-
-    spec = pl.BlockSpec((8, C), lambda i: (i, 0))
-    return pallas_call(kernel, out_shape=sds(x.shape, x.dtype), grid=(4,), in_specs=[spec],
-                       out_specs=spec, scratch_shapes=[pl.ANY((8, C), jnp.float32)])(x)
+    return shared.running_sum(pallas_call, x)
 
 
 @case("scratch/int32_counter", tags={"scratch", "sequential_grid", "carry_across_blocks"},

@@ -1,8 +1,5 @@
 """pallas_call inside jax.shard_map: row shards, psum and all_gather across shards,
 program_id per shard, and grad through a sharded kernel.
-
-These need the transformation rules of ``pallas_call_p`` (batching, JVP, partial eval);
-backends claim the tag when they pass.
 """
 
 from __future__ import annotations
@@ -11,16 +8,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from pallas_conformance.cases._transformed import (
-    C,
-    add_program_id,
-    matmul_loss,
-    matmul_rows,
-    ref_add_program_id,
-    scale_add,
-    tiled_sin,
-)
+from pallas_conformance.cases import _programs as shared
 from pallas_conformance.registry import case, randn, sds
+
+C = shared.C
 
 
 def _mesh():
@@ -32,7 +23,7 @@ def _mesh():
 def shard_rows(pallas_call, x):
     """pallas_call per shard under jax.shard_map over a 1-device mesh."""
     mesh = _mesh()
-    f = jax.shard_map(lambda a: tiled_sin(pallas_call, a), mesh=mesh, in_specs=P("x"),
+    f = jax.shard_map(lambda a: shared.tiled_sin(pallas_call, a), mesh=mesh, in_specs=P("x"),
                       out_specs=P("x"))
     return jax.jit(f)(jax.device_put(x, jax.NamedSharding(mesh, P("x"))))
 
@@ -43,7 +34,7 @@ def shard_rows(pallas_call, x):
 def shard_psum(pallas_call, x, y):
     """A kernel per shard followed by a collective (psum over a 1-device axis)."""
     mesh = _mesh()
-    f = jax.shard_map(lambda a, b: jax.lax.psum(scale_add(pallas_call, a, b), "x"),
+    f = jax.shard_map(lambda a, b: jax.lax.psum(shared.scale_add(pallas_call, a, b), "x"),
                       mesh=mesh, in_specs=(P(), P()), out_specs=P())
     return jax.jit(f)(x, y)
 
@@ -85,7 +76,7 @@ def shard_all_gather(pallas_call, x):
     (check_vma=False: the gathered result is replicated)."""
     mesh = _mesh_all(x.shape[0])
     f = jax.shard_map(
-        lambda a: jax.lax.all_gather(tiled_sin(pallas_call, a), "x", tiled=True),
+        lambda a: jax.lax.all_gather(shared.tiled_sin(pallas_call, a), "x", tiled=True),
         mesh=mesh, in_specs=P("x"), out_specs=P(), check_vma=False)
     return jax.jit(f)(jax.device_put(x, jax.NamedSharding(mesh, P("x"))))
 
@@ -93,18 +84,18 @@ def shard_all_gather(pallas_call, x):
 @case("shard_map/program_id_per_shard", tags={"shard_map", "control_flow"},
       inputs=lambda rng: (randn(rng, (32, C)),),
       reference=lambda x: jnp.concatenate(
-          [ref_add_program_id(s) for s in jnp.split(x, _mesh_all(x.shape[0]).size)]))
+          [shared.ref_add_program_id(s) for s in jnp.split(x, _mesh_all(x.shape[0]).size)]))
 def shard_program_id(pallas_call, x):
     """program_id counts the grid of each shard's call, not of the global array."""
     mesh = _mesh_all(x.shape[0])
-    f = jax.shard_map(lambda a: add_program_id(pallas_call, a), mesh=mesh, in_specs=P("x"),
+    f = jax.shard_map(lambda a: shared.add_program_id(pallas_call, a), mesh=mesh, in_specs=P("x"),
                       out_specs=P("x"))
     return jax.jit(f)(jax.device_put(x, jax.NamedSharding(mesh, P("x"))))
 
 
 @case("shard_map/grad", tags={"shard_map", "grad"},
       inputs=lambda rng: (randn(rng, (32, C)), randn(rng, (C, C), scale=0.1)),
-      reference=lambda x, w: jax.grad(matmul_loss, argnums=(0, 1))(x, w),
+      reference=lambda x, w: jax.grad(shared.matmul_loss, argnums=(0, 1))(x, w),
       tolerance={"float32": (1e-4, 1e-4)})
 def shard_grad(pallas_call, x, w):
     """grad through shard_map of a matmul kernel with a replicated weight (its cotangent
@@ -113,7 +104,7 @@ def shard_grad(pallas_call, x, w):
 
     def loss(a, b):
         def local(a_, b_):
-            return jax.lax.psum(jnp.sum(matmul_rows(pallas_call, a_, b_) ** 2), "x")
+            return jax.lax.psum(jnp.sum(shared.matmul_rows(pallas_call, a_, b_) ** 2), "x")
 
         return jax.shard_map(local, mesh=mesh, in_specs=(P("x"), P()), out_specs=P())(a, b)
 

@@ -1,9 +1,6 @@
 """jax.vmap of pallas_call: batch axes in and out (mixed, last, nested), gridded kernels
 and scratch, program_id under vmap, unbatched operands, several outputs, pytrees, vmap
 of jit, scalar prefetch with batched and unbatched indices, aliased inputs.
-
-These need the transformation rules of ``pallas_call_p`` (batching, JVP, partial eval);
-backends claim the tag when they pass.
 """
 
 from __future__ import annotations
@@ -12,18 +9,10 @@ import jax
 import jax.numpy as jnp
 
 import pallas as pl
-from pallas_conformance.cases._transformed import (
-    HI,
-    C,
-    add_program_id,
-    matmul_rows,
-    ref_add_program_id,
-    ref_running_sum,
-    running_sum,
-    scale_add,
-    tiled_sin,
-)
+from pallas_conformance.cases import _programs as shared
 from pallas_conformance.registry import case, randn, sds
+
+C = shared.C
 
 
 @case("vmap/batch_axis0", tags={"vmap"},
@@ -31,7 +20,7 @@ from pallas_conformance.registry import case, randn, sds
       reference=lambda x, y: x * 2.0 + y)
 def vmap0(pallas_call, x, y):
     """jax.vmap over a leading batch axis."""
-    return jax.vmap(lambda a, b: scale_add(pallas_call, a, b))(x, y)
+    return jax.vmap(lambda a, b: shared.scale_add(pallas_call, a, b))(x, y)
 
 
 @case("vmap/in_axes_mixed", tags={"vmap"},
@@ -39,7 +28,7 @@ def vmap0(pallas_call, x, y):
       reference=lambda x, y: jnp.moveaxis(x, 1, 0) * 2.0 + y)
 def vmap_mixed(pallas_call, x, y):
     """in_axes=(1, None): a batched operand on axis 1 and an unbatched one."""
-    return jax.vmap(lambda a, b: scale_add(pallas_call, a, b), in_axes=(1, None))(x, y)
+    return jax.vmap(lambda a, b: shared.scale_add(pallas_call, a, b), in_axes=(1, None))(x, y)
 
 
 @case("vmap/gridded_kernel", tags={"vmap"},
@@ -47,7 +36,7 @@ def vmap_mixed(pallas_call, x, y):
       reference=lambda x: jnp.sin(x) * x)
 def vmap_grid(pallas_call, x):
     """vmap of a kernel that already has a grid."""
-    return jax.vmap(lambda a: tiled_sin(pallas_call, a))(x)
+    return jax.vmap(lambda a: shared.tiled_sin(pallas_call, a))(x)
 
 
 @case("vmap/in_axes1_out_axes1", tags={"vmap"},
@@ -55,7 +44,7 @@ def vmap_grid(pallas_call, x):
       reference=lambda x: jnp.sin(x) * x)
 def vmap_axes1(pallas_call, x):
     """in_axes=1 and out_axes=1: the batch axis in the middle of operand and result."""
-    return jax.vmap(lambda a: tiled_sin(pallas_call, a), in_axes=1, out_axes=1)(x)
+    return jax.vmap(lambda a: shared.tiled_sin(pallas_call, a), in_axes=1, out_axes=1)(x)
 
 
 @case("vmap/in_axes_last", tags={"vmap"},
@@ -63,14 +52,14 @@ def vmap_axes1(pallas_call, x):
       reference=lambda x, y: jnp.moveaxis(x * 2.0 + y, -1, 0))
 def vmap_last(pallas_call, x, y):
     """in_axes=-1: the batch axis is the (minor-most) lane axis of the operands."""
-    return jax.vmap(lambda a, b: scale_add(pallas_call, a, b), in_axes=-1)(x, y)
+    return jax.vmap(lambda a, b: shared.scale_add(pallas_call, a, b), in_axes=-1)(x, y)
 
 
 @case("vmap/nested", tags={"vmap"},
       inputs=lambda rng: (randn(rng, (2, 3, 16, C)),), reference=lambda x: jnp.sin(x) * x)
 def vmap_nested(pallas_call, x):
     """vmap of vmap of a grid kernel (two added grid axes)."""
-    return jax.vmap(jax.vmap(lambda a: tiled_sin(pallas_call, a)))(x)
+    return jax.vmap(jax.vmap(lambda a: shared.tiled_sin(pallas_call, a)))(x)
 
 
 @case("vmap/nested_mixed_axes", tags={"vmap"},
@@ -78,41 +67,41 @@ def vmap_nested(pallas_call, x):
       reference=lambda x, y: (jnp.moveaxis(x, 1, 0)[:, None] * 2.0 + y[None]))
 def vmap_nested_mixed(pallas_call, x, y):
     """Nested vmap where each level batches a different operand (the other unbatched)."""
-    inner = jax.vmap(lambda a, b: scale_add(pallas_call, a, b), in_axes=(None, 0))
+    inner = jax.vmap(lambda a, b: shared.scale_add(pallas_call, a, b), in_axes=(None, 0))
     return jax.vmap(inner, in_axes=(1, None))(x, y)
 
 
 @case("vmap/program_id", tags={"vmap", "control_flow"},
-      inputs=lambda rng: (randn(rng, (3, 16, C)),), reference=jax.vmap(ref_add_program_id))
+      inputs=lambda rng: (randn(rng, (3, 16, C)),), reference=jax.vmap(shared.ref_add_program_id))
 def vmap_program_id(pallas_call, x):
     """A kernel that reads program_id keeps its per-block values under vmap."""
-    return jax.vmap(lambda a: add_program_id(pallas_call, a))(x)
+    return jax.vmap(lambda a: shared.add_program_id(pallas_call, a))(x)
 
 
 @case("vmap/nested_program_id", tags={"vmap", "control_flow"},
       inputs=lambda rng: (randn(rng, (2, 2, 16, C)),),
-      reference=jax.vmap(jax.vmap(ref_add_program_id)))
+      reference=jax.vmap(jax.vmap(shared.ref_add_program_id)))
 def vmap_nested_program_id(pallas_call, x):
     """program_id under two nested vmaps."""
-    return jax.vmap(jax.vmap(lambda a: add_program_id(pallas_call, a)))(x)
+    return jax.vmap(jax.vmap(lambda a: shared.add_program_id(pallas_call, a)))(x)
 
 
 @case("vmap/unbatched_weight_dot", tags={"vmap", "dot"},
       inputs=lambda rng: (randn(rng, (3, 16, C)), randn(rng, (C, C), scale=0.1)),
-      reference=lambda x, w: jnp.einsum("bmk,kn->bmn", x, w, precision=HI),
+      reference=lambda x, w: jnp.einsum("bmk,kn->bmn", x, w, precision=shared.HI),
       tolerance={"float32": (1e-4, 1e-4)})
 def vmap_unbatched_weight(pallas_call, x, w):
     """in_axes=(0, None) on a grid kernel: a batched activation and a shared weight."""
-    return jax.vmap(lambda a, b: matmul_rows(pallas_call, a, b), in_axes=(0, None))(x, w)
+    return jax.vmap(lambda a, b: shared.matmul_rows(pallas_call, a, b), in_axes=(0, None))(x, w)
 
 
 @case("vmap/grid_scratch_accumulate",
       tags={"vmap", "scratch", "sequential_grid", "carry_across_blocks"},
-      inputs=lambda rng: (randn(rng, (3, 32, C)),), reference=jax.vmap(ref_running_sum),
+      inputs=lambda rng: (randn(rng, (3, 32, C)),), reference=jax.vmap(shared.ref_running_sum),
       tolerance={"float32": (1e-5, 1e-5)})
 def vmap_grid_scratch(pallas_call, x):
     """vmap of a grid kernel whose scratch, reset at program_id 0, persists along the grid."""
-    return jax.vmap(lambda a: running_sum(pallas_call, a))(x)
+    return jax.vmap(lambda a: shared.running_sum(pallas_call, a))(x)
 
 
 @case("vmap/multiple_outputs", tags={"vmap", "multiple_outputs", "reductions"},
@@ -154,7 +143,7 @@ def vmap_pytree(pallas_call, x, y):
       inputs=lambda rng: (randn(rng, (4, 16, C)),), reference=lambda x: jnp.sin(x) * x)
 def vmap_of_jit(pallas_call, x):
     """vmap of a jitted function that calls the kernel (batching through pjit)."""
-    return jax.vmap(jax.jit(lambda a: tiled_sin(pallas_call, a)))(x)
+    return jax.vmap(jax.jit(lambda a: shared.tiled_sin(pallas_call, a)))(x)
 
 
 def _gather_blocks(pallas_call, idx, x):

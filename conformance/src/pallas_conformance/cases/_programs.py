@@ -1,5 +1,5 @@
-"""Small pallas_call programs and their references, which the vmap, grad, shard_map and
-export cases transform."""
+"""Small pallas_call programs and their references that several case modules share: the
+vmap, grad, shard_map and export cases transform them, the scratch cases run one."""
 
 from __future__ import annotations
 
