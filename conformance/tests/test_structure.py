@@ -11,7 +11,7 @@ import pytest
 
 import pallas.plugins
 from pallas_conformance import INTERPRET_CAPABILITIES, TAGS, all_cases, claimed_tags
-from pallas_conformance.catalogue import TAG_ALIASES, Case, case, register
+from pallas_conformance.registry import TAG_ALIASES, Case, case, register
 
 
 def test_at_least_150_cases():

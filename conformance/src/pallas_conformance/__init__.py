@@ -8,15 +8,7 @@ See ``docs/backend-authors.md`` for the backend contract and how to read the rep
 """
 
 from pallas_conformance.__about__ import __version__
-from pallas_conformance.catalogue import (
-    DEFAULT_TOLERANCE,
-    TAGS,
-    Case,
-    all_cases,
-    case,
-    get_case,
-    register,
-)
+from pallas_conformance.catalogue import all_cases, get_case
 from pallas_conformance.levels import (
     BACKEND_LEVELS,
     FAIL,
@@ -32,6 +24,7 @@ from pallas_conformance.levels import (
     interpreter_claims,
     pallas_call_eqns,
 )
+from pallas_conformance.registry import DEFAULT_TOLERANCE, TAGS, Case, case, register
 from pallas_conformance.suite import Report, run_suite, select_cases
 
 __all__ = [
