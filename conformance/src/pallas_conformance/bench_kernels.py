@@ -65,9 +65,11 @@ class Benchmark:
 
 # --- kernels (``pallas_call`` is bound to the backend, as in the conformance cases) ---
 
-def matmul(pallas_call, a, b, *, bm, bn, bk, out_dtype):
+def matmul(pallas_call, a, b, *, bm, bn, bk, out_dtype, precision=None):
     """``a @ b`` in (bm, bn) output blocks, a sequential K axis accumulating in f32
-    scratch; M and N need not be multiples of the block (edge blocks are masked)."""
+    scratch; M and N need not be multiples of the block (edge blocks are masked).
+    ``precision`` is the dots' (the conformance case ``kernels/tiled_matmul_*`` runs it
+    at ``HIGHEST``)."""
     m, k = a.shape
     n = b.shape[1]
     nk = k // bk
@@ -77,7 +79,8 @@ def matmul(pallas_call, a, b, *, bm, bn, bk, out_dtype):
         def _():
             acc_ref[...] = jnp.zeros_like(acc_ref)
 
-        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=F32)
+        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], precision=precision,
+                                preferred_element_type=F32)
 
         @pl.when(pl.program_id(2) == nk - 1)
         def _():

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import pallas as pl
+from pallas_conformance import bench_kernels
 from pallas_conformance.registry import case, randn, sds
 
 HI = lax.Precision.HIGHEST
@@ -20,38 +21,14 @@ F32 = jnp.float32
 
 # --- Tiled matmul -------------------------------------------------------------------
 
-def _matmul(pallas_call, a, b, *, bm=32, bn=128, bk=128, out_dtype=F32):
-    m, k = a.shape
-    n = b.shape[1]
-    nk = k // bk
-
-    def kernel(a_ref, b_ref, o_ref, acc_ref):
-        @pl.when(pl.program_id(2) == 0)
-        def _():
-            acc_ref[...] = jnp.zeros_like(acc_ref)
-
-        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], precision=HI,
-                                preferred_element_type=F32)
-
-        @pl.when(pl.program_id(2) == nk - 1)
-        def _():
-            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
-
-    return pallas_call(
-        kernel, out_shape=sds((m, n), out_dtype), grid=(m // bm, n // bn, nk),
-        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
-        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
-        scratch_shapes=[pl.ANY((bm, bn), F32)])(a, b)
-
-
 @case("kernels/tiled_matmul_f32", tags={"kernels", "dot", "scratch", "sequential_grid"},
       inputs=lambda rng: (randn(rng, (64, 384)), randn(rng, (384, 256))),
       reference=lambda a, b: jnp.dot(a, b, precision=HI),
       tolerance={"float32": (1e-4, 1e-4)})
 def tiled_matmul(pallas_call, a, b):
     """A (2, 2, 3) grid of 32x128x128 tiles with an f32 scratch accumulator."""
-    return _matmul(pallas_call, a, b)
+    return bench_kernels.matmul(pallas_call, a, b, bm=32, bn=128, bk=128, out_dtype=F32,
+                                precision=HI)
 
 
 @case("kernels/tiled_matmul_bf16",
@@ -62,7 +39,8 @@ def tiled_matmul(pallas_call, a, b):
       tolerance={"bfloat16": (3e-2, 2e-2)})
 def tiled_matmul_bf16(pallas_call, a, b):
     """bf16 operands, f32 accumulation, bf16 output."""
-    return _matmul(pallas_call, a, b, out_dtype=jnp.bfloat16)
+    return bench_kernels.matmul(pallas_call, a, b, bm=32, bn=128, bk=128,
+                                out_dtype=jnp.bfloat16, precision=HI)
 
 
 # --- Softmax, layer norm, RMS norm --------------------------------------------------
