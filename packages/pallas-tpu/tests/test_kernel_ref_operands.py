@@ -62,3 +62,38 @@ def test_sync_copy_takes_pytrees_of_refs():
                    jax.ShapeDtypeStruct(b.shape, b.dtype)])(a, b)
     np.testing.assert_array_equal(oa, a[:8])
     np.testing.assert_array_equal(ob, b)
+
+
+def test_pl_kernel_lifts_captured_traced_scalars_into_smem():
+    mesh = pltpu.create_tensorcore_mesh("x", num_cores=1)
+
+    def f(x, i, j):
+        def body(x_ref, out_ref):
+            pltpu.sync_copy(x_ref.at[i + j], out_ref.at[jax.lax.axis_index("x")])
+
+        return pl.kernel(body, mesh=mesh,
+                         out_type=jax.ShapeDtypeStruct((1, *x.shape[1:]), x.dtype))(x)
+
+    x = jnp.arange(4 * 8 * 128, dtype=jnp.int32).reshape(4, 8, 128)
+    for i, j in [(0, 1), (1, 2)]:
+        np.testing.assert_array_equal(jax.jit(f)(x, i, j)[0], x[i + j])
+
+
+def test_pl_kernel_reads_and_writes_refs_it_closes_over():
+    mesh = pltpu.create_tensorcore_mesh("core")
+    x = jnp.arange(8 * 128, dtype=jnp.int32).reshape(8, 128)
+
+    @jax.jit
+    def f(x):
+        x_ref, o_ref = jax.new_ref(x), jax.empty_ref(jax.typeof(x))
+
+        @pl.kernel(mesh=mesh, scratch_types=[pltpu.VMEM(x.shape, x.dtype)])
+        def fn(tmp):
+            pltpu.sync_copy(x_ref, tmp)
+            tmp[...] += 1
+            pltpu.sync_copy(tmp, o_ref)
+
+        fn()
+        return jax.freeze(o_ref)
+
+    np.testing.assert_array_equal(f(x), x + 1)

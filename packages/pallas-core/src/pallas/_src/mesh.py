@@ -36,6 +36,8 @@ class Mesh:
 
     backend: str | None = None
     default_memory_space: Any = MemorySpace.ANY
+    # Where pl.kernel puts the traced scalars a body closes over (None: the default).
+    scalar_memory_space: Any = None
 
     @property
     def shape(self) -> Mapping[str, int]:

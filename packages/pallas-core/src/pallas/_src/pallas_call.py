@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas._src import block_spec as bs
+from pallas._src import captured, partitioning, ref_args
 from pallas._src import jax_compat as jc
-from pallas._src import partitioning, ref_args
 from pallas._src.compiler_params import CompilerParams, FrozenParams
 from pallas._src.cost import CostEstimate
 from pallas._src.grid_spec import (
@@ -125,7 +125,7 @@ def _ref_in_traceback(exc: BaseException, ref_names: dict[int, str]) -> str | No
 
 
 def trace_kernel(kernel: Callable, gm: GridMapping, in_tree_args, out_tree, scratch_tree,
-                 name: str, prefetch_tree=None):
+                 name: str, prefetch_tree=None, lift_captures: bool = False):
     """Traces the kernel over ref avals in the order prefetch, inputs, outputs, scratch
     (the scalar-prefetch refs grouped as ``prefetch_tree``, the arguments' treedef)."""
     nsp = gm.num_scalar_prefetch
@@ -191,7 +191,9 @@ def trace_kernel(kernel: Callable, gm: GridMapping, in_tree_args, out_tree, scra
             ).with_traceback(e.__traceback__) from None
         raise
     if consts:
-        non_scalar = [c for c in consts if np.ndim(c) != 0 or isinstance(c, jax.core.Tracer)]
+        # (pl.kernel lifts captured traced scalars and refs into operands: ``captured``)
+        non_scalar = [c for c in consts if (np.ndim(c) != 0 or isinstance(c, jax.core.Tracer))
+                      and not (lift_captures and captured.hoistable([c]))]
         if non_scalar:
             shapes = ", ".join(jax.typeof(c).str_short() for c in non_scalar)
             raise ValueError(
@@ -377,7 +379,7 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
                 b if jc.is_symbolic_dim(b) else None for b in grid_bounds))
         with jc.extend_axis_env_nd(axes), debug_checks_requested(wants_checks):
             jaxpr = trace_kernel(kernel, gm, body_tree, out_tree, scratch_tree, kname,
-                                 pf_tree)
+                                 pf_tree, lift_captures=mesh is not None)
         if debug:
             print(f"The kernel jaxpr for pallas_call {kname}:", file=sys.stdout)
             print(jaxpr, file=sys.stdout)
@@ -415,6 +417,12 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
         if cached is None:
             cached = trace_cache[key] = _trace(args, in_avals, in_paths)
         gm, jaxpr = cached
+        if mesh is not None and captured.hoistable(jaxpr.consts):
+            return captured.call_hoisting_captures(
+                _remake, jaxpr, args, out_shape=out_shape, in_specs=grid_spec.in_specs,
+                out_specs=grid_spec.out_specs, input_output_aliases=input_output_aliases,
+                ref_space=getattr(mesh, "default_memory_space", None),
+                scalar_space=getattr(mesh, "scalar_memory_space", None))
         explicit = registry.requested_backend(backend, compiler_params)
         if explicit is not None and not interpret:
             b = registry.get_backend(explicit)

@@ -38,6 +38,7 @@ class TensorCoreMesh(Mesh):
 
     backend = "mosaic_tpu"
     default_memory_space = MemorySpace.ANY
+    scalar_memory_space = MemorySpace.SMEM  # captured scalars (pl.kernel) live in SMEM
 
     @property
     def shape(self) -> dict[str, int]:
