@@ -307,3 +307,39 @@ def test_emit_pipeline_refuses_an_empty_grid(grid):
     with pytest.raises(ValueError, match="All elements in the grid must be strictly positive"):
         pltpu.emit_pipeline(lambda o_ref: None, grid=grid,
                             out_specs=pl.BlockSpec((128, 128), lambda i, j: (i, j)))
+
+
+@pytest.mark.parametrize("num_cores", [1, 2])
+def test_emit_pipeline_splits_a_parallel_dimension_over_cores(num_cores):
+    """``core_axis_name``: each core runs its share of the first parallel dimension its
+    number divides; the body's program ids are its own (upstream's megacore pipeline)."""
+    mesh = pltpu.create_tensorcore_mesh("core", num_cores=num_cores)
+    x = jnp.arange(4 * 8 * 128, dtype=jnp.float32).reshape(32, 128)
+
+    @pl.kernel(mesh=mesh, out_type=jax.ShapeDtypeStruct((32, 128), jnp.float32))
+    def add_ids(x_hbm, o_hbm):
+        def body(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + 1000.0 * pl.program_id(0) + pl.num_programs(0)
+
+        spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        pltpu.emit_pipeline(body, grid=(4,), in_specs=[spec], out_specs=[spec],
+                            core_axis_name="core",
+                            dimension_semantics=(pltpu.PARALLEL,))(x_hbm, o_hbm)
+
+    local = 4 // num_cores
+    ids = np.repeat(np.arange(4) % local, 8)[:, None]
+    np.testing.assert_array_equal(add_ids(x), np.asarray(x) + 1000.0 * ids + local)
+
+
+def test_emit_pipeline_refuses_a_split_it_cannot_make():
+    mesh = pltpu.create_tensorcore_mesh("core", num_cores=2)
+
+    @pl.kernel(mesh=mesh, out_type=jax.ShapeDtypeStruct((24, 128), jnp.float32))
+    def k(x_hbm, o_hbm):
+        spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        pltpu.emit_pipeline(lambda x, o: None, grid=(3,), in_specs=[spec], out_specs=[spec],
+                            core_axis_name="core",
+                            dimension_semantics=(pltpu.PARALLEL,))(x_hbm, o_hbm)
+
+    with pytest.raises(NotImplementedError, match="parallel grid dimension whose size"):
+        k(jnp.zeros((24, 128)))

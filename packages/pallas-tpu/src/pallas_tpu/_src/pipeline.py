@@ -37,6 +37,7 @@ from jax import lax
 import pallas as pl
 from pallas.core import GridAxis, grid_env
 from pallas.plugins import MemoryRef
+from pallas_tpu._src.compiler_params import GridDimensionSemantics, canonical_semantics
 from pallas_tpu._src.enums import BufferType
 from pallas_tpu._src.memory import VMEM, SemaphoreType
 from pallas_tpu._src.primitives.dma import AsyncCopyDescriptor
@@ -115,7 +116,7 @@ def _differs(spec, idx, other) -> jax.Array:
     return out
 
 
-def _unravel(t, grid):
+def _unravel_local(t, grid):
     idx = []
     for n in reversed(grid):
         idx.append(lax.rem(t, n))
@@ -291,15 +292,14 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
                   trace_scopes=True, should_accumulate_out=False, first_cycle=None,
                   last_cycle=None, init_accumulators=None, no_pipelining=False, **unused):
     """Returns ``pipeline(*refs)`` that runs ``body`` over ``grid`` on VMEM blocks."""
-    if core_axis is not None or core_axis_name is not None:
-        raise NotImplementedError(
-            "emit_pipeline(core_axis=...) is not implemented yet in pallas-tpu "
-            "(backend 'mosaic_tpu')")
+    if core_axis is not None and core_axis_name is not None:
+        raise ValueError("core_axis and core_axis_name cannot both be provided.")
+    cores = core_axis_name if core_axis is None else core_axis
     if should_accumulate_out:
         raise NotImplementedError(
             "emit_pipeline(should_accumulate_out=True) is not implemented yet in "
             "pallas-tpu (backend 'mosaic_tpu')")
-    grid = tuple(_grid_size(g) for g in grid)
+    full_grid = grid = tuple(_grid_size(g) for g in grid)
     if any(isinstance(g, int) and g <= 0 for g in grid):
         raise ValueError(f"emit_pipeline: All elements in the grid must be strictly "
                          f"positive; got grid {grid}")
@@ -323,6 +323,11 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
                                                     out_specs=out_specs))
             return
         allocations = _check_allocations(allocations, in_specs, out_specs, refs)
+        grid, offsets = _partition_grid(full_grid, cores, dimension_semantics)
+
+        def _unravel(t, grid):  # this core's share of the grid: its blocks' indices
+            return tuple(i + o for i, o in zip(_unravel_local(t, grid), offsets))
+
         ins, outs = refs[:len(in_specs)], refs[len(in_specs):]
         in_dims = [_block_dims(s, r.shape, f"input {i}")
                    for i, (s, r) in enumerate(zip(in_specs, ins))]
@@ -382,8 +387,9 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
             # Per output: its buffer slot, and for each slot the step whose block its copy
             # in flight writes out (-1: none), to wait for exactly that copy.
             idx, nxt = _unravel(t, grid), _unravel(jnp.minimum(t + 1, n - 1), grid)
-            # In the body, pl.program_id/num_programs are the pipeline's (as upstream).
-            with grid_env([GridAxis(i, g) for i, g in zip(idx, grid)]):
+            # In the body, pl.program_id/num_programs are the pipeline's on this core
+            # (as upstream: without the core's offset).
+            with grid_env([GridAxis(i, g) for i, g in zip(_unravel_local(t, grid), grid)]):
                 body(*[b.at[slot] for b in in_bufs],
                      *[b.at[o] for b, (o, _, _) in zip(out_bufs, carry)])
             new = []
@@ -404,6 +410,36 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
             wait_out(k, 1 - o, jnp.where(o == 0, t1, t0))
 
     return pipeline
+
+
+def _partition_grid(grid, cores, semantics):
+    """(this core's grid, the offsets of its indices): with ``cores`` (a grid axis index
+    or mesh axis name(s)) naming more than one core, the first parallel dimension whose
+    size they divide is split between them, as upstream's megacore pipelines."""
+    if cores is None:
+        return grid, (0,) * len(grid)
+    if isinstance(cores, int):
+        num, core = pl.num_programs(cores), pl.program_id(cores)
+    else:
+        num, core = lax.axis_size(cores), lax.axis_index(cores)
+    if not isinstance(num, int):
+        raise NotImplementedError(f"emit_pipeline: cannot partition the grid over a dynamic "
+                                  f"number of cores (core_axis={cores!r})")
+    if num == 1:
+        return grid, (0,) * len(grid)
+    semantics = tuple(canonical_semantics(d) for d in (
+        semantics or (GridDimensionSemantics.ARBITRARY,) * len(grid)))
+    if len(semantics) != len(grid):
+        raise ValueError("dimension_semantics must be the same length as grid.")
+    for i, (g, d) in enumerate(zip(grid, semantics)):
+        if d == GridDimensionSemantics.PARALLEL and isinstance(g, int) and g % num == 0:
+            local = g // num
+            return (grid[:i] + (local,) + grid[i + 1:],
+                    tuple(core * local if j == i else 0 for j in range(len(grid))))
+    raise NotImplementedError(
+        f"emit_pipeline: splitting grid {grid} over {num} cores needs a parallel grid "
+        f"dimension whose size they divide (dimension_semantics={semantics}); other "
+        f"splits are not implemented yet in pallas-tpu (backend 'mosaic_tpu')")
 
 
 def _grid_size(g):
