@@ -49,7 +49,7 @@ import numpy as np
 
 import pallas as pl
 import pallas.plugins
-from pallas.plugins import KernelRequest
+from pallas.plugins import KernelRequest, pallas_call_eqns
 from pallas_conformance._jax_compat import is_known_platform
 from pallas_conformance.registry import TAG_ALIASES, TAGS, Case
 
@@ -206,19 +206,6 @@ def _reference(case: Case, args):
 
 # ------------------------------------------------------------------------------------
 # pallas_call equations.
-
-
-def pallas_call_eqns(jaxpr) -> list:
-    """Every ``pallas_call`` equation in ``jaxpr`` and its sub-jaxprs, in program order."""
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive is pl.pallas_call_p:
-            found.append(eqn)
-            continue
-        for sub in jex.jaxprs_in_params(eqn.params):
-            found.extend(pallas_call_eqns(sub))
-    return found
 
 
 def _request(eqn, **options) -> KernelRequest:

@@ -9,9 +9,8 @@ instruction mix, and whether ``wgmma``/``tcgen05`` instructions appear.
 from __future__ import annotations
 
 import jax
-import jax.extend.core as jex
 
-import pallas as pl
+from pallas.plugins import pallas_call_eqns
 from pallas_mosaic_gpu._src.backend import params
 from pallas_mosaic_gpu._src.compile import (
     DEFAULT_TARGET,
@@ -28,22 +27,12 @@ __all__ = ["DEFAULT_TARGET", "ENV_TARGET", "TARGETS", "CompiledKernel",
            "ToolchainMissingError", "compile", "find_toolchain", "target_config"]
 
 
-def _pallas_calls(jaxpr) -> list:
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive is pl.pallas_call_p:
-            found.append(eqn)
-        for sub in jex.jaxprs_in_params(eqn.params):
-            found.extend(_pallas_calls(getattr(sub, "jaxpr", sub)))
-    return found
-
-
 def compile(f, *args, target: str | None = None) -> list[CompiledKernel]:  # noqa: A001
     """Compiles every ``pallas_call`` of ``f(*args)`` for ``target`` (``"sm_90a"``, the
     default, or ``"sm_100a"``; one target per process, as Mosaic GPU fixes it)."""
     closed = jax.make_jaxpr(f)(*args)
     out = []
-    for eqn in _pallas_calls(closed.jaxpr):
+    for eqn in pallas_call_eqns(closed.jaxpr):
         p = eqn.params
         out.append(compile_kernel(p["jaxpr"], p["grid_mapping"], params(p["compiler_params"]),
                                   name=p.get("name") or "kernel", target=target))

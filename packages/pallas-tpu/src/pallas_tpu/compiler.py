@@ -17,11 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.extend.core as jex
 
-import pallas as pl
 import pallas.plugins
-from pallas.plugins import KernelRequest
+from pallas.plugins import KernelRequest, pallas_call_eqns
 from pallas_tpu._src.compiler.chips import (
     CHIPS,
     DEFAULT_CHIP,
@@ -47,17 +45,6 @@ __all__ = ["CHIPS", "DEFAULT_CHIP", "ENV_CHIP", "TOPOLOGIES", "CompiledKernel",
            "resolve_chip", "vmem_footprint"]
 
 
-def _pallas_calls(jaxpr) -> list:
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive is pl.pallas_call_p:
-            found.append(eqn)
-            continue
-        for sub in jex.jaxprs_in_params(eqn.params):
-            found.extend(_pallas_calls(getattr(sub, "jaxpr", sub)))
-    return found
-
-
 def compile(f: Callable, *args: Any, chip: Any = None, dump_dir: str | None = None,  # noqa: A001
             **kwargs: Any) -> list[CompiledKernel]:
     """Compiles every ``pallas_call`` of ``f(*args, **kwargs)`` with libtpu for ``chip``.
@@ -80,7 +67,7 @@ def compile(f: Callable, *args: Any, chip: Any = None, dump_dir: str | None = No
     """
     closed = jax.make_jaxpr(lambda *a: f(*a, **kwargs))(*args)
     out = []
-    for eqn in _pallas_calls(closed.jaxpr):
+    for eqn in pallas_call_eqns(closed.jaxpr):
         p = eqn.params
         # The backend a lowering for "tpu" picks (mosaic_sparsecore for SparseCore meshes).
         backend = pallas.plugins.select_backend("tpu", p.get("backend"),
@@ -100,4 +87,4 @@ def vmem_footprint(f: Callable, *args: Any, **kwargs: Any) -> list:
     from pallas_tpu._src.vmem import footprint
 
     closed = jax.make_jaxpr(lambda *a: f(*a, **kwargs))(*args)
-    return [footprint(eqn.params["grid_mapping"]) for eqn in _pallas_calls(closed.jaxpr)]
+    return [footprint(eqn.params["grid_mapping"]) for eqn in pallas_call_eqns(closed.jaxpr)]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import jax.extend.core as jex
@@ -16,7 +15,6 @@ import numpy as np
 
 from pallas.__about__ import __version__
 from pallas._src import block_spec as bs
-from pallas._src.pallas_call import pallas_call_p
 from pallas._src.registry import registry
 
 # Primitives counted as transcendentals in the op mix (the rest of the arithmetic is "vector").
@@ -25,15 +23,6 @@ _TRANSCENDENTAL = frozenset({
     "sqrt", "pow", "erf", "erf_inv", "atan2", "expm1",
 })
 _MEMORY = frozenset({"get", "swap", "load", "addupdate", "masked_load", "masked_swap"})
-
-
-def pallas_call_eqns(jaxpr: Any) -> Iterator[Any]:
-    """Every ``pallas_call_p`` equation in ``jaxpr`` and the jaxprs nested in it."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive is pallas_call_p:
-            yield eqn
-        for sub in jex.jaxprs_in_params(eqn.params):
-            yield from pallas_call_eqns(getattr(sub, "jaxpr", sub))
 
 
 def backend_of(params: dict, platform: str) -> Any | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import jax
 
+from pallas._src.call_eqns import pallas_call_eqns
 from pallas._src.tuning import figures as figs
 from pallas._src.tuning import kernels, model
 from pallas._src.tuning.devices import Target
@@ -62,7 +63,7 @@ class Bound:
         """The ``pallas_call_p`` equations of ``f`` under ``config`` (raises if it does not
         trace)."""
         closed = jax.make_jaxpr(self.with_config(config))(*self.avals)
-        return list(kernels.pallas_call_eqns(closed.jaxpr))
+        return pallas_call_eqns(closed.jaxpr)
 
 
 def _first_line(e: BaseException, limit: int = 300) -> str:
