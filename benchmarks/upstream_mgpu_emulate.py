@@ -1,6 +1,6 @@
 """Upstream's single-device Mosaic GPU kernels (``*_mgpu.py``) unchanged, on our packages,
 at the **emulate** level: the Mosaic GPU module our lowering generates is executed on
-CPU (``pallas_mosaic_gpu._src.emulate``, the conformance level ``emulate``) and compared
+CPU (``pallas_mosaic_gpu._src.executor``, the conformance level ``emulate``) and compared
 with the kernel's reference. Each kernel runs in its own process, through the shim of
 ``upstream_ops.py`` (``jax.experimental.pallas`` is this project's), on a small
 persistent grid (``--sms``, the SM count the kernels read); the table gives the max

@@ -12,7 +12,7 @@ import pytest
 import pallas as pl
 import pallas.plugins
 from pallas_mosaic_gpu._src.backend import params
-from pallas_mosaic_gpu._src.emulate import run_kernel
+from pallas_mosaic_gpu._src.executor import run_kernel
 from pallas_mosaic_gpu._src.lowering import build
 
 pytest.importorskip("jax_plugins.xla_cuda13", reason="lowering for cuda needs jax-cuda13-plugin")

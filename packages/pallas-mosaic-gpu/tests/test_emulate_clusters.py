@@ -85,10 +85,10 @@ def test_a_cta_pair_matmul_splits_a_and_b_between_the_blocks_and_d_by_rows(emula
 def test_a_pair_mma_with_the_blocks_halves_swapped_gives_wrong_numbers(emulate, monkeypatch):
     # A planted fault: the pair MMA takes block 1 for block 0 (its rows of a, its columns
     # of b, its TMEM) and back; the case must fail.
-    from pallas_mosaic_gpu._src.emulate import ops_cta_pair
+    from pallas_mosaic_gpu._src.executor import ops_tcgen05
 
-    right = ops_cta_pair.pair_blocks
-    monkeypatch.setattr(ops_cta_pair, "pair_blocks", lambda m, what: right(m, what)[::-1])
+    right = ops_tcgen05.pair_blocks
+    monkeypatch.setattr(ops_tcgen05, "pair_blocks", lambda m, what: right(m, what)[::-1])
     mod = _pair_kernels()
     a, b = mod._operands()
     (got,) = emulate(mod.cta_pair_matmul(), a, b)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pallas_mosaic_gpu._src.emulate import EmulationError
-from pallas_mosaic_gpu._src.emulate import ops_async as A
-from pallas_mosaic_gpu._src.emulate.engine import Compiler, Machine
-from pallas_mosaic_gpu._src.emulate.memory import Memory
-from pallas_mosaic_gpu._src.emulate.types import llvm_layout
+from pallas_mosaic_gpu._src.executor import EmulationError
+from pallas_mosaic_gpu._src.executor import mbarrier as MB
+from pallas_mosaic_gpu._src.executor import ops_async as A
+from pallas_mosaic_gpu._src.executor.engine import Compiler, Machine
+from pallas_mosaic_gpu._src.executor.memory import Memory
+from pallas_mosaic_gpu._src.executor.types import llvm_layout
 
 
 def test_memory_reads_back_what_was_stored_per_lane():
@@ -71,13 +72,13 @@ def test_tma_128_byte_swizzle_permutes_16_byte_chunks_by_row():
 def test_an_mbarrier_phase_completes_after_arrivals_and_transaction_bytes():
     m = _machine()
     m.mbarriers[64] = dict(count=1, pending=1, tx=0, phase=0)
-    A._arrive(m.mbarriers[64], tx=4096)
+    MB.arrive_state(m.mbarriers[64], tx=4096)
     assert m.mbarriers[64]["phase"] == 0  # the bytes have not landed
-    A.complete_tx(m, 64, 4096)
+    MB.complete_tx(m, 64, 4096)
     assert m.mbarriers[64]["phase"] == 1
     assert m.mbarriers[64]["pending"] == 1  # re-armed for the next phase
 
 
 def test_an_mbarrier_used_before_init_is_an_error():
     with pytest.raises(EmulationError, match="before nvvm.mbarrier.init"):
-        A.complete_tx(_machine(), 64, 16)
+        MB.complete_tx(_machine(), 64, 16)

@@ -15,8 +15,8 @@ import pytest
 import pallas as pl
 import pallas.plugins
 import pallas_mosaic_gpu as plgpu
-from pallas_mosaic_gpu._src.emulate import EmulationError, EmulationUnsupported
-from pallas_mosaic_gpu._src.emulate import ops_wgmma as W
+from pallas_mosaic_gpu._src.executor import EmulationError, EmulationUnsupported
+from pallas_mosaic_gpu._src.executor import ops_wgmma as W
 
 pytest.importorskip("jax_plugins.xla_cuda13", reason="lowering for cuda needs jax-cuda13-plugin")
 
@@ -62,7 +62,7 @@ def _tiled_swizzled(logical: np.ndarray, swizzle: int) -> np.ndarray:
 
 class _Smem:
     def __init__(self, data: np.ndarray):
-        from pallas_mosaic_gpu._src.emulate.memory import Memory
+        from pallas_mosaic_gpu._src.executor.memory import Memory
 
         self.memory = Memory()
         self.smem = self.memory.alloc(data.size, "smem", align=1 << 18)
@@ -184,7 +184,7 @@ def test_smem_read_before_waiting_for_its_copy_sees_stale_data(emulate):
 
 
 def test_an_inline_ptx_the_executor_does_not_know_is_unsupported_naming_it(emulate, monkeypatch):
-    from pallas_mosaic_gpu._src.emulate import ops_llvm
+    from pallas_mosaic_gpu._src.executor import ops_llvm
 
     monkeypatch.setattr(ops_llvm, "ASM_PATTERNS",
                         [p for p in ops_llvm.ASM_PATTERNS if "wgmma" not in p[0].pattern])

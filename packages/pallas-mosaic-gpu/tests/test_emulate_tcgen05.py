@@ -17,8 +17,8 @@ import pytest
 import pallas as pl
 import pallas.plugins
 import pallas_mosaic_gpu as plgpu
-from pallas_mosaic_gpu._src.emulate import EmulationError, EmulationUnsupported
-from pallas_mosaic_gpu._src.emulate import ops_tcgen05 as T
+from pallas_mosaic_gpu._src.executor import EmulationError, EmulationUnsupported
+from pallas_mosaic_gpu._src.executor import ops_tcgen05 as T
 
 pytest.importorskip("jax_plugins.xla_cuda13", reason="lowering for cuda needs jax-cuda13-plugin")
 
@@ -150,7 +150,5 @@ def test_an_mma_form_the_executor_does_not_run_is_unsupported_naming_it():
         T._tcgen05_mma(None, re.fullmatch(r".*tcgen05\.mma.*", text, re.S))
     with pytest.raises(EmulationUnsupported, match="M = 64"):
         T.mma(None, 0, 0, 0, (1 << 4) | (16 << 17) | (4 << 24), False, "f16")
-    from pallas_mosaic_gpu._src.emulate.ops_cta_pair import pair_mma
-
     with pytest.raises(EmulationUnsupported, match=r"cta_group::2 with M = 128"):
-        pair_mma(None, 0, 0, 0, (1 << 4) | (16 << 17) | (8 << 24), False, "f16")
+        T.pair_mma(None, 0, 0, 0, (1 << 4) | (16 << 17) | (8 << 24), False, "f16")

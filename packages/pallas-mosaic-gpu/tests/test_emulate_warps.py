@@ -19,7 +19,7 @@ import pytest
 import pallas as pl
 import pallas.plugins
 import pallas_mosaic_gpu as plgpu
-from pallas_mosaic_gpu._src.emulate import EmulationError, EmulationUnsupported, sched
+from pallas_mosaic_gpu._src.executor import EmulationError, EmulationUnsupported, sched
 
 pytest.importorskip("jax_plugins.xla_cuda13", reason="lowering for cuda needs jax-cuda13-plugin")
 levels = pytest.importorskip("pallas_conformance.levels")

@@ -14,7 +14,7 @@ import pallas as pl
 import pallas.plugins
 import pallas_mosaic_gpu as plgpu
 from pallas_mosaic_gpu._src.backend import params
-from pallas_mosaic_gpu._src.emulate.launch import module_of
+from pallas_mosaic_gpu._src.executor.launch import module_of
 from pallas_mosaic_gpu._src.lowering import build
 from pallas_mosaic_gpu._src.lowering import kernel as kernel_mod
 
@@ -117,7 +117,7 @@ def _first_blocks(n_gmem, x_gmem, o_gmem, acc):
 def test_a_pipeline_over_a_traced_grid_fills_its_slots_in_a_loop(steps):
     # As upstream: the first min(slots, steps) fetches are one copy in a loop, not one
     # per slot; fewer steps than slots (1) and more (3) both sum the right blocks.
-    from pallas_mosaic_gpu._src.emulate import run_kernel
+    from pallas_mosaic_gpu._src.executor import run_kernel
 
     f = plgpu.kernel(_first_blocks, out_type=jax.ShapeDtypeStruct((64, 128), F32),
                      scratch_types=[plgpu.SMEM((64, 128), F32)])
@@ -179,7 +179,7 @@ def _loads(read_between: bool):
 def test_a_tma_load_synchronises_the_warpgroup_only_after_memory_was_touched(read_between):
     # A TMA load first synchronises the warpgroup (no thread still reads its slot); back
     # to back loads share the first one's synchronisation, a read between them does not.
-    from pallas_mosaic_gpu._src.emulate import run_kernel
+    from pallas_mosaic_gpu._src.executor import run_kernel
 
     x = jnp.arange(48 * 128, dtype=F32).reshape(48, 128) / 1024
     k = _built(_loads(read_between), x)
@@ -195,7 +195,7 @@ def test_a_tma_load_synchronises_the_warpgroup_only_after_memory_was_touched(rea
 def test_a_fori_loop_over_traced_bounds_is_an_scf_for():
     # As upstream: lax.fori_loop(jnp.int32(0), n, ...) (a while loop in the jaxpr) is an
     # scf.for from 0 to n, with the rest of its carry as the loop's.
-    from pallas_mosaic_gpu._src.emulate import run_kernel
+    from pallas_mosaic_gpu._src.executor import run_kernel
 
     def kernel(n_gmem, x_gmem, o_gmem, n_smem, acc, bar):
         plgpu.copy_gmem_to_smem(n_gmem, n_smem, bar.at[0])
@@ -261,7 +261,7 @@ def test_reading_an_accumulator_first_waits_for_its_wgmma_groups():
     # As upstream's accumulator read: PTX leaves the registers undefined until
     # wgmma.wait_group, and ptxas, left to insert the wait itself, put it after code
     # that may already reuse the operands' SMEM (and cost registers).
-    from pallas_mosaic_gpu._src.emulate import run_kernel
+    from pallas_mosaic_gpu._src.executor import run_kernel
 
     tr = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 
@@ -296,7 +296,7 @@ def test_a_pipeline_carries_its_slot_instead_of_dividing_the_step(slots):
     # is a power of two: no signed remainder, and LLVM cannot tie the slot to the body's
     # test of the step (transposed_ragged_dot_mgpu kept slot 0's SMEM addresses in
     # registers for it).
-    from pallas_mosaic_gpu._src.emulate import run_kernel
+    from pallas_mosaic_gpu._src.executor import run_kernel
 
     def kernel(n_gmem, x_gmem, o_gmem, acc):
         acc[...] = jnp.zeros((64, 128), F32)

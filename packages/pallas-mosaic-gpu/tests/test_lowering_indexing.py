@@ -24,7 +24,7 @@ F32 = jnp.float32
 
 def _emulate(kernel, out_shape, *args, **kw):
     """The outputs of ``pallas_call(kernel)`` from its generated module, executed on CPU."""
-    from pallas_mosaic_gpu._src.emulate import run_kernel
+    from pallas_mosaic_gpu._src.executor import run_kernel
 
     f = pl.pallas_call(kernel, out_shape=out_shape, backend="mosaic_gpu", **kw)
     (eqn,) = [e for e in jax.make_jaxpr(f)(*args).jaxpr.eqns if e.primitive is pl.pallas_call_p]

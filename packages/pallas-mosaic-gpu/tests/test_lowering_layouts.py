@@ -53,7 +53,7 @@ def _tiles(compute, shape=(64, 64)):
 
 
 def _run(kernel, x, **kw):
-    from pallas_mosaic_gpu._src.emulate import run_kernel
+    from pallas_mosaic_gpu._src.executor import run_kernel
 
     f, k = _kernel(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), x, **kw)
     (out,) = run_kernel(k, [x])
@@ -164,7 +164,7 @@ def test_a_branch_returning_a_splat_yields_the_strided_registers_the_other_expec
                               lambda: x * 2)
 
     x = np.random.default_rng(6).standard_normal((2, 8, 128), np.float32)
-    from pallas_mosaic_gpu._src.emulate import run_kernel
+    from pallas_mosaic_gpu._src.executor import run_kernel
 
     spec = pl.BlockSpec((None, 8, 128), lambda i: (i, 0, 0))
     f = pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, F32), grid=(2,),
@@ -180,7 +180,7 @@ def _if_result_types(k) -> list[list[str]]:
     """The result types of every ``scf.if`` in kernel ``k``'s module."""
     import re
 
-    from pallas_mosaic_gpu._src.emulate.launch import module_of
+    from pallas_mosaic_gpu._src.executor.launch import module_of
 
     out = []
     for line in str(module_of(k)).splitlines():

@@ -24,7 +24,7 @@ F32 = jnp.float32
 
 def _emulate(kernel, out_shape, *args):
     """(generated kernel, its outputs executed on CPU) of ``pallas_call(kernel)``."""
-    from pallas_mosaic_gpu._src.emulate import run_kernel
+    from pallas_mosaic_gpu._src.executor import run_kernel
 
     f = pl.pallas_call(kernel, out_shape=out_shape, backend="mosaic_gpu")
     (eqn,) = [e for e in jax.make_jaxpr(f)(*args).jaxpr.eqns if e.primitive is pl.pallas_call_p]
@@ -134,7 +134,7 @@ def _loops(k) -> list:
     """The trip counts (upper bounds) of the kernel's scf.for ops, outermost first."""
     import re
 
-    from pallas_mosaic_gpu._src.emulate import module_of
+    from pallas_mosaic_gpu._src.executor import module_of
 
     text = str(module_of(k))
     consts = dict(re.findall(r"(%c\w*) = arith\.constant (\d+) : index", text))

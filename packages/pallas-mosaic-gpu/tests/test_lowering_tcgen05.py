@@ -20,7 +20,7 @@ import pytest
 
 import pallas as pl
 import pallas_mosaic_gpu as plgpu
-from pallas_mosaic_gpu._src.emulate import launch
+from pallas_mosaic_gpu._src.executor import launch
 from pallas_mosaic_gpu._src.lowering import build
 
 pytest.importorskip("jax_plugins.xla_cuda13", reason="lowering for cuda needs jax-cuda13-plugin")
@@ -328,7 +328,7 @@ def test_branches_returning_tmem_loads_keep_the_tcgen05_layout():
     """A lax.cond whose branches return an ``async_load_tmem`` array (Blackwell's
     TCGEN05 register layout) scaled or shifted: the ``scf.if`` yields those fragments
     as they are (no strided vectors), and interpret mode matches plain JAX."""
-    from pallas_mosaic_gpu._src.emulate.launch import module_of
+    from pallas_mosaic_gpu._src.executor.launch import module_of
 
     def make(interpret):
         def kernel(a_gmem, b_gmem, o_smem):

@@ -14,7 +14,7 @@ import pallas as pl
 import pallas.plugins
 import pallas_mosaic_gpu as plgpu
 from pallas_mosaic_gpu._src.backend import params
-from pallas_mosaic_gpu._src.emulate import run_kernel
+from pallas_mosaic_gpu._src.executor import run_kernel
 from pallas_mosaic_gpu._src.lowering import build
 from pallas_mosaic_gpu._src.lowering.scoped import plan
 from pallas_mosaic_gpu._src.lowering.scoped_stack import plan_stack
@@ -254,7 +254,7 @@ def test_a_scope_after_its_sibling_reuses_its_barriers_initialised_again():
     # (collective_matmul_mgpu's two matmuls: 65568 bytes, as upstream, not 65600). The
     # later scope initialises them again: a thread that did not wait on them before
     # (warpgroup 1 here) would otherwise wait on a phase that already went by.
-    from pallas_mosaic_gpu._src.emulate.launch import module_of
+    from pallas_mosaic_gpu._src.executor.launch import module_of
 
     x, out = _x(), jax.ShapeDtypeStruct((16, 128), F32)
     body = _two_scopes_swapping_waiters()

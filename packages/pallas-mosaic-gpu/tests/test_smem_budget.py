@@ -60,7 +60,7 @@ def test_staging_buffers_of_different_operations_share_smem():
     import numpy as np
 
     from pallas_mosaic_gpu._src.backend import params
-    from pallas_mosaic_gpu._src.emulate import run_kernel
+    from pallas_mosaic_gpu._src.executor import run_kernel
     from pallas_mosaic_gpu._src.lowering import build
 
     x = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)

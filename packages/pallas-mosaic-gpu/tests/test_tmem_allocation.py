@@ -16,8 +16,8 @@ import pallas as pl
 import pallas.plugins
 import pallas_mosaic_gpu as plgpu
 from pallas_mosaic_gpu._src.backend import params
-from pallas_mosaic_gpu._src.emulate import run_kernel
-from pallas_mosaic_gpu._src.emulate.launch import module_of
+from pallas_mosaic_gpu._src.executor import run_kernel
+from pallas_mosaic_gpu._src.executor.launch import module_of
 from pallas_mosaic_gpu._src.lowering import build
 from pallas_mosaic_gpu._src.lowering.engine import KernelError
 

@@ -39,6 +39,7 @@ from pallas._src.executor.types import (
     int_array_attr,
     is_float,
     register_element_type,
+    scalar_dtype,
     unsigned,
     vshape,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "INT4", "MAX_WHILE_STEPS", "TRANSCENDENTALS", "UPSTREAM", "Compiler", "ExecutorError",
     "ExecutorUnsupported", "OpRuleTable", "Plan", "as_unsigned", "bits", "cast",
     "constant_array", "dtype_of", "elem_and_shape", "elementwise", "int_array_attr",
-    "is_float", "register_element_type", "register_float_functions", "run", "unsigned",
+    "is_float", "register_element_type", "register_float_functions", "run", "scalar_dtype",
+    "unsigned",
     "vshape", "widened",
 ]

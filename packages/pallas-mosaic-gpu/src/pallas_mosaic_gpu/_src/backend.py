@@ -103,8 +103,8 @@ class MosaicGpuBackend(Backend):
 
     def emulate(self, request: KernelRequest, *args):
         """Runs the generated code: builds the kernel as for a GPU and executes the
-        Mosaic GPU module its custom call carries with :mod:`pallas_mosaic_gpu.emulate`."""
-        from pallas_mosaic_gpu._src.emulate import emulate_kernel
+        Mosaic GPU module its custom call carries with :mod:`pallas_mosaic_gpu._src.executor`."""
+        from pallas_mosaic_gpu._src.executor import emulate_kernel
 
         return emulate_kernel(request.jaxpr, request.grid_mapping,
                               params(request.compiler_params), request.name or "kernel",
@@ -113,7 +113,7 @@ class MosaicGpuBackend(Backend):
     def emulator(self, request: KernelRequest):
         """The emulated device's plan: the kernel built (for the emulated target) and its
         module prepared for the executor once, then executed on each call's operands."""
-        from pallas_mosaic_gpu._src.emulate import plan_kernel
+        from pallas_mosaic_gpu._src.executor import plan_kernel
 
         return plan_kernel(request.jaxpr, request.grid_mapping,
                            params(request.compiler_params), request.name or "kernel",

@@ -61,24 +61,17 @@ def _mod2(f):
     return g
 
 
-elementwise(UPSTREAM, "arith.addf")(np.add)
-elementwise(UPSTREAM, "arith.subf")(np.subtract)
-elementwise(UPSTREAM, "arith.mulf")(np.multiply)
-elementwise(UPSTREAM, "arith.addi")(_mod2(np.add))
-elementwise(UPSTREAM, "arith.subi")(_mod2(np.subtract))
-elementwise(UPSTREAM, "arith.muli")(_mod2(np.multiply))
-elementwise(UPSTREAM, "arith.divf")(np.divide)
-elementwise(UPSTREAM, "arith.remf")(np.fmod)
-elementwise(UPSTREAM, "arith.negf")(np.negative)
-elementwise(UPSTREAM, "arith.maximumf")(np.maximum)
-elementwise(UPSTREAM, "arith.minimumf")(np.minimum)
-elementwise(UPSTREAM, "arith.maxnumf")(np.fmax)
-elementwise(UPSTREAM, "arith.minnumf")(np.fmin)
-elementwise(UPSTREAM, "arith.maxsi")(np.maximum)
-elementwise(UPSTREAM, "arith.minsi")(np.minimum)
-elementwise(UPSTREAM, "arith.andi")(np.bitwise_and)
-elementwise(UPSTREAM, "arith.ori")(np.bitwise_or)
-elementwise(UPSTREAM, "arith.xori")(np.bitwise_xor)
+_ELEMENTWISE = {
+    "arith.addf": np.add, "arith.subf": np.subtract, "arith.mulf": np.multiply,
+    "arith.addi": _mod2(np.add), "arith.subi": _mod2(np.subtract),
+    "arith.muli": _mod2(np.multiply), "arith.divf": np.divide, "arith.remf": np.fmod,
+    "arith.negf": np.negative, "arith.maximumf": np.maximum, "arith.minimumf": np.minimum,
+    "arith.maxnumf": np.fmax, "arith.minnumf": np.fmin, "arith.maxsi": np.maximum,
+    "arith.minsi": np.minimum, "arith.andi": np.bitwise_and, "arith.ori": np.bitwise_or,
+    "arith.xori": np.bitwise_xor,
+}
+for _name, _f in _ELEMENTWISE.items():
+    elementwise(UPSTREAM, _name)(_f)
 
 
 @elementwise(UPSTREAM, "arith.maxui")

@@ -45,6 +45,11 @@ def register_element_type(matches: Callable[[str], bool], dtype) -> None:
     _scalar_dtype.cache_clear()
 
 
+def scalar_dtype(s: str) -> np.dtype:
+    """The dtype of the scalar MLIR type spelled ``s`` (``"i32"``, ``"bf16"``, ...)."""
+    return _scalar_dtype(s)
+
+
 @functools.cache
 def _scalar_dtype(s: str) -> np.dtype:
     if s in _SCALARS:

@@ -11,8 +11,8 @@ numbers); a run-time fault of the generated code (out-of-bounds access, a barrie
 that cannot complete) raises :class:`EmulationError`.
 """
 
-from pallas_mosaic_gpu._src.emulate.engine import OPS
-from pallas_mosaic_gpu._src.emulate.launch import (
+from pallas_mosaic_gpu._src.executor.engine import OPS
+from pallas_mosaic_gpu._src.executor.launch import (
     compile_module,
     emulate_kernel,
     execute,
@@ -20,7 +20,7 @@ from pallas_mosaic_gpu._src.emulate.launch import (
     plan_kernel,
     run_kernel,
 )
-from pallas_mosaic_gpu._src.emulate.types import EmulationError, EmulationUnsupported
+from pallas_mosaic_gpu._src.executor.types import EmulationError, EmulationUnsupported
 
 __all__ = ["OPS", "EmulationError", "EmulationUnsupported", "compile_module", "emulate_kernel",
            "execute",

@@ -32,9 +32,9 @@ import re
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_mosaic_gpu._src.emulate.engine import op
-from pallas_mosaic_gpu._src.emulate.ops_llvm import asm
-from pallas_mosaic_gpu._src.emulate.types import EmulationError, EmulationUnsupported
+from pallas_mosaic_gpu._src.executor.engine import op
+from pallas_mosaic_gpu._src.executor.ops_llvm import asm
+from pallas_mosaic_gpu._src.executor.types import EmulationError, EmulationUnsupported
 
 _TYPES = {"f16": np.dtype(np.float16), "bf16": np.dtype(jnp.bfloat16),
           "tf32": np.dtype(np.float32), "e4m3": np.dtype(jnp.float8_e4m3fn),

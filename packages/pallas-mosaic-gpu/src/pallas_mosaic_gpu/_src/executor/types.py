@@ -5,49 +5,44 @@ from __future__ import annotations
 import functools
 import re
 
-import jax.numpy as jnp
 import numpy as np
 from jaxlib.mlir import ir
 
-from pallas.plugins import LevelUnsupportedError
+from pallas.executor import (
+    ExecutorError,
+    ExecutorUnsupported,
+    register_element_type,
+    scalar_dtype,
+    vshape,
+)
 
 
-class EmulationError(RuntimeError):
+class EmulationError(ExecutorError):
     """The generated code did something wrong at run time (an out-of-bounds access, a
     barrier wait that can never complete): a bug found by executing it."""
 
 
-class EmulationUnsupported(LevelUnsupportedError):
+class EmulationUnsupported(ExecutorUnsupported):
     """The executor does not implement something the module uses (an op, a type): the
     conformance suite reports the case unsupported at level ``emulate``."""
 
 
-_FLOATS = {"f16": np.dtype(np.float16), "bf16": np.dtype(jnp.bfloat16),
-           "f32": np.dtype(np.float32), "f64": np.dtype(np.float64)}
-# Narrow floats (ml_dtypes, through jnp): values copied, cast and compared as numpy does.
-for _mlir, _jnp in (("f8E5M2", "float8_e5m2"), ("f8E4M3FN", "float8_e4m3fn"),
-                    ("f8E4M3B11FNUZ", "float8_e4m3b11fnuz"), ("f8E4M3FNUZ", "float8_e4m3fnuz"),
-                    ("f8E5M2FNUZ", "float8_e5m2fnuz"), ("f8E8M0FNU", "float8_e8m0fnu"),
-                    ("f4E2M1FN", "float4_e2m1fn")):
-    if hasattr(jnp, _jnp):
-        _FLOATS[_mlir] = np.dtype(getattr(jnp, _jnp))
-_INTS = {1: np.dtype(np.bool_), 8: np.dtype(np.int8), 16: np.dtype(np.int16),
-         32: np.dtype(np.int32), 64: np.dtype(np.int64)}
-UNSIGNED = {np.dtype(np.int8): np.dtype(np.uint8), np.dtype(np.int16): np.dtype(np.uint16),
-            np.dtype(np.int32): np.dtype(np.uint32), np.dtype(np.int64): np.dtype(np.uint64),
-            np.dtype(np.bool_): np.dtype(np.bool_)}
 ADDR = np.dtype(np.int64)  # pointers and ``index`` values
+# LLVM pointers are int64 addresses for the shared rules too (llvm.select, ...).
+register_element_type(lambda s: s.startswith("!llvm.ptr"), ADDR)
 
 
 @functools.cache
 def _scalar_dtype(s: str) -> np.dtype:
-    if s in _FLOATS:
-        return _FLOATS[s]
+    """As :func:`pallas.executor.scalar_dtype`, but the flat byte memory holds no
+    sub-byte or unsigned element types yet: those are unsupported."""
     if s == "index" or s.startswith("!llvm.ptr"):
         return ADDR
-    m = re.fullmatch(r"i(\d+)", s)
-    if m and int(m.group(1)) in _INTS:
-        return _INTS[int(m.group(1))]
+    if not s.startswith("ui") and s not in ("i2", "i4"):
+        try:
+            return scalar_dtype(s)
+        except ExecutorUnsupported:
+            pass
     raise EmulationUnsupported(f"the Mosaic GPU executor has no numpy type for MLIR type {s}")
 
 
@@ -57,15 +52,6 @@ def dtype_of(t) -> np.dtype:
     if isinstance(t, (ir.VectorType, ir.MemRefType)):
         t = t.element_type
     return _scalar_dtype(str(t))
-
-
-def vshape(t) -> tuple[int, ...]:
-    """The vector shape of a value of type ``t`` (``()`` for scalars)."""
-    return tuple(t.shape) if isinstance(t, ir.VectorType) else ()
-
-
-def is_unsigned_view(x: np.ndarray) -> np.ndarray:
-    return x.view(UNSIGNED[x.dtype]) if x.dtype in UNSIGNED else x
 
 
 # -- LLVM types: size, alignment and struct layout, parsed from their text --------------
@@ -143,3 +129,7 @@ def undef_of(s: str):
             return np.zeros((1, n), llvm_layout(elem)[3])
         return tuple(undef_of(elem) for _ in range(n))
     return None
+
+
+__all__ = ["ADDR", "EmulationError", "EmulationUnsupported", "dtype_of", "llvm_layout",
+           "llvm_size", "undef_of", "vshape"]

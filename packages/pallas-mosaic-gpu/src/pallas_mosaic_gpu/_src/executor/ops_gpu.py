@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 from jaxlib.mlir import ir
 
-from pallas_mosaic_gpu._src.emulate.engine import int_array_attr, op, run, uniform
-from pallas_mosaic_gpu._src.emulate.memref import MemRef, from_struct, to_struct
-from pallas_mosaic_gpu._src.emulate.ops_async import flush_async
-from pallas_mosaic_gpu._src.emulate.ops_cluster import Cluster
-from pallas_mosaic_gpu._src.emulate.sched import WARPGROUP, Block
-from pallas_mosaic_gpu._src.emulate.types import EmulationError, EmulationUnsupported
+from pallas_mosaic_gpu._src.executor.cluster import Cluster
+from pallas_mosaic_gpu._src.executor.engine import int_array_attr, op, run, uniform
+from pallas_mosaic_gpu._src.executor.memref import MemRef, from_struct, to_struct
+from pallas_mosaic_gpu._src.executor.ops_async import flush_async
+from pallas_mosaic_gpu._src.executor.sched import WARPGROUP, Block
+from pallas_mosaic_gpu._src.executor.types import EmulationError, EmulationUnsupported
 
 WARP = 32
 SMEM_FILL = 0xFF  # SMEM starts as garbage (NaN for floats): reading unwritten SMEM shows

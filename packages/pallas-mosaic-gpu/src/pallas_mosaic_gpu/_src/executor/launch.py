@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 from jaxlib.mlir import ir
 
-from pallas_mosaic_gpu._src.emulate import (  # noqa: F401 - each module registers ops
-    ops_arith,
+from pallas.executor import Plan, run
+from pallas_mosaic_gpu._src.executor import (  # noqa: F401 - each module registers ops
     ops_async,
     ops_cluster,
     ops_cta_pair,
@@ -23,10 +23,10 @@ from pallas_mosaic_gpu._src.emulate import (  # noqa: F401 - each module registe
     ops_vector,
     ops_wgmma,
 )
-from pallas_mosaic_gpu._src.emulate.engine import Compiler, Machine, Plan, run
-from pallas_mosaic_gpu._src.emulate.memory import Memory
-from pallas_mosaic_gpu._src.emulate.sched import DivergentWait
-from pallas_mosaic_gpu._src.emulate.types import EmulationUnsupported
+from pallas_mosaic_gpu._src.executor.engine import OPS, GpuCompiler, Machine
+from pallas_mosaic_gpu._src.executor.memory import Memory
+from pallas_mosaic_gpu._src.executor.sched import DivergentWait
+from pallas_mosaic_gpu._src.executor.types import EmulationUnsupported
 from pallas_mosaic_gpu._src.lowering.aliases import module_of_fn
 
 
@@ -43,7 +43,7 @@ class CompiledModule:
     """A module compiled to plans: its host function's, holding the launch's."""
 
     def __init__(self, module: ir.Module):
-        self.compiler = Compiler(module)
+        self.compiler = GpuCompiler(module, OPS)
         # Warpgroups whose warps wait for each other: a strand per warp.
         self.split_warps: frozenset = frozenset()
         main = [f for f in module.body.operations if f.operation.name == "func.func"

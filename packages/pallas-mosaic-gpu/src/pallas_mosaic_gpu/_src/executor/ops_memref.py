@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 from jaxlib.mlir import ir
 
-from pallas_mosaic_gpu._src.emulate.engine import int_array_attr, op
-from pallas_mosaic_gpu._src.emulate.memref import (
+from pallas_mosaic_gpu._src.executor.engine import int_array_attr, op
+from pallas_mosaic_gpu._src.executor.memref import (
     MemRef,
     contiguous_strides,
     mixed,
 )
-from pallas_mosaic_gpu._src.emulate.types import EmulationUnsupported, dtype_of, vshape
+from pallas_mosaic_gpu._src.executor.types import EmulationUnsupported, dtype_of, vshape
 
 
 def _segments(o, n: int) -> list[list]:

@@ -1,7 +1,8 @@
 """CTA pairs (``cta_group::2``): the two blocks of ranks ``2i`` and ``2i + 1`` of a
 cluster sharing one tensor core operation. Semantics from the PTX ISA ("tcgen05.mma"
 and "cp.async.bulk.tensor" with ``.cta_group::2``, "tcgen05.commit" with a multicast
-mask; TMEM allocation across the pair is in ``ops_tcgen05``):
+mask; TMEM allocation across the pair and the pair MMA (``pair_mma``) are in
+``ops_tcgen05``, this module has the partitioned TMA load):
 
 - the pair MMA, issued by one thread of the pair, with M = 256 (the instruction
   descriptor's M) and N the whole width: ``A = [A0; A1]`` (each block's SMEM holds its
@@ -17,64 +18,17 @@ mask; TMEM allocation across the pair is in ``ops_tcgen05``):
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 
-from pallas_mosaic_gpu._src.emulate.ops_async import tma_load
-from pallas_mosaic_gpu._src.emulate.ops_cluster import cluster_of
-from pallas_mosaic_gpu._src.emulate.ops_llvm import asm
-from pallas_mosaic_gpu._src.emulate.ops_tcgen05 import (
-    accumulate_into,
-    decode_idesc,
-    operands,
-    tmem_at,
-)
-from pallas_mosaic_gpu._src.emulate.types import EmulationError, EmulationUnsupported
-
-ROWS = 128  # rows of A and D per block of the pair (M = 256)
+from pallas_mosaic_gpu._src.executor.cluster import cluster_of
+from pallas_mosaic_gpu._src.executor.ops_async import tma_load
+from pallas_mosaic_gpu._src.executor.ops_llvm import asm
+from pallas_mosaic_gpu._src.executor.types import EmulationUnsupported
 
 
 def _lane(x, i):
     x = np.asarray(x).reshape(len(np.asarray(x)), -1)
     return int(x[i if x.shape[0] > 1 else 0, 0])
-
-
-def pair_blocks(m, what: str) -> tuple[int, int]:
-    """The ranks of the pair the block of ``m`` belongs to (even rank first)."""
-    cl = cluster_of(m)
-    even = m.cta_rank & ~1
-    if even + 1 >= len(cl.smem):
-        raise EmulationError(f"{what} in block {m.cta_rank} of a cluster of "
-                             f"{len(cl.smem)}: it has no peer block")
-    return even, even + 1
-
-
-def _block_view(m, rank: int):
-    """What SMEM descriptors of block ``rank`` are read through (its SMEM window)."""
-    cl = cluster_of(m)
-    return types.SimpleNamespace(smem=cl.smem[rank], smem_size=cl.smem_size,
-                                 memory=m.memory)
-
-
-def pair_mma(m, d_addr: int, a_desc: int, b_desc: int, idesc: int, accumulate: bool,
-             kind: str) -> None:
-    """Runs one ``tcgen05.mma.cta_group::2`` with SMEM operands (see the module doc)."""
-    a_t, b_t, d_t, n, mm, k = decode_idesc(idesc, kind)
-    if mm != 2 * ROWS:
-        raise EmulationUnsupported(f"tcgen05.mma.cta_group::2 with M = {mm} (only M = 256, "
-                                   f"128 rows per block, is executed)")
-    lane, col = (d_addr >> 16) & 0xFFFF, d_addr & 0xFFFF
-    if lane:
-        raise EmulationError(f"tcgen05.mma.cta_group::2 into TMEM lane {lane} (not 0)")
-    pair = pair_blocks(m, "tcgen05.mma.cta_group::2")
-    halves = [operands(_block_view(m, r), a_desc, b_desc, idesc, ROWS, n // 2, k, a_t, b_t)
-              for r in pair]
-    b = np.concatenate([bh for _, bh in halves], 0)  # [B0 B1]: N x K
-    for r, (a, _) in zip(pair, halves):
-        t = tmem_at(m, cluster_of(m).smem[r])
-        t.check(col, n, f"tcgen05.mma.cta_group::2's accumulator in block {r}")
-        accumulate_into(t, col, a, b, d_t, idesc, kind, accumulate)
 
 
 @asm(r"\{\s*\.reg \.b32 mapped_addr;\s*@\$0 mapa\.shared::cluster\.u32 mapped_addr, \$3, "

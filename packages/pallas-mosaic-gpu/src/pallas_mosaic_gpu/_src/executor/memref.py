@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 from jaxlib.mlir import ir
 
-from pallas_mosaic_gpu._src.emulate.types import EmulationUnsupported, dtype_of
+from pallas_mosaic_gpu._src.executor.types import EmulationUnsupported, dtype_of
 
 DYNAMIC = -9223372036854775808  # ShapedType.kDynamic
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pallas_mosaic_gpu._src.emulate.engine import op, run
-from pallas_mosaic_gpu._src.emulate.types import EmulationUnsupported
+from pallas_mosaic_gpu._src.executor.engine import op, run
+from pallas_mosaic_gpu._src.executor.types import EmulationUnsupported
 
 
 def _uniform(x):

@@ -11,7 +11,7 @@ import bisect
 
 import numpy as np
 
-from pallas_mosaic_gpu._src.emulate.types import EmulationError
+from pallas_mosaic_gpu._src.executor.types import EmulationError
 
 _GAP = 1 << 16
 _START = 1 << 20

@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pallas_mosaic_gpu._src.emulate.types import EmulationError, EmulationUnsupported
+from pallas_mosaic_gpu._src.executor.types import EmulationError, EmulationUnsupported
 
 WARPGROUP = 128
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pallas_mosaic_gpu._src.emulate.engine import int_array_attr, op
-from pallas_mosaic_gpu._src.emulate.memref import DYNAMIC
-from pallas_mosaic_gpu._src.emulate.types import EmulationUnsupported, dtype_of, vshape
+from pallas_mosaic_gpu._src.executor.engine import int_array_attr, op
+from pallas_mosaic_gpu._src.executor.memref import DYNAMIC
+from pallas_mosaic_gpu._src.executor.types import EmulationUnsupported, dtype_of, vshape
 
 
 def _lanes(*xs) -> int:

@@ -8,11 +8,9 @@ import re
 import numpy as np
 from jaxlib.mlir import ir
 
-from pallas_mosaic_gpu._src.emulate import ops_arith
-from pallas_mosaic_gpu._src.emulate.engine import OPS, int_array_attr, op
-from pallas_mosaic_gpu._src.emulate.ops_math import LIBDEVICE
-from pallas_mosaic_gpu._src.emulate.types import (
-    ADDR,
+from pallas_mosaic_gpu._src.executor.engine import OPS, int_array_attr, op
+from pallas_mosaic_gpu._src.executor.ops_math import LIBDEVICE
+from pallas_mosaic_gpu._src.executor.types import (
     EmulationUnsupported,
     dtype_of,
     llvm_layout,
@@ -27,7 +25,8 @@ for _llvm, _arith in {"add": "addi", "sub": "subi", "mul": "muli", "and": "andi"
                       "srem": "remsi", "zext": "extui", "sext": "extsi",
                       "trunc": "trunci", "fadd": "addf", "fsub": "subf", "fmul": "mulf",
                       "fdiv": "divf", "select": "select"}.items():
-    OPS[f"llvm.{_llvm}"] = OPS[f"arith.{_arith}"]
+    OPS.register(f"llvm.{_llvm}", owner="pallas_mosaic_gpu")(OPS[f"arith.{_arith}"])
+OPS.register("llvm.mlir.constant", owner="pallas_mosaic_gpu")(OPS["arith.constant"])
 
 
 @op("llvm.ptrtoint", "llvm.inttoptr", "llvm.addrspacecast")
@@ -289,5 +288,3 @@ def _call(o, cc):
 
     return run
 
-
-assert ADDR and ops_arith  # imported for their registrations

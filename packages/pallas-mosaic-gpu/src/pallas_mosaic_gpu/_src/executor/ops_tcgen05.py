@@ -39,15 +39,18 @@ sparse/scaled/weight-stationary MMAs, ``pack::16b``/``unpack::16b``, ``tcgen05.c
 from __future__ import annotations
 
 import re
+import types
 
 import jax.numpy as jnp
 import numpy as np
 from jaxlib.mlir import ir
 
-from pallas_mosaic_gpu._src.emulate.engine import op
-from pallas_mosaic_gpu._src.emulate.ops_llvm import asm
-from pallas_mosaic_gpu._src.emulate.ops_wgmma import smem_operand
-from pallas_mosaic_gpu._src.emulate.types import EmulationError, EmulationUnsupported
+from pallas_mosaic_gpu._src.executor.cluster import cluster_of
+from pallas_mosaic_gpu._src.executor.engine import op
+from pallas_mosaic_gpu._src.executor.mbarrier import arrive, mbarrier_state
+from pallas_mosaic_gpu._src.executor.ops_llvm import asm
+from pallas_mosaic_gpu._src.executor.ops_wgmma import smem_operand
+from pallas_mosaic_gpu._src.executor.types import EmulationError, EmulationUnsupported
 
 LANES, COLUMNS = 128, 512
 WARP = 32
@@ -106,8 +109,6 @@ class Tmem:
     def run_until(self, m, bar: int | None) -> None:
         """Runs the queued ops up to the last commit to ``bar`` (all of them: None),
         arriving on each committed mbarrier on the way."""
-        from pallas_mosaic_gpu._src.emulate.ops_async import arrive
-
         if bar is None:
             last = len(self.queue) - 1
         else:
@@ -167,8 +168,6 @@ def _pair(o) -> bool:
 
 def _check_pair(m, what: str) -> None:
     """A ``cta_group::2`` op needs the block's peer (rank ^ 1) in its cluster."""
-    from pallas_mosaic_gpu._src.emulate.ops_cluster import cluster_of
-
     if (m.cta_rank ^ 1) >= len(cluster_of(m).smem):
         raise EmulationError(f"{what}.cta_group::2 in block {m.cta_rank} of a cluster of "
                              f"{len(cluster_of(m).smem)}: it has no peer block")
@@ -251,9 +250,6 @@ def _commit(o, cc):
     multicast = len(o.operands) == 2
 
     def run(m, bar, *mask):
-        from pallas_mosaic_gpu._src.emulate.ops_async import mbarrier_state
-        from pallas_mosaic_gpu._src.emulate.ops_cluster import cluster_of
-
         if pair:
             _check_pair(m, "tcgen05.commit")
         t = tmem_of(m)
@@ -359,12 +355,54 @@ def mma(m, d_addr: int, a_desc: int, b_desc: int, idesc: int, accumulate: bool,
     accumulate_into(t, col, a, b, d_t, idesc, kind, accumulate)
 
 
+# -- tcgen05.mma.cta_group::2 (a CTA pair) ---------------------------------------------
+
+PAIR_ROWS = 128  # rows of A and D per block of the pair (M = 256)
+
+
+def pair_blocks(m, what: str) -> tuple[int, int]:
+    """The ranks of the pair the block of ``m`` belongs to (even rank first)."""
+    cl = cluster_of(m)
+    even = m.cta_rank & ~1
+    if even + 1 >= len(cl.smem):
+        raise EmulationError(f"{what} in block {m.cta_rank} of a cluster of "
+                             f"{len(cl.smem)}: it has no peer block")
+    return even, even + 1
+
+
+def _block_view(m, rank: int):
+    """What SMEM descriptors of block ``rank`` are read through (its SMEM window)."""
+    cl = cluster_of(m)
+    return types.SimpleNamespace(smem=cl.smem[rank], smem_size=cl.smem_size,
+                                 memory=m.memory)
+
+
+def pair_mma(m, d_addr: int, a_desc: int, b_desc: int, idesc: int, accumulate: bool,
+             kind: str) -> None:
+    """Runs one ``tcgen05.mma.cta_group::2`` with SMEM operands (see the module doc)."""
+    a_t, b_t, d_t, n, mm, k = decode_idesc(idesc, kind)
+    if mm != 2 * PAIR_ROWS:
+        raise EmulationUnsupported(f"tcgen05.mma.cta_group::2 with M = {mm} (only M = 256, "
+                                   f"128 rows per block, is executed)")
+    lane, col = (d_addr >> 16) & 0xFFFF, d_addr & 0xFFFF
+    if lane:
+        raise EmulationError(f"tcgen05.mma.cta_group::2 into TMEM lane {lane} (not 0)")
+    pair = pair_blocks(m, "tcgen05.mma.cta_group::2")
+    halves = [operands(_block_view(m, r), a_desc, b_desc, idesc, PAIR_ROWS, n // 2, k, a_t, b_t)
+              for r in pair]
+    b = np.concatenate([bh for _, bh in halves], 0)  # [B0 B1]: N x K
+    for r, (a, _) in zip(pair, halves):
+        t = tmem_at(m, cluster_of(m).smem[r])
+        t.check(col, n, f"tcgen05.mma.cta_group::2's accumulator in block {r}")
+        accumulate_into(t, col, a, b, d_t, idesc, kind, accumulate)
+
+
 def _mma_builder(o, match):
     g = match.groupdict()
     alo, blo, ahi, bhi = (int(g[x]) for x in ("alo", "blo", "ahi", "bhi"))
     kind = g["kind"]
     if g["group"] == "2":
-        from pallas_mosaic_gpu._src.emulate.ops_cta_pair import pair_mma as run_mma
+        run_mma = pair_mma
     else:
         run_mma = mma
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 import numpy as np
 from jaxlib.mlir import ir
 
-from pallas_mosaic_gpu._src.emulate.engine import int_array_attr, op
-from pallas_mosaic_gpu._src.emulate.ops_llvm import asm
-from pallas_mosaic_gpu._src.emulate.ops_tcgen05 import finish_block, land_mmas
-from pallas_mosaic_gpu._src.emulate.types import EmulationError, EmulationUnsupported
+from pallas_mosaic_gpu._src.executor.cluster import cluster_of
+from pallas_mosaic_gpu._src.executor.engine import int_array_attr, op
+from pallas_mosaic_gpu._src.executor.mbarrier import arrive, arrive_state, complete_tx, state
+from pallas_mosaic_gpu._src.executor.ops_llvm import asm
+from pallas_mosaic_gpu._src.executor.ops_tcgen05 import finish_block, land_mmas
+from pallas_mosaic_gpu._src.executor.types import EmulationError, EmulationUnsupported
 
 _MAGIC = 0x314D54555047_4D  # the first 8 bytes of a descriptor written here
 # The element size of each data type code of ``mosaic_gpu_init_tma_desc``.
@@ -121,8 +123,6 @@ def _tma_load(o, cc):
     multicast = 3 + ncoord if seg[5] else None
 
     def run(m, *xs):
-        from pallas_mosaic_gpu._src.emulate.ops_cluster import cluster_of
-
         dst, desc_ptr, coords, mbar = xs[0], xs[1], xs[2:2 + ncoord], xs[2 + ncoord]
         for i in m.lanes(_pred(o, xs)):
             addr, bar = _lane(dst, i), _lane(mbar, i)
@@ -146,7 +146,7 @@ def tma_load(m, desc_ptr: int, coords, targets) -> None:
     if inside.any():
         data[inside] = m.memory.gather(_bytes(gaddr[inside], es), np.uint8).reshape(-1, es)
     for a, b in targets:
-        _state(m, b)  # the barrier exists when the copy is issued
+        state(m, b)  # the barrier exists when the copy is issued
         landing = (_bytes(_swizzle_at(a, soff, desc["swizzle"]), es),
                    data.reshape(-1), b, len(gaddr) * es)
         m.pending.setdefault(("load", b), []).append(landing)
@@ -237,38 +237,6 @@ def _bulk_wait(o, cc):
 # -- mbarriers -------------------------------------------------------------------------
 
 
-def mbarrier_state(m, addr: int) -> dict:
-    """The state of the mbarrier at ``addr`` (an error before its init)."""
-    return _state(m, addr)
-
-
-def _state(m, addr: int) -> dict:
-    st = m.mbarriers.get(addr)
-    if st is None:
-        raise EmulationError(f"mbarrier at {addr:#x} used before nvvm.mbarrier.init")
-    return st
-
-
-def _maybe_complete(st):
-    if st["pending"] == 0 and st["tx"] == 0:
-        st["phase"] += 1
-        st["pending"] = st["count"]
-
-
-def complete_tx(m, addr: int, nbytes: int):
-    st = _state(m, addr)
-    st["tx"] -= nbytes
-    _maybe_complete(st)
-
-
-def _arrive(st, tx=0):
-    st["tx"] += tx
-    st["pending"] -= 1
-    if st["pending"] < 0:
-        raise EmulationError("more arrivals on an mbarrier than its arrival count")
-    _maybe_complete(st)
-
-
 @op("nvvm.mbarrier.init", "nvvm.mbarrier.init.shared")
 def _mbarrier_init(o, cc):
     def run(m, addr, count, pred=None):
@@ -283,7 +251,7 @@ def _mbarrier_init(o, cc):
 def _mbarrier_arrive_expect_tx(o, cc):
     def run(m, addr, tx, pred=None):
         for i in m.lanes(pred):
-            _arrive(_state(m, _lane(addr, i)), _lane(tx, i))
+            arrive_state(state(m, _lane(addr, i)), _lane(tx, i))
 
     return run
 
@@ -292,7 +260,7 @@ def _mbarrier_arrive_expect_tx(o, cc):
 def _mbarrier_arrive(o, cc):
     def run(m, addr, *rest):
         for i in m.lanes():
-            _arrive(_state(m, _lane(addr, i)))
+            arrive_state(state(m, _lane(addr, i)))
         if o.results:
             return (np.zeros(1, np.int64),)
 
@@ -311,7 +279,7 @@ def _mbarrier_wait(o, cc):
             if len(parities) > 1:
                 raise EmulationUnsupported("threads of a warpgroup waiting on different "
                                            "phases of one mbarrier")
-            st = _state(m, a)
+            st = state(m, a)
             p = parities.pop()
 
             def done(a=a, st=st, p=p):
@@ -327,13 +295,6 @@ def _mbarrier_wait(o, cc):
             return (np.ones(1, bool),)
 
     return run
-
-
-def arrive(m, addr: int, count: int = 1) -> None:
-    """``count`` arrivals on the mbarrier at ``addr``."""
-    st = _state(m, addr)
-    for _ in range(count):
-        _arrive(st)
 
 
 @asm(r"@\$(\d+) mbarrier\.arrive(?:\.release)?(?:\.cta)?\.shared(?:::cta)?\.b64 "
