@@ -49,7 +49,7 @@ import numpy as np
 
 import pallas as pl
 import pallas.plugins
-from pallas.plugins import KernelRequest, pallas_call_eqns
+from pallas.plugins import KernelRequest, pallas_call_eqns, primitive_names
 from pallas_conformance._jax_compat import is_known_platform
 from pallas_conformance.registry import TAG_ALIASES, TAGS, Case
 
@@ -489,20 +489,10 @@ class CaseRunner:
         raise ValueError(f"unknown level {level!r}; expected one of {LEVELS}")
 
 
-def _primitive_names(jaxpr) -> set[str]:
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    names = set()
-    for eqn in jaxpr.eqns:
-        names.add(eqn.primitive.name)
-        for sub in jex.jaxprs_in_params(eqn.params):
-            names |= _primitive_names(sub)
-    return names
-
-
 def _no_pallas_call(closed, level) -> tuple[str, str]:
     """A case whose kernels are sealed in a ``jax.export`` artifact: the compile and
     emulate levels cannot see them (``lower`` and ``execute`` still run them)."""
-    if "call_exported" in _primitive_names(closed):
+    if "call_exported" in primitive_names(closed):
         return SKIPPED, (f"the case's pallas_call is inside a jax.export artifact, which "
                          f"the {level} level cannot reach")
     raise AssertionError("the traced case has no pallas_call equation")

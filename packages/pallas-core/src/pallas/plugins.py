@@ -9,7 +9,6 @@ by primitive (the interpreter's is :data:`interpret_rules`).
 """
 
 from pallas._src.block_spec import Blocked, BoundedSlice, Element, Squeezed
-from pallas._src.call_eqns import pallas_call_eqns
 from pallas._src.dynamic_grid import dynamic_grid_dim
 from pallas._src.emulation.call import EmulatedKernel, EmulationError, emulated_kernels
 from pallas._src.emulation.call import backend_for as emulated_backend
@@ -46,6 +45,7 @@ from pallas._src.interpreter.views import add_flat as add_view
 from pallas._src.interpreter.views import read_flat as read_view
 from pallas._src.interpreter.views import swap_flat as swap_view
 from pallas._src.jax_compat import axis_index_p
+from pallas._src.jaxpr_walk import pallas_call_eqns, primitive_names
 from pallas._src.memory import (
     MemoryRef,
     MemorySpace,
@@ -120,7 +120,7 @@ __all__ = [
     "axis_index_p", "core_map_p", "debug_check_p", "debug_print_p", "delay_p",
     "eval_jaxpr", "fresh_cell", "kernel_debug_effect", "interpret_pallas_call", "interpret_rules",
     "get_global_p", "is_semaphore_space", "load_p", "lower_with_interpreter", "multiple_of_p",
-    "num_programs_p", "pallas_call_eqns", "pallas_call_p", "program_id_p", "run_scoped_p",
+    "num_programs_p", "pallas_call_eqns", "pallas_call_p", "primitive_names", "program_id_p", "run_scoped_p",
     "semaphore_read_p", "semaphore_signal_p", "semaphore_wait_p", "swap_p",
     "Backend", "BackendLoadError", "BackendNotFoundError", "Cell", "CoreMesh", "ENTRY_POINT_GROUP",
     "KernelContext", "LEVELS", "LevelUnreachableError", "LevelUnsupportedError", "Mesh", "PluginLoadWarning", "env_var", "get_backend", "hookimpl",

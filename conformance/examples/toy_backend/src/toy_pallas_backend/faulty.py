@@ -14,8 +14,14 @@ import dataclasses
 import jax.numpy as jnp
 from jax.interpreters import mlir
 
-from pallas.plugins import KernelRequest, LoweringRequest, hookimpl, interpret_pallas_call
-from toy_pallas_backend.plugin import TOY, ToyBackend, primitives_of
+from pallas.plugins import (
+    KernelRequest,
+    LoweringRequest,
+    hookimpl,
+    interpret_pallas_call,
+    primitive_names,
+)
+from toy_pallas_backend.plugin import TOY, ToyBackend
 
 
 def _bump_int32(outs):
@@ -42,7 +48,7 @@ class WrongDtype(ToyBackend):
 
 class CantLower(ToyBackend):
     def _check(self, jaxpr):
-        if "dot_general" in primitives_of(jaxpr):
+        if "dot_general" in primitive_names(jaxpr):
             raise NotImplementedError("toy_cant_lower: dot_general is not implemented")
 
     def lower(self, request: LoweringRequest):

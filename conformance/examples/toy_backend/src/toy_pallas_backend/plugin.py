@@ -12,7 +12,6 @@ import dataclasses
 import functools
 
 import jax
-import jax.extend.core as jex
 
 import pallas as pl
 from pallas.plugins import (
@@ -47,17 +46,6 @@ class ToyArtifact:
     name: str
     grid: tuple
     source: str
-
-
-def primitives_of(jaxpr) -> set[str]:
-    """Every primitive name in a kernel jaxpr, including nested bodies."""
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    names = set()
-    for eqn in jaxpr.eqns:
-        names.add(eqn.primitive.name)
-        for sub in jex.jaxprs_in_params(eqn.params):
-            names |= primitives_of(sub)
-    return names
 
 
 class ToyBackend(Backend):

@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 
-from pallas._src.call_eqns import pallas_call_eqns
+from pallas._src.jaxpr_walk import pallas_call_eqns
 from pallas._src.tuning import figures as figs
 from pallas._src.tuning import kernels, model
 from pallas._src.tuning.devices import Target

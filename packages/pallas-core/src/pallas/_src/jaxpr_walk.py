@@ -1,4 +1,4 @@
-"""The ``pallas_call`` equations of a traced program."""
+"""Walking a traced program: its ``pallas_call`` equations and the primitives it uses."""
 
 from __future__ import annotations
 
@@ -22,3 +22,15 @@ def pallas_call_eqns(jaxpr: Any) -> list:
         for sub in jex.jaxprs_in_params(eqn.params):
             found.extend(pallas_call_eqns(sub))
     return found
+
+
+def primitive_names(jaxpr: Any) -> set[str]:
+    """The name of every primitive in ``jaxpr`` (a ``Jaxpr`` or ``ClosedJaxpr``, a kernel's
+    or a program's) and in the jaxprs nested in its equations' params."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for sub in jex.jaxprs_in_params(eqn.params):
+            names |= primitive_names(sub)
+    return names
