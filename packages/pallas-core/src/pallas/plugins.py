@@ -20,6 +20,8 @@ from pallas._src.interpreter.grid_runner import Checks, interpret_pallas_call
 from pallas._src.interpreter.host_call import host_call, host_call_p
 from pallas._src.interpreter.modes import (
     InterpretMode,
+    LoggingMode,
+    SharedInterpretParams,
     forced_interpret,
     forced_interpret_mode,
     set_forced_interpret,
@@ -138,6 +140,8 @@ __all__ = [
     "private_core_imports",
     # Backend interpret modes (params objects that run kernels in their own simulator).
     "InterpretMode", "forced_interpret", "forced_interpret_mode", "set_forced_interpret",
+    # The options the Mosaic backends' interpret modes share (each subclasses them).
+    "LoggingMode", "SharedInterpretParams",
     # An array read, written and added to through a ref's (flattened) transforms:
     # indexers, reshapes and bitcasts (``swap_view`` returns ``(old, new_array)``).
     "read_view", "swap_view", "add_view",

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import types
 
-from pallas.plugins import Race, RaceReport
+from pallas.plugins import LoggingMode, Race, RaceReport
 from pallas_mosaic_gpu._src.interpret import launch as _launch
 from pallas_mosaic_gpu._src.interpret.params import (
     InterpretGPUParams,
     InterpretParams,
-    LoggingMode,
     force_gpu_interpret_mode,
     set_gpu_interpret_mode,
 )

@@ -16,8 +16,10 @@ is traced again outside it (or under it), inner ``jax.jit``s included.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import enum
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pallas._src import jax_compat as jc
 
@@ -41,6 +43,61 @@ class InterpretMode:
         raise NotImplementedError(
             f"{type(self).__qualname__} does not implement lower_pallas_call")
 
+
+
+class LoggingMode(enum.Flag):
+    """What a backend's interpret mode logs (``logging_mode=``): barrier, semaphore and
+    shared-memory operations (``pltpu.LoggingMode`` and ``plgpu.LoggingMode``)."""
+
+    BARRIER = enum.auto()
+    SEMAPHORE = enum.auto()
+    SHARED_MEMORY = enum.auto()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SharedInterpretParams(InterpretMode):
+    """The options the Mosaic backends' interpret modes share (upstream's fields and
+    defaults); ``pltpu.InterpretParams`` and ``plgpu.InterpretParams`` subclass it with
+    their own. ``CHOICES`` names the fields that take one of a few strings (a subclass
+    extends it); ``__post_init__`` checks them and the core count.
+
+    Attributes:
+      detect_races: report accesses that no synchronisation orders (vector clocks).
+      out_of_bounds_reads: ``"raise"`` an error on an out-of-bounds read, or return
+        ``"uninitialized"`` values for the parts out of bounds.
+      skip_floating_point_ops: do not compute floating-point results; they become
+        ``inf`` (to check a kernel's data movement or synchronisation quickly).
+      uninitialized_memory: fill new buffers with ``"nan"`` (the largest value for
+        integers) or ``"zero"``.
+      num_cores_or_threads: cores (TPU) or threads per device.
+      vector_clock_size: entries of the race detector's vector clocks (the backend
+        says which values it takes).
+      logging_mode: a :class:`LoggingMode` to log those operations (``None``: none).
+    """
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "out_of_bounds_reads": ("raise", "uninitialized"),
+        "uninitialized_memory": ("nan", "zero"),
+    }
+
+    detect_races: bool = False
+    out_of_bounds_reads: Literal["raise", "uninitialized"] = "raise"
+    skip_floating_point_ops: bool = False
+    uninitialized_memory: Literal["nan", "zero"] = "nan"
+    num_cores_or_threads: int = 1
+    vector_clock_size: int | None = None
+    logging_mode: LoggingMode | None = None
+
+    def __post_init__(self):
+        for name, choices in self.CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(
+                    f"{type(self).__name__}({name}={value!r}): must be one of "
+                    f"{', '.join(repr(c) for c in choices)}")
+        if int(self.num_cores_or_threads) < 1:
+            raise ValueError("Number of cores or threads must be at least 1, but got "
+                             f"{self.num_cores_or_threads}.")
 
 _forced = jc.config.string_or_object_state(
     name="pallas_forced_interpret_mode", default=None,

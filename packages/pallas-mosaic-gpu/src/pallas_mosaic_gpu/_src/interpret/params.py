@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
-from typing import Any, Literal
+from typing import Any
 
-from pallas.plugins import InterpretMode, forced_interpret_mode, set_forced_interpret
+from pallas.plugins import (
+    SharedInterpretParams,
+    forced_interpret_mode,
+    set_forced_interpret,
+)
 
 # GPU interpret mode's ``pallas_call`` lowering: ``interpret.launch`` (which reads these
 # params, so sits above them) registers it when imported; ``_src.interpret`` imports it.
@@ -27,17 +30,11 @@ def register_launcher(lower) -> None:
     _LAUNCHER[:] = [lower]
 
 
-class LoggingMode(enum.Flag):
-    """What GPU interpret mode logs: barrier operations, semaphores, shared memory."""
-
-    BARRIER = enum.auto()
-    SEMAPHORE = enum.auto()
-    SHARED_MEMORY = enum.auto()
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class InterpretParams(InterpretMode):
-    """Options of GPU interpret mode (upstream's ``InterpretGPUParams``).
+class InterpretParams(SharedInterpretParams):
+    """Options of GPU interpret mode (upstream's ``InterpretGPUParams``): the shared ones
+    (:class:`pallas.plugins.SharedInterpretParams`; ``logging_mode`` a
+    :class:`LoggingMode`) and GPU's own.
 
     ``detect_races``: check every access against a happens-before order (vector clocks)
     and record races in ``pallas_mosaic_gpu.interpret.get_races()``.
@@ -50,31 +47,16 @@ class InterpretParams(InterpretMode):
     are spread over (each gets its own vector clock entry).
     """
 
-    detect_races: bool = False
-    out_of_bounds_reads: Literal["raise", "uninitialized"] = "raise"
-    skip_floating_point_ops: bool = False
-    uninitialized_memory: Literal["nan", "zero"] = "nan"
-    num_cores_or_threads: int = 1
-    vector_clock_size: int | None = None
-    logging_mode: LoggingMode | None = None
     num_tma_threads_per_device: int = 1
 
     def __post_init__(self):
-        if self.num_cores_or_threads < 1:
-            raise ValueError("Number of cores or threads must be at least 1, but got "
-                             f"{self.num_cores_or_threads}.")
+        super().__post_init__()
         if self.vector_clock_size is not None:
             raise ValueError("`vector_clock_size` must be `None` for GPU interpret mode, but "
                              f"got {self.vector_clock_size}.")
         if self.num_tma_threads_per_device < 1:
             raise ValueError("Number of TMA threads per device must be at least 1, but got "
                              f"{self.num_tma_threads_per_device}.")
-        if self.out_of_bounds_reads not in ("raise", "uninitialized"):
-            raise ValueError("InterpretParams(out_of_bounds_reads=...) must be 'raise' or "
-                             f"'uninitialized', got {self.out_of_bounds_reads!r}")
-        if self.uninitialized_memory not in ("nan", "zero"):
-            raise ValueError("InterpretParams(uninitialized_memory=...) must be 'nan' or "
-                             f"'zero', got {self.uninitialized_memory!r}")
 
     # -- pallas-core's interpret-mode protocol (pallas.plugins.InterpretMode) -----------
     def lower_pallas_call(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params=None,

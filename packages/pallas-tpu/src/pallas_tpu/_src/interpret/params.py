@@ -8,31 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pallas.plugins import InterpretMode
-
-_CHOICES = {
-    "out_of_bounds_reads": ("raise", "uninitialized"),
-    "uninitialized_memory": ("nan", "zero"),
-    "dma_execution_mode": ("eager", "on_wait", "random"),
-    "buffer_bounds": ("logical", "padded"),
-}
-
-
-class LoggingMode(enum.Flag):
-    """What TPU interpret mode logs (to stdout): semaphore and shared-memory operations."""
-
-    BARRIER = enum.auto()
-    SEMAPHORE = enum.auto()
-    SHARED_MEMORY = enum.auto()
+from pallas.plugins import LoggingMode, SharedInterpretParams
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class InterpretParams(InterpretMode):
-    """Options of TPU interpret mode (``interpret=pltpu.InterpretParams(...)``).
+class InterpretParams(SharedInterpretParams):
+    """Options of TPU interpret mode (``interpret=pltpu.InterpretParams(...)``): the
+    shared ones (:class:`pallas.plugins.SharedInterpretParams`) and TPU's own.
 
     Attributes:
       detect_races: report data races (pairs of conflicting accesses, by cores, DMAs and
@@ -65,13 +50,12 @@ class InterpretParams(InterpretMode):
         padding reads as uninitialised, writes to it are dropped).
     """
 
-    detect_races: bool = False
-    out_of_bounds_reads: Literal["raise", "uninitialized"] = "raise"
-    skip_floating_point_ops: bool = False
-    uninitialized_memory: Literal["nan", "zero"] = "nan"
-    num_cores_or_threads: int = 1
-    vector_clock_size: int | None = None
-    logging_mode: LoggingMode | None = None
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        **SharedInterpretParams.CHOICES,
+        "dma_execution_mode": ("eager", "on_wait", "random"),
+        "buffer_bounds": ("logical", "padded"),
+    }
+
     dma_execution_mode: Literal["eager", "on_wait", "random"] = "on_wait"
     random_seed: int | None = None
     grid_point_recorder: Callable[[Any, tuple, Any], Any] | None = None
@@ -79,18 +63,7 @@ class InterpretParams(InterpretMode):
     buffer_bounds: Literal["logical", "padded"] = "logical"
 
     def __post_init__(self):
-        for name, choices in _CHOICES.items():
-            value = getattr(self, name)
-            if value not in choices:
-                raise ValueError(
-                    f"InterpretParams({name}={value!r}): must be one of "
-                    f"{', '.join(repr(c) for c in choices)}"
-                )
-        if int(self.num_cores_or_threads) < 1:
-            raise ValueError(
-                "Number of cores or threads must be at least 1, but got "
-                f"{self.num_cores_or_threads}."
-            )
+        super().__post_init__()
         if self.vector_clock_size is not None and int(self.vector_clock_size) < 1:
             raise ValueError(
                 f"Vector clock size must be at least 1, but got {self.vector_clock_size}."
