@@ -172,7 +172,9 @@ def trace_kernel(kernel: Callable, gm: GridMapping, in_tree_args, out_tree, scra
     from pallas._src.primitives.grid import tracing_grid
 
     try:
-        with tracing_grid(gm.grid):
+        # Without shard_map's varying-axes typing inside the kernel (as upstream): a
+        # kernel's values live on one core, and JAX would insert pvary into its body.
+        with tracing_grid(gm.grid), jc.check_vma(False):
             jaxpr, _, consts = jc.trace_kernel_to_jaxpr(flat_kernel, all_avals, name, origins)
     except KernelTracingError:
         raise
@@ -611,7 +613,8 @@ def lower_with_interpreter(ctx, *in_nodes, jaxpr, grid_mapping, checks=None):
     # traced on plain avals, without the operands' shardings or varying manual axes.
     plain_ctx = ctx.replace(avals_in=[_plain_aval(a) for a in ctx.avals_in],
                             avals_out=[_plain_aval(a) for a in ctx.avals_out])
-    outs = jc.mlir.lower_fun(fun, multiple_results=True)(plain_ctx, *in_nodes)
+    with jc.check_vma(False):  # (its kernel was traced without them: see trace_kernel)
+        outs = jc.mlir.lower_fun(fun, multiple_results=True)(plain_ctx, *in_nodes)
     if plain_ctx.tokens_out is not None:  # ordered effects inside the kernel
         ctx.set_tokens_out(plain_ctx.tokens_out)
     return outs
