@@ -39,16 +39,22 @@ def _block_sum(x):
     return jnp.sum(x.reshape(-1, 8, C), axis=0)
 
 
+def _returns_old(pallas_call, op, acc, x):
+    """One program applies ``op(o_ref, ALL, x)`` to the aliased output ``acc`` and stores
+    what it returns (the values held before) as the second output."""
+    def kernel(acc_ref, x_ref, o_ref, old_ref):
+        old_ref[...] = op(o_ref, ALL, x_ref[...])
+
+    return pallas_call(kernel, out_shape=(sds(acc.shape, acc.dtype), sds(acc.shape, acc.dtype)),
+                       input_output_aliases={0: 0})(acc, x)
+
+
 @case("atomics/add_returns_old_f32", tags={"atomics", "aliasing", "multiple_outputs"},
       inputs=lambda rng: (randn(rng, (8, C)), randn(rng, (8, C))),
       reference=lambda acc, x: (acc + x, acc))
 def add_returns_old(pallas_call, acc, x):
     """One program: atomic_add returns the values the ref held before the addition."""
-    def kernel(acc_ref, x_ref, o_ref, old_ref):
-        old_ref[...] = atomics.atomic_add(o_ref, ALL, x_ref[...])
-
-    return pallas_call(kernel, out_shape=(sds(acc.shape, acc.dtype), sds(acc.shape, acc.dtype)),
-                       input_output_aliases={0: 0})(acc, x)
+    return _returns_old(pallas_call, atomics.atomic_add, acc, x)
 
 
 @case("atomics/xchg_returns_old_i32", tags={"atomics", "aliasing", "multiple_outputs"},
@@ -56,11 +62,7 @@ def add_returns_old(pallas_call, acc, x):
       reference=lambda acc, x: (x, acc))
 def xchg_returns_old(pallas_call, acc, x):
     """One program: atomic_xchg writes the new values and returns the old ones."""
-    def kernel(acc_ref, x_ref, o_ref, old_ref):
-        old_ref[...] = atomics.atomic_xchg(o_ref, ALL, x_ref[...])
-
-    return pallas_call(kernel, out_shape=(sds(acc.shape, acc.dtype), sds(acc.shape, acc.dtype)),
-                       input_output_aliases={0: 0})(acc, x)
+    return _returns_old(pallas_call, atomics.atomic_xchg, acc, x)
 
 
 @case("atomics/masked_add_f32", tags={"atomics", "aliasing", "multiple_outputs"},

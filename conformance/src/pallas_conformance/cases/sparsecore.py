@@ -185,6 +185,25 @@ def barrier_exchange(pallas_call, x):
                         pltpu.VMEM((lanes,), x.dtype)])(x)
 
 
+def _into_shared(z_hbm, acc, o_hbm, add_mine):
+    """Inside a kernel: subcore 0 copies ``z_hbm`` into the VMEM_SHARED accumulator
+    ``acc``; after a barrier every subcore runs ``add_mine(subcore)``; after another,
+    subcore 0 copies ``acc`` out to ``o_hbm``."""
+    s = _subcore()
+
+    @pl.when(s == 0)
+    def _():
+        pltpu.sync_copy(z_hbm, acc)
+
+    plsc.subcore_barrier()
+    add_mine(s)
+    plsc.subcore_barrier()
+
+    @pl.when(s == 0)
+    def _():
+        pltpu.sync_copy(acc, o_hbm)
+
+
 def shared_segment_sum(pallas_call, zeros, data, segments):
     """A segment sum into VMEM_SHARED: every subcore scatter-adds its rows into one shared
     accumulator at segment ids that repeat within and across subcores (indexed DMAs with
@@ -194,22 +213,13 @@ def shared_segment_sum(pallas_call, zeros, data, segments):
     per = data.shape[0] // SUBCORES
 
     def kernel(z_hbm, d_hbm, s_hbm, o_hbm, acc, sv, rows, sem):
-        s = _subcore()
+        def add_mine(s):
+            part = pl.ds(s * per, per)
+            pltpu.sync_copy(s_hbm.at[part], sv)
+            pltpu.sync_copy(d_hbm.at[part], rows)
+            pltpu.async_copy(rows, acc.at[sv], sem, add=True).wait()
 
-        @pl.when(s == 0)
-        def _():
-            pltpu.sync_copy(z_hbm, acc)
-
-        plsc.subcore_barrier()
-        part = pl.ds(s * per, per)
-        pltpu.sync_copy(s_hbm.at[part], sv)
-        pltpu.sync_copy(d_hbm.at[part], rows)
-        pltpu.async_copy(rows, acc.at[sv], sem, add=True).wait()
-        plsc.subcore_barrier()
-
-        @pl.when(s == 0)
-        def _():
-            pltpu.sync_copy(acc, o_hbm)
+        _into_shared(z_hbm, acc, o_hbm, add_mine)
 
     return pallas_call(
         kernel, out_shape=sds(zeros.shape, zeros.dtype), grid=(1, SUBCORES),
@@ -228,21 +238,12 @@ def shared_sum_of_partials(pallas_call, zeros, parts, rows):
     n = rows.shape[0]
 
     def kernel(z_hbm, p_hbm, r_hbm, o_hbm, acc, mine, rv):
-        s = _subcore()
+        def add_mine(s):
+            pltpu.sync_copy(r_hbm, rv)
+            pltpu.sync_copy(p_hbm.at[s], mine)
+            pltpu.sync_copy(mine, acc.at[rv], add=True)
 
-        @pl.when(s == 0)
-        def _():
-            pltpu.sync_copy(z_hbm, acc)
-
-        plsc.subcore_barrier()
-        pltpu.sync_copy(r_hbm, rv)
-        pltpu.sync_copy(p_hbm.at[s], mine)
-        pltpu.sync_copy(mine, acc.at[rv], add=True)
-        plsc.subcore_barrier()
-
-        @pl.when(s == 0)
-        def _():
-            pltpu.sync_copy(acc, o_hbm)
+        _into_shared(z_hbm, acc, o_hbm, add_mine)
 
     return pallas_call(
         kernel, out_shape=sds(zeros.shape, parts.dtype), grid=(1, SUBCORES),
