@@ -343,3 +343,23 @@ def test_emit_pipeline_refuses_a_split_it_cannot_make():
 
     with pytest.raises(NotImplementedError, match="parallel grid dimension whose size"):
         k(jnp.zeros((24, 128)))
+
+
+def test_emit_pipeline_takes_pytrees_of_specs_and_refs():
+    """An operand may be a pytree of refs with a pytree of BlockSpecs (upstream's fusible
+    matmul passes each fused operand's values so); the body gets block refs alike."""
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+
+    def outer(a_hbm, b_hbm, c_hbm, o_hbm):
+        def body(ab, c, o):
+            o[...] = ab["a"][...] * ab["b"][0][...] + (c[...] if c is not None else 0)
+
+        pltpu.emit_pipeline(body, grid=(2,), in_specs=({"a": spec, "b": (spec,)}, spec),
+                            out_specs=[spec])({"a": a_hbm, "b": (b_hbm,)}, c_hbm, o_hbm)
+
+    a, b, c = (jnp.full((16, 128), v, jnp.float32) for v in (2.0, 3.0, 1.0))
+    out = pl.pallas_call(
+        outer, out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * 3,
+        out_specs=pl.BlockSpec(memory_space=pl.ANY))(a, b, c)
+    np.testing.assert_array_equal(out, 7.0)

@@ -291,7 +291,19 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
                   core_axis=None, core_axis_name=None, dimension_semantics=None,
                   trace_scopes=True, should_accumulate_out=False, first_cycle=None,
                   last_cycle=None, init_accumulators=None, no_pipelining=False, **unused):
-    """Returns ``pipeline(*refs)`` that runs ``body`` over ``grid`` on VMEM blocks."""
+    """Returns ``pipeline(*refs)`` that runs ``body`` over ``grid`` on VMEM blocks.
+
+    Each entry of ``in_specs``/``out_specs`` may be a pytree of BlockSpecs; its operand is
+    then the same pytree of refs, and ``body`` gets the same pytree of block refs.
+    """
+    ins_l, outs_l = _as_list(in_specs), _as_list(out_specs)
+    if not all(_is_spec(s) for s in ins_l + outs_l):
+        return _pytree_pipeline(
+            body, ins_l, outs_l, grid=grid, tiling=tiling, core_axis=core_axis,
+            core_axis_name=core_axis_name, dimension_semantics=dimension_semantics,
+            trace_scopes=trace_scopes, should_accumulate_out=should_accumulate_out,
+            first_cycle=first_cycle, last_cycle=last_cycle,
+            init_accumulators=init_accumulators, no_pipelining=no_pipelining, **unused)
     if core_axis is not None and core_axis_name is not None:
         raise ValueError("core_axis and core_axis_name cannot both be provided.")
     cores = core_axis_name if core_axis is None else core_axis
@@ -408,6 +420,33 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
             # The last step moved the block, waiting for the other buffer's copy: only the
             # copy from the buffer before the last switch can still be in flight.
             wait_out(k, 1 - o, jnp.where(o == 0, t1, t0))
+
+    return pipeline
+
+
+def _is_spec(x) -> bool:
+    return x is None or isinstance(x, pl.BlockSpec) or x is pl.no_block_spec
+
+
+def _pytree_pipeline(body, in_specs: list, out_specs: list, **kw):
+    """``emit_pipeline`` over pytrees of specs (and of refs), on the flat pipeline."""
+    in_flat, in_tree = jax.tree_util.tree_flatten(in_specs, is_leaf=_is_spec)
+    out_flat, out_tree = jax.tree_util.tree_flatten(out_specs, is_leaf=_is_spec)
+
+    def flat_body(*blocks):
+        ins = jax.tree_util.tree_unflatten(in_tree, blocks[:len(in_flat)])
+        outs = jax.tree_util.tree_unflatten(out_tree, blocks[len(in_flat):])
+        return body(*ins, *outs)
+
+    inner = emit_pipeline(flat_body, in_specs=in_flat, out_specs=out_flat, **kw)
+
+    def pipeline(*refs, **call_kw):
+        if len(refs) != len(in_specs) + len(out_specs):
+            raise ValueError(f"the pipeline takes {len(in_specs)} input and "
+                             f"{len(out_specs)} output operands; got {len(refs)}")
+        ins = in_tree.flatten_up_to(list(refs[:len(in_specs)]))
+        outs = out_tree.flatten_up_to(list(refs[len(in_specs):]))
+        return inner(*ins, *outs, **call_kw)
 
     return pipeline
 
