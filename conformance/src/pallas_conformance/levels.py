@@ -208,11 +208,6 @@ def _reference(case: Case, args):
 # pallas_call equations.
 
 
-def _request(eqn, **options) -> KernelRequest:
-    """What the backend receives for one ``pallas_call`` equation."""
-    return KernelRequest.from_params(eqn.params, eqn.params["compiler_params"], **options)
-
-
 def _eval_with_emulator(jaxpr, consts, args, emulate):
     """Evaluates a jaxpr, running each ``pallas_call`` equation through ``emulate``.
 
@@ -404,12 +399,13 @@ class CaseRunner:
             return UNSUPPORTED, f"{b.name} does not claim {', '.join(missing)}"
         return self._run_backend(b, case, level)
 
-    def _request(self, eqn, **extra) -> KernelRequest:
+    def _request(self, b, eqn, **extra) -> KernelRequest:
+        """What backend ``b`` receives for one ``pallas_call`` equation (its compiler
+        params coerced by the core, as for every stage)."""
         options = {"platform": self.platform}
         if self.target is not None:
             options["target"] = self.target
-        return KernelRequest.from_params(eqn.params, eqn.params["compiler_params"],
-                                         **options, **extra)
+        return KernelRequest.for_backend(b, eqn.params, **options, **extra)
 
     def _run_backend(self, b, case: Case, level: str) -> tuple[str, str]:
         platform = self.platform
@@ -449,7 +445,7 @@ class CaseRunner:
                 return _no_pallas_call(closed, level)
             for eqn in eqns:
                 try:
-                    artifact = b.compile(self._request(eqn, **self.compile_options))
+                    artifact = b.compile(self._request(b, eqn, **self.compile_options))
                 except Exception as e:  # a rejection may name its target too
                     if isinstance(getattr(e, "target", None), str):
                         self.compile_targets.add(e.target)
@@ -465,7 +461,7 @@ class CaseRunner:
             run_kernel = b.emulate if level == "emulate" else b.interpret
 
             def emulate(eqn, invals):
-                outs = run_kernel(self._request(eqn), *invals)
+                outs = run_kernel(self._request(b, eqn), *invals)
                 outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
                 if len(outs) != len(eqn.outvars):
                     raise Mismatch(f"emulate returned {len(outs)} outputs for a pallas_call "

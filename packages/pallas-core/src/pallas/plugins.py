@@ -89,6 +89,7 @@ from pallas._src.registry.backend import (
 )
 from pallas._src.registry.boundary import private_core_imports
 from pallas._src.registry.hookspecs import hookimpl, hookspec
+from pallas._src.registry.params import resolve_compiler_params
 from pallas._src.registry.registry import (
     ENTRY_POINT_GROUP,
     BackendLoadError,
@@ -102,7 +103,7 @@ from pallas._src.registry.registry import (
     reset,
     select_backend,
 )
-from pallas._src.registry.requests import KernelRequest, LoweringRequest
+from pallas._src.registry.requests import KernelArtifact, KernelRequest, LoweringRequest
 from pallas._src.registry.rule_table import RuleConflictError, RuleTable
 from pallas._src.transforms.effects import register_kernel_local_effect
 from pallas._src.utils import SelectedRef  # pl.select_ref's result, for DMA operands
@@ -135,7 +136,8 @@ __all__ = [
     "Access", "AccessLog", "Race", "RaceDetector", "RaceReport", "VectorClocks",
     "happens_before", "region", "regions_overlap",
     # The typed contract and the rule tables.
-    "KernelRequest", "LoweringRequest", "RuleConflictError", "RuleTable",
+    "KernelArtifact", "KernelRequest", "LoweringRequest", "RuleConflictError", "RuleTable",
+    "resolve_compiler_params",
     # The one-way import rule, for each package's tests.
     "private_core_imports",
     # Backend interpret modes (params objects that run kernels in their own simulator).

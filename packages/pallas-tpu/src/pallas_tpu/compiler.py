@@ -72,7 +72,7 @@ def compile(f: Callable, *args: Any, chip: Any = None, dump_dir: str | None = No
         # The backend a lowering for "tpu" picks (mosaic_sparsecore for SparseCore meshes).
         backend = pallas.plugins.select_backend("tpu", p.get("backend"),
                                                 p.get("compiler_params"))
-        request = KernelRequest.from_params(p, p.get("compiler_params"))
+        request = KernelRequest.for_backend(backend, p)
         out.append(compile_request(request, backend=backend.name, chip=chip,
                                    dump_dir=dump_dir))
     return out

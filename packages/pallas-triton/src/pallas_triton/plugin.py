@@ -95,18 +95,19 @@ class TritonBackend(plugins.Backend):
             else:
                 os.environ[var] = old
 
-    def validate(self, request: plugins.KernelRequest) -> None:
-        compiler_params = request.compiler_params
-        if compiler_params is not None and not isinstance(compiler_params, CompilerParams):
-            if not isinstance(compiler_params, dict):
-                raise TypeError(
-                    f"the Triton backend takes pallas_triton.CompilerParams; got "
-                    f"{type(compiler_params).__name__}")
-        # Generating the Triton source is cheap and finds every construct the backend
-        # cannot lower, so the error comes at trace time, naming the primitive.
+    def build(self, request: plugins.KernelRequest) -> plugins.KernelArtifact:
+        """Generates the Triton source for NVIDIA GPUs once (cheap, and it finds every
+        construct the backend cannot lower, so the error comes at trace time, naming the
+        primitive); ``lower``, ``compile`` and ``emulate`` for cuda use it."""
         from pallas_triton._src.lowering import lower_kernel
 
-        lower_kernel(request.jaxpr, request.grid_mapping, compiler_params)
+        params = self.compiler_params_of(request)
+        lowered = lower_kernel(request.jaxpr, request.grid_mapping, params, request.name)
+        return plugins.KernelArtifact(backend=self.name, compiler_params=params,
+                                      payload=lowered)
+
+    def validate(self, request: plugins.KernelRequest) -> None:
+        self.artifact(request)
 
     def compile(self, request: plugins.KernelRequest):
         """Lowers and compiles with ``triton.compile``. Options: ``platform``
@@ -115,17 +116,14 @@ class TritonBackend(plugins.Backend):
         (``PALLAS_TRITON_COMPUTE_CAPABILITY``, ``PALLAS_TRITON_ROCM_ARCH``), sm_80 and
         gfx942."""
         from pallas_triton._src import compile as tc
-        from pallas_triton._src.lowering import lower_kernel
 
         if _platform(request) == "rocm":
             from pallas_triton._src.rocm_call import compile_fitting
 
             return compile_fitting(request.jaxpr, request.grid_mapping,
-                                   request.compiler_params, request.name,
+                                   self.compiler_params_of(request), request.name,
                                    _amd_arch(request))[1]
-        lowered = lower_kernel(request.jaxpr, request.grid_mapping, request.compiler_params,
-                               request.name)
-        return tc.compile_lowered(lowered, _cuda_cc(request))
+        return tc.compile_lowered(self.artifact(request).payload, _cuda_cc(request))
 
     def emulate(self, request: plugins.KernelRequest, *args: Any):
         """Runs the generated kernel under Triton's interpreter; returns the outputs.
@@ -136,8 +134,9 @@ class TritonBackend(plugins.Backend):
         from pallas_triton._src.lowering import lower_kernel
 
         target = _amd_arch(request) if _platform(request) == "rocm" else None
-        lowered = lower_kernel(request.jaxpr, request.grid_mapping, request.compiler_params,
-                               request.name, target=target)
+        lowered = (self.artifact(request).payload if target is None else lower_kernel(
+            request.jaxpr, request.grid_mapping, self.compiler_params_of(request),
+            request.name, target=target))
         if target is None:  # what the NVIDIA target lacks is refused as compile refuses it
             check_float8(lowered, _cuda_cc(request))
         return emulate_lowered(lowered, *args)
@@ -151,8 +150,9 @@ class TritonBackend(plugins.Backend):
         from pallas_triton._src.lowering import lower_kernel
 
         target = _amd_arch(request) if _platform(request) == "rocm" else None
-        lowered = lower_kernel(request.jaxpr, request.grid_mapping, request.compiler_params,
-                               request.name, target=target)
+        lowered = (self.artifact(request).payload if target is None else lower_kernel(
+            request.jaxpr, request.grid_mapping, self.compiler_params_of(request),
+            request.name, target=target))
         if target is None:  # what the NVIDIA target lacks is refused as compile refuses it
             check_float8(lowered, _cuda_cc(request))
         return lambda *args: emulate_lowered(lowered, *args)

@@ -1,9 +1,11 @@
 """The ``toy`` backend: everything a backend declares, in one small module.
 
-A real backend would lower to its compiler's input (Triton, Mosaic, ...) in ``lower``,
-run its compiler in ``compile`` and run the generated code under an emulator in
-``emulate``. The toy delegates all three to the core interpreter, which is what makes it
-correct by construction, and a useful baseline for the faulty variants in ``faulty.py``.
+A real backend would build its compiler's input (Triton source, a Mosaic module, ...)
+once in ``build``, emit it in ``lower``, run its compiler on it in ``compile`` and run it
+under an emulator in ``emulate``. The toy's ``build`` writes a listing of the kernel (what
+``compile`` returns) and it delegates the rest to the core interpreter, which is what
+makes it correct by construction, and a useful baseline for the faulty variants in
+``faulty.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import jax
 import pallas as pl
 from pallas.plugins import (
     Backend,
+    KernelArtifact,
     KernelRequest,
     LoweringRequest,
     hookimpl,
@@ -49,15 +52,24 @@ class ToyArtifact:
 
 
 class ToyBackend(Backend):
-    """Lowers, compiles and emulates by delegating to the core interpreter."""
+    """Builds a listing once per kernel; lowers and emulates through the interpreter."""
+
+    def build(self, request: KernelRequest) -> KernelArtifact:
+        """The first stage, once per kernel (at trace time when the toy is chosen
+        explicitly): the checks a real backend makes would go here, then the listing
+        every later stage shares. The payload holds no reference to the jaxpr."""
+        listing = ToyArtifact(name=request.name, grid=tuple(request.grid_mapping.grid),
+                              source=str(request.jaxpr))
+        return KernelArtifact(backend=self.name, payload=listing,
+                              compiler_params=self.compiler_params_of(request))
 
     def lower(self, request: LoweringRequest):
+        self.artifact(request)  # the trace-time build, handed over by the core
         return lower_with_interpreter(request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
                                       grid_mapping=request.grid_mapping)
 
     def compile(self, request: KernelRequest) -> ToyArtifact:
-        return ToyArtifact(name=request.name, grid=tuple(request.grid_mapping.grid),
-                           source=str(request.jaxpr))
+        return self.artifact(request).payload
 
     def emulate(self, request: KernelRequest, *args):
         run = jax.jit(functools.partial(interpret_pallas_call, jaxpr=request.jaxpr,

@@ -34,7 +34,7 @@ from pallas._src.grid_spec import (
 )
 from pallas._src.interpreter.modes import InterpretMode, resolve_interpret
 from pallas._src.memory import array_dtype
-from pallas._src.registry import registry
+from pallas._src.registry import artifacts, registry
 from pallas._src.registry.requests import KernelRequest, LoweringRequest
 
 pallas_call_p = jc.Primitive("pallas_call")
@@ -430,11 +430,11 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
             b = registry.get_backend(explicit)
             if gm.num_dynamic_grid_bounds:
                 _check_dynamic_grid_support(b, gm, kname)
-            b.validate(KernelRequest(
+            b.artifact(KernelRequest(  # built (validated) once, kept for the lowering
                 jaxpr=jaxpr, grid_mapping=gm,
                 compiler_params=registry.resolve_compiler_params(b, compiler_params),
                 name=kname, out_avals=tuple(out_avals), cost_estimate=cost_estimate,
-                metadata=_freeze(metadata)))
+                metadata=_freeze(metadata), debug=bool(debug)))
         checks = _checks_for(interpret) if interpret else None
         bounds = [_grid_bound(b) for b in grid_bounds]
         flat_args = jc.insert_pvary(*bounds, *flat_args)  # (inside shard_map; else a no-op)
@@ -673,12 +673,14 @@ def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compi
             if nb:
                 _check_dynamic_grid_support(b, grid_mapping, name)
             _check_dynamic_shapes_support(b, grid_mapping, name)
-            return b.lower(LoweringRequest(
+            request = LoweringRequest(
                 ctx=ctx, in_nodes=in_nodes[nb:], grid_bounds=tuple(in_nodes[:nb]),
                 jaxpr=jaxpr, grid_mapping=grid_mapping,
                 compiler_params=registry.resolve_compiler_params(b, compiler_params),
                 cost_estimate=cost_estimate, name=name, metadata=metadata,
-                out_avals=tuple(out_avals), platform=platform, debug=bool(debug)))
+                out_avals=tuple(out_avals), platform=platform, debug=bool(debug))
+            return b.lower(dataclasses.replace(
+                request, artifact=artifacts.cached_artifact(b, request)))
 
         return rule
 

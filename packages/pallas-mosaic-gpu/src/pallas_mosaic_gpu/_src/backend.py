@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from pallas.plugins import Backend, KernelRequest, LoweringRequest
+from pallas.plugins import Backend, KernelRequest, LoweringRequest, resolve_compiler_params
 from pallas_mosaic_gpu.__about__ import __version__
 from pallas_mosaic_gpu._src.compiler_params import CompilerParams
 
@@ -88,7 +88,7 @@ class MosaicGpuBackend(Backend):
 
         return lower_pallas_call(request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
                                  grid_mapping=request.grid_mapping,
-                                 compiler_params=params(request.compiler_params),
+                                 compiler_params=self.compiler_params_of(request),
                                  name=request.name)
 
     def validate(self, request: KernelRequest) -> None:
@@ -98,7 +98,7 @@ class MosaicGpuBackend(Backend):
 
         from pallas_mosaic_gpu._src.lowering import build
 
-        build(request.jaxpr, request.grid_mapping, params(request.compiler_params),
+        build(request.jaxpr, request.grid_mapping, self.compiler_params_of(request),
               request.name or "kernel", jax_mesh=jax.sharding.get_abstract_mesh())
 
     def emulate(self, request: KernelRequest, *args):
@@ -107,7 +107,7 @@ class MosaicGpuBackend(Backend):
         from pallas_mosaic_gpu._src.executor import emulate_kernel
 
         return emulate_kernel(request.jaxpr, request.grid_mapping,
-                              params(request.compiler_params), request.name or "kernel",
+                              self.compiler_params_of(request), request.name or "kernel",
                               args, request.out_avals)
 
     def emulator(self, request: KernelRequest):
@@ -116,7 +116,7 @@ class MosaicGpuBackend(Backend):
         from pallas_mosaic_gpu._src.executor import plan_kernel
 
         return plan_kernel(request.jaxpr, request.grid_mapping,
-                           params(request.compiler_params), request.name or "kernel",
+                           self.compiler_params_of(request), request.name or "kernel",
                            request.out_avals, target=request.options.get("target"))
 
     def compile(self, request: KernelRequest):
@@ -125,22 +125,9 @@ class MosaicGpuBackend(Backend):
         from pallas_mosaic_gpu._src.compile import compile_kernel
 
         return compile_kernel(request.jaxpr, request.grid_mapping,
-                              params(request.compiler_params),
+                              self.compiler_params_of(request),
                               name=request.name or "kernel",
                               target=request.options.get("target"))
-
-
-def params(compiler_params) -> CompilerParams:
-    """``compiler_params`` as a ``plgpu.CompilerParams`` (None means the defaults)."""
-    if compiler_params is None:
-        return CompilerParams()
-    if isinstance(compiler_params, CompilerParams):
-        return compiler_params
-    if isinstance(compiler_params, dict):  # upstream's old dict form
-        return CompilerParams(**compiler_params.get("mosaic_gpu", compiler_params))
-    raise TypeError(
-        "the mosaic_gpu backend takes plgpu.CompilerParams; got "
-        f"{type(compiler_params).__name__}")
 
 
 MOSAIC_GPU = MosaicGpuBackend(
@@ -156,3 +143,9 @@ MOSAIC_GPU = MosaicGpuBackend(
     package="pallas-mosaic-gpu",
     display_name="Mosaic GPU",
 )
+
+
+def params(compiler_params) -> CompilerParams:
+    """``compiler_params`` as a ``plgpu.CompilerParams`` (None means the defaults): the
+    core's coercion (``pallas.plugins.resolve_compiler_params``) for this backend."""
+    return resolve_compiler_params(MOSAIC_GPU, compiler_params)

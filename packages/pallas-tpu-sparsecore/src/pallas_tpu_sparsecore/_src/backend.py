@@ -9,7 +9,7 @@ from pallas.plugins import Backend, KernelRequest, LoweringRequest
 from pallas_tpu import CoreType, MemorySpace
 from pallas_tpu import extend as tpx
 from pallas_tpu_sparsecore.__about__ import __version__
-from pallas_tpu_sparsecore._src.compiler_params import CompilerParams, as_params
+from pallas_tpu_sparsecore._src.compiler_params import CompilerParams
 
 # Conformance tags on which every catalogue case passes at levels lower and
 # backend_interpret: the SparseCore cases (pallas_conformance/cases/sparsecore.py). The
@@ -58,7 +58,7 @@ class MosaicSparseCoreBackend(Backend):
     def validate(self, request: KernelRequest) -> None:
         from pallas_tpu_sparsecore._src.info import current_chip
 
-        params = as_params(request.compiler_params)
+        params = self.compiler_params_of(request)
         gm = request.grid_mapping
         if len(gm.grid) not in (1, 2):
             raise NotImplementedError(_NOT_A_MESH.format(grid=tuple(gm.grid)))
@@ -105,8 +105,7 @@ class MosaicSparseCoreBackend(Backend):
                 f"for a TPU: jax.jit(f).trace(*args).lower(lowering_platforms=('tpu',)).")
         from pallas_tpu_sparsecore._src.lowering.module import lower_to_custom_call
 
-        params = as_params(request.compiler_params)
-        self.validate(dataclasses.replace(request.kernel, compiler_params=params))
+        params = self.artifact(request).compiler_params  # validated once
         with _chip_of(params):  # lane checks and figures follow plsc.CompilerParams(chip=)
             return lower_to_custom_call(request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
                                         grid_mapping=request.grid_mapping, params=params,
@@ -125,11 +124,8 @@ class MosaicSparseCoreBackend(Backend):
         from pallas_tpu.compiler import compile_request, resolve_chip
         from pallas_tpu_sparsecore._src.info import canonical_chip
 
-        params = as_params(request.compiler_params)
+        params = self.compiler_params_of(request)
         chip = resolve_chip(request.options.get("chip"), params, default=_traced_chip())
-        if not isinstance(params, CompilerParams):
-            params = CompilerParams(**{f.name: getattr(params, f.name)
-                                       for f in dataclasses.fields(params) if f.init})
         params = dataclasses.replace(params, chip=canonical_chip(chip))
         request = dataclasses.replace(request, compiler_params=params)
         return compile_request(request, backend=self.name, chip=chip, default_chip="v5p")
@@ -156,7 +152,7 @@ class MosaicSparseCoreBackend(Backend):
         points in order, gathers/scatters bounds-checked)."""
         from pallas.plugins import interpret_pallas_call
 
-        self.validate(request)
+        self.artifact(request)  # validated once
         return interpret_pallas_call(*args, jaxpr=request.jaxpr,
                                      grid_mapping=request.grid_mapping)
 

@@ -29,16 +29,3 @@ class CompilerParams(pltpu.CompilerParams):
             object.__setattr__(self, "chip", canonical_chip(self.chip))
 
 
-def as_params(compiler_params) -> pltpu.CompilerParams:
-    """The kernel's params as a ``pltpu.CompilerParams`` (None and dicts accepted)."""
-    if compiler_params is None:
-        return CompilerParams()
-    if isinstance(compiler_params, pltpu.CompilerParams):
-        return compiler_params
-    if isinstance(compiler_params, dict):
-        sub = compiler_params.get("mosaic_sparsecore",
-                                  compiler_params.get("mosaic", compiler_params))
-        return CompilerParams(**sub)
-    raise TypeError(
-        f"the mosaic_sparsecore backend takes plsc.CompilerParams or pltpu.CompilerParams; "
-        f"got {type(compiler_params).__name__}")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from pallas.plugins import Backend, KernelRequest, LoweringRequest
@@ -41,7 +39,7 @@ class MosaicTpuBackend(Backend):
     def validate(self, request: KernelRequest) -> None:
         from pallas_tpu._src.validate import validate
 
-        validate(request.jaxpr, request.grid_mapping, _params(request.compiler_params),
+        validate(request.jaxpr, request.grid_mapping, self.compiler_params_of(request),
                  request.name or "kernel")
 
     def lower(self, request: LoweringRequest):
@@ -64,8 +62,7 @@ class MosaicTpuBackend(Backend):
                 grid_mapping=request.grid_mapping)
         from pallas_tpu._src.lowering.custom_call import lower_pallas_call
 
-        params = _params(request.compiler_params)
-        self.validate(dataclasses.replace(request.kernel, compiler_params=params))
+        params = self.artifact(request).compiler_params  # validated once, at trace time
         return lower_pallas_call(
             request.ctx, *request.in_nodes, jaxpr=request.jaxpr,
             grid_mapping=request.grid_mapping, compiler_params=params,
@@ -93,8 +90,7 @@ class MosaicTpuBackend(Backend):
         from pallas_tpu._src.lowering.custom_call import backend_config
         from pallas_tpu._src.lowering.types import memory_dtype
 
-        params = _params(request.compiler_params)
-        self.validate(dataclasses.replace(request, compiler_params=params))
+        params = self.artifact(request).compiler_params
         config = backend_config(request.jaxpr, request.grid_mapping, params,
                                 request.cost_estimate, request.name or "kernel")
         # As in the custom call, dynamic grid sizes are the first operands (``args``
@@ -115,8 +111,7 @@ class MosaicTpuBackend(Backend):
         from pallas_tpu._src.executor import compile_module, execute, payload_of
         from pallas_tpu._src.lowering.custom_call import backend_config
 
-        params = _params(request.compiler_params)
-        self.validate(dataclasses.replace(request, compiler_params=params))
+        params = self.artifact(request).compiler_params
         config = backend_config(request.jaxpr, request.grid_mapping, params,
                                 request.cost_estimate, request.name or "kernel",
                                 debug=request.debug)
@@ -133,19 +128,6 @@ class MosaicTpuBackend(Backend):
 
         return core_compat.interpret_pallas_call(*args, jaxpr=request.jaxpr,
                                                  grid_mapping=request.grid_mapping)
-
-
-def _params(compiler_params) -> CompilerParams:
-    if compiler_params is None:
-        return CompilerParams()
-    if isinstance(compiler_params, CompilerParams):
-        return compiler_params
-    if isinstance(compiler_params, dict):  # upstream's old dict form
-        sub = compiler_params.get("mosaic_tpu", compiler_params.get("mosaic", compiler_params))
-        return CompilerParams(**sub)
-    raise TypeError(
-        f"the mosaic_tpu backend takes pltpu.CompilerParams; got {type(compiler_params)}"
-    )
 
 
 MOSAIC_TPU = MosaicTpuBackend(

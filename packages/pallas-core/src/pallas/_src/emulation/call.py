@@ -37,6 +37,7 @@ from pallas._src import config
 from pallas._src import jax_compat as jc
 from pallas._src.emulation.device import EmulatedDevice
 from pallas._src.registry import registry
+from pallas._src.registry.artifacts import cached_artifact
 from pallas._src.registry.backend import LevelUnsupportedError
 from pallas._src.registry.requests import KernelRequest
 
@@ -268,6 +269,7 @@ def lower_emulated(ctx, *in_nodes, dev: EmulatedDevice, jaxpr, grid_mapping, nam
         compiler_params=registry.resolve_compiler_params(b, compiler_params),
         name=name, out_avals=tuple(out_avals), cost_estimate=cost_estimate,
         metadata=metadata, options=dev.compile_options(), debug=bool(debug))
+    request = dataclasses.replace(request, artifact=cached_artifact(b, request))
     kernel = prepare(dev, b, request)
     if kernel.run is None:
         from pallas._src.pallas_call import lower_with_interpreter

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -220,17 +221,18 @@ def _prefetch_cells(plan):
     return [Cell(x, f"scalar prefetch {i}") for i, x in enumerate(plan.prefetch)]
 
 
-_error_tables: dict[int, tuple] = {}
+# Keyed by the kernel jaxpr itself, weakly: a table lives as long as its kernel, and a
+# new kernel never finds the table of a dead one whose id it reuses.
+_error_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def error_table_for(jaxpr, gm) -> ErrorTable:
     """The message table of a kernel's checks (kept so results can be decoded later)."""
-    entry = _error_tables.get(id(jaxpr))
-    if entry is None or entry[0] is not jaxpr:
+    table = _error_tables.get(jaxpr)
+    if table is None:
         rank = max([len(bm.block_dims) for bm in gm.block_mappings] + [0])
-        entry = (jaxpr, ErrorTable(payload_size=len(gm.grid) + 2 * rank + 2))
-        _error_tables[id(jaxpr)] = entry
-    return entry[1]
+        table = _error_tables[jaxpr] = ErrorTable(payload_size=len(gm.grid) + 2 * rank + 2)
+    return table
 
 
 def error_vector_size(gm) -> int:

@@ -9,7 +9,9 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pallas._src.registry.requests import KernelRequest, LoweringRequest
+from pallas._src.registry.artifacts import artifact_for
+from pallas._src.registry.params import resolve_compiler_params
+from pallas._src.registry.requests import KernelArtifact, KernelRequest, LoweringRequest
 
 LEVELS = ("lower", "compile", "backend_interpret", "emulate", "execute")
 
@@ -92,9 +94,37 @@ class Backend:
 
     def validate(self, request: KernelRequest) -> None:
         """Raises a clear error at trace time when the kernel cannot be supported.
+        Called by the default :meth:`build`, once per kernel.
 
         :param request: the kernel, with this backend's compiler params.
         """
+
+    def build(self, request: KernelRequest) -> KernelArtifact:
+        """The first stage: validates the kernel once and builds what the later stages
+        (``lower``, ``compile``, ``emulate``, ``emulator``, ``interpret``) share. The core
+        calls it at trace time when the backend is chosen explicitly, keeps the artifact
+        with the ``pallas_call`` equation and hands it to each later stage as
+        ``request.artifact``; a stage reads it with :meth:`artifact`. The default calls
+        :meth:`validate` (with the compiler params coerced to this backend's type) and
+        keeps no payload.
+
+        :param request: the kernel, with this backend's compiler params.
+        :return: a :class:`~pallas.plugins.KernelArtifact`.
+        """
+        params = self.compiler_params_of(request)
+        self.validate(dataclasses.replace(request, compiler_params=params))
+        return KernelArtifact(backend=self.name, compiler_params=params)
+
+    def artifact(self, request: KernelRequest) -> KernelArtifact:
+        """The artifact of ``request``'s kernel: the one the core handed over, else the
+        one built for the same kernel earlier, else :meth:`build`'s (then kept)."""
+        return artifact_for(self, request)
+
+    def compiler_params_of(self, request: KernelRequest) -> Any:
+        """``request.compiler_params`` as this backend's ``compiler_params_type`` (the
+        core's one coercion, :func:`pallas.plugins.resolve_compiler_params`; requests
+        from the core already carry them so, requests built by hand may not)."""
+        return resolve_compiler_params(self, request.compiler_params)
 
     def compile(self, request: KernelRequest) -> Any:
         """Runs the real compiler on CPU (conformance level ``compile``).

@@ -22,6 +22,10 @@ import pluggy
 
 from pallas._src.registry import hookspecs
 from pallas._src.registry.backend import Backend
+from pallas._src.registry.params import (  # noqa: F401 - resolve_compiler_params: re-exported
+    DICT_KEY_ALIASES,
+    resolve_compiler_params,
+)
 
 ENTRY_POINT_GROUP = "pallas.backends"
 
@@ -56,8 +60,6 @@ class PluginLoadWarning(UserWarning):
 for _cls in (BackendNotFoundError, BackendLoadError, PluginLoadWarning):
     _cls.__module__ = "pallas.plugins"
 
-# Older upstream spellings of the dict form of compiler_params, by backend.
-DICT_KEY_ALIASES = {"mosaic_tpu": ("mosaic_tpu", "mosaic")}
 
 
 @dataclasses.dataclass
@@ -353,34 +355,6 @@ def check_compiler_params_dict(compiler_params: Mapping) -> None:
                 f"compiler_params[{key!r}] must be a dict of {key}'s options; got "
                 f"{type(sub).__name__}"
             )
-
-
-def resolve_compiler_params(backend: Backend, compiler_params: Any) -> Any:
-    """The compiler params ``backend`` receives: its own entry of the dict form (built
-    into its ``compiler_params_type``), ``None`` when the dict has none, else unchanged.
-    """
-    if not isinstance(compiler_params, Mapping):
-        return compiler_params
-    sub = None
-    for key in DICT_KEY_ALIASES.get(backend.name, (backend.name,)):
-        if key in compiler_params:
-            sub, used = compiler_params[key], key
-            break
-    if sub is None:
-        return None
-    options = sub.thaw() if hasattr(sub, "thaw") else dict(sub)
-    typ = backend.compiler_params_type
-    if typ is None:
-        return options
-    try:
-        return typ(**options)
-    except TypeError as e:
-        fields = [f.name for f in dataclasses.fields(typ)] if dataclasses.is_dataclass(
-            typ) else []
-        raise TypeError(
-            f"compiler_params[{used!r}] does not fit {typ.__module__}.{typ.__qualname__}: "
-            f"{e}" + (f"; its options are {', '.join(fields)}" if fields else "")
-        ) from None
 
 
 def select_backend(platform: str, backend: str | None = None,

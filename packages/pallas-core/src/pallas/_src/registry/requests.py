@@ -1,4 +1,5 @@
-"""What the core hands a backend: one typed request per kind of call.
+"""What the core hands a backend: one typed request per kind of call, and the artifact a
+backend builds from one.
 
 ``Backend.validate``/``compile`` take a :class:`KernelRequest`, ``emulate`` and
 ``interpret`` a :class:`KernelRequest` plus the operand arrays, ``lower`` a
@@ -14,6 +15,25 @@ from typing import Any
 from pallas._src.compiler_params import CompilerParams
 from pallas._src.cost import CostEstimate
 from pallas._src.grid_spec import GridMapping
+from pallas._src.registry.params import resolve_compiler_params
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KernelArtifact:
+    """What a backend builds once from a kernel request (:meth:`Backend.build`), and the
+    core hands to every later stage of the same kernel (``request.artifact``).
+
+    Attributes:
+      backend: the name of the backend that built it.
+      compiler_params: the compiler params it was built with (the backend's type).
+      payload: the backend's own product (a lowered kernel, generated source, ...), or
+        None when validating was all there was to do. It must not refer to the request's
+        jaxpr (the core keeps the artifact for as long as that jaxpr lives, no longer).
+    """
+
+    backend: str
+    compiler_params: Any = None
+    payload: Any = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -34,6 +54,8 @@ class KernelRequest:
       options: level-specific options (e.g. ``compute_capability`` for ``compile``).
       debug: ``pallas_call(debug=True)``: the backend prints what it generates (upstream
         prints the Mosaic module, for example).
+      artifact: what the backend built from this kernel (:meth:`Backend.build`), when a
+        stage built it already; read it with ``backend.artifact(request)``.
     """
 
     jaxpr: Any  # jax.extend.core.ClosedJaxpr
@@ -45,6 +67,17 @@ class KernelRequest:
     metadata: tuple | None = None
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     debug: bool = False
+    artifact: KernelArtifact | None = dataclasses.field(default=None, compare=False)
+
+    @classmethod
+    def for_backend(cls, backend: Any, params: Mapping[str, Any],
+                    **options: Any) -> KernelRequest:
+        """The request ``backend`` receives for a ``pallas_call_p`` equation's ``params``,
+        its compiler params coerced to the backend's type (the core's one coercion,
+        :func:`pallas.plugins.resolve_compiler_params`)."""
+        return cls.from_params(
+            params, resolve_compiler_params(backend, params.get("compiler_params")),
+            **options)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], compiler_params: Any = None,

@@ -178,16 +178,16 @@ def _write_refs(jaxpr) -> set[int]:
 def jvp_call(jaxpr, gm, nz_in, out_avals) -> JvpCall:
     """The JVP call of a ``pallas_call`` whose inputs have tangents where ``nz_in``."""
     key = (tuple(nz_in), tuple(out_avals))
-    per_gm = _jvp_cache.setdefault(jaxpr, {})
-    hit = per_gm.get((id(gm), key))
-    if hit is not None and hit[0] is gm:
-        return hit[1]
+    per_gm = _jvp_cache.setdefault(jaxpr, {})  # then by the grid mapping itself (by
+    hit = per_gm.get((gm, key))                 # identity), never by its id
+    if hit is not None:
+        return hit
     if gm.grid_names is not None:  # the kernel may call lax.axis_index(name)
         with jc.extend_axis_env_nd([(n, s) for n, s in zip(gm.grid_names, gm.grid)]):
             result = _build_jvp_call(jaxpr, gm, list(nz_in), out_avals)
     else:
         result = _build_jvp_call(jaxpr, gm, list(nz_in), out_avals)
-    per_gm[(id(gm), key)] = (gm, result)
+    per_gm[(gm, key)] = result
     return result
 
 

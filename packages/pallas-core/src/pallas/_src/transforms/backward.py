@@ -296,7 +296,7 @@ def _check_backend_accepts(params, jaxpr, gm, compiler_params) -> None:
     if b is None:
         return
     try:
-        b.validate(KernelRequest(
+        b.artifact(KernelRequest(
             jaxpr=jaxpr, grid_mapping=gm, name=params.get("name") or "kernel",
             compiler_params=registry.resolve_compiler_params(b, compiler_params)))
     except Exception as e:  # noqa: BLE001 - any refusal means: not as kernels

@@ -109,10 +109,6 @@ def backend_figures(backend: Any, params: Mapping[str, Any], target: Any) -> Bac
     provider = provider_for(backend)
     if provider is None:
         return None
-    from pallas._src.registry.registry import resolve_compiler_params
-
-    request = KernelRequest.from_params(
-        params, resolve_compiler_params(backend, params.get("compiler_params")),
-        **target.compile_options())
+    request = KernelRequest.for_backend(backend, params, **target.compile_options())
     values = provider(request, target)
     return None if values is None else BackendFigures(backend.name, dict(values))

@@ -258,23 +258,24 @@ def build(jaxpr, gm, params, name: str, target: str | None = None,
 
     A kernel is built at trace time (the backend's ``validate``, so what cannot lower
     fails there) and again when the call is lowered, from the same jaxpr and grid
-    mapping objects: the latest builds are kept (holding those objects, so their ids
-    stay theirs) and the second is served from them; lowering is deterministic."""
+    mapping objects: the latest builds are kept, keyed by those objects themselves
+    (which compare by identity), and the second is served from them; lowering is
+    deterministic."""
     # What the kernel takes of the mesh: its axes, and the devices of a concrete one (a
     # trace-time check has an abstract one; single-device kernels take nothing).
     mesh_axes = _mesh_axes(jax_mesh)
     uses = jax_mesh if mesh_axes and isinstance(jax_mesh, jax.sharding.Mesh) else mesh_axes
     try:
-        key = (id(jaxpr), id(gm), params, name, target_of(target), uses)
+        key = (jaxpr, gm, params, name, target_of(target), uses)
         hash(key)
     except TypeError:  # params holding something unhashable: no reuse
         return _build(jaxpr, gm, params, name, target, jax_mesh)
     hit = _BUILT.get(key)
-    if hit is not None and hit[0] is jaxpr and hit[1] is gm:
+    if hit is not None:
         _BUILT.move_to_end(key)
-        return hit[2]
+        return hit
     kernel = _build(jaxpr, gm, params, name, target, jax_mesh)
-    _BUILT[key] = (jaxpr, gm, kernel)
+    _BUILT[key] = kernel
     while len(_BUILT) > _BUILT_KEEP:
         _BUILT.popitem(last=False)
     return kernel

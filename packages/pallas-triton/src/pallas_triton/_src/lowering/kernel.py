@@ -126,10 +126,12 @@ def _scalar_expr(v: Value) -> str:
 
 
 def _cache_key(jaxpr, grid_mapping, num_warps, num_stages, name, target):
-    return (id(jaxpr), id(grid_mapping), num_warps, num_stages, name, target)
+    # The jaxpr and grid mapping themselves (both compare and hash by identity): a key
+    # holds them, so it can never stand for a later object that reuses a dead one's id.
+    return (jaxpr, grid_mapping, num_warps, num_stages, name, target)
 
 
-_CACHE: dict = {}
+_CACHE: dict = {}  # cleared when it grows past 256 kernels
 
 
 def lower_kernel(jaxpr, grid_mapping, compiler_params=None, name: str | None = None,
@@ -145,12 +147,12 @@ def lower_kernel(jaxpr, grid_mapping, compiler_params=None, name: str | None = N
     num_stages = getattr(compiler_params, "num_stages", None) or (2 if target else 3)
     key = _cache_key(jaxpr, grid_mapping, num_warps, num_stages, name, target)
     hit = _CACHE.get(key)
-    if hit is not None and hit[0] is jaxpr and hit[1] is grid_mapping:
-        return hit[2]
+    if hit is not None:
+        return hit
     lowered = _lower_kernel(jaxpr, grid_mapping, num_warps, num_stages, name, target)
     if len(_CACHE) > 256:
         _CACHE.clear()
-    _CACHE[key] = (jaxpr, grid_mapping, lowered)
+    _CACHE[key] = lowered
     return lowered
 
 
