@@ -152,9 +152,9 @@ def _program(tree):
     """Per ``NDIndexer`` of the transforms of ``tree``: per index ``(slice?, start, size,
     stride)`` with start/size as ``(is_leaf, leaf position or constant)``; None when a
     transform is not an indexer (cached per tree)."""
-    hit = _programs.get(id(tree))  # by identity: hashing a treedef is slow
-    if hit is not None and hit[0] is tree:
-        return hit[1]
+    hit = _programs.get(tree, _programs)  # by the treedef itself (equal trees share
+    if hit is not _programs:              # a program), never by its id()
+        return hit
     prog = []
     try:
         leaves = [_Leaf(k) for k in range(tree.num_leaves)]
@@ -171,7 +171,7 @@ def _program(tree):
             prog.append(ops)
     except (NotABox, TypeError, ValueError):
         prog = None
-    _programs[id(tree)] = (tree, prog)  # keeps the tree alive while its id is a key
+    _programs[tree] = prog
     return prog
 
 
@@ -229,9 +229,9 @@ def fast_box(shape, flat, tree) -> Box | None:
     Each (tree, shape) gets a generated function (cached)."""
     if tree is None:
         return full_box(shape)
-    key = (id(tree), shape)
+    key = (tree, shape)
     hit = _box_fns.get(key)
-    if hit is None or hit[0] is not tree:
+    if hit is None:
         prog = _program(tree)
         fn = None if prog is None else _box_function(shape, prog)
         if prog is not None and fn is None:

@@ -269,14 +269,14 @@ _sites: dict = {}
 
 def site_of(eqn) -> str:
     """The kernel source line of ``eqn`` (cached: walking a traceback is slow)."""
-    hit = _sites.get(id(eqn))
-    if hit is not None and hit[0] is eqn:
-        return hit[1]
+    hit = _sites.get(eqn)  # keyed by the equation itself (by identity), never its id()
+    if hit is not None:
+        return hit
     try:
         site = jc.user_source_location(eqn)
     except Exception:  # noqa: BLE001 - a location is best effort
         site = "<unknown>"
-    _sites[id(eqn)] = (eqn, site)
+    _sites[eqn] = site
     return site
 
 
@@ -361,11 +361,10 @@ _uses: dict = {}
 
 
 def _used(eqn) -> bool:
-    hit = _uses.get(id(eqn))
-    if hit is None or hit[0] is not eqn:
-        hit = _uses[id(eqn)] = (eqn, not all(type(v).__name__ == "DropVar"
-                                             for v in eqn.outvars))
-    return hit[1]
+    hit = _uses.get(eqn)  # keyed by the equation itself (by identity), never its id()
+    if hit is None:
+        hit = _uses[eqn] = not all(type(v).__name__ == "DropVar" for v in eqn.outvars)
+    return hit
 
 
 def _split_masked(rest, tree, n_extra):

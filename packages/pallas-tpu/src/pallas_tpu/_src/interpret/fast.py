@@ -24,7 +24,7 @@ from pallas_tpu._src.interpret.evaluator import CF, _sub_jaxprs
 # the ref and its indexer leaves.
 _REF_PRIMS = {jc.get_p: 0, jc.swap_p: 1, jc.addupdate_p: 1, load_p: 0, swap_p: 1}
 _CONTROL = set(CF.values())
-_cache: dict = {}
+_cache: dict = {}  # keys hold the jaxprs and grid mappings themselves, never their id()
 
 
 def _is_ref(v) -> bool:
@@ -59,9 +59,9 @@ def compiled_body(closed, grid, names, params):
     or None when the body needs the simulation (see the module docstring)."""
     if params.skip_floating_point_ops:
         return None
-    key = (id(closed), tuple(grid), names)
+    key = (closed, tuple(grid), names)
     hit = _cache.get(key)
-    if hit is not None and hit[0] is closed:
+    if hit is not None:
         return hit[1]
     step = None
     if _local(closed.jaxpr):
@@ -123,9 +123,9 @@ def scalar_index_maps(gm, skip: tuple):
     """``f(point) -> [indices of each block mapping]`` evaluated in Python (see
     :mod:`.scalars`), or None when an index map reads scalar prefetch or does more than
     scalar integer arithmetic."""
-    key = ("scalar_index_maps", id(gm), skip)
+    key = ("scalar_index_maps", gm, skip)
     hit = _cache.get(key)
-    if hit is not None and hit[0] is gm:
+    if hit is not None:
         return hit[1]
     nd = len(gm.grid)
     runs = []
@@ -152,8 +152,8 @@ def scalar_index_maps(gm, skip: tuple):
 def compiled_index_maps(gm, skip: tuple):
     """A jitted ``f(point, *prefetch) -> [indices of each block mapping]`` (empty where
     ``skip``: HBM operands have no blocks), so a grid point costs one call for all."""
-    hit = _cache.get(("index_maps", id(gm), skip))
-    if hit is not None and hit[0] is gm:
+    hit = _cache.get(("index_maps", gm, skip))
+    if hit is not None:
         return hit[1]
     bms = list(gm.block_mappings)
     hbm = skip
@@ -174,5 +174,5 @@ def compiled_index_maps(gm, skip: tuple):
         return outs
 
     fn = jax.jit(run)
-    _cache[("index_maps", id(gm), skip)] = (gm, fn)
+    _cache[("index_maps", gm, skip)] = (gm, fn)
     return fn

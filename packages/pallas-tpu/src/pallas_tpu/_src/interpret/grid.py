@@ -412,30 +412,30 @@ def _run_grid(core: Core, cfg: Config, setup) -> None:
         prev, boxes = boxes, nxt
 
 
-_statics: dict = {}
+_statics: dict = {}  # keyed by the object itself (by identity), never by its id()
 
 
 def _static(gm):
     """Per grid mapping: which block mappings are HBM operands, and their paddings."""
-    hit = _statics.get(id(gm))
-    if hit is None or hit[0] is not gm:
+    hit = _statics.get(gm)
+    if hit is None:
         skip = tuple(is_hbm(bm.memory_space) for bm in gm.block_mappings)
-        hit = _statics[id(gm)] = (gm, skip, [_pads(bm) for bm in gm.block_mappings])
-    return hit[1], hit[2]
+        hit = _statics[gm] = (skip, [_pads(bm) for bm in gm.block_mappings])
+    return hit
 
 
-_memos: dict = {}
+_memos: dict = {}  # keyed by the object itself (by identity), never by its id()
 
 
 def _box_memo(gm) -> list:
     """Per block mapping of ``gm``: block index -> its HBM box (a pure function of the
     index; kept per grid mapping, cleared past 65536 entries per operand)."""
-    hit = _memos.get(id(gm))
-    if hit is None or hit[0] is not gm:
+    hit = _memos.get(gm)
+    if hit is None:
         if len(_memos) > 256:  # e.g. a dynamic grid's mapping is new at every call
             _memos.clear()
-        hit = _memos[id(gm)] = (gm, [{} for _ in gm.block_mappings])
-    return hit[1]
+        hit = _memos[gm] = [{} for _ in gm.block_mappings]
+    return hit
 
 
 def _box_finder(core: Core, cfg: Config, setup):

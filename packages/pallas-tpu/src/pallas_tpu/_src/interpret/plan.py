@@ -56,7 +56,7 @@ class Segment:
         return [env[v] for v in self.outvars]
 
 
-_plans: dict = {}
+_plans: dict = {}  # keyed by the object itself (by identity), never by its id()
 _LOADS = (jc.get_p, load_p)
 
 
@@ -94,9 +94,9 @@ def _hoist_loads(eqns) -> list:
 def plan_of(jaxpr) -> list:
     """``jaxpr``'s equations (loads hoisted, see :func:`_hoist_loads`) with each run of
     plain ones replaced by a :class:`Segment` (cached per jaxpr)."""
-    hit = _plans.get(id(jaxpr))
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
+    hit = _plans.get(jaxpr)
+    if hit is not None:
+        return hit
     eqns = _hoist_loads(jaxpr.eqns)
     used_after: list = [set() for _ in range(len(eqns) + 1)]
     live = {v for v in jaxpr.outvars if not isinstance(v, jc.Literal)}
@@ -126,14 +126,14 @@ def plan_of(jaxpr) -> list:
                    if v in used_after[j] and type(v).__name__ != "DropVar"]
         plan.append(Segment(run, invars, outvars))
         i = j
-    _plans[id(jaxpr)] = (jaxpr, plan)
+    _plans[jaxpr] = plan
     return plan
 
 
 # -- which equations need the engine (else they are bound to JAX as they are) ----------
 
 _CONTROL = set(CF.values()) | {run_scoped_p}
-_engine_cache: dict = {}
+_engine_cache: dict = {}  # keyed by the object itself (by identity), never by its id()
 
 
 def _sub_jaxprs(eqn):
@@ -147,10 +147,9 @@ def _sub_jaxprs(eqn):
 
 
 def jaxpr_needs_engine(jaxpr) -> bool:
-    key = id(jaxpr)
-    hit = _engine_cache.get(key)
+    hit = _engine_cache.get(jaxpr)
     if hit is not None:
-        return hit[0]
+        return hit
     need = False
     for eqn in jaxpr.eqns:
         p = eqn.primitive
@@ -162,7 +161,7 @@ def jaxpr_needs_engine(jaxpr) -> bool:
             need = True
         if need:
             break
-    _engine_cache[key] = (need, jaxpr)  # keep the jaxpr alive while its id is cached
+    _engine_cache[jaxpr] = need
     return need
 
 
@@ -176,7 +175,7 @@ def _needs_engine(eqn, invals) -> bool:
 
 # -- programs: a jaxpr as generated Python source -------------------------------------
 
-_programs: dict = {}
+_programs: dict = {}  # keyed by the object itself (by identity), never by its id()
 #: The base rule of ``cond`` (set by the evaluator): while it is the rule in force, a
 #: program runs the chosen branch's program itself, without the rule's three calls.
 COND_RULE: list = []
@@ -193,9 +192,9 @@ def program_of(jaxpr):
     """``run(core, consts, args) -> outputs``: ``jaxpr`` evaluated step by step as
     :meth:`Core.eval <pallas_tpu._src.interpret.evaluator.Core.eval>` defines it (cached
     per jaxpr). Rules are looked up at each call, so overrides apply."""
-    hit = _programs.get(id(jaxpr))
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
+    hit = _programs.get(jaxpr)
+    if hit is not None:
+        return hit
     names: dict = {}
     ns: dict = {"Fallback": Fallback, "RG": RULES.get}
     lines = ["def run(core, consts, args):", "    jax_call = core.jax_call"]
@@ -271,5 +270,5 @@ def program_of(jaxpr):
     lines.append("    return [" + ", ".join(name(v) for v in jaxpr.outvars) + "]")
     exec(compile("\n".join(lines) + "\n", "<pallas_tpu interpret program>", "exec"), ns)  # noqa: S102
     run = ns["run"]
-    _programs[id(jaxpr)] = (jaxpr, run)
+    _programs[jaxpr] = run
     return run

@@ -436,15 +436,15 @@ def _static(eqn):
     """What a DMA equation's rule needs from its params, decoded once per equation:
     the operand count of its refs, each ref's (position, leaf count, tree), its site,
     and whether it names a device."""
-    hit = _statics.get(id(eqn))
-    if hit is not None and hit[0] is eqn:
-        return hit[1]
+    hit = _statics.get(eqn)  # keyed by the equation itself (by identity), never its id()
+    if hit is not None:
+        return hit
     p = eqn.params
     spec = p["refs"]
     tree = p["device_id_tree"]
     info = (R.spec_end(spec), tuple(spec), site_of(eqn),
             tree is not None and tree.num_leaves > 0)
-    _statics[id(eqn)] = (eqn, info)
+    _statics[eqn] = info
     return info
 
 
