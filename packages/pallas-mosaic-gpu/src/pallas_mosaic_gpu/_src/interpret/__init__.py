@@ -8,7 +8,7 @@ from pallas_mosaic_gpu._src.interpret import (  # noqa: F401
     rules_misc,
     rules_mma,
     rules_multimem,
+    rules_sync,
     rules_warps,
-    sync,
     tma,
 )

@@ -1,6 +1,7 @@
 """GPU-interpret-mode rules of JAX's ref primitives and pallas-core's primitives that
 depend on the thread: reads and writes (logged for races, bounds-checked), grid and
-axis indices, ``run_scoped`` (collective allocations), debug output."""
+axis indices, ``run_scoped`` (collective allocations), debug output. The reads and writes
+themselves (resolved, bounds-checked, logged) are in :mod:`access`."""
 
 from __future__ import annotations
 
@@ -19,45 +20,12 @@ from pallas.plugins import (
     run_scoped_p,
 )
 from pallas_mosaic_gpu._src import jax_compat as jc
-from pallas_mosaic_gpu._src.interpret.devices import resolve
+from pallas_mosaic_gpu._src.interpret.access import read, write
 from pallas_mosaic_gpu._src.interpret.evaluator import eval_jaxpr, register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.memory import (
     Buffer,
-    access_region,
-    describe_region,
     fill_value,
-    get_view,
-    set_view,
 )
-
-
-def _region(th, buf: Buffer, flat, tree, kind: str):
-    region, ok = access_region(buf.shape, flat, tree)
-    if not ok and (kind == "write" or th.launch.params.out_of_bounds_reads == "raise"):
-        raise IndexError(
-            f"GPU interpret mode: out-of-bounds {kind} of {buf.name} (shape {buf.shape}) at "
-            f"{describe_region(region)} by {th.name}, at {th.site}")
-    return region, ok
-
-
-def read(th, buf: Buffer, flat, tree):
-    """The value a ref view reads (logged; bounds-checked; another device's memory
-    through a ``plgpu.remote_ref`` view)."""
-    buf, flat, tree = resolve(th, buf, flat, tree, "a read")
-    region, ok = _region(th, buf, flat, tree, "read")
-    th.access(buf, "read", region)
-    value = jc.get_view(buf.value, flat, tree) if not ok else get_view(buf, flat, tree)
-    if not ok:  # out_of_bounds_reads="uninitialized": the fill value, not clamped data
-        value = jnp.full(value.shape, fill_value(value.dtype,
-                                                 th.launch.params.uninitialized_memory))
-    return value
-
-
-def write(th, buf: Buffer, flat, tree, value) -> None:
-    buf, flat, tree = resolve(th, buf, flat, tree, "a write")
-    region, _ = _region(th, buf, flat, tree, "write")
-    th.access(buf, "write", region)
-    buf.value = set_view(buf, value, flat, tree)
 
 
 @register_gpu_rule(jc.get_p)

@@ -9,8 +9,8 @@ its own TMEM, the commit arrives on the barrier at the same offset in both block
 from __future__ import annotations
 
 from pallas_mosaic_gpu._src.interpret import pairs
+from pallas_mosaic_gpu._src.interpret.access import read, write
 from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
-from pallas_mosaic_gpu._src.interpret.rules_core import read, write
 from pallas_mosaic_gpu._src.interpret.sync import barrier_of, peer_barrier, tensor_core_arrive
 from pallas_mosaic_gpu._src.layouts import layout_cast_p
 from pallas_mosaic_gpu._src.primitives import hints, tmem

@@ -11,8 +11,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from pallas_mosaic_gpu._src.interpret import pairs
+from pallas_mosaic_gpu._src.interpret.access import read, write
 from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
-from pallas_mosaic_gpu._src.interpret.rules_core import read, write
 from pallas_mosaic_gpu._src.interpret.sync import barrier_of, peer_barrier, tensor_core_arrive
 from pallas_mosaic_gpu._src.primitives import mma
 from pallas_mosaic_gpu._src.primitives import refs as R

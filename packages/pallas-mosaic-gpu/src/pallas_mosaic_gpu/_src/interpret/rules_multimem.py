@@ -12,8 +12,8 @@ import functools
 import jax.numpy as jnp
 
 from pallas_mosaic_gpu._src.interpret import devices, sync
+from pallas_mosaic_gpu._src.interpret.access import read, write
 from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
-from pallas_mosaic_gpu._src.interpret.rules_core import read, write
 from pallas_mosaic_gpu._src.primitives import multimem as M
 from pallas_mosaic_gpu._src.primitives import refs as R
 

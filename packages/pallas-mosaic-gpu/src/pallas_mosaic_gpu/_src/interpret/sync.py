@@ -11,25 +11,18 @@ misbehave on a GPU (whose mbarriers only remember the parity of the phase):
 - a thread that waited on a barrier but did not observe all its phases by the end.
 
 Semaphores count; a wait blocks until the count reaches the value, then subtracts it.
+The rules of the barrier and semaphore primitives are in :mod:`rules_sync`.
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas.plugins import semaphore_read_p, semaphore_signal_p, semaphore_wait_p
 from pallas_mosaic_gpu._src.interpret import devices, pairs
-from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.memory import access_region
 from pallas_mosaic_gpu._src.interpret.threads import Blocker
 from pallas_mosaic_gpu._src.primitives import refs as R
-from pallas_mosaic_gpu._src.primitives.barriers import (
-    barrier_arrive_p,
-    barrier_test_p,
-    barrier_wait_p,
-)
 
 
 class BarrierError(RuntimeError):
@@ -176,35 +169,6 @@ def wait(th, state: BarrierState):
         done[issuer] = max(done.get(issuer, 0), seq)
 
 
-@register_gpu_rule(barrier_arrive_p)
-def _arrive_rule(th, eqn, invals):
-    arrive(barrier_of(th, eqn.params["refs"], invals), th.release())
-    return []
-
-
-@register_gpu_rule(barrier_wait_p)
-def _wait_rule(th, eqn, invals):
-    buf = R.unflatten(eqn.params["refs"], invals)[0][0]
-    space = buf.space
-    if getattr(space, "kind", None) == "cluster_barrier" and space.leader_tracked:
-        axes = [a for axes in space.collective_axes
-                for a in ((axes,) if isinstance(axes, str) else axes)]
-        if any(th.coords.get(a, 0) for a in axes):
-            raise BarrierError(
-                f"{buf.name} is a plgpu.ClusterBarrier(leader_tracked=True): arrivals reach "
-                f"only the leader block's copy (index 0 along {axes}), so this wait by "
-                f"{th.name} would never complete")
-    yield from wait(th, barrier_of(th, eqn.params["refs"], invals))
-    return []
-
-
-@register_gpu_rule(barrier_test_p)
-def _test_rule(th, eqn, invals):
-    state = barrier_of(th, eqn.params["refs"], invals)
-    seen = state.observed.get(th.tid, [0, 0])[1]
-    return [jnp.asarray(state.completed > seen)]
-
-
 def _known_complete(launch, state: BarrierState, phase: int) -> bool:
     """Whether a phase nobody waited for completed by tensor-core arrivals only, each
     followed by a later arrival of the same issuer that some thread observed (the work
@@ -230,10 +194,7 @@ def check_barriers_at_exit(launch) -> None:
                         f"({state.label})")
 
 
-# -- semaphores --------------------------------------------------------------------------
-
-
-def _sem_index(buf, flat, tree):
+def sem_index(buf, flat, tree):
     region, ok = access_region(buf.shape, flat, tree)
     if not ok:
         raise IndexError(f"semaphore index out of range for {buf.name}")
@@ -242,55 +203,13 @@ def _sem_index(buf, flat, tree):
     return tuple(s for s, _, _ in region)
 
 
-def _sem_operands(eqn, invals):
-    buf, *rest = invals
-    n = eqn.params["tree"].num_leaves
-    return buf, rest[:n], rest[n:]
-
-
-@register_gpu_rule(semaphore_signal_p)
-def _signal_rule(th, eqn, invals):
-    p = eqn.params
-    buf, idx, rest = _sem_operands(eqn, invals)
-    if p["device_id_tree"].num_leaves:  # another device's copy of the semaphore
-        n_dev = p["device_id_tree"].num_leaves
-        device_id = jax.tree_util.tree_unflatten(p["device_id_tree"], rest[1:1 + n_dev])
-        what = "pl.semaphore_signal(..., device_id=...)"
-        dev = devices.peer_device(th, device_id, p["device_id_type"], what)
-        buf = devices.copy_on(th, dev, buf, what)
-    signal(th, buf, idx, p["tree"], rest[0])
-    return []
-
-
 def signal(th, buf, idx, tree, inc) -> None:
     """Adds ``inc`` to the semaphore ``buf`` at ``idx`` (releasing ``th``'s clock)."""
-    i = _sem_index(buf, idx, tree)
+    i = sem_index(buf, idx, tree)
     sync = buf.sync
     sync.counts[i] += int(inc)
     sync.clocks[i] = _join(sync.clocks.get(i), th.release())
     buf.value = jnp.asarray(sync.counts, buf.value.dtype)
-
-
-@register_gpu_rule(semaphore_wait_p)
-def _sem_wait_rule(th, eqn, invals):
-    buf, idx, rest = _sem_operands(eqn, invals)
-    i = _sem_index(buf, idx, eqn.params["tree"])
-    sync, value = buf.sync, int(rest[0])
-    if sync.counts[i] < value:
-        yield Blocker(lambda: sync.counts[i] >= value,
-                      f"semaphore {buf.name}{list(i)} to reach {value}")
-    if eqn.params["decrement"]:
-        sync.counts[i] -= value
-    th.acquire(sync.clocks.get(i))
-    buf.value = jnp.asarray(sync.counts, buf.value.dtype)
-    return []
-
-
-@register_gpu_rule(semaphore_read_p)
-def _sem_read_rule(th, eqn, invals):
-    buf, idx, _ = _sem_operands(eqn, invals)
-    i = _sem_index(buf, idx, eqn.params["tree"])
-    return [jnp.asarray(buf.sync.counts[i], jnp.int32)]
 
 
 def peer_barrier(th, view, axis: str, index: int):
