@@ -262,3 +262,21 @@ def test_a_table_built_on_another_answers_from_its_own_rules_first():
     assert set(child) == {lax.sub_p} and child.owners(lax.sub_p) == ["sc"]
     base.register(lax.mul_p, owner="tpu")(lambda x: "tpu")  # later additions show through
     assert child[lax.mul_p](0) == "tpu" and child.missing([lax.mul_p, lax.max_p]) == [lax.max_p]
+
+
+def test_targeting_helpers_are_shared_by_the_backends(monkeypatch):
+    # Backends whose lowerings read their target from the environment (Mosaic GPU,
+    # Triton) build targeting() from Backend.check_platform and Backend.environ.
+    b = _RequestBackend(name="envy", version="1", platforms=("cuda",))
+    with pytest.raises(ValueError, match=r"backend 'envy' lowers for cuda, not for 'tpu'"):
+        b.check_platform("tpu")
+    monkeypatch.delenv("PALLAS_TEST_TARGET", raising=False)
+    import os
+
+    with b.environ("PALLAS_TEST_TARGET", "sm_90a"):
+        assert os.environ["PALLAS_TEST_TARGET"] == "sm_90a"
+    assert "PALLAS_TEST_TARGET" not in os.environ
+    monkeypatch.setenv("PALLAS_TEST_TARGET", "old")
+    with b.environ("PALLAS_TEST_TARGET", "new"):
+        assert os.environ["PALLAS_TEST_TARGET"] == "new"
+    assert os.environ["PALLAS_TEST_TARGET"] == "old"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any
 
 from pallas import plugins
@@ -72,9 +71,7 @@ class TritonBackend(plugins.Backend):
         from pallas_triton._src.compile import ENV_COMPUTE_CAPABILITY
         from pallas_triton._src.targets import ENV_ROCM_ARCH, amd_target
 
-        if platform not in self.platforms:
-            raise ValueError(f"backend 'triton' lowers for {', '.join(self.platforms)}, "
-                             f"not for {platform!r}")
+        self.check_platform(platform)
         if target is None:
             yield
             return
@@ -85,15 +82,8 @@ class TritonBackend(plugins.Backend):
             if not value.isdigit():
                 raise ValueError(f"a cuda target is a compute capability (80, 'sm_90'); "
                                  f"got {target!r}")
-        old = os.environ.get(var)
-        os.environ[var] = value
-        try:
+        with self.environ(var, value):
             yield
-        finally:
-            if old is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = old
 
     def build(self, request: plugins.KernelRequest) -> plugins.KernelArtifact:
         """Generates the Triton source for NVIDIA GPUs once (cheap, and it finds every
@@ -129,33 +119,33 @@ class TritonBackend(plugins.Backend):
         """Runs the generated kernel under Triton's interpreter; returns the outputs.
         For ``platform="rocm"`` it is the source generated for the AMD target (options
         as :meth:`compile`), which differs from NVIDIA's only where the target does."""
-        from pallas_triton._src.compile import check_float8
         from pallas_triton._src.emulate import emulate_lowered
-        from pallas_triton._src.lowering import lower_kernel
 
-        target = _amd_arch(request) if _platform(request) == "rocm" else None
-        lowered = (self.artifact(request).payload if target is None else lower_kernel(
-            request.jaxpr, request.grid_mapping, self.compiler_params_of(request),
-            request.name, target=target))
-        if target is None:  # what the NVIDIA target lacks is refused as compile refuses it
-            check_float8(lowered, _cuda_cc(request))
-        return emulate_lowered(lowered, *args)
+        return emulate_lowered(self._emulated_source(request), *args)
 
     def emulator(self, request: plugins.KernelRequest):
         """The emulated device's plan: the Triton source generated once (for the AMD
         target on a ``rocm`` device, options as :meth:`compile`), then run under Triton's
         interpreter on each call's operands."""
-        from pallas_triton._src.compile import check_float8
         from pallas_triton._src.emulate import emulate_lowered
+
+        lowered = self._emulated_source(request)
+        return lambda *args: emulate_lowered(lowered, *args)
+
+    def _emulated_source(self, request: plugins.KernelRequest):
+        """The Triton source the emulate level runs: the artifact's for an NVIDIA target
+        (float8 refused where the target lacks it, as compile refuses it), else the
+        source generated for the AMD target."""
+        from pallas_triton._src.compile import check_float8
         from pallas_triton._src.lowering import lower_kernel
 
-        target = _amd_arch(request) if _platform(request) == "rocm" else None
-        lowered = (self.artifact(request).payload if target is None else lower_kernel(
-            request.jaxpr, request.grid_mapping, self.compiler_params_of(request),
-            request.name, target=target))
-        if target is None:  # what the NVIDIA target lacks is refused as compile refuses it
+        if _platform(request) != "rocm":
+            lowered = self.artifact(request).payload
             check_float8(lowered, _cuda_cc(request))
-        return lambda *args: emulate_lowered(lowered, *args)
+            return lowered
+        return lower_kernel(request.jaxpr, request.grid_mapping,
+                            self.compiler_params_of(request), request.name,
+                            target=_amd_arch(request))
 
 
 def _cuda_cc(request: plugins.KernelRequest) -> int | str:

@@ -535,13 +535,9 @@ def _freeze(metadata):
 
 
 def _freeze_interpret(interpret):
-    if isinstance(interpret, InterpretParams) or isinstance(interpret, bool):
-        return interpret
-    if interpret is None:
-        return False
-    if hasattr(interpret, "__dataclass_fields__") or hasattr(interpret, "__hash__"):
-        return interpret  # a backend's interpret params (e.g. pltpu.InterpretParams)
-    return bool(interpret)
+    """``interpret`` as an equation parameter: None is False; a bool, ``pl.InterpretParams``
+    or a backend's params (an ``InterpretMode``, e.g. ``pltpu.InterpretParams``) as is."""
+    return False if interpret is None else interpret
 
 
 # ------------------------------------------------------------------------------------

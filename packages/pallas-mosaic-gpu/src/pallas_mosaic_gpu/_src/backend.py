@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 
 from pallas.plugins import Backend, KernelRequest, LoweringRequest, resolve_compiler_params
 from pallas_mosaic_gpu.__about__ import __version__
@@ -65,23 +64,15 @@ class MosaicGpuBackend(Backend):
         and the bundle's ``--target`` ask."""
         from pallas_mosaic_gpu._src.compile import ENV_TARGET, TARGETS
 
-        if platform not in self.platforms:
-            raise ValueError(f"backend 'mosaic_gpu' lowers for cuda, not for {platform!r}")
+        self.check_platform(platform)
         if target is None:
             yield
             return
         if target not in TARGETS:
             raise ValueError(f"Mosaic GPU compiles for {', '.join(TARGETS)}; got target "
                              f"{target!r}")
-        old = os.environ.get(ENV_TARGET)
-        os.environ[ENV_TARGET] = target
-        try:
+        with self.environ(ENV_TARGET, target):
             yield
-        finally:
-            if old is None:
-                os.environ.pop(ENV_TARGET, None)
-            else:
-                os.environ[ENV_TARGET] = old
 
     def lower(self, request: LoweringRequest):
         from pallas_mosaic_gpu._src.lowering import lower_pallas_call

@@ -140,9 +140,7 @@ class MosaicSparseCoreBackend(Backend):
 
         from pallas_tpu_sparsecore._src.info import ENV_VAR, target_chip
 
-        if platform not in self.platforms:
-            raise ValueError(f"backend {self.name!r} lowers for {', '.join(self.platforms)}, "
-                             f"not for {platform!r}")
+        self.check_platform(platform)
         if target is None and os.environ.get(ENV_VAR):
             return contextlib.nullcontext()
         return target_chip(DEFAULT_COMPILE_CHIP if target is None else target)

@@ -6,7 +6,8 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pallas._src.registry.artifacts import artifact_for
@@ -170,12 +171,33 @@ class Backend:
         lowering through ``jax.jit`` carries no options. Backends with several targets
         override it; this default accepts only ``target=None``.
         """
-        if platform not in self.platforms and "*" not in self.platforms:
-            raise ValueError(f"backend {self.name!r} lowers for "
-                             f"{', '.join(self.platforms)}, not for {platform!r}")
+        self.check_platform(platform)
         if target is not None:
             raise ValueError(f"backend {self.name!r} takes no target (got {target!r})")
         return contextlib.nullcontext()
+
+    def check_platform(self, platform: str) -> None:
+        """Raises ``ValueError`` unless this backend lowers for ``platform`` (what
+        :meth:`targeting` checks first)."""
+        if platform not in self.platforms and "*" not in self.platforms:
+            raise ValueError(f"backend {self.name!r} lowers for "
+                             f"{', '.join(self.platforms)}, not for {platform!r}")
+
+    @staticmethod
+    @contextlib.contextmanager
+    def environ(var: str, value: str) -> Iterator[None]:
+        """Sets the environment variable ``var`` to ``value`` inside a ``with`` block
+        and restores it after: how a backend whose lowerings read their target from the
+        environment implements :meth:`targeting`."""
+        old = os.environ.get(var)
+        os.environ[var] = value
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = old
 
     def race_kit(self) -> Any | None:
         """What the conformance suite's planted-race cases (``pallas_conformance.races``)
