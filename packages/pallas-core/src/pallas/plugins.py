@@ -15,6 +15,7 @@ from pallas._src.emulation.call import backend_for as emulated_backend
 from pallas._src.emulation.device import EmulatedDevice, emulated_device
 from pallas._src.grid_spec import BlockMapping, GridMapping
 from pallas._src.interpreter.analysis import scratch_live_in
+from pallas._src.interpreter.device_groups import DeviceGroups
 from pallas._src.interpreter.evaluator import Cell, KernelContext, eval_jaxpr
 from pallas._src.interpreter.grid_runner import Checks, interpret_pallas_call
 from pallas._src.interpreter.host_call import host_call, host_call_p
@@ -144,6 +145,8 @@ __all__ = [
     "InterpretMode", "forced_interpret", "forced_interpret_mode", "set_forced_interpret",
     # The options the Mosaic backends' interpret modes share (each subclasses them).
     "LoggingMode", "SharedInterpretParams",
+    # Where the devices of a multi-device kernel call meet in an interpret mode.
+    "DeviceGroups",
     # An array read, written and added to through a ref's (flattened) transforms:
     # indexers, reshapes and bitcasts (``swap_view`` returns ``(old, new_array)``).
     "read_view", "swap_view", "add_view",

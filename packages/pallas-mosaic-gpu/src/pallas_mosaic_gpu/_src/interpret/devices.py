@@ -15,7 +15,6 @@ CPU device executing device 0's part would wait for device 0's callback to retur
 
 from __future__ import annotations
 
-import collections
 import functools
 import math
 import threading
@@ -25,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas import DeviceIdType
+from pallas.plugins import DeviceGroups
 from pallas_mosaic_gpu._src.cluster import PeerMemRef, PeerTransform, _ClusterRef
 from pallas_mosaic_gpu._src.interpret import pairs
 
@@ -57,12 +57,11 @@ class DeviceGroup:
         self.prepares: dict = {}
         self.results: dict | None = None
         self.arrived = 0
-        self.left = 0
         self.failed: BaseException | None = None
         self.failed_where = ""
         self.clocks = None
         self.detector = None
-        # Its key in the registry of running calls (set by ``join``, which made it).
+        # Its key among the running groups (set by ``DeviceGroups.join``, which made it).
         self.registry_key: tuple | None = None
 
     # -- device ids ----------------------------------------------------------------------
@@ -177,37 +176,22 @@ def where(coords: dict) -> str:
 
 # -- the registry of running groups -------------------------------------------------------
 
-_lock = threading.Lock()
-_running: dict = {}
-_calls: collections.Counter = collections.Counter()
+_groups = DeviceGroups()
 
 
 def join(kernel_key, device: int, make: Callable[[], DeviceGroup]) -> DeviceGroup:
     """The group of this device's next call of the kernel ``kernel_key``."""
-    with _lock:
-        _calls[(kernel_key, device)] += 1
-        key = (kernel_key, _calls[(kernel_key, device)])
-        group = _running.get(key)
-        if group is None:
-            group = _running[key] = make()
-            group.registry_key = key
-        return group
+    return _groups.join(kernel_key, device, make)
 
 
 def leave(group: DeviceGroup) -> None:
-    with _lock:
-        group.left += 1
-        if group.left >= group.num_devices:
-            _running.pop(group.registry_key, None)
+    _groups.leave(group)
 
 
 def reset_all() -> None:
     """Forgets every group (after an error left one behind), aborting its devices."""
-    with _lock:
-        for group in _running.values():
-            group.fail(SimulationAborted("reset_gpu_interpret_mode_state()"), "a reset")
-        _running.clear()
-        _calls.clear()
+    _groups.reset(lambda group: group.fail(
+        SimulationAborted("reset_gpu_interpret_mode_state()"), "a reset"))
 
 
 # -- remote refs ------------------------------------------------------------------------

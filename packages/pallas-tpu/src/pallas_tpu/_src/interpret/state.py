@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pallas.plugins import Access, Cell, RaceDetector, RaceReport, VectorClocks
+from pallas.plugins import Access, Cell, DeviceGroups, RaceDetector, RaceReport, VectorClocks
 from pallas_tpu._src.interpret import boxes as B
 
 
@@ -135,7 +135,6 @@ class Simulation:
         self.waiting: dict = {}  # thread key -> predicate "can proceed"
         self.barriers: dict = {}
         self.arrived_devices = 0
-        self.left_devices = 0
         self.pending_random: dict = {}  # issuer's global core -> DMAs in flight
         self.mesh_axes: tuple = ()  # ((name, size), ...) of the devices' mesh
 
@@ -271,9 +270,7 @@ def _print_race(race) -> None:
 
 # -- the registry of running simulations (shared by the devices of one call) -----------
 
-_lock = threading.Lock()
-_running: dict = {}
-_invocations: collections.Counter = collections.Counter()
+_groups = DeviceGroups()
 _latest_report = [RaceReport()]
 
 
@@ -283,29 +280,20 @@ def latest_report() -> RaceReport:
 
 def join(config_key, device: int, make: Callable[[], Simulation]) -> Simulation:
     """The simulation of this device's next call of kernel ``config_key``."""
-    with _lock:
-        _invocations[(config_key, device)] += 1
-        key = (config_key, _invocations[(config_key, device)])
-        sim = _running.get(key)
-        if sim is None:
-            sim = _running[key] = make()
-            sim.registry_key = key
-            _latest_report[0] = sim.report
+    def make_and_report():
+        sim = make()
+        _latest_report[0] = sim.report
         return sim
+
+    return _groups.join(config_key, device, make_and_report)
 
 
 def leave(sim: Simulation) -> None:
-    with _lock:
-        sim.left_devices += 1
-        if sim.left_devices >= sim.num_devices:
-            _running.pop(getattr(sim, "registry_key", None), None)
+    _groups.leave(sim)
 
 
 def reset_all() -> None:
     """Forgets every simulation (after an error left one behind) and the race report."""
-    with _lock:
-        for sim in _running.values():
-            sim.fail(SimulationAborted("reset_tpu_interpret_mode_state()"), "a reset")
-        _running.clear()
-        _invocations.clear()
-        _latest_report[0] = RaceReport()
+    _groups.reset(lambda sim: sim.fail(
+        SimulationAborted("reset_tpu_interpret_mode_state()"), "a reset"))
+    _latest_report[0] = RaceReport()
