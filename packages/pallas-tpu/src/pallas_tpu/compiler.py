@@ -38,6 +38,7 @@ from pallas_tpu._src.compiler.results import (
     llo_ops,
     op_mix,
 )
+from pallas_tpu._src.vmem import footprint
 
 __all__ = ["CHIPS", "DEFAULT_CHIP", "ENV_CHIP", "TOPOLOGIES", "CompiledKernel",
            "LibtpuMissingError", "TpuCompileError", "TpuCompilerCrashedError", "compile",
@@ -84,7 +85,5 @@ def vmem_footprint(f: Callable, *args: Any, **kwargs: Any) -> list:
     ``bytes_per_buffer``, ``buffers``, ``bytes``) per kernel, in program order. The sum
     is a lower bound of the compiler's ``CompiledKernel.vmem_bytes`` (Mosaic's internal
     scratch is not in it); see ``docs/tpu-compile.md``."""
-    from pallas_tpu._src.vmem import footprint
-
     closed = jax.make_jaxpr(lambda *a: f(*a, **kwargs))(*args)
     return [footprint(eqn.params["grid_mapping"]) for eqn in pallas_call_eqns(closed.jaxpr)]

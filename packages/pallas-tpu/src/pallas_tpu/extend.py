@@ -45,10 +45,11 @@ from pallas_tpu._src.lowering.common import (
     to_index,
 )
 from pallas_tpu._src.lowering.custom_call import cost_dict, side_effect_type
-from pallas_tpu._src.lowering.engine import Lit, LoweringContext, RefVal, lower_jaxpr
+from pallas_tpu._src.lowering.engine import lower_jaxpr
 from pallas_tpu._src.lowering.kernel import new_context
 from pallas_tpu._src.lowering.rules import RULES
-from pallas_tpu._src.lowering.rules_refs import (
+from pallas_tpu._src.lowering.values import Lit, LoweringContext, RefVal
+from pallas_tpu._src.lowering.windows import (
     Window,
     apply_transforms,
     load_window,

@@ -15,6 +15,7 @@ Public home of what upstream keeps private in ``jax._src.pallas.mosaic.interpret
 from __future__ import annotations
 
 from pallas.plugins import RaceReport
+from pallas_tpu._src.interpret import grid as _grid
 from pallas_tpu._src.interpret import state as _state
 from pallas_tpu._src.interpret.boxes import is_range_out_of_bounds_for_shape
 from pallas_tpu._src.interpret.params import (
@@ -39,6 +40,13 @@ def store(core, buf, box, value, site: str) -> None:
     block back to HBM) write through this function, so that a test may wrap it (e.g. to
     count the copies; upstream's tests do); ``core.write`` does the work."""
     core.write(buf, box, value, site)
+
+
+def _store_through_module_attribute(core, buf, box, value, site: str) -> None:
+    store(core, buf, box, value, site)  # this module's ``store`` now, wrapped or not
+
+
+_grid.store_through(_store_through_module_attribute)
 
 
 def race_report() -> RaceReport:

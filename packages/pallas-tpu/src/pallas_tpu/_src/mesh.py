@@ -18,7 +18,11 @@ from jax import lax
 
 import pallas as pl
 from pallas.plugins import Mesh
+from pallas_tpu._src.compiler_params import CORE_PARALLEL, CompilerParams
+from pallas_tpu._src.interpret.entry import discharge_core_map
+from pallas_tpu._src.interpret.params import InterpretParams, forced_params
 from pallas_tpu._src.memory import MemorySpace
+from pallas_tpu._src.tpu_info import get_tpu_info, is_tpu_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +50,6 @@ class TensorCoreMesh(Mesh):
 
     def kernel_compiler_params(self, compiler_params):
         """``pl.kernel`` on this mesh: its axis is core-parallel (one core per point)."""
-        from pallas_tpu._src.compiler_params import CORE_PARALLEL, CompilerParams
-
         if compiler_params is None:
             return CompilerParams(dimension_semantics=(CORE_PARALLEL,))
         if isinstance(compiler_params, CompilerParams) and (
@@ -58,9 +60,6 @@ class TensorCoreMesh(Mesh):
     def discharge_core_map(self, interpret):
         """``core_map`` on this mesh outside a TPU: TPU interpret mode with ``interpret``
         (a ``pltpu.InterpretParams``), the forced params, or the defaults."""
-        from pallas_tpu._src.interpret.entry import discharge_core_map
-        from pallas_tpu._src.interpret.params import InterpretParams, forced_params
-
         params = interpret if isinstance(interpret, InterpretParams) else (
             forced_params() or InterpretParams())
         return lambda in_avals, args, eqn_params: discharge_core_map(
@@ -76,8 +75,6 @@ def create_tensorcore_mesh(axis_name: str, devices: Sequence[Any] | None = None,
     if num_cores is None and devices is not None and len(devices):
         num_cores = getattr(devices[0], "num_cores", None)
     if num_cores is None:
-        from pallas_tpu._src.tpu_info import get_tpu_info, is_tpu_device
-
         num_cores = get_tpu_info().num_cores if is_tpu_device() else 1
     if int(num_cores) < 1:
         raise ValueError(f"num_cores must be >= 1; got {num_cores}")

@@ -24,7 +24,10 @@ import jax.numpy as jnp
 import pallas as pl
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.compiler_params import CompilerParams
+from pallas_tpu._src.lowering.rules import RULES
+from pallas_tpu._src.lowering.types import memory_dtype
 from pallas_tpu._src.memory import MemorySpace, canonical_space
+from pallas_tpu._src.vmem import check_vmem
 
 LANES, SUBLANES = 128, 8
 
@@ -82,7 +85,6 @@ def _check_block(bm) -> None:
     dims = bm.block_dims
     lanes = LANES
     if rank == 1:  # XLA's 1-D tiling packs 32 bits per lane
-        from pallas_tpu._src.lowering.types import memory_dtype
         lanes = LANES * max(1, 4 // memory_dtype(bm.array_aval.dtype).itemsize)
     for i, need in ((rank - 1, lanes), (rank - 2, SUBLANES)):
         # A squeezed dim is a block of 1 here: XLA tiles the array's last two dims
@@ -126,8 +128,6 @@ def _walk_eqns(jaxpr):
 
 
 def _check_primitives(jaxpr) -> None:
-    from pallas_tpu._src.lowering.rules import RULES
-
     for eqn in _walk_eqns(jaxpr):
         if eqn.primitive not in RULES:
             reason = RULES.unsupported_reason(eqn.primitive)
@@ -175,6 +175,4 @@ def validate(jaxpr, gm, params: CompilerParams, name: str = "kernel") -> None:
     for origin, t in zip(gm.scratch_origins, gm.scratch_types):
         _check_scratch(origin, t)
     _check_primitives(jaxpr.jaxpr)
-    from pallas_tpu._src.vmem import check_vmem
-
     check_vmem(gm, params, name)

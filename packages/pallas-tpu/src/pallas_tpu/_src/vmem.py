@@ -26,7 +26,10 @@ import os
 import jax.numpy as jnp
 from jax.errors import JaxRuntimeError
 
+from pallas_tpu._src.compiler.chips import ENV_CHIP, canonical_chip
+from pallas_tpu._src.lowering.types import memory_dtype
 from pallas_tpu._src.memory import MemorySpace, canonical_space
+from pallas_tpu._src.tpu_info import get_tpu_info, is_tpu_device
 
 MiB = 1 << 20
 
@@ -74,8 +77,6 @@ def padded_bytes(shape, dtype) -> int:
     """Bytes of a ``shape``/``dtype`` buffer in VMEM, its last two dims padded to the
     memory tiling XLA gives kernel operands (measured with libtpu 0.0.42 on v5e and v6e):
     multiples of (8, 128) for 2-D and up, of 1024 elements for 1-D, for every dtype."""
-    from pallas_tpu._src.lowering.types import memory_dtype
-
     dt = memory_dtype(dtype)
     shape = tuple(int(d) for d in shape)
     if not shape:
@@ -153,9 +154,6 @@ def _window(gm, k: int, shape, array_aval, buffers: int) -> str:
 def target_chip(params) -> str | None:
     """The chip a kernel is checked for at trace time: ``CompilerParams(chip=)``,
     ``$PALLAS_TPU_CHIP``, or the attached TPU; None when none is known (no check)."""
-    from pallas_tpu._src.compiler.chips import ENV_CHIP, canonical_chip
-    from pallas_tpu._src.tpu_info import get_tpu_info, is_tpu_device
-
     chip = getattr(params, "chip", None) or os.environ.get(ENV_CHIP)
     if chip is None and is_tpu_device():
         chip = get_tpu_info().chip_version

@@ -19,6 +19,7 @@ from jax.interpreters import mlir
 import pallas.plugins
 from pallas.plugins import KernelRequest, LoweringRequest
 from pallas_tpu._src import jax_compat
+from pallas_tpu._src.lowering.types import is_semaphore as _is_sem
 
 kernel_p = jex.Primitive("pallas_tpu_compiled_kernel")
 kernel_p.multiple_results = True
@@ -59,8 +60,6 @@ def operand_avals(request: KernelRequest) -> list[jax.ShapeDtypeStruct]:
 
 
 def is_semaphore(space) -> bool:
-    from pallas_tpu._src.lowering.types import is_semaphore as _is_sem
-
     return space is not None and _is_sem(space)
 
 

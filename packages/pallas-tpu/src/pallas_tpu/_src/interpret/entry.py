@@ -11,6 +11,7 @@ raised here, before anything runs.
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +21,9 @@ from jax import lax
 from pallas.plugins import dynamic_grid_dim, host_call, load_p, run_scoped_p, swap_p
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.interpret.grid import Config, is_hbm, run_device
-from pallas_tpu._src.interpret.params import InterpretParams
+
+if TYPE_CHECKING:  # params.py sits above this module: its InterpretParams calls in here
+    from pallas_tpu._src.interpret.params import InterpretParams
 
 _DIRECT = {jc.get_p: "get_p", jc.swap_p: "swap_p", jc.addupdate_p: "addupdate_p",
            load_p: "load_p", swap_p: "swap_p"}

@@ -497,16 +497,24 @@ def _copy_out(core, buf: Buffer, hbm: Buffer, box, bm, loop, point) -> None:
                                           if not d.squeezed)], site)
 
 
-_interpret_module: list = []
+def _write(core, buf, box, value, site: str) -> None:
+    core.write(buf, box, value, site)
+
+
+# The function the block copies write through: ``pallas_tpu.interpret`` (above this
+# module) installs one that calls its ``store`` attribute at each copy, so that a test
+# may wrap ``pallas_tpu.interpret.store``; until it is imported, the plain write.
+_STORE: list = [_write]
+
+
+def store_through(fn) -> None:
+    """Makes the simulation's block copies write through ``fn(core, buf, box, value,
+    site)`` (called by ``pallas_tpu.interpret``)."""
+    _STORE[0] = fn
 
 
 def _store():
-    """``pallas_tpu.interpret.store``, looked up at each copy (so it can be wrapped)."""
-    if not _interpret_module:
-        from pallas_tpu import interpret
-
-        _interpret_module.append(interpret)
-    return _interpret_module[0].store
+    return _STORE[0]
 
 
 def _block_index(bm, box):

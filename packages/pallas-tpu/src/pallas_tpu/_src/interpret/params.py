@@ -12,6 +12,9 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 from pallas.plugins import LoggingMode, SharedInterpretParams
+from pallas_tpu._src import jax_compat
+from pallas_tpu._src.interpret import state
+from pallas_tpu._src.interpret.entry import lower_pallas_call
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,8 +83,6 @@ class InterpretParams(SharedInterpretParams):
     def lower_pallas_call(self, ctx, *in_nodes, jaxpr, grid_mapping, compiler_params,
                           name=None, **_):
         """Lowers a ``pallas_call`` to TPU interpret mode (called by pallas-core)."""
-        from pallas_tpu._src.interpret.entry import lower_pallas_call
-
         # Forced params win over the call's own, as upstream.
         return lower_pallas_call(forced_params() or self, ctx, *in_nodes, jaxpr=jaxpr,
                                  grid_mapping=grid_mapping,
@@ -105,8 +106,6 @@ class InterpretParams(SharedInterpretParams):
 
 
 def _state():
-    from pallas_tpu._src import jax_compat
-
     return jax_compat.interpret_mode_config()
 
 
@@ -138,6 +137,4 @@ def reset_tpu_interpret_mode_state() -> None:
     """Turns forced interpret mode off and forgets the simulation state (e.g. after an
     error), as upstream's function of the same name."""
     _state().set_global(None)
-    from pallas_tpu._src.interpret import state
-
     state.reset_all()

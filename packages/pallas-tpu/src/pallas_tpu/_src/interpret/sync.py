@@ -23,6 +23,7 @@ from pallas_tpu._src.interpret import boxes as B
 from pallas_tpu._src.interpret import indexed as IX
 from pallas_tpu._src.interpret.evaluator import Core, rule, site_of, view
 from pallas_tpu._src.interpret.state import Buffer, Semaphore
+from pallas_tpu._src.memory import SemaphoreType
 from pallas_tpu._src.primitives import dma as dma_prims
 from pallas_tpu._src.primitives import misc
 from pallas_tpu._src.primitives import refs as R
@@ -195,8 +196,6 @@ def _read_rule(core: Core, eqn, invals):
 
 @rule(misc.get_barrier_semaphore_p)
 def _barrier_semaphore_rule(core: Core, eqn, invals):
-    from pallas_tpu._src.memory import SemaphoreType
-
     key = ("barrier", 0, core.device)
     sem = core.sim.semaphore(key, (), "the barrier semaphore")
     return [SemaphoreRef(sem, key, core.device, SemaphoreType.BARRIER,

@@ -1,5 +1,5 @@
-"""Shared helpers of the Mosaic lowering rules: the rule table, constants, casts,
-broadcasts and index conversions."""
+"""Shared emission helpers of the Mosaic lowering rules: constants, casts, broadcasts
+and index conversions (the rule table is the engine's)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,9 @@ from jaxlib.mlir.dialects import arith, memref, vector
 from jaxlib.mosaic.python import tpu
 
 import pallas as pl
-from pallas.plugins import RuleTable
 from pallas_tpu._src.lowering import types as T
-from pallas_tpu._src.lowering.engine import Lit, RefVal
+from pallas_tpu._src.lowering.values import Lit, RefVal
 from pallas_tpu._src.memory import MemorySpace
-
-#: pallas-tpu's Mosaic lowering rules, one table keyed by primitive object.
-RULES = RuleTable("mosaic_tpu lowering", "rule(lctx: LoweringContext, eqn, *invals) -> outs")
-
-
-def rule(*prims):
-    """Registers the decorated function as the Mosaic lowering rule of ``prims``."""
-    return RULES.register(*prims, owner="pallas_tpu")
-
 
 # ------------------------------------------------------------------------------------------
 # Comparisons Mosaic accepts.

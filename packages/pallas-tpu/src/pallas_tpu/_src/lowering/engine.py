@@ -2,12 +2,12 @@
 
 Values in the environment are ``ir.Value`` (vectors for arrays of rank >= 1, scalars for
 rank 0), :class:`RefVal` for refs (a memref plus which of its dims the kernel does not
-see), or :class:`Lit` for literals (materialised by the rule that uses them).
+see), or :class:`Lit` for literals (materialised by the rule that uses them); they are
+defined in ``values``. The engine owns the rule table the rule modules register into.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -17,70 +17,22 @@ from jaxlib.mosaic.python import tpu
 from pallas.plugins import RuleTable
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.enums import LoweringException
+from pallas_tpu._src.lowering.values import Lit, LoweringContext, RefVal
+
+#: pallas-tpu's Mosaic lowering rules, one table keyed by primitive object. The rule
+#: modules (``rules_*``) register into it; ``lowering.rules`` imports them all.
+RULES = RuleTable("mosaic_tpu lowering", "rule(lctx: LoweringContext, eqn, *invals) -> outs")
 
 
-@dataclasses.dataclass(frozen=True)
-class Lit:
-    """A literal (static) value and its aval."""
-
-    val: Any
-    aval: Any
-
-
-@dataclasses.dataclass
-class RefVal:
-    """A ref in the kernel: a memref, plus its squeezed (kernel-invisible) dims."""
-
-    memref: ir.Value
-    dtype: Any
-    space: Any
-    squeezed: tuple  # one bool per memref dim
-
-    @property
-    def memref_shape(self) -> tuple[int, ...]:
-        return tuple(ir.MemRefType(self.memref.type).shape)
-
-    @property
-    def kernel_shape(self) -> tuple[int, ...]:
-        return tuple(n for n, s in zip(self.memref_shape, self.squeezed) if not s)
-
-
-@dataclasses.dataclass
-class LoweringContext:
-    """Per-function state: grid sizes and the current program ids."""
-
-    grid: tuple[int, ...]
-    grid_indices: list  # i32 ir.Values (empty inside transform functions)
-    name: str
-    uses: set = dataclasses.field(default_factory=set)  # primitive names lowered
-    used_vars: set = dataclasses.field(default_factory=set)
-    # ((axis name, size), ...) of the enclosing shard_map mesh, major to minor
-    mesh_axes: tuple = ()
-    grid_names: tuple = ()  # names of the grid axes (pl.kernel over a mesh)
-    # The rule table (primitive -> rule); None means pallas-tpu's own. Another backend
-    # building on this engine (pallas-tpu-sparsecore) passes its table, which nested
-    # lowerings (loops, conds, run_scoped) inherit because they reuse this context.
-    rules: RuleTable | None = None
-    backend: str = "mosaic_tpu"  # named in "cannot lower" errors
-    # The chip lowered for (``pallas_tpu.compile`` names: "v5e", "v6e", ...), for rules
-    # whose support differs per chip; None when no chip is known (they then accept only
-    # what every chip compiles).
-    chip: str | None = None
-    # The jax.named_scope names open at the insertion point (tpu.trace_start emitted).
-    scopes: tuple = ()
-    # CompilerParams.fuse_transposed_lhs_in_matmul: matmuls contracting the lhs's
-    # second-minor axis ask Mosaic to fuse that transpose (tpu.matmul's hint).
-    fuse_transposed_lhs: bool = False
-
-    def is_used(self, var) -> bool:
-        """Whether a jaxpr variable is read later (e.g. the old value of a swap)."""
-        return var in self.used_vars
+def rule(*prims):
+    """Registers the decorated function as the Mosaic lowering rule of ``prims``."""
+    return RULES.register(*prims, owner="pallas_tpu")
 
 
 def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
-    """Emits ``jaxpr`` at the current insertion point; returns its outputs."""
-    from pallas_tpu._src.lowering.rules import RULES
-
+    """Emits ``jaxpr`` at the current insertion point; returns its outputs (with
+    ``lctx.rules``, else :data:`RULES`, which holds every rule once
+    ``pallas_tpu._src.lowering.rules`` is imported)."""
     table = RULES if lctx.rules is None else lctx.rules
     env: dict[Any, Any] = {}
 

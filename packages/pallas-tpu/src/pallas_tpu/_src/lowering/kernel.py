@@ -26,11 +26,13 @@ from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.compiler_params import ARBITRARY, CORE_PARALLEL, CompilerParams
 from pallas_tpu._src.core_compat import dynamic_grid_dim
 from pallas_tpu._src.enums import LoweringException
+from pallas_tpu._src.lowering import rules as _rules  # noqa: F401 - registers every rule
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import materialize, to_i32
 from pallas_tpu._src.lowering.dma_semaphores import dma_semaphore_operands
-from pallas_tpu._src.lowering.engine import Lit, LoweringContext, RefVal, lower_jaxpr
+from pallas_tpu._src.lowering.engine import lower_jaxpr
 from pallas_tpu._src.lowering.symbolic import Placeholders, placeholders, static_shape
+from pallas_tpu._src.lowering.values import Lit, LoweringContext, RefVal
 from pallas_tpu._src.memory import MemorySpace, SemaphoreType, is_any_space
 from pallas_tpu._src.vmem import target_chip
 

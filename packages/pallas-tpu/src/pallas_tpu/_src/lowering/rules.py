@@ -14,7 +14,7 @@ from pallas_tpu._src.lowering import (  # noqa: F401 - each module registers its
     rules_refs,
     rules_tpu,
 )
-from pallas_tpu._src.lowering.common import RULES
+from pallas_tpu._src.lowering.engine import RULES
 
 # What has no Mosaic TPU lowering (every primitive of pallas.plugins.PRIMITIVES has a
 # rule or an entry here; tested). These run under interpret=True.

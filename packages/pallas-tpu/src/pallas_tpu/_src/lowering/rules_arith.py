@@ -11,7 +11,7 @@ from jaxlib.mlir.dialects import arith, math, vector
 from jaxlib.mosaic.python import tpu
 
 from pallas_tpu._src import jax_compat as jc
-from pallas_tpu._src.lowering import rules_math as M
+from pallas_tpu._src.lowering import emit_math as M
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.common import (
     aval_in,
@@ -26,9 +26,9 @@ from pallas_tpu._src.lowering.common import (
     materialize,
     narrow_int,
     operands,
-    rule,
     widen_int,
 )
+from pallas_tpu._src.lowering.engine import rule
 from pallas_tpu._src.lowering.reshapes import check_reshape
 from pallas_tpu._src.lowering.symbolic import static_dim
 

@@ -20,9 +20,9 @@ from pallas_tpu._src.lowering.common import (
     cmpi,
     const,
     materialize,
-    rule,
 )
-from pallas_tpu._src.lowering.engine import RefVal, lower_jaxpr
+from pallas_tpu._src.lowering.engine import lower_jaxpr, rule
+from pallas_tpu._src.lowering.values import RefVal
 
 # ------------------------------------------------------------------------------------------
 # Grid.

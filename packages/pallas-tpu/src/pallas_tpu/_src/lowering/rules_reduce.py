@@ -24,9 +24,9 @@ from pallas_tpu._src.lowering.common import (
     kind,
     materialize,
     narrow_int,
-    rule,
     widen_int,
 )
+from pallas_tpu._src.lowering.engine import rule
 
 _REDUCE = {P.reduce_sum_p: "add", P.reduce_max_p: "max", P.reduce_min_p: "min",
            P.reduce_and_p: "and", P.reduce_or_p: "or", P.reduce_prod_p: "mul"}

@@ -18,13 +18,14 @@ from pallas_tpu._src.lowering.common import (
     int_bits,
     kind,
     materialize,
-    rule,
     to_i32,
 )
-from pallas_tpu._src.lowering.engine import RefVal
-from pallas_tpu._src.lowering.rules_refs import apply_transforms, window_memref
-from pallas_tpu._src.memory import MemorySpace
+from pallas_tpu._src.lowering.engine import rule
+from pallas_tpu._src.lowering.values import RefVal
+from pallas_tpu._src.lowering.windows import apply_transforms, window_memref
+from pallas_tpu._src.memory import MemorySpace, SemaphoreType
 from pallas_tpu._src.primitives import dma, misc, mxu
+from pallas_tpu._src.primitives import refs as R
 from pallas_tpu._src.primitives import vector as tpu_vector
 
 # ------------------------------------------------------------------------------------------
@@ -92,8 +93,6 @@ def _sem_read(lctx, eqn, sem, *idx):
 
 
 def _ref_views(spec, invals):
-    from pallas_tpu._src.primitives import refs as R
-
     out = []
     for entry in R.unflatten(spec, invals):
         if entry is None:
@@ -106,8 +105,6 @@ def _ref_views(spec, invals):
 
 @rule(dma.dma_start_p)
 def _dma_start(lctx, eqn, *invals):
-    from pallas_tpu._src.primitives import refs as R
-
     p = eqn.params
     dma.check_copy_eqn(eqn)
     end = R.spec_end(p["refs"])
@@ -127,8 +124,6 @@ def _dma_start(lctx, eqn, *invals):
 
 @rule(dma.dma_wait_p)
 def _dma_wait(lctx, eqn, *invals):
-    from pallas_tpu._src.primitives import refs as R
-
     p = eqn.params
     end = R.spec_end(p["refs"])
     (sem, wm), (src, ws), (dst, wd) = _ref_views(p["refs"], invals[:end])
@@ -236,8 +231,6 @@ def _trace_value(lctx, eqn, x):
 def _get_barrier_semaphore(lctx, eqn):
     t = ir.MemRefType.get([], ir.Type.parse("!tpu.semaphore"),
                           memory_space=T.memory_space_attr(MemorySpace.SEMAPHORE))
-    from pallas_tpu._src.memory import SemaphoreType
-
     return RefVal(tpu.sem_barrier(t), jnp.int32, SemaphoreType.BARRIER, ())
 
 

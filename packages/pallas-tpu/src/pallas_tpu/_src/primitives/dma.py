@@ -27,6 +27,7 @@ from pallas_tpu._src.memory import SemaphoreType, canonical_space
 from pallas_tpu._src.primitives import dma_indexed as DI
 from pallas_tpu._src.primitives import dma_run_time_size as RT
 from pallas_tpu._src.primitives import refs as R
+from pallas_tpu._src.primitives.remote import remote_dma_start
 
 _log = logging.getLogger("pallas_tpu")
 
@@ -312,8 +313,6 @@ def dma_start_rule(ctx, eqn, invals):
     p = eqn.params
     check_copy_eqn(eqn)
     if p["device_id_tree"] is not None:
-        from pallas_tpu._src.primitives.remote import remote_dma_start
-
         return remote_dma_start(ctx, eqn, invals)
     (src, s_flat, s_tree), (dst, d_flat, d_tree), (sem, m_flat, m_tree), src_sem = (
         R.unflatten(p["refs"], invals))

@@ -14,8 +14,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallas.plugins import Cell
 from pallas_tpu._src import jax_compat as jc
-from pallas_tpu._src.memory import canonical_space
+from pallas_tpu._src.memory import SemaphoreType, canonical_space
 from pallas_tpu._src.primitives import refs as R
 from pallas_tpu._src.primitives.effects import tpu_kernel_effect
 
@@ -234,8 +235,6 @@ def _get_barrier_semaphore():
 
 
 def _barrier_aval():
-    from pallas_tpu._src.memory import SemaphoreType
-
     return jc.AbstractRef(jc.ShapedArray((), jnp.int32), memory_space=SemaphoreType.BARRIER)
 
 
@@ -246,9 +245,6 @@ _BARRIER = "mosaic_tpu.barrier_semaphore"
 
 
 def _barrier_rule(ctx, eqn, invals):
-    from pallas.plugins import Cell
-    from pallas_tpu._src.memory import SemaphoreType
-
     cell = ctx.backend_state.get(_BARRIER)
     if cell is None:
         cell = Cell(jnp.zeros((), jnp.int32), "the barrier semaphore", None,

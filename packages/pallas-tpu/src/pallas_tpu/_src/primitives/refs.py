@@ -7,6 +7,7 @@ import numpy as np
 
 from pallas import plugins
 from pallas_tpu._src import jax_compat as jc
+from pallas_tpu._src.primitives.dma_indexed import wrap_ref_indices
 
 ref_and_transforms = plugins.ref_and_transforms
 unflatten = plugins.unpack_ref_operands
@@ -15,8 +16,6 @@ spec_end = plugins.ref_operands_end
 
 def flatten_ref(ref):
     """(base ref, flat transform leaves, transform treedef)."""
-    from pallas_tpu._src.primitives.dma_indexed import wrap_ref_indices
-
     base, transforms = ref_and_transforms(ref)
     flat, tree = jax.tree_util.tree_flatten(wrap_ref_indices(transforms))
     return base, list(flat), tree
@@ -44,6 +43,4 @@ class FlatRefs(plugins.RefOperands):
     DMAs become pytree leaves)."""
 
     def __init__(self, *refs):
-        from pallas_tpu._src.primitives.dma_indexed import wrap_ref_indices
-
         super().__init__(*refs, wrap=wrap_ref_indices)
