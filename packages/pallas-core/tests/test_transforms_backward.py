@@ -293,16 +293,16 @@ def test_scratch_carried_along_the_grid_is_saved_and_swept_back(rng, compiled_ba
 
 
 def test_dimension_semantics_follow_the_reordered_grid():
-    from pallas._src.transforms.backward import _permuted_params
+    from pallas._src.transforms.backward_common import permuted_params
 
     @__import__("dataclasses").dataclass(frozen=True)
     class Params:
         dimension_semantics: tuple = ("parallel", "parallel", "arbitrary")
 
     # cotangent of w: axes (k, j) outer, i inner (made "arbitrary": it accumulates)
-    assert _permuted_params(Params(), [2, 1, 0], [0]).dimension_semantics == (
+    assert permuted_params(Params(), [2, 1, 0], [0]).dimension_semantics == (
         "arbitrary", "parallel", "arbitrary")
-    assert _permuted_params(None, [1, 0], [0]) is None
+    assert permuted_params(None, [1, 0], [0]) is None
 
 
 @pytest.mark.skipif(not os.environ.get("PALLAS_SLOW_TESTS"),

@@ -75,10 +75,12 @@ for _cls in (InterpreterError, GradFallbackWarning, ShardingGatherWarning):
     _cls.__module__ = "pallas"
 del _cls
 
-# Registers the transformation rules of pallas_call_p (vmap, jvp, grad, effects).
-from pallas._src.transforms import register_all as _register_transforms  # noqa: E402
-
-_register_transforms()
+# Registers the transformation rules of pallas_call_p (vmap, jvp, grad, effects): each
+# module of pallas._src.transforms registers its own when imported. (The kernel-side
+# primitives' rules are registered beside their definitions, in pallas._src.primitives.)
+from pallas._src.transforms import ad as _ad  # noqa: E402, F401
+from pallas._src.transforms import batching as _batching  # noqa: E402, F401
+from pallas._src.transforms import effects as _effects  # noqa: E402, F401
 
 __all__ = [
     "ANY", "HOST", "BlockDim", "BlockSpec", "Blocked", "BoundedSlice", "Buffered",

@@ -23,6 +23,7 @@ from pallas._src import block_spec as bs
 from pallas._src.interpreter.modes import resolve_interpret
 from pallas._src.memory import MemorySpace
 from pallas._src.mesh import kernel, mesh_axes, mesh_backend
+from pallas._src.pallas_call import pallas_call_with_axes
 
 __all__ = ["mpmd_map"]
 
@@ -80,8 +81,6 @@ def mpmd_map(meshes_and_fns: Sequence[tuple[Any, Callable[..., None]]], /,
 
 def _then(fn, mesh, args, prev, out_types, mode, common):
     """Runs ``fn`` on ``mesh`` with the outputs starting as ``prev`` (aliased)."""
-    from pallas._src.pallas_call import pallas_call_with_axes
-
     names, sizes = mesh_axes(mesh)
     n_args = len(args)
     n_flat = len(jax.tree_util.tree_leaves(args))

@@ -14,6 +14,8 @@ import enum
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pallas._src.jax_compat import is_symbolic_dim
+
 
 @dataclasses.dataclass(frozen=True)
 class Blocked:
@@ -130,8 +132,6 @@ def canonicalize_block_dim(dim: Any) -> BlockDim:
         return dim
     if hasattr(dim, "__index__"):
         return Blocked(int(dim))
-    from pallas._src.jax_compat import is_symbolic_dim
-
     if is_symbolic_dim(dim):  # jax.export shape polymorphism (dynamic-shape export)
         return Blocked(dim)
     raise TypeError(

@@ -120,3 +120,34 @@ def check_symbolic_block(origin: str, block_shape, array_aval) -> None:
         f"the pl.pallas_export_experimental(dynamic_shapes=True) context manager to "
         f"enable dynamic shapes; otherwise give the block static sizes."
     )
+
+
+def grid_repr(gm) -> str:
+    return "(" + ", ".join("dynamic" if g is dynamic_grid_dim else str(g)
+                           for g in gm.grid) + ("," if len(gm.grid) == 1 else "") + ")"
+
+
+def check_dynamic_grid_support(b, gm, name) -> None:
+    """A backend lowers grids with run-time sizes only if it claims ``dynamic_grid``."""
+    if "dynamic_grid" in b.capabilities or "*" in b.capabilities:
+        return
+    raise NotImplementedError(
+        f"dynamic grid bounds not supported in the {b.title} backend: pallas_call {name} "
+        f"has grid {grid_repr(gm)}, whose dynamic sizes (traced values or symbolic "
+        f"dimensions) backend {b.name!r} does not lower. Use static grid sizes, or "
+        f"a backend that supports them (mosaic_tpu, or interpret=True)")
+
+
+def check_dynamic_shapes_support(b, gm, name) -> None:
+    """A backend lowers symbolic shapes (``jax.export``) only if it claims
+    ``dynamic_shapes``."""
+    sym = [bm for bm in gm.block_mappings if bm.symbolic]
+    if not sym or {"dynamic_shapes", "*"} & set(b.capabilities):
+        return
+    bm = sym[0]
+    raise NotImplementedError(
+        f"dynamic shapes not supported in the {b.title} "
+        f"backend: pallas_call {name} operand {bm.origin} has symbolic dimensions (array "
+        f"{bm.array_aval.str_short()}, block {tuple(str(d) for d in bm.block_shape)}), "
+        f"which backend {b.name!r} does not lower. Export with concrete shapes, or use a "
+        f"backend that supports them (mosaic_tpu, or interpret=True)")

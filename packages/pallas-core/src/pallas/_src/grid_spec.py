@@ -27,6 +27,7 @@ from pallas._src.dynamic_grid import (
     unzip_dynamic_grid,
 )
 from pallas._src.memory import MemoryRef, MemorySpace, as_memory_ref, is_buffer_type
+from pallas._src.primitives.grid import tracing_grid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,8 +349,6 @@ def _trace_index_map(origin, spec, block_dims, array_aval, grid, prefetch_avals,
                     )
                 flat.append(as_index(i, o))
         return flat
-
-    from pallas._src.primitives.grid import tracing_grid
 
     with tracing_grid(grid):  # pl.num_programs of a static axis is its size
         jaxpr, _, consts = jc.trace_kernel_to_jaxpr(

@@ -31,3 +31,13 @@ def contains(jaxpr, predicate: Callable[[Any], bool]) -> bool:
         predicate(eqn) or any(contains(sub, predicate) for sub in eqn_sub_jaxprs(eqn))
         for eqn in jaxpr.eqns
     )
+
+
+def split_list(xs, bounds) -> list[list]:
+    """``xs`` cut at the increasing positions ``bounds``: ``len(bounds) + 1`` lists."""
+    xs, out, lo = list(xs), [], 0
+    for b in bounds:
+        out.append(xs[lo:b])
+        lo = b
+    out.append(xs[lo:])
+    return out

@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas._src.jax_compat import AbstractRef, ShapedArray
+
 
 class MemorySpace(enum.Enum):
     """Backend-neutral memory spaces. Backends add their own (VMEM, SMEM, GMEM, ...)."""
@@ -37,8 +39,6 @@ def array_dtype(dtype: Any):
 
 
 def jax_shaped(shape, dtype):
-    from pallas._src.jax_compat import ShapedArray
-
     return ShapedArray(tuple(int(d) for d in shape), array_dtype(dtype))
 
 
@@ -68,8 +68,6 @@ class MemoryRef:
         return self.inner_aval.dtype
 
     def get_ref_aval(self):
-        from pallas._src.jax_compat import AbstractRef
-
         return AbstractRef(self.inner_aval, memory_space=self.memory_space)
 
 

@@ -28,7 +28,9 @@ from pallas._src.interpreter.evaluator import (
 from pallas._src.interpreter.modes import resolve_interpret
 from pallas._src.interpreter.rules import register_interpret_rule
 from pallas._src.memory import MemorySpace, as_memory_ref, is_buffer_type
+from pallas._src.pallas_call import pallas_call_with_axes
 from pallas._src.primitives.scoped import fresh_cell, operand_effects
+from pallas._src.registry.registry import backend_for_core_type
 
 
 class Mesh:
@@ -102,8 +104,6 @@ def mesh_backend(mesh: Any) -> str | None:
     core_type = getattr(mesh, "core_type", None)
     if core_type is None:
         return None
-    from pallas._src.registry.registry import backend_for_core_type
-
     return backend_for_core_type(core_type)
 
 
@@ -133,8 +133,6 @@ def kernel(body: Callable | Any = NOT_SPECIFIED, out_type: object = (), *, mesh:
                                 compiler_params=compiler_params, interpret=interpret,
                                 cost_estimate=cost_estimate, debug=debug, name=name,
                                 metadata=metadata)
-    from pallas._src.pallas_call import pallas_call_with_axes
-
     names, sizes = mesh_axes(mesh)
     # A mesh may say how the pallas_call running it is compiled (e.g. a TPU core mesh
     # marks its axis core-parallel, so that interpret modes run one core per point).

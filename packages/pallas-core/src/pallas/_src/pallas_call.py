@@ -20,20 +20,30 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas._src import block_spec as bs
-from pallas._src import captured, partitioning, ref_args
+from pallas._src import captured, config, partitioning, ref_args
 from pallas._src import jax_compat as jc
 from pallas._src.compiler_params import CompilerParams, FrozenParams
 from pallas._src.cost import CostEstimate
+from pallas._src.dynamic_grid import (
+    check_dynamic_grid_support,
+    check_dynamic_shapes_support,
+    grid_repr,
+)
+from pallas._src.emulation.call import lower_emulated
+from pallas._src.emulation.device import emulated_device
 from pallas._src.grid_spec import (
     GridMapping,
     GridSpec,
-    dynamic_grid_dim,
     keystr,
     resolve_grid_mapping,
     unzip_dynamic_grid,
 )
+from pallas._src.interpreter.grid_runner import Checks, error_vector_size, raise_if_error
+from pallas._src.interpreter.lowering import lower_with_interpreter
 from pallas._src.interpreter.modes import InterpretMode, resolve_interpret
 from pallas._src.memory import array_dtype
+from pallas._src.primitives.debug import debug_checks_requested
+from pallas._src.primitives.grid import tracing_grid
 from pallas._src.registry import artifacts, registry
 from pallas._src.registry.requests import KernelRequest, LoweringRequest
 
@@ -168,8 +178,6 @@ def trace_kernel(kernel: Callable, gm: GridMapping, in_tree_args, out_tree, scra
                 f"returns {_short(result)}; kernels write their results into the output refs."
             )
         return []
-
-    from pallas._src.primitives.grid import tracing_grid
 
     try:
         # Without shard_map's varying-axes typing inside the kernel (as upstream): a
@@ -367,8 +375,6 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
             grid_spec, body_tree, in_avals, out_tree, out_avals,
             dict(input_output_aliases), in_paths, out_paths, pf_tree,
         )
-        from pallas._src.primitives.debug import debug_checks_requested
-
         wants_checks = isinstance(interpret, InterpretParams) and bool(interpret.debug_checks)
         axes = []
         if grid_names is not None:
@@ -412,8 +418,6 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
             in_avals.append(a.update(weak_type=False) if hasattr(a, "update") else a)
         # Tracing is cached per operand types (and trace-time switches), so repeated
         # eager calls reuse one kernel jaxpr and hence one compiled executable.
-        from pallas._src import config
-
         key = (in_tree, tuple(in_avals), config.enable_debug_checks.value)
         cached = trace_cache.get(key)
         if cached is None:
@@ -429,7 +433,7 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
         if explicit is not None and not interpret:
             b = registry.get_backend(explicit)
             if gm.num_dynamic_grid_bounds:
-                _check_dynamic_grid_support(b, gm, kname)
+                check_dynamic_grid_support(b, gm, kname)
             b.artifact(KernelRequest(  # built (validated) once, kept for the lowering
                 jaxpr=jaxpr, grid_mapping=gm,
                 compiler_params=registry.resolve_compiler_params(b, compiler_params),
@@ -453,8 +457,6 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
             out_avals=tuple(out_avals),
         )
         if checks is not None and checks.any:
-            from pallas._src.interpreter.grid_runner import raise_if_error
-
             *outs, err = outs
             raise_if_error(jaxpr, gm, err)
         return jax.tree_util.tree_unflatten(out_tree, outs)
@@ -547,8 +549,6 @@ def _freeze_interpret(interpret):
 def _abstract_eval(*avals, out_avals, checks, grid_mapping, **params):
     if checks is None or not checks.any:
         return list(out_avals)
-    from pallas._src.interpreter.grid_runner import error_vector_size
-
     return [*out_avals, jc.ShapedArray((error_vector_size(grid_mapping),), jnp.int32)]
 
 
@@ -580,8 +580,6 @@ pallas_call_p.def_impl(_impl)
 
 
 def _checks_for(interpret):
-    from pallas._src.interpreter.grid_runner import Checks
-
     if _interpret_hook(interpret) is not None:
         return None  # a backend's interpret mode does its own checking
     base = Checks.from_config()
@@ -594,32 +592,6 @@ def _checks_for(interpret):
             vectorize=interpret.vectorize,
         )
     return base
-
-
-def lower_with_interpreter(ctx, *in_nodes, jaxpr, grid_mapping, checks=None):
-    """Lowers ``pallas_call`` to HLO that runs the reference interpreter.
-
-    With ``checks`` (a ``Checks``), the last result is the checks' error vector.
-    """
-    from pallas._src.interpreter.grid_runner import interpret_pallas_call
-
-    fun = functools.partial(interpret_pallas_call, jaxpr=jaxpr, grid_mapping=grid_mapping,
-                            checks=checks)
-    # The interpreter computes one device's (or one shard_map instance's) call: it is
-    # traced on plain avals, without the operands' shardings or varying manual axes.
-    plain_ctx = ctx.replace(avals_in=[_plain_aval(a) for a in ctx.avals_in],
-                            avals_out=[_plain_aval(a) for a in ctx.avals_out])
-    with jc.check_vma(False):  # (its kernel was traced without them: see trace_kernel)
-        outs = jc.mlir.lower_fun(fun, multiple_results=True)(plain_ctx, *in_nodes)
-    if plain_ctx.tokens_out is not None:  # ordered effects inside the kernel
-        ctx.set_tokens_out(plain_ctx.tokens_out)
-    return outs
-
-
-def _plain_aval(a):
-    if isinstance(a, jc.ShapedArray):
-        return jc.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type)
-    return a
 
 
 def _interpret_hook(interpret):
@@ -636,12 +608,12 @@ def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compi
             ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
             interpret=interpret, debug=debug, name=name, compiler_params=compiler_params,
             cost_estimate=cost_estimate, metadata=metadata, backend=backend,
-            out_avals=out_avals, checks=checks)
+            out_avals=out_avals, checks=checks, bind=_bind)
     if hook is not None:
         if grid_mapping.num_dynamic_grid_bounds and not interpret.supports_dynamic_grid:
             raise NotImplementedError(
                 f"pallas_call {name}: dynamic grid bounds not supported in "
-                f"{type(interpret).__name__} (grid {_grid_repr(grid_mapping)}); use "
+                f"{type(interpret).__name__} (grid {grid_repr(grid_mapping)}); use "
                 f"interpret=True (the core interpreter) or static grid sizes")
         return hook(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
                     compiler_params=compiler_params, name=name)
@@ -649,15 +621,11 @@ def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compi
         return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping,
                                       checks=checks)
     platforms = ctx.module_context.platforms
-    from pallas._src.emulation.device import emulated_device
-
     device = emulated_device()
 
     def rule_for(platform):
         if platform == "cpu" and device is not None:
             # An emulated device: the code generated for it, run on the host.
-            from pallas._src.emulation.call import lower_emulated
-
             return functools.partial(
                 lower_emulated, dev=device, jaxpr=jaxpr, grid_mapping=grid_mapping,
                 name=name, compiler_params=compiler_params, cost_estimate=cost_estimate,
@@ -667,8 +635,8 @@ def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compi
         def rule(ctx, *in_nodes):
             nb = grid_mapping.num_dynamic_grid_bounds
             if nb:
-                _check_dynamic_grid_support(b, grid_mapping, name)
-            _check_dynamic_shapes_support(b, grid_mapping, name)
+                check_dynamic_grid_support(b, grid_mapping, name)
+            check_dynamic_shapes_support(b, grid_mapping, name)
             request = LoweringRequest(
                 ctx=ctx, in_nodes=in_nodes[nb:], grid_bounds=tuple(in_nodes[:nb]),
                 jaxpr=jaxpr, grid_mapping=grid_mapping,
@@ -687,35 +655,14 @@ def _lowering(ctx, *in_nodes, jaxpr, grid_mapping, interpret, debug, name, compi
                                       jc.effects.no_effects, *in_nodes)
 
 
-def _grid_repr(gm) -> str:
-    return "(" + ", ".join("dynamic" if g is dynamic_grid_dim else str(g)
-                           for g in gm.grid) + ("," if len(gm.grid) == 1 else "") + ")"
+def _bind(args, params):
+    return pallas_call_p.bind(*args, **params)
 
 
-def _check_dynamic_grid_support(b, gm, name) -> None:
-    """A backend lowers grids with run-time sizes only if it claims ``dynamic_grid``."""
-    if "dynamic_grid" in b.capabilities or "*" in b.capabilities:
-        return
-    raise NotImplementedError(
-        f"dynamic grid bounds not supported in the {b.title} backend: pallas_call {name} "
-        f"has grid {_grid_repr(gm)}, whose dynamic sizes (traced values or symbolic "
-        f"dimensions) backend {b.name!r} does not lower. Use static grid sizes, or "
-        f"a backend that supports them (mosaic_tpu, or interpret=True)")
-
-
-def _check_dynamic_shapes_support(b, gm, name) -> None:
-    """A backend lowers symbolic shapes (``jax.export``) only if it claims
-    ``dynamic_shapes``."""
-    sym = [bm for bm in gm.block_mappings if bm.symbolic]
-    if not sym or {"dynamic_shapes", "*"} & set(b.capabilities):
-        return
-    bm = sym[0]
-    raise NotImplementedError(
-        f"dynamic shapes not supported in the {b.title} "
-        f"backend: pallas_call {name} operand {bm.origin} has symbolic dimensions (array "
-        f"{bm.array_aval.str_short()}, block {tuple(str(d) for d in bm.block_shape)}), "
-        f"which backend {b.name!r} does not lower. Export with concrete shapes, or use a "
-        f"backend that supports them (mosaic_tpu, or interpret=True)")
+def split_call(params, mesh, arg_shapes):
+    """What every device runs for one ``pallas_call_p`` (its equation's ``params``) whose
+    operands are sharded: see :func:`pallas._src.partitioning.split_call`."""
+    return partitioning.split_call(params, mesh, arg_shapes, bind=_bind)
 
 
 jc.mlir.register_lowering(pallas_call_p, _lowering)

@@ -58,8 +58,9 @@ def wants_partitioning(ctx, grid_mapping, checks) -> bool:
     return checks is None or not checks.any
 
 
-def lower_partitioned(ctx, *in_nodes, **params):
-    """Emits the call as a custom-partitioned one (``params``: ``pallas_call_p``'s)."""
+def lower_partitioned(ctx, *in_nodes, bind, **params):
+    """Emits the call as a custom-partitioned one (``params``: ``pallas_call_p``'s;
+    ``bind(args, params)`` binds it, as the devices' local calls do)."""
     gm, jaxpr = params["grid_mapping"], params["jaxpr"]
     rule = derive_rule(gm, jaxpr, params["compiler_params"])
     mode = config.sharding_gather_mode()
@@ -67,7 +68,7 @@ def lower_partitioned(ctx, *in_nodes, **params):
     n_ops = len(in_nodes)
 
     def call(*args):
-        return jc_bind(args, params)
+        return bind(args, params)
 
     def plan(mesh, arg_shapes, result_shapes):
         return _Plan.make(rule, gm, params["name"], mesh, arg_shapes, result_shapes, n_pf)
@@ -75,7 +76,7 @@ def lower_partitioned(ctx, *in_nodes, **params):
     def partition(mesh, arg_shapes, result_shape):
         p = plan(mesh, arg_shapes, result_shape)
         p.report(mode)
-        return mesh, p.local_fn(params, jaxpr), p.result_shardings(), p.arg_shardings()
+        return mesh, p.local_fn(params, jaxpr, bind), p.result_shardings(), p.arg_shardings()
 
     def infer(mesh, arg_shapes, result_shape):
         return plan(mesh, arg_shapes, None).result_shardings()
@@ -90,12 +91,6 @@ def lower_partitioned(ctx, *in_nodes, **params):
         return jc.mlir.lower_fun(lambda *a: cp(*a), multiple_results=True)(plain, *in_nodes)
     finally:
         _lowering_partitioned.reset(token)
-
-
-def jc_bind(args, params):
-    from pallas._src.pallas_call import pallas_call_p
-
-    return pallas_call_p.bind(*args, **params)
 
 
 def _plain(a):
@@ -239,7 +234,7 @@ class _Plan:
             raise ValueError(msg)
         warnings.warn(msg, ShardingGatherWarning, stacklevel=2)
 
-    def local_fn(self, params, jaxpr):
+    def local_fn(self, params, jaxpr, bind):
         """The function every device runs: the kernel on its local blocks with its part
         of the grid, ``program_id`` offset by its position along each split axis."""
         rule, gm = self.rule, self.gm
@@ -267,9 +262,9 @@ class _Plan:
 
         if not offset_axes:
             local_params = params_at(())
-            return lambda *args: jc_bind(args, local_params)
+            return lambda *args: bind(args, local_params)
         shard_ids = list(itertools.product(*(range(parts[a]) for a in offset_axes)))
-        branches = [lambda *args, p=params_at(ids): jc_bind(args, p) for ids in shard_ids]
+        branches = [lambda *args, p=params_at(ids): bind(args, p) for ids in shard_ids]
         axes = [self.axis_mesh[a] for a in offset_axes]
 
         def local(*args):
@@ -282,13 +277,14 @@ class _Plan:
 
 
 
-def split_call(params, mesh, arg_shapes):
+def split_call(params, mesh, arg_shapes, bind):
     """What every device runs for one ``pallas_call_p`` (its equation's ``params``) whose
     operands (``arg_shapes``, with NamedShardings on ``mesh``) are sharded: the
     per-device function and the operand and result shardings it takes and gives, as
     the partition callback returns them (for inspecting a backend's per-device
-    lowering, e.g. inside ``shard_map`` for another platform)."""
+    lowering, e.g. inside ``shard_map`` for another platform); ``bind(args, params)``
+    binds ``pallas_call_p`` (:func:`pallas._src.pallas_call.split_call` passes it)."""
     gm, jaxpr = params["grid_mapping"], params["jaxpr"]
     rule = derive_rule(gm, jaxpr, params["compiler_params"])
     p = _Plan.make(rule, gm, params["name"], mesh, arg_shapes, None, gm.num_scalar_prefetch)
-    return p.local_fn(params, jaxpr), p.arg_shardings(), p.result_shardings()
+    return p.local_fn(params, jaxpr, bind), p.arg_shardings(), p.result_shardings()

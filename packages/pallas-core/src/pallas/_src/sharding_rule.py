@@ -17,6 +17,7 @@ from pallas._src import block_spec as bs
 from pallas._src import jax_compat as jc
 from pallas._src.jaxpr_util import contains
 from pallas._src.primitives.grid import num_programs_p, program_id_p
+from pallas._src.transforms.grid_axes import grid_axis_param_rules
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,8 +87,6 @@ def _dim_outputs(bm) -> list[int | None]:
 def _reads(jaxpr, gm) -> tuple[frozenset[int], dict[int, str]]:
     """Grid axes the kernel reads by position (and those read by a backend primitive,
     which cannot be offset)."""
-    from pallas._src.transforms.grid_axes import grid_axis_param_rules
-
     names = tuple(gm.grid_names or ())
     reads: set[int] = set()
     opaque: dict[int, str] = {}
@@ -210,4 +209,3 @@ def derive_rule(gm, jaxpr, compiler_params) -> PartitionRule:
         grid=grid, origins=tuple(bm.origin for bm in bms), num_inputs=n_in,
         dims=tuple(dims), dim_reasons=tuple(dim_reasons), splittable=splittable,
         axis_reasons=axis_reasons, reads_index=reads)
-

@@ -11,6 +11,7 @@ import numpy as np
 from pallas._src import jax_compat as jc
 from pallas._src.dynamic_grid import dynamic_shapes_export
 from pallas._src.memory import uninitialized_value
+from pallas._src.primitives.control import when
 
 
 def cdiv(a, b):
@@ -113,8 +114,6 @@ class SelectedRef:
     def dispatch(self, fn) -> None:
         """Calls ``fn(option)`` for the option the index picks: under ``pl.when(index ==
         k)`` for each option but the last, and for the last under its complement."""
-        from pallas._src.primitives.control import when
-
         last = len(self.options) - 1
         for k, ref in enumerate(self.options[:-1]):
             when(self.index == k)(lambda ref=ref: fn(ref))

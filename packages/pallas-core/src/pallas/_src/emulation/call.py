@@ -35,7 +35,9 @@ import numpy as np
 
 from pallas._src import config
 from pallas._src import jax_compat as jc
+from pallas._src.dynamic_grid import check_dynamic_grid_support, check_dynamic_shapes_support
 from pallas._src.emulation.device import EmulatedDevice
+from pallas._src.interpreter.lowering import lower_with_interpreter
 from pallas._src.registry import registry
 from pallas._src.registry.artifacts import cached_artifact
 from pallas._src.registry.backend import LevelUnsupportedError
@@ -249,15 +251,10 @@ def lower_emulated(ctx, *in_nodes, dev: EmulatedDevice, jaxpr, grid_mapping, nam
                    debug=False):
     """Lowers one ``pallas_call`` for ``cpu`` as a host callback running the code
     generated for ``dev``."""
-    from pallas._src.pallas_call import (
-        _check_dynamic_grid_support,
-        _check_dynamic_shapes_support,
-    )
-
     b = backend_for(dev, backend, compiler_params)
     if grid_mapping.num_dynamic_grid_bounds:
-        _check_dynamic_grid_support(b, grid_mapping, name)
-    _check_dynamic_shapes_support(b, grid_mapping, name)
+        check_dynamic_grid_support(b, grid_mapping, name)
+    check_dynamic_shapes_support(b, grid_mapping, name)
     if "emulate" not in b.levels:
         raise EmulationError(
             f"pallas_call {name} on the emulated device {dev}: backend {b.name!r} has no "
@@ -272,8 +269,6 @@ def lower_emulated(ctx, *in_nodes, dev: EmulatedDevice, jaxpr, grid_mapping, nam
     request = dataclasses.replace(request, artifact=cached_artifact(b, request))
     kernel = prepare(dev, b, request)
     if kernel.run is None:
-        from pallas._src.pallas_call import lower_with_interpreter
-
         return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping)
     out_types = [(tuple(a.shape), np.dtype(a.dtype)) for a in out_avals]
 

@@ -23,6 +23,7 @@ from pallas._src.fuser.registry import (
     register_usage_rule,
 )
 from pallas._src.fuser.tracing import in_kernel_trace, split
+from pallas._src.fuser.transforms import no_block_index_transform
 from pallas._src.fuser.usage import compute_usage
 
 custom_fusion_p = jc.Primitive("custom_fusion")
@@ -144,8 +145,6 @@ def _eval_rule(ctx, *args, eval_rule, num_consts, pallas_num_consts, **params):
 def _pull_rule(ctx, out_transforms, *, pull_block_spec_rule, num_consts, pallas_num_consts,
                **params):
     del ctx, params
-    from pallas._src.fuser.transforms import no_block_index_transform
-
     ins = list(pull_block_spec_rule(tuple(out_transforms)))
     return [no_block_index_transform] * (num_consts + pallas_num_consts) + ins
 

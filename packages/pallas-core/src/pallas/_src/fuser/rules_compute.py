@@ -20,6 +20,7 @@ from pallas._src.fuser.registry import (
     register_usage_rule,
 )
 from pallas._src.fuser.usage import Usage
+from pallas._src.memory import MemorySpace
 
 REDUCTIONS = {
     lax.reduce_sum_p: lax.reduce_sum_p, lax.reduce_max_p: lax.reduce_max_p,
@@ -148,8 +149,6 @@ def _dot_general_push_rule(ctx, lhs_spec, rhs_spec, **params):
 
 
 def _key_transform():
-    from pallas._src.memory import MemorySpace
-
     return tf.BlockIndexTransform(None, memory_space=MemorySpace.KEY)
 
 

@@ -7,6 +7,7 @@ import itertools
 import jax
 
 from pallas._src import jax_compat as jc
+from pallas._src.primitives.grid import _tracing_grid
 
 
 def abstractify(x):
@@ -38,8 +39,6 @@ def split(seq, sizes):
 
 def in_kernel_trace() -> bool:
     """Whether a Pallas kernel body is being traced right now (inside ``pallas_call``)."""
-    from pallas._src.primitives.grid import _tracing_grid
-
     return _tracing_grid.get() is not None
 
 

@@ -17,6 +17,7 @@ from pallas._src import block_spec as bs
 from pallas._src import jax_compat as jc
 from pallas._src.interpreter.blocks import block_indices_np
 from pallas._src.jaxpr_util import eqn_sub_jaxprs
+from pallas._src.primitives.grid import num_programs_p, program_id_p
 
 # Index tables are kept *compact*: shape (*grid', outputs) where grid'[a] is grid[a] for
 # the axes the index map reads and 1 for the others, so a table broadcasts against the
@@ -271,8 +272,6 @@ def _refs_live_in(jaxpr, refs, known_ids, grid) -> bool:
     tracked = {v: i for i, v in enumerate(refs)}
     if not tracked:
         return False
-    from pallas._src.primitives.grid import num_programs_p, program_id_p
-
     known: dict = {}
     live = _Liveness(known)
     orig_fold = live.fold
@@ -299,8 +298,6 @@ def trip_count_axes(kernel_jaxpr) -> set[int]:
     Vectorising such an axis runs every lane for the longest trip (a causal attention
     kernel would do twice the work), so the interpreter loops over it instead.
     """
-    from pallas._src.primitives.grid import program_id_p
-
     axes: set[int] = set()
 
     def walk(jaxpr, taint: dict):

@@ -30,8 +30,11 @@ from pallas._src.interpreter import analysis
 from pallas._src.interpreter import blocks as B
 from pallas._src.interpreter import prng as _prng_rules  # noqa: F401 (registers its rules)
 from pallas._src.interpreter.evaluator import Cell, ErrorTable, KernelContext, eval_jaxpr
+from pallas._src.interpreter.rules import interpret_schedules
 from pallas._src.memory import is_semaphore_space, uninitialized_value
+from pallas._src.primitives.debug import kernel_debug_effect
 from pallas._src.primitives.scoped import fresh_cell
+from pallas._src.registry.registry import ensure_discovered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +64,6 @@ class InterpreterError(RuntimeError):
 
 
 def _has_ordered_effects(jaxpr) -> bool:
-    from pallas._src.primitives.debug import kernel_debug_effect
-
     return kernel_debug_effect in jaxpr.effects or any(
         "Debug" in type(e).__name__ or "Ordered" in type(e).__name__ for e in jaxpr.effects
     )
@@ -552,8 +553,6 @@ def _tiled_scatter(bm, pads, start_table, lane_blocks, buf, lanes, grid):
 
 def _own_schedule(args, jaxpr, gm, checks: Checks):
     """The outputs when a registered schedule runs the kernel itself, else None."""
-    from pallas._src.interpreter.rules import interpret_schedules
-
     table = error_table_for(jaxpr, gm) if checks.any else None
     for schedule in interpret_schedules:
         res = schedule(list(args), jaxpr=jaxpr, grid_mapping=gm, checks=checks, errors=table)
@@ -567,8 +566,6 @@ def interpret_pallas_call(*args, jaxpr, grid_mapping, checks: Checks | None = No
 
     With checks on, the last output is the error vector (see :func:`decode_error`).
     """
-    from pallas._src.registry.registry import ensure_discovered
-
     ensure_discovered()  # backends' interpreter rules for their own primitives
     gm = grid_mapping
     checks = Checks() if checks is None else checks

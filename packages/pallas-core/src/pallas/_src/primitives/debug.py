@@ -98,3 +98,16 @@ delay_p.def_effectful_abstract_eval(lambda n: ([], {kernel_debug_effect}))
 @register_interpret_rule(delay_p)
 def _delay_rule(ctx, eqn, invals):
     return []
+
+
+def _primal_only_jvp(prim):
+    """The JVP of an effect without results (prints, checks): it sees the primals only."""
+
+    def jvp(primals, tangents, **params):
+        return prim.bind(*primals, **params), []
+
+    return jvp
+
+
+for _p in (debug_print_p, debug_check_p, delay_p):
+    jc.primitive_jvps[_p] = _primal_only_jvp(_p)

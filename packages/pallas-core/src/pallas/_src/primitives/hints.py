@@ -24,3 +24,10 @@ multiple_of_p.def_impl(lambda x, *, values: x)
 @register_interpret_rule(multiple_of_p)
 def _multiple_of_rule(ctx, eqn, invals):
     return [invals[0]]
+
+
+def _multiple_of_jvp(primals, tangents, *, values):
+    return multiple_of_p.bind(primals[0], values=values), tangents[0]
+
+
+jc.primitive_jvps[multiple_of_p] = _multiple_of_jvp

@@ -216,3 +216,128 @@ def _swap_rule(ctx, eqn, invals):
     # A partial exchange: masked-off lanes keep the ref's contents and hand ``val``
     # back unchanged, as upstream's discharge does.
     return [jnp.where(mask, old, val)]
+
+
+# JVPs: a load or store of the tangent ref beside the primal one.
+
+
+def _masked_load_jvp(primals, tangents, **params):
+    has_other = params["has_other"]
+    ref, *rest = primals
+    tref = tangents[0]
+    out = load_p.bind(ref, *rest, **params)
+    t_aval = jax.typeof(out).to_tangent_aval()
+    if type(tref) is jc.Zero:
+        return out, jc.Zero(t_aval)
+    trest = list(rest)
+    if has_other:
+        trest[-1] = jc.instantiate_zeros(tangents[-1])
+    tout = load_p.bind(tref, *trest, **params)
+    return out, tout
+
+
+def _masked_swap_jvp(primals, tangents, **params):
+    ref, val, *rest = primals
+    tref, tval = tangents[0], tangents[1]
+    out = swap_p.bind(ref, val, *rest, **params)
+    t_aval = jax.typeof(out).to_tangent_aval()
+    if type(tref) is jc.Zero and type(tval) is jc.Zero:
+        return out, jc.Zero(t_aval)
+    if type(tref) is jc.Zero:
+        raise ValueError(
+            "A differentiated value is stored into a kernel ref that has no tangent "
+            f"({jax.typeof(ref).str_short()})."
+        )
+    tout = swap_p.bind(tref, jc.instantiate_zeros(tval), *rest, **params)
+    return out, tout
+
+
+jc.primitive_jvps[load_p] = _masked_load_jvp
+jc.primitive_jvps[swap_p] = _masked_swap_jvp
+
+
+# Transposes (``fancy_transposes``).
+#
+# Transposes of the masked ref accesses (``pl.load``/``pl.store`` with ``mask``).
+#
+# Reverse mode as kernels (:mod:`pallas._src.transforms.backward`) transposes a kernel
+# body with JAX's ``backward_pass3``, which looks up ``fancy_transposes`` for primitives
+# that touch refs. JAX has them for ``get``/``swap``/``addupdate``; these are the ones for
+# pallas-core's ``masked_load``/``masked_swap``. The cotangent buffers they update are
+# refs of the backward kernel, so every rule is itself a (masked) load and store that any
+# backend lowers.
+#
+# - ``y = load(x_ref, idx, mask, other)``: ``y`` is ``x_ref[idx]`` where ``mask`` and
+#   ``other`` elsewhere; its transpose adds ``ct_y`` into ``ct_x_ref[idx]`` where ``mask``
+#   (a masked read-modify-write, so masked-off positions past an array edge are never
+#   touched), and gives ``other`` the cotangent ``where(mask, 0, ct_y)``.
+# - ``old = swap(x_ref, idx, val, mask)``: ``val`` gets ``ct_x_ref[idx]`` where ``mask``,
+#   and those positions of ``ct_x_ref`` become zero (the old contents were overwritten).
+#   A masked swap whose result (the old contents) is itself differentiated is refused
+#   (the cotangent would have to be added at masked-off positions, which may lie past
+#   the array's edge); the caller falls back to XLA.
+
+
+def _accum_ref(x):
+    """The kernel ref a cotangent accumulator writes to, or None for a primal ref."""
+    if isinstance(x, jc.ad.GradAccum):
+        return x.inst().ref
+    return None
+
+
+def _split_operands(rest, tree, n_extra):
+    n = tree.num_leaves
+    return list(rest[:n]), list(rest[n : n + n_extra])
+
+
+def _masked_add(ref, idx, tree, g, mask):
+    """``ref[idx] += g`` where ``mask`` (all positions when ``mask`` is None)."""
+    extra = [] if mask is None else [mask]
+    cur = load_p.bind(ref, *idx, *extra, tree=tree, has_mask=mask is not None,
+                                 has_other=False, cache_modifier=None,
+                                 eviction_policy=None, is_volatile=False)
+    swap_p.bind(ref, cur + g, *idx, *extra, tree=tree,
+                           has_mask=mask is not None, eviction_policy=None)
+
+
+def _masked_load_transpose(g, ref_, *rest, tree, has_mask, has_other, **hints):
+    if type(g) is jc.Zero:
+        return
+    idx, extra = _split_operands(rest, tree, int(has_mask) + int(has_other))
+    mask = extra[0] if has_mask else None
+    other = extra[-1] if has_other else None
+    ref = _accum_ref(ref_)
+    if ref is not None:
+        _masked_add(ref, idx, tree, g, mask)
+    if isinstance(other, jc.ad.GradAccum):
+        other.accum(g if mask is None else jnp.where(mask, jnp.zeros_like(g), g))
+
+
+def _masked_swap_transpose(g, ref_, val, *rest, tree, has_mask, **hints):
+    idx, extra = _split_operands(rest, tree, int(has_mask))
+    mask = extra[0] if has_mask else None
+    ref = _accum_ref(ref_)
+    if ref is None:
+        if isinstance(val, jc.ad.GradAccum):
+            raise NotImplementedError(
+                "a differentiated value is stored into a ref that has no cotangent")
+        return
+    if mask is not None and type(g) is not jc.Zero:
+        raise NotImplementedError(
+            "the old contents returned by a masked pl.swap are differentiated")
+    g = None if type(g) is jc.Zero else g
+    m = [] if mask is None else [mask]
+    ct_val = load_p.bind(ref, *idx, *m, tree=tree, has_mask=mask is not None,
+                                    has_other=False, cache_modifier=None,
+                                    eviction_policy=None, is_volatile=False)
+    if mask is not None:
+        ct_val = jnp.where(mask, ct_val, jnp.zeros_like(ct_val))
+    new = jnp.zeros_like(ct_val) if g is None else g
+    swap_p.bind(ref, new, *idx, *m, tree=tree, has_mask=mask is not None,
+                           eviction_policy=None)
+    if isinstance(val, jc.ad.GradAccum):
+        val.accum(ct_val)
+
+
+jc.ad.fancy_transposes[load_p] = _masked_load_transpose
+jc.ad.fancy_transposes[swap_p] = _masked_swap_transpose

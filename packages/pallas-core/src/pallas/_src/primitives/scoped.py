@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from pallas._src import jax_compat as jc
 from pallas._src.interpreter.evaluator import Cell, eval_jaxpr
 from pallas._src.interpreter.rules import register_interpret_rule
+from pallas._src.jaxpr_util import split_list
 from pallas._src.memory import (
     MemoryRef,
     as_memory_ref,
@@ -167,3 +168,39 @@ def _new_ref_rule(ctx, eqn, invals):
 @register_interpret_rule(jc.free_ref_p)
 def _free_ref_rule(ctx, eqn, invals):
     return []
+
+
+def _run_scoped_jvp(primals, tangents, *, jaxpr, types, num_consts, collective_axes):
+    """``run_scoped`` over primal and tangent buffers (floating buffers get tangents)."""
+    nz_consts = [type(t) is not jc.Zero for t in tangents]
+    nz_scoped = [jnp.issubdtype(t.inner_aval.dtype, jnp.inexact) for t in types]
+    jvp, out_nz = jc.jvp_jaxpr(jc.ClosedJaxpr(jaxpr, ()), [*nz_consts, *nz_scoped],
+                               instantiate=False)
+    avals = [v.aval for v in jvp.jaxpr.invars]
+    n_p = len(nz_consts) + len(nz_scoped)
+    c_avals, s_avals = avals[:num_consts], avals[num_consts:n_p]
+    n_tc = sum(nz_consts)
+    tc_avals, ts_avals = avals[n_p : n_p + n_tc], avals[n_p + n_tc :]
+    bounds = [num_consts, num_consts + n_tc, num_consts + n_tc + len(s_avals)]
+
+    def body(*args):
+        c, tc, sc, ts = split_list(args, bounds)
+        return jc.core.eval_jaxpr(jvp.jaxpr, jvp.consts, *c, *sc, *tc, *ts)
+
+    new_jaxpr, _, consts = jc.trace_kernel_to_jaxpr(
+        body, [*c_avals, *tc_avals, *s_avals, *ts_avals], "run_scoped jvp body")
+    new_jaxpr = jc.convert_constvars_jaxpr(new_jaxpr)
+    t_types = tuple(t for t, nz in zip(types, nz_scoped) if nz)
+    t_consts = [t for t in tangents if type(t) is not jc.Zero]
+    outs = run_scoped_p.bind(*consts, *primals, *t_consts, jaxpr=new_jaxpr,
+                             types=(*types, *t_types),
+                             num_consts=len(consts) + num_consts + n_tc,
+                             collective_axes=collective_axes)
+    n_out = len(out_nz)
+    p_out, t_it = outs[:n_out], iter(outs[n_out:])
+    t_out = [next(t_it) if nz else jc.Zero(jax.typeof(p).to_tangent_aval())
+             for p, nz in zip(p_out, out_nz)]
+    return list(p_out), t_out
+
+
+jc.primitive_jvps[run_scoped_p] = _run_scoped_jvp

@@ -7,6 +7,7 @@ the same discovery as every other backend.
 from __future__ import annotations
 
 from pallas.__about__ import __version__
+from pallas._src.interpreter.lowering import lower_with_interpreter
 from pallas._src.registry.backend import Backend
 from pallas._src.registry.hookspecs import hookimpl
 from pallas._src.registry.requests import LoweringRequest
@@ -16,8 +17,6 @@ class InterpretBackend(Backend):
     """Lowers ``pallas_call`` to plain HLO that interprets the kernel."""
 
     def lower(self, request: LoweringRequest):
-        from pallas._src.pallas_call import lower_with_interpreter
-
         return lower_with_interpreter(request.ctx, *request.grid_bounds, *request.in_nodes,
                                       jaxpr=request.jaxpr, grid_mapping=request.grid_mapping)
 

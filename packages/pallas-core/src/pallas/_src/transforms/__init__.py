@@ -1,10 +1,6 @@
 """Transformation rules of ``pallas_call_p``: vmap, jvp, linearize/transpose, effects.
 
 Each module registers its rules with JAX when imported; ``pallas/__init__.py`` imports
-them all (see :func:`register_all`).
+them all (``ad``, ``batching``, ``effects``). The JVP and transpose rules of the
+kernel-side primitives are beside their definitions, in ``pallas._src.primitives``.
 """
-
-
-def register_all() -> None:
-    """Imports every transformation module, which registers its rules."""
-    from pallas._src.transforms import ad, batching, effects, ref_transposes  # noqa: F401

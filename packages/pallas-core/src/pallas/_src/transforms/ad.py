@@ -34,103 +34,19 @@ import jax
 import jax.numpy as jnp
 
 from pallas._src import jax_compat as jc
+from pallas._src.config import grad_fallback_mode
 from pallas._src.dynamic_grid import refuse_dynamic_grid
+from pallas._src.interpreter.grid_runner import interpret_pallas_call
+from pallas._src.jaxpr_util import split_list
 from pallas._src.pallas_call import pallas_call_p
-from pallas._src.primitives import debug, load_store
-from pallas._src.primitives.hints import multiple_of_p
-from pallas._src.primitives.scoped import run_scoped_p
+from pallas._src.transforms import backward
+from pallas._src.transforms.backward_common import JvpLayout
+from pallas._src.transforms.backward_pruning import NotKernelizable
+from pallas._src.transforms.effects import call_effects
+from pallas._src.transforms.kernel_facts import is_interpreted, written_refs
 
-# ------------------------------------------------------------------------------------
-# JVP rules of the kernel-side primitives that the kernel jaxpr may contain.
-
-
-def _masked_load_jvp(primals, tangents, **params):
-    has_other = params["has_other"]
-    ref, *rest = primals
-    tref = tangents[0]
-    out = load_store.load_p.bind(ref, *rest, **params)
-    t_aval = jax.typeof(out).to_tangent_aval()
-    if type(tref) is jc.Zero:
-        return out, jc.Zero(t_aval)
-    trest = list(rest)
-    if has_other:
-        trest[-1] = jc.instantiate_zeros(tangents[-1])
-    tout = load_store.load_p.bind(tref, *trest, **params)
-    return out, tout
-
-
-def _masked_swap_jvp(primals, tangents, **params):
-    ref, val, *rest = primals
-    tref, tval = tangents[0], tangents[1]
-    out = load_store.swap_p.bind(ref, val, *rest, **params)
-    t_aval = jax.typeof(out).to_tangent_aval()
-    if type(tref) is jc.Zero and type(tval) is jc.Zero:
-        return out, jc.Zero(t_aval)
-    if type(tref) is jc.Zero:
-        raise ValueError(
-            "A differentiated value is stored into a kernel ref that has no tangent "
-            f"({jax.typeof(ref).str_short()})."
-        )
-    tout = load_store.swap_p.bind(tref, jc.instantiate_zeros(tval), *rest, **params)
-    return out, tout
-
-
-def _multiple_of_jvp(primals, tangents, *, values):
-    return multiple_of_p.bind(primals[0], values=values), tangents[0]
-
-
-jc.primitive_jvps[load_store.load_p] = _masked_load_jvp
-jc.primitive_jvps[load_store.swap_p] = _masked_swap_jvp
-jc.primitive_jvps[multiple_of_p] = _multiple_of_jvp
-
-
-def _primal_only_jvp(prim):
-    """The JVP of an effect without results (prints, checks): it sees the primals only."""
-
-    def jvp(primals, tangents, **params):
-        return prim.bind(*primals, **params), []
-
-    return jvp
-
-
-for _p in (debug.debug_print_p, debug.debug_check_p, debug.delay_p):
-    jc.primitive_jvps[_p] = _primal_only_jvp(_p)
-
-
-def _run_scoped_jvp(primals, tangents, *, jaxpr, types, num_consts, collective_axes):
-    """``run_scoped`` over primal and tangent buffers (floating buffers get tangents)."""
-    nz_consts = [type(t) is not jc.Zero for t in tangents]
-    nz_scoped = [_differentiable(t.inner_aval) for t in types]
-    jvp, out_nz = jc.jvp_jaxpr(jc.ClosedJaxpr(jaxpr, ()), [*nz_consts, *nz_scoped],
-                               instantiate=False)
-    avals = [v.aval for v in jvp.jaxpr.invars]
-    n_p = len(nz_consts) + len(nz_scoped)
-    c_avals, s_avals = avals[:num_consts], avals[num_consts:n_p]
-    n_tc = sum(nz_consts)
-    tc_avals, ts_avals = avals[n_p : n_p + n_tc], avals[n_p + n_tc :]
-    bounds = [num_consts, num_consts + n_tc, num_consts + n_tc + len(s_avals)]
-
-    def body(*args):
-        c, tc, sc, ts = _split(args, bounds)
-        return jc.core.eval_jaxpr(jvp.jaxpr, jvp.consts, *c, *sc, *tc, *ts)
-
-    new_jaxpr, _, consts = jc.trace_kernel_to_jaxpr(
-        body, [*c_avals, *tc_avals, *s_avals, *ts_avals], "run_scoped jvp body")
-    new_jaxpr = jc.convert_constvars_jaxpr(new_jaxpr)
-    t_types = tuple(t for t, nz in zip(types, nz_scoped) if nz)
-    t_consts = [t for t in tangents if type(t) is not jc.Zero]
-    outs = run_scoped_p.bind(*consts, *primals, *t_consts, jaxpr=new_jaxpr,
-                             types=(*types, *t_types),
-                             num_consts=len(consts) + num_consts + n_tc,
-                             collective_axes=collective_axes)
-    n_out = len(out_nz)
-    p_out, t_it = outs[:n_out], iter(outs[n_out:])
-    t_out = [next(t_it) if nz else jc.Zero(jax.typeof(p).to_tangent_aval())
-             for p, nz in zip(p_out, out_nz)]
-    return list(p_out), t_out
-
-
-jc.primitive_jvps[run_scoped_p] = _run_scoped_jvp
+# (The JVP rules of the kernel-side primitives a kernel jaxpr may contain are beside
+# their definitions, in ``pallas._src.primitives``.)
 
 
 # ------------------------------------------------------------------------------------
@@ -163,18 +79,6 @@ class JvpCall:
 _jvp_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _write_refs(jaxpr) -> set[int]:
-    """Indices of the kernel invars that the kernel writes (or accumulates into)."""
-    pos = {v: k for k, v in enumerate(jaxpr.invars)}
-    out = set()
-    for e in jaxpr.effects:
-        if isinstance(e, (jc.WriteEffect, jc.AccumEffect)):
-            k = e.input if isinstance(e.input, int) else pos.get(e.input)
-            if k is not None:
-                out.add(k)
-    return out
-
-
 def jvp_call(jaxpr, gm, nz_in, out_avals) -> JvpCall:
     """The JVP call of a ``pallas_call`` whose inputs have tangents where ``nz_in``."""
     key = (tuple(nz_in), tuple(out_avals))
@@ -200,7 +104,7 @@ def _build_jvp_call(jaxpr, gm, nz_in, out_avals) -> JvpCall:
     for i, o in gm.input_output_aliases:
         if i >= nsp and tout[o] and _differentiable(in_bms[i - nsp].array_aval):
             tin[i - nsp] = True  # the tangent output starts as the input's tangent
-    written = _write_refs(jaxpr.jaxpr)
+    written = written_refs(jaxpr.jaxpr)
     for k in range(nin):
         if nsp + k in written and _differentiable(in_bms[k].array_aval):
             tin[k] = True  # a kernel that writes into an input ref needs its tangent
@@ -212,14 +116,14 @@ def _build_jvp_call(jaxpr, gm, nz_in, out_avals) -> JvpCall:
     primal_avals, tangent_avals = jvp_avals[:n_primal], jvp_avals[n_primal:]
     n_tin, n_tout = sum(tin), sum(tout)
     bounds = [nsp, nsp + nin, nsp + nin + nout]
-    p_pf, p_in, p_out, p_scr = _split(primal_avals, bounds)
-    t_in, t_out, t_scr = _split(tangent_avals, [n_tin, n_tin + n_tout])
+    p_pf, p_in, p_out, p_scr = split_list(primal_avals, bounds)
+    t_in, t_out, t_scr = split_list(tangent_avals, [n_tin, n_tin + n_tout])
     new_avals = [*p_pf, *p_in, *t_in, *p_out, *t_out, *p_scr, *t_scr]
     nb = [len(p_pf), len(p_in), len(t_in), len(p_out), len(t_out), len(p_scr)]
     new_bounds = [sum(nb[: k + 1]) for k in range(len(nb))]
 
     def kernel(*refs):
-        pf, ins, tins, outs, touts, scr, tscr = _split(refs, new_bounds)
+        pf, ins, tins, outs, touts, scr, tscr = split_list(refs, new_bounds)
         jc.core.eval_jaxpr(jvp.jaxpr, jvp.consts, *pf, *ins, *outs, *scr, *tins, *touts,
                            *tscr)
         return []
@@ -257,16 +161,6 @@ def _build_jvp_call(jaxpr, gm, nz_in, out_avals) -> JvpCall:
                    for a, t in zip(out_avals, tout) if t]
     return JvpCall(new_closed, new_gm, tuple(tin), tuple(tout), tuple(tscratch),
                    (*out_avals, *t_out_avals))
-
-
-def _split(xs, bounds):
-    xs = list(xs)
-    out, lo = [], 0
-    for b in bounds:
-        out.append(xs[lo:b])
-        lo = b
-    out.append(xs[lo:])
-    return out
 
 
 def _positions(mask):
@@ -334,21 +228,6 @@ jc.primitive_jvps[pallas_call_p] = _jvp_rule
 # Linearization (what jax.grad / jax.vjp / jax.linearize use) and transposition.
 
 
-def _is_interpreted(params) -> bool:
-    """Whether the call runs in the interpreter: ``interpret=True``, or the backend chosen
-    for the default platform is the built-in ``interpret`` backend (e.g. on CPU)."""
-    if params["interpret"]:
-        return True
-    from pallas._src.registry import registry
-
-    try:
-        b = registry.select_backend(jax.default_backend(), params["backend"],
-                                    params["compiler_params"])
-    except Exception:  # noqa: BLE001 - no backend: not interpreted
-        return False
-    return b.name == "interpret"
-
-
 class GradFallbackWarning(UserWarning):
     """The backward pass of a compiled ``pallas_call`` runs as XLA ops, not as kernels."""
 
@@ -360,9 +239,7 @@ _warned: set[str] = set()
 def _xla_fallback(params, why: str) -> None:
     """Allows, warns about or refuses (see ``pl.grad_fallback``) running the backward pass
     of a compiled call as the XLA expansion of its interpreter semantics."""
-    from pallas._src.config import grad_fallback_mode
-
-    if _is_interpreted(params):
+    if is_interpreted(params):
         return  # the interpreter's expansion is the call itself: nothing falls back
     mode = grad_fallback_mode()
     where = (f"the backward pass of pallas_call {params['name']!r} cannot be emitted as "
@@ -414,8 +291,6 @@ def _transpose_values(*vals, lin, **params):
 
     ``vals`` are the non-linear operands followed by one cotangent per output.
     """
-    from pallas._src.interpreter.grid_runner import interpret_pallas_call
-
     jaxpr, gm = params["jaxpr"], params["grid_mapping"]
     n_known = len(lin) - sum(lin)
     known_vals, cts = vals[:n_known], vals[n_known:]
@@ -471,15 +346,13 @@ def _transpose_as_kernels(cts, args, params):
     """The cotangents of the linear operands computed by backward ``pallas_call``s of
     the call's backend, or ``None`` after announcing the XLA fallback (see
     :mod:`pallas._src.transforms.backward`)."""
-    from pallas._src.transforms import backward
-
     gm = params["grid_mapping"]
     origin = _jvp_origins.get(gm)
     try:
         if origin is None:
-            raise backward.NotKernelizable("it is not the JVP call of a kernel")
+            raise NotKernelizable("it is not the JVP call of a kernel")
         pgm = origin.params["grid_mapping"]
-        layout = backward.JvpLayout(
+        layout = JvpLayout(
             n_prefetch=gm.num_scalar_prefetch, n_primal_in=pgm.num_inputs,
             n_tangent_in=gm.num_inputs - pgm.num_inputs, n_primal_out=origin.n_out,
             n_tangent_out=gm.num_outputs - origin.n_out, n_scratch=pgm.num_scratch,
@@ -487,9 +360,9 @@ def _transpose_as_kernels(cts, args, params):
         lin = [jc.is_undefined_primal(a) for a in args]
         n_known = layout.n_prefetch + layout.n_primal_in
         if lin != [False] * n_known + [True] * (len(args) - n_known):
-            raise backward.NotKernelizable("a primal operand is itself linear")
+            raise NotKernelizable("a primal operand is itself linear")
         return backward.transpose_as_kernels(cts, args, params, layout, origin.params)
-    except backward.NotKernelizable as e:
+    except NotKernelizable as e:
         _xla_fallback(params, str(e))
         return None
 
@@ -582,8 +455,6 @@ def _partial_eval_custom_rule(saveable, unks_in, inst_in, eqn):
         if eqn.effects or not isinstance(policy, jc.pe.RecomputeType):
             return eqn, None, [False] * n, [False] * n, []
         return eqn, eqn, [False] * n, [True] * n, res
-    from pallas._src.transforms.effects import call_effects
-
     k, m = origin.n_in, origin.n_out
     known_eqn = eqn.replace(invars=eqn.invars[:k], outvars=eqn.outvars[:m],
                             params=origin.params,

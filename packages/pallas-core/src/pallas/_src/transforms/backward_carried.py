@@ -41,11 +41,12 @@ from pallas._src import block_spec as bs
 from pallas._src import jax_compat as jc
 from pallas._src.grid_spec import resolve_block_mapping
 from pallas._src.interpreter.analysis import ref_live_in
+from pallas._src.jaxpr_util import split_list
 from pallas._src.memory import MemoryRef
 from pallas._src.pallas_call import pallas_call_p
 from pallas._src.primitives import control
 from pallas._src.primitives.grid import program_id
-from pallas._src.transforms import backward as bw
+from pallas._src.transforms import backward_common as bc
 from pallas._src.transforms.backward_pruning import NotKernelizable, prune_refs
 from pallas._src.transforms.backward_replay import hoist_primal_stores, zeros_for_empty
 from pallas._src.transforms.grid_axes import remap_grid_axes, reverse_program_ids
@@ -77,12 +78,12 @@ def analyse(closed, L, gm) -> CarriedState | None:
     first_scr = first_tout + L.n_tangent_out
     first_tscr = first_scr + L.n_scratch
     tout_bms = gm.out_block_mappings[L.n_primal_out:]
-    revisited = [not bw._plain_index_map(bm, ng) or not all(bw._axes_used(bm, ng))
+    revisited = [not bc.plain_index_map(bm, ng) or not all(bc.axes_used(bm, ng))
                  for bm in tout_bms]
     live_tscr = [ref_live_in(j, first_tscr + i, {}, grid)
                  for i in range(L.n_tangent_scratch)]
     if not any(live_tscr) and not any(
-            r and bw._accumulate_only(j, j.invars[first_tout + k])
+            r and bc.accumulate_only(j, j.invars[first_tout + k])
             for k, r in enumerate(revisited)):
         return None
     tout = []
@@ -90,15 +91,15 @@ def analyse(closed, L, gm) -> CarriedState | None:
         if not r:
             tout.append(None)
             continue
-        if not bw._plain_index_map(bm, ng):
+        if not bc.plain_index_map(bm, ng):
             raise NotKernelizable(f"the index map of {bm.origin} is not a plain block index")
-        used = bw._axes_used(bm, ng)
+        used = bc.axes_used(bm, ng)
         axes = tuple(a for a in range(ng) if not used[a])
         if any(used[a] for a in range(axes[0], ng)):
             raise NotKernelizable(f"{bm.origin} is revisited along grid axes that are not "
                                   f"innermost (its visits are not consecutive)")
         tout.append(axes)
-    blocked = [bw._axes_used(bm, ng) for bm in gm.out_block_mappings[: L.n_primal_out]
+    blocked = [bc.axes_used(bm, ng) for bm in gm.out_block_mappings[: L.n_primal_out]
                if not bm.whole]
     seq = tuple(a for a in range(ng) if blocked and not any(u[a] for u in blocked))
     tscr = []
@@ -111,7 +112,7 @@ def analyse(closed, L, gm) -> CarriedState | None:
             tscr.append(tuple(range(ng)))  # carried through the whole grid
     res = [("scratch", k) for k in range(L.n_scratch) if ref_live_in(j, first_scr + k, {}, grid)]
     res += [("out", k) for k, bm in enumerate(gm.out_block_mappings[: L.n_primal_out])
-            if not all(bw._axes_used(bm, ng)) and ref_live_in(j, first_out + k, {}, grid)]
+            if not all(bc.axes_used(bm, ng)) and ref_live_in(j, first_out + k, {}, grid)]
     lane_start = {a: 0 for a in seq}
     reset = [bool(seq) and not ref_live_in(
         j, (first_scr if w == "scratch" else first_out) + i, lane_start, grid)
@@ -224,9 +225,9 @@ def _build(kind, n, params, L, info, stacks, seed):
         name = f"{params['name']} (backward, carried state)"
     else:
         bm_n = gm.in_block_mappings[npi + n]
-        if not bw._plain_index_map(bm_n, ng):
+        if not bc.plain_index_map(bm_n, ng):
             raise NotKernelizable(f"the index map of {bm_n.origin} is not a plain block index")
-        used = bw._axes_used(bm_n, ng)
+        used = bc.axes_used(bm_n, ng)
         inner = [a for a in range(ng) if not used[a]]
         perm = [a for a in range(ng) if used[a]] + inner
         pos = {a: p for p, a in enumerate(perm)}
@@ -237,7 +238,7 @@ def _build(kind, n, params, L, info, stacks, seed):
         jvp_jaxpr = remap_grid_axes(closed.jaxpr, pos.__getitem__)
         grid = tuple(G[a] for a in perm)
         names = None if gm.grid_names is None else tuple(gm.grid_names[a] for a in perm)
-        cp = bw._permuted_params(params["compiler_params"], perm, inner)
+        cp = bc.permuted_params(params["compiler_params"], perm, inner)
         what = f"backward kernel of {params['name']} for {bm_n.origin}"
         name = f"{params['name']} (backward, {bm_n.origin})"
 
@@ -272,24 +273,24 @@ def _build(kind, n, params, L, info, stacks, seed):
     avals = [*pf_avals, *(bm.ref_aval for bm in in_bms), *(bm.ref_aval for bm in out_bms),
              *(t.get_ref_aval() for t in scr_types), *(t.get_ref_aval() for t in local)]
     n_r, n_a = len(r_bms), len(a_bms) if kind != "state" else 0
-    bounds = bw._cumsum([nsp, npi, nto, n_r, n_a, len(out_bms), L.n_scratch,
+    bounds = bc.cumsum([nsp, npi, nto, n_r, n_a, len(out_bms), L.n_scratch,
                          L.n_tangent_scratch, npo, nto])
-    primal_part, linear_part, n_res = bw._split_primal_and_linear(
+    primal_part, linear_part, n_res = bc.split_primal_and_linear(
         jvp_jaxpr, closed.consts, L, hoist=hoist_primal_stores)
     primal_part = zeros_for_empty(primal_part)
     slot_of = {key: c for c, key in enumerate(carried)}
 
     def body(*refs):
-        pf, pins, ctt, res, cta, outs, scr, ct_scr, pout, tloc, sinks = bw._split(refs, bounds)
+        pf, pins, ctt, res, cta, outs, scr, ct_scr, pout, tloc, sinks = split_list(refs, bounds)
         raw = [program_id(p) for p in range(ng)]
         fwd = to_orig(raw)
         slot = tuple(fwd[a] for a in info.seq)
         for j, axes in enumerate(info.tscr):
             if axes is None:
-                bw._store_zeros(ct_scr[j])
+                bc.store_zeros(ct_scr[j])
             elif kind == "state":
                 _when_all([raw[a] == 0 for a in axes],
-                          functools.partial(bw._store_zeros, ct_scr[j]))
+                          functools.partial(bc.store_zeros, ct_scr[j]))
             else:
                 ct_scr[j][...] = _at(cta[slot_of[("tscr", j)]], slot)
         for k, axes in enumerate(info.tout):
@@ -306,7 +307,7 @@ def _build(kind, n, params, L, info, stacks, seed):
         else:
             (ctn,) = outs
             _when_all([raw[pos[a]] == 0 for a in inner],
-                      functools.partial(bw._store_zeros, ctn))
+                      functools.partial(bc.store_zeros, ctn))
             sink_it = iter(sinks)
             tins = [ctn if j == n else next(sink_it) for j in range(nti)]
         def seed_state():
@@ -319,13 +320,13 @@ def _build(kind, n, params, L, info, stacks, seed):
         residuals = jc.core.eval_jaxpr(primal_part, (), *known)[:n_res]
         if seed:  # the linear part replays the primal ref accesses from the same state
             seed_state()
-        env = [*residuals, *closed.consts, *pf, *pins, *map(bw._KernelRefAccum, tins), *pout,
-               *map(bw._KernelRefAccum, tloc), *scr, *map(bw._KernelRefAccum, ct_scr)]
-        with bw._constant_stores_transpose():
+        env = [*residuals, *closed.consts, *pf, *pins, *map(bc.KernelRefAccum, tins), *pout,
+               *map(bc.KernelRefAccum, tloc), *scr, *map(bc.KernelRefAccum, ct_scr)]
+        with bc.constant_stores_transpose():
             jc.ad.backward_pass3(linear_part, False, (), env, [])
         return []
 
-    jaxpr, consts = bw.trace_transposed_body(body, avals, what, names, grid)
+    jaxpr, consts = bc.trace_transposed_body(body, avals, what, names, grid)
     n_in, n_out = len(in_bms), len(out_bms)
     first_scr = nsp + n_in + n_out
     first_local = first_scr + len(scr_types)
@@ -353,7 +354,7 @@ def _build(kind, n, params, L, info, stacks, seed):
         input_output_aliases=(),
     )
     new_jaxpr = jc.ClosedJaxpr(jaxpr, consts)
-    bw._check_backend_accepts(params, new_jaxpr, new_gm, cp)
+    bc.check_backend_accepts(params, new_jaxpr, new_gm, cp)
     return _Built(new_jaxpr, new_gm, tuple(r for r, k in zip(roles, k_in) if k),
                   tuple(bm.array_aval for bm in out_bms), name, cp)
 
@@ -367,10 +368,10 @@ def _saving_forward(pp, info, used, res_bms):
     pf_avals = [jc.AbstractRef(a, memory_space=None) for a in pgm.prefetch_avals]
     avals = [*pf_avals, *(bm.ref_aval for bm in pgm.block_mappings),
              *(bm.ref_aval for bm in bms), *(t.get_ref_aval() for t in pgm.scratch_types)]
-    bounds = bw._cumsum([nsp, nin, nout, len(bms)])
+    bounds = bc.cumsum([nsp, nin, nout, len(bms)])
 
     def body(*refs):
-        pf, ins, outs, res, scr = bw._split(refs, bounds)
+        pf, ins, outs, res, scr = split_list(refs, bounds)
         slot = tuple(program_id(a) for a in info.seq)
         for r, ref in zip(used, res):
             w, i = info.res[r]
@@ -392,7 +393,7 @@ def _saving_forward(pp, info, used, res_bms):
     new_gm = dataclasses.replace(pgm, block_mappings=(*pgm.block_mappings, *bms),
                                  num_outputs=nout + len(bms))
     new_jaxpr = jc.ClosedJaxpr(jaxpr, consts)
-    bw._check_backend_accepts(pp, new_jaxpr, new_gm, pp["compiler_params"])
+    bc.check_backend_accepts(pp, new_jaxpr, new_gm, pp["compiler_params"])
     return _Built(new_jaxpr, new_gm, (), (*pp["out_avals"], *(bm.array_aval for bm in bms)),
                   f"{pp['name']} (forward, saving state)", pp["compiler_params"])
 
@@ -411,7 +412,7 @@ def transpose_carried(ct_touts, known, params, L, info: CarriedState, primal_par
     gm = params["grid_mapping"]
     if gm.input_output_aliases:
         raise NotKernelizable("the call aliases inputs to outputs")
-    b = bw.target_backend(params)
+    b = bc.target_backend(params)
     caps = b.capabilities if b is not None else frozenset()  # a backend claiming no tag
     if caps and "*" not in caps and "scratch" not in caps:  # (a test's) is not refused
         raise NotKernelizable(f"the state sweep carries cotangents in scratch from one grid "

@@ -23,9 +23,11 @@ import dataclasses
 import jax.numpy as jnp
 
 from pallas._src import jax_compat as jc
+from pallas._src.interpreter.grid_runner import Checks, error_table_for, interpret_pallas_call
 from pallas._src.jaxpr_util import contains
 from pallas._src.pallas_call import _abstract_eval, pallas_call_p
 from pallas._src.primitives.debug import debug_check_p
+from pallas._src.transforms.kernel_facts import is_interpreted
 
 # Effect types that order a kernel's own instructions (fences, barriers, waits on
 # asynchronous copies) and mean nothing outside it: a backend registers them so that they
@@ -93,16 +95,8 @@ def _checkify_rule(error, enabled_errors, *args, **params):
     ck = jc.checkify_internal
     jaxpr, gm, checks = params["jaxpr"], params["grid_mapping"], params["checks"]
     wants = ck.FailedCheckError in enabled_errors
-    from pallas._src.transforms.ad import _is_interpreted
-
-    if not (wants and _has_debug_checks(jaxpr.jaxpr) and _is_interpreted(params)):
+    if not (wants and _has_debug_checks(jaxpr.jaxpr) and is_interpreted(params)):
         return error, pallas_call_p.bind(*args, **params)
-    from pallas._src.interpreter.grid_runner import (
-        Checks,
-        error_table_for,
-        interpret_pallas_call,
-    )
-
     # Run the interpreter inline with debug checks on; its error vector becomes a
     # checkify error (the message table is filled while the interpreter traces).
     run_checks = dataclasses.replace(checks or Checks(), debug=True)
@@ -125,4 +119,3 @@ def _checkify_rule(error, enabled_errors, *args, **params):
 
 
 jc.checkify_error_checks[pallas_call_p] = _checkify_rule
-
