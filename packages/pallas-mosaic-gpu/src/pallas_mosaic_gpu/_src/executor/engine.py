@@ -10,6 +10,8 @@ broadcasting mixes the two.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from pallas.executor import UPSTREAM, Compiler, OpRuleTable, int_array_attr, run
@@ -20,6 +22,20 @@ from pallas_mosaic_gpu._src.executor.types import EmulationUnsupported
 #: dialects' rules come from the parent, pallas.executor.UPSTREAM.
 OPS = OpRuleTable("mosaic_gpu executor", parent=UPSTREAM)
 op = OPS.register
+
+#: The inline PTX (``llvm.inline_asm``) the executor runs, recognised by pattern:
+#: (regex over the stripped text, rule(op, match) -> fn(machine, *operands) -> the op's
+#: results as a tuple, or None). ``ops_llvm``'s ``llvm.inline_asm`` rule reads it.
+ASM_PATTERNS: list = []
+
+
+def asm(pattern: str):
+    """Registers the rule of the inline PTX that fully matches ``pattern``."""
+    def deco(builder):
+        ASM_PATTERNS.append((re.compile(pattern, re.S), builder))
+        return builder
+
+    return deco
 
 
 class Machine:
@@ -112,5 +128,5 @@ def uniform(x, m: Machine, what: str):
     return x[0].item()
 
 
-__all__ = ["OPS", "GpuCompiler", "Machine", "as_lanes", "attr", "int_array_attr", "op", "run",
+__all__ = ["ASM_PATTERNS", "OPS", "asm", "GpuCompiler", "Machine", "as_lanes", "attr", "int_array_attr", "op", "run",
            "uniform"]

@@ -18,9 +18,8 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from pallas_mosaic_gpu._src.executor.cluster import cluster_of
-from pallas_mosaic_gpu._src.executor.engine import int_array_attr, op
+from pallas_mosaic_gpu._src.executor.engine import asm, int_array_attr, op
 from pallas_mosaic_gpu._src.executor.mbarrier import arrive, arrive_state, complete_tx, state
-from pallas_mosaic_gpu._src.executor.ops_llvm import asm
 from pallas_mosaic_gpu._src.executor.ops_tcgen05 import finish_block, land_mmas
 from pallas_mosaic_gpu._src.executor.types import EmulationError, EmulationUnsupported
 

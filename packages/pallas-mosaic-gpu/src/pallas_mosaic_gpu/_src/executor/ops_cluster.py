@@ -13,9 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from pallas_mosaic_gpu._src.executor.cluster import cluster_of
-from pallas_mosaic_gpu._src.executor.engine import op
+from pallas_mosaic_gpu._src.executor.engine import asm, op
 from pallas_mosaic_gpu._src.executor.mbarrier import arrive
-from pallas_mosaic_gpu._src.executor.ops_llvm import asm
 from pallas_mosaic_gpu._src.executor.types import EmulationError, EmulationUnsupported
 
 

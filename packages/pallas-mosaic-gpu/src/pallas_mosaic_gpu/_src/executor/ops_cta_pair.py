@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from pallas_mosaic_gpu._src.executor.cluster import cluster_of
+from pallas_mosaic_gpu._src.executor.engine import asm
 from pallas_mosaic_gpu._src.executor.ops_async import tma_load
-from pallas_mosaic_gpu._src.executor.ops_llvm import asm
 from pallas_mosaic_gpu._src.executor.types import EmulationUnsupported
 
 

@@ -3,13 +3,11 @@ integer arithmetic, the inline assembly Mosaic GPU emits and libdevice calls."""
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
+import scipy.special
 from jaxlib.mlir import ir
 
-from pallas_mosaic_gpu._src.executor.engine import OPS, int_array_attr, op
-from pallas_mosaic_gpu._src.executor.ops_math import LIBDEVICE
+from pallas_mosaic_gpu._src.executor.engine import ASM_PATTERNS, OPS, asm, int_array_attr, op
 from pallas_mosaic_gpu._src.executor.types import (
     EmulationUnsupported,
     dtype_of,
@@ -210,19 +208,6 @@ _ASM = {
     "ex2.approx.ftz.f32 $0, $1;": lambda m, a: np.exp2(np.asarray(a, np.float32)),
 }
 
-# Inline PTX recognised by pattern: (regex over the stripped text, builder(o, match)
-# returning fn(machine, *operands) -> the op's results as a tuple, or None).
-ASM_PATTERNS: list = []
-
-
-def asm(pattern: str):
-    """Registers the builder of the inline PTX that fully matches ``pattern``."""
-    def deco(builder):
-        ASM_PATTERNS.append((re.compile(pattern, re.S), builder))
-        return builder
-
-    return deco
-
 
 @asm(r"bar\.sync \$0, (\d+);")
 def _bar_sync(o, match):
@@ -271,6 +256,17 @@ def _inline_asm(o, cc):
         return (np.asarray(r, dt) if has_result else None,) if len(o.results) else None
 
     return run
+
+
+# libdevice functions reached through ``llvm.call`` (name -> numpy function).
+LIBDEVICE = {
+    "__nv_lgammaf": scipy.special.gammaln,
+    "__nv_fmodf": np.fmod,
+    "__nv_expf": np.exp,
+    "__nv_logf": np.log,
+    "__nv_powf": np.power,
+    "__nv_erfinvf": scipy.special.erfinv,
+}
 
 
 @op("llvm.call")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pallas_mosaic_gpu._src.executor.ops_llvm import asm
+from pallas_mosaic_gpu._src.executor.engine import asm
 
 _U32 = np.uint32
 # A non-decrementing wait re-reads the word until the count is there; after this many

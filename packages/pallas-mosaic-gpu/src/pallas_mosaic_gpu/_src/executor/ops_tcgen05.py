@@ -46,10 +46,9 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from pallas_mosaic_gpu._src.executor.cluster import cluster_of
-from pallas_mosaic_gpu._src.executor.engine import op
+from pallas_mosaic_gpu._src.executor.engine import asm, op
 from pallas_mosaic_gpu._src.executor.mbarrier import arrive, mbarrier_state
-from pallas_mosaic_gpu._src.executor.ops_llvm import asm
-from pallas_mosaic_gpu._src.executor.ops_wgmma import smem_operand
+from pallas_mosaic_gpu._src.executor.smem_desc import smem_operand
 from pallas_mosaic_gpu._src.executor.types import EmulationError, EmulationUnsupported
 
 LANES, COLUMNS = 128, 512
@@ -478,16 +477,20 @@ def _cells(m, taddr, shape: str, nregs: int, what: str):
 _LDST = r"tcgen05\.{op}\.sync\.aligned\.(?P<shape>\w+)\.x(?P<num>\d+)(?P<pack>\.\w+::16b)?\.b32 "
 
 
+def _ldst_form(g: dict, op: str, packed: str) -> tuple[str, int, str]:
+    """(shape, registers per thread, name) of a matched ``tcgen05.ld``/``st``."""
+    if g["pack"]:
+        raise EmulationUnsupported(f"tcgen05.{op}{g['pack']} ({packed})")
+    shape, num = g["shape"], int(g["num"])
+    if shape not in _REGS_PER_REP:
+        raise EmulationUnsupported(f"tcgen05.{op} of shape {shape}")
+    return shape, _REGS_PER_REP[shape] * num, f"tcgen05.{op}.{shape}.x{num}"
+
+
 @asm(_LDST.format(op="ld") + r"(?P<regs>\{[^}]*\}|\$\d+), \[\$(?P<addr>\d+)\];")
 def _tcgen05_ld(o, match):
     g = match.groupdict()
-    if g["pack"]:
-        raise EmulationUnsupported(f"tcgen05.ld{g['pack']} (16-bit halves packed)")
-    shape, num = g["shape"], int(g["num"])
-    if shape not in _REGS_PER_REP:
-        raise EmulationUnsupported(f"tcgen05.ld of shape {shape}")
-    nregs = _REGS_PER_REP[shape] * num
-    what = f"tcgen05.ld.{shape}.x{num}"
+    shape, nregs, what = _ldst_form(g, "ld", "16-bit halves packed")
 
     def run(m, taddr):
         t, row, column, active = _cells(m, taddr, shape, nregs, what)
@@ -504,14 +507,8 @@ def _tcgen05_ld(o, match):
 @asm(_LDST.format(op="st") + r"\[\$(?P<addr>\d+)\], (?P<regs>\{[^}]*\}|\$\d+);")
 def _tcgen05_st(o, match):
     g = match.groupdict()
-    if g["pack"]:
-        raise EmulationUnsupported(f"tcgen05.st{g['pack']} (16-bit halves unpacked)")
-    shape, num = g["shape"], int(g["num"])
-    if shape not in _REGS_PER_REP:
-        raise EmulationUnsupported(f"tcgen05.st of shape {shape}")
-    nregs = _REGS_PER_REP[shape] * num
+    shape, nregs, what = _ldst_form(g, "st", "16-bit halves unpacked")
     addr_i = int(g["addr"])
-    what = f"tcgen05.st.{shape}.x{num}"
 
     def run(m, *xs):
         taddr, regs = xs[addr_i], [x for j, x in enumerate(xs) if j != addr_i]

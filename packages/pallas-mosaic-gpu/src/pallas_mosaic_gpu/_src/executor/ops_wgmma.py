@@ -32,16 +32,14 @@ import re
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_mosaic_gpu._src.executor.engine import op
-from pallas_mosaic_gpu._src.executor.ops_llvm import asm
-from pallas_mosaic_gpu._src.executor.types import EmulationError, EmulationUnsupported
+from pallas_mosaic_gpu._src.executor.engine import asm, op
+from pallas_mosaic_gpu._src.executor.smem_desc import smem_operand
+from pallas_mosaic_gpu._src.executor.types import EmulationUnsupported
 
 _TYPES = {"f16": np.dtype(np.float16), "bf16": np.dtype(jnp.bfloat16),
           "tf32": np.dtype(np.float32), "e4m3": np.dtype(jnp.float8_e4m3fn),
           "e5m2": np.dtype(jnp.float8_e5m2), "s8": np.dtype(np.int8),
           "u8": np.dtype(np.uint8)}
-_SWIZZLE = {1: 128, 2: 64, 3: 32}
-_WINDOW = (1 << 18) - 1
 
 _WGMMA = (r"\{ \.reg \.pred p; setp\.ne\.b32 p, \$(?P<use>\d+), 0; "
           r"wgmma\.mma_async\.sync\.aligned\.m64n(?P<n>\d+)k(?P<k>\d+)\.(?P<d>\w+)\."
@@ -53,43 +51,11 @@ def _index(token: str) -> int:
     return int(token.strip().lstrip("$"))
 
 
-def _decode(desc: int):
-    """(start, LBO, SBO, base offset, swizzle bytes) of a matrix descriptor."""
-    f = lambda lo: ((desc >> lo) & 0x3FFF) << 4  # noqa: E731
-    return f(0), f(16), f(32), (desc >> 49) & 7, _SWIZZLE.get((desc >> 62) & 3)
-
-
 def _uniform_int(x, what: str) -> int:
     x = np.asarray(x).reshape(len(np.asarray(x)), -1)[:, 0].astype(np.int64)
     if not (x == x[0]).all():
         raise EmulationUnsupported(f"wgmma with {what} that differs between threads")
     return int(x[0])
-
-
-def smem_operand(m, desc: int, rows: int, k: int, dtype: np.dtype, k_major: bool):
-    """The ``rows x k`` matrix (MN x K) a descriptor points at in this block's SMEM."""
-    start, lbo, sbo, base, swz = _decode(desc)
-    if swz is None:
-        raise EmulationUnsupported("wgmma with an unswizzled SMEM operand (interleaved "
-                                   "layout)")
-    if base:
-        raise EmulationUnsupported(f"wgmma with a matrix base offset of {base}")
-    es = dtype.itemsize
-    t, w = 16 // es, swz // 16  # elements per 16-byte chunk, chunks per row
-    r = np.arange(rows)[:, None]
-    kk = np.arange(k)[None, :]
-    if k_major:
-        off = (r % 8) * swz + (r // 8) * sbo + (kk // t) * 16 + (kk % t) * es
-    else:
-        off = (r % t) * es + (r // t % w) * 16 + (r // t // w) * lbo + (kk % 8) * swz + \
-            (kk // 8) * sbo
-    window = m.smem & ~_WINDOW
-    addr = window + start + off
-    addr = addr ^ (((addr >> 7) & (w - 1)) << 4)
-    if addr.min() < m.smem or addr.max() + es > m.smem + m.smem_size:
-        raise EmulationError(f"a wgmma operand (descriptor {desc:#x}) reaches outside the "
-                             f"block's {m.smem_size} bytes of SMEM")
-    return m.memory.gather(addr, dtype)
 
 
 def _fragment(n: int, packed: bool):
