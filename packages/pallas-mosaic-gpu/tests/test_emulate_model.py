@@ -7,7 +7,7 @@ import pytest
 
 from pallas_mosaic_gpu._src.executor import EmulationError
 from pallas_mosaic_gpu._src.executor import mbarrier as MB
-from pallas_mosaic_gpu._src.executor import ops_async as A
+from pallas_mosaic_gpu._src.executor import tma as TMA
 from pallas_mosaic_gpu._src.executor.engine import Compiler, Machine
 from pallas_mosaic_gpu._src.executor.memory import Memory
 from pallas_mosaic_gpu._src.executor.types import llvm_layout
@@ -55,7 +55,7 @@ def _machine():
 
 def test_a_tma_box_is_clipped_at_the_tensor_edge_and_laid_out_row_major():
     desc = dict(base=1000, esize=4, sizes=[5, 8], strides=[8, 1], swizzle=16, window=[2, 4])
-    gaddr, inside, soff, es = A._box(desc, [6, 4])  # coords innermost first: col 6, row 4
+    gaddr, inside, soff, es = TMA.box(desc, [6, 4])  # coords innermost first: col 6, row 4
     assert inside.tolist() == [True, True, False, False, False, False, False, False]
     assert gaddr[0] == 1000 + (4 * 8 + 6) * 4
     assert soff.tolist() == [0, 4, 8, 12, 16, 20, 24, 28]
@@ -63,7 +63,7 @@ def test_a_tma_box_is_clipped_at_the_tensor_edge_and_laid_out_row_major():
 
 def test_tma_128_byte_swizzle_permutes_16_byte_chunks_by_row():
     offs = np.arange(0, 1024, 16)
-    sw = A._swizzle(offs, 128)
+    sw = TMA._swizzle(offs, 128)
     assert sw[:8].tolist() == offs[:8].tolist()  # row 0 unchanged
     assert sw[8] == 128 + 16  # row 1: chunk 0 goes to chunk 1
     assert sorted(sw.tolist()) == offs.tolist()

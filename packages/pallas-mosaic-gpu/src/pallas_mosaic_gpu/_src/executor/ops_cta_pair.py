@@ -22,7 +22,7 @@ import numpy as np
 
 from pallas_mosaic_gpu._src.executor.cluster import cluster_of
 from pallas_mosaic_gpu._src.executor.engine import asm
-from pallas_mosaic_gpu._src.executor.ops_async import tma_load
+from pallas_mosaic_gpu._src.executor.tma import tma_load
 from pallas_mosaic_gpu._src.executor.types import EmulationUnsupported
 
 

@@ -9,8 +9,8 @@ from jaxlib.mlir import ir
 from pallas_mosaic_gpu._src.executor.cluster import Cluster
 from pallas_mosaic_gpu._src.executor.engine import int_array_attr, op, run, uniform
 from pallas_mosaic_gpu._src.executor.memref import MemRef, from_struct, to_struct
-from pallas_mosaic_gpu._src.executor.ops_async import flush_async
 from pallas_mosaic_gpu._src.executor.sched import WARPGROUP, Block
+from pallas_mosaic_gpu._src.executor.tma import flush_async
 from pallas_mosaic_gpu._src.executor.types import EmulationError, EmulationUnsupported
 
 WARP = 32
