@@ -24,7 +24,7 @@ from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.backend import MOSAIC_TPU, MosaicTpuBackend
 from pallas_tpu._src.lowering import kernel as kernel_mod
 from pallas_tpu._src.lowering import rules_arith, rules_tpu
-from pallas_tpu._src.lowering.common import RULES
+from pallas_tpu._src.lowering.engine import RULES
 
 F32 = jnp.float32
 ANY = pltpu.MemorySpace.ANY
