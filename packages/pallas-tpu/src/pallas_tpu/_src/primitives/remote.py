@@ -56,7 +56,7 @@ def target_id(dev_leaves, dev_tree, device_id_type, names, sizes):
     if device_id_type == DeviceIdType.LOGICAL:
         return jnp.asarray(device_id, jnp.int32).reshape(())
     if isinstance(device_id, dict):
-        coords = [device_id.get(n, lax.axis_index(n)) for n in names]
+        coords = _dict_coords(device_id, names, sizes)
     elif isinstance(device_id, (tuple, list)):
         if len(device_id) != len(names):
             raise ValueError(
@@ -69,6 +69,22 @@ def target_id(dev_leaves, dev_tree, device_id_type, names, sizes):
             raise ValueError(f"a scalar mesh device_id needs a 1-D mesh; the mesh has {names}")
         coords = [device_id]
     return _linear(coords, sizes)
+
+
+def _dict_coords(device_id: dict, names, sizes) -> list:
+    """Mesh coordinates from ``{axis: index}``, where a key may be a tuple of axes (a
+    joint axis, as ``lax.axis_index(("y", "x"))``: its index is row-major over them);
+    axes not named keep this device's coordinate."""
+    coords = {}
+    for key, value in device_id.items():
+        axes = key if isinstance(key, tuple) else (key,)
+        if not all(a in names for a in axes):
+            continue  # (not a device axis of this mesh, e.g. a core axis)
+        v = jnp.asarray(value, jnp.int32)
+        for a in reversed(axes):
+            n = sizes[names.index(a)]
+            coords[a], v = lax.rem(v, n), lax.div(v, n)
+    return [coords[n] if n in coords else lax.axis_index(n) for n in names]
 
 
 def _gather(x, names):
