@@ -3,6 +3,7 @@ packing, stochastic rounding, the PRNG, tracing, debug printing)."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, scf
@@ -47,16 +48,21 @@ def _sem_signal(lctx, eqn, sem, *rest):
     idx, inc = rest[:n], rest[n]
     dev = rest[n + 1:n + 1 + p["device_id_tree"].num_leaves]
     core = rest[n + 1 + len(dev):] if p["has_core"] else ()
-    device_id = _device_id(dev, p["device_id_type"], lctx) if dev else None
+    device_id = (_device_id(dev, p["device_id_type"], lctx, p["device_id_tree"])
+                 if dev else None)
     tpu.sem_signal(_sem_view(sem, idx, p["tree"]), to_i32(inc), device_id=device_id,
                    core_id=to_i32(core[0]) if core else None)
     return []
 
 
-def _device_id(dev, device_id_type, lctx=None):
+def _device_id(dev, device_id_type, lctx=None, tree=None):
     """The logical device id Mosaic expects, from a logical id or mesh coordinates."""
     from pallas import DeviceIdType
 
+    if tree is not None and device_id_type != DeviceIdType.LOGICAL and lctx is not None:
+        spec = jax.tree_util.tree_unflatten(tree, list(dev))
+        if isinstance(spec, dict):  # {axis: i} / {(axis, ...): i}, in the mesh's order
+            dev = _dict_coords(spec, lctx.mesh_axes)
     if device_id_type == DeviceIdType.LOGICAL or len(dev) == 1 and (
             lctx is None or len(lctx.mesh_axes) <= 1):
         if len(dev) != 1:
@@ -72,6 +78,33 @@ def _device_id(dev, device_id_type, lctx=None):
     for c, n in zip(dev[1:], sizes[1:]):
         out = arith.addi(arith.muli(out, const((), jnp.int32, n)), to_i32(c))
     return out
+
+
+def _dict_coords(spec: dict, mesh_axes) -> list:
+    """The coordinates, in mesh-axis order, of a dict device id (a key may be a tuple
+    of axes: a joint axis, its index row-major over them)."""
+    names = [n for n, _ in mesh_axes]
+    sizes = dict(mesh_axes)
+    coords = {}
+    for key, value in spec.items():
+        axes = key if isinstance(key, tuple) else (key,)
+        unknown = [a for a in axes if a not in sizes]
+        if unknown:
+            raise ValueError(f"device_id names axes {unknown} that the kernel's mesh "
+                             f"{names} does not have")
+        v = to_i32(value)
+        if len(axes) == 1:
+            coords[axes[0]] = v
+            continue
+        for a in reversed(axes):
+            n = const((), jnp.int32, sizes[a])
+            coords[a], v = arith.remsi(v, n), arith.divsi(v, n)
+    missing = [n for n in names if n not in coords]
+    if missing:
+        raise NotImplementedError(
+            f"a device_id dict without the mesh axes {missing} (of {names}) on Mosaic TPU: "
+            f"give every axis, or a logical id")
+    return [coords[n] for n in names]
 
 
 @rule(cc.semaphore_wait_p)
@@ -112,7 +145,8 @@ def _dma_start(lctx, eqn, *invals):
     if p["add"]:
         raise NotImplementedError("DMAs with add=True on Mosaic TPU")
     dev = list(invals[end:])
-    device_id = _device_id(dev, p["device_id_type"], lctx) if dev else None
+    device_id = (_device_id(dev, p["device_id_type"], lctx, p["device_id_tree"])
+                 if dev else None)
     tpu.enqueue_dma(
         window_memref(ws), window_memref(wd),
         source_semaphore=window_memref(src_sem[1]) if src_sem is not None else None,
@@ -128,7 +162,8 @@ def _dma_wait(lctx, eqn, *invals):
     end = R.spec_end(p["refs"])
     (sem, wm), (src, ws), (dst, wd) = _ref_views(p["refs"], invals[:end])
     dev = list(invals[end:])
-    device_id = _device_id(dev, p["device_id_type"], lctx) if dev else None
+    device_id = (_device_id(dev, p["device_id_type"], lctx, p["device_id_tree"])
+                 if dev else None)
     tpu.wait_dma2(window_memref(wm), window_memref(ws), window_memref(wd), device_id=device_id)
     return []
 
