@@ -158,13 +158,18 @@ def eval_jaxpr(ctx: KernelContext, jaxpr, consts: Sequence[Any], args: Sequence[
                     f"this primitive, make sure it is installed and registered."
                 )
             else:
-                params = eqn.primitive.get_bind_params(eqn.params)
-                subfuns = params.pop("subfuns", ())
-                outs = eqn.primitive.bind(*subfuns, *invals, **params)
-                outs = list(outs) if eqn.primitive.multiple_results else [outs]
+                outs = bind_eqn(eqn, invals)
         for v, x in zip(eqn.outvars, outs):
             env[v] = x
     return [read(v) for v in jaxpr.outvars]
+
+
+def bind_eqn(eqn, invals) -> list:
+    """Binds ``eqn``'s primitive on ``invals`` as JAX would (the plain-value case)."""
+    params = eqn.primitive.get_bind_params(eqn.params)
+    subfuns = params.pop("subfuns", ())
+    outs = eqn.primitive.bind(*subfuns, *invals, **params)
+    return list(outs) if eqn.primitive.multiple_results else [outs]
 
 
 def eval_closed(ctx, closed_jaxpr, args):

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas._src import jax_compat as jc
-from pallas._src.interpreter.evaluator import eval_closed
+from pallas._src.interpreter.evaluator import bind_eqn, eval_closed
 from pallas._src.interpreter.rules import register_interpret_rule
 
 
@@ -29,17 +29,11 @@ def _run(ctx, fn, *args):
     return eval_closed(ctx, closed, args)[0]
 
 
-def _bind(eqn, invals):
-    params = eqn.primitive.get_bind_params(eqn.params)
-    params.pop("subfuns", None)
-    return [eqn.primitive.bind(*invals, **params)]
-
-
 @register_interpret_rule(jc.random_bits_p)
 def _random_bits_rule(ctx, eqn, invals):
     key, = invals
     if key.ndim:
-        return _bind(eqn, invals)
+        return bind_eqn(eqn, invals)
     impl, p = key.dtype._impl, eqn.params
     data = jax.random.key_data(key)
     return [_run(ctx, lambda d: impl.random_bits(d, p["bit_width"], p["shape"]), data)]
@@ -49,7 +43,7 @@ def _random_bits_rule(ctx, eqn, invals):
 def _random_fold_in_rule(ctx, eqn, invals):
     key, msg = invals
     if key.ndim or jnp.ndim(msg):
-        return _bind(eqn, invals)
+        return bind_eqn(eqn, invals)
     impl = key.dtype._impl
     data = _run(ctx, impl.fold_in, jax.random.key_data(key), msg)
     return [jax.random.wrap_key_data(data, impl=impl.name)]
@@ -60,7 +54,7 @@ def _random_seed_rule(ctx, eqn, invals):
     seed, = invals
     impl = eqn.params["impl"]
     if jnp.ndim(seed):
-        return _bind(eqn, invals)
+        return bind_eqn(eqn, invals)
     return [jax.random.wrap_key_data(_run(ctx, impl.seed, seed), impl=impl.name)]
 
 
@@ -68,7 +62,7 @@ def _random_seed_rule(ctx, eqn, invals):
 def _random_split_rule(ctx, eqn, invals):
     key, = invals
     if key.ndim:
-        return _bind(eqn, invals)
+        return bind_eqn(eqn, invals)
     impl, shape = key.dtype._impl, eqn.params["shape"]
     data = _run(ctx, lambda d: impl.split(d, shape), jax.random.key_data(key))
     return [jax.random.wrap_key_data(data, impl=impl.name)]
