@@ -1,5 +1,6 @@
-"""Pallas TPU PRNG keys: the ``"pallas_tpu"`` key implementation, ``to_pallas_key`` and
-``wrap_pallas_seed``/``unwrap_pallas_seed`` (upstream's ``pltpu`` random API).
+"""Pallas TPU PRNG keys: the ``"pallas_tpu"`` key implementation and ``to_pallas_key``
+(upstream's ``pltpu`` random API; ``wrap_pallas_seed``/``unwrap_pallas_seed`` live beside
+``prng_seed`` in ``primitives/misc.py``).
 
 A ``pallas_tpu`` key is a typed JAX key whose data is two uint32 words, shape ``(1, 2)``
 (a row of scalars, as the TPU core keeps them in SMEM). Inside a kernel,
@@ -18,10 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_tpu._src import jax_compat as jc
-from pallas_tpu._src.primitives.misc import (
-    prng_random_bits,
-    prng_seed,
-)
+from pallas_tpu._src.primitives.misc import prng_random_bits, prng_seed
 
 KEY_SHAPE = (1, 2)
 
