@@ -77,6 +77,48 @@ def test_a_fused_function_under_vmap_of_size_one(rng):
     np.testing.assert_allclose(out[0], (x @ y) * 3.0, rtol=1e-5, atol=1e-4)
 
 
+def test_a_write_to_a_ref_must_depend_on_the_fusible_output(rng):
+    # A write that does not depend on the kernel's output has no output fusion to run in
+    # (in an input fusion it would run once per block); upstream refuses it too.
+    x, y = _operands(rng, m=128, k=128, n=128)
+
+    @jax.jit
+    def independent_write(x, y):
+        side = jax.new_ref(jnp.zeros_like(x))
+
+        @fuser.fuse
+        def f(x, y):
+            side[...] = x * 2.0
+            return fusible_matmul(x, y)
+
+        return f(x, y), jax.ref.freeze(side)
+
+    with pytest.raises(ValueError, match=r"`swap` at .* writes to a Ref .* must depend on an "
+                                         r"output of the fusible"):
+        independent_write(x, y)
+
+    @fuser.fusible
+    def whole_array_matmul(x_fn, y_fn, z_fn):
+        # Calls its fusions on whole arrays: the output fusion, with its write, runs once.
+        out = x_fn() @ y_fn()
+        return out if z_fn is None else z_fn(out)
+
+    @jax.jit
+    def dependent_write(x, y):
+        side = jax.new_ref(jnp.zeros_like(x))
+
+        @fuser.fuse
+        def f(x, y):
+            out = whole_array_matmul(x, y)
+            side[...] = out * 2.0
+            return out
+
+        return f(x, y), jax.ref.freeze(side)
+
+    out, side = dependent_write(x, y)
+    np.testing.assert_allclose(side, 2.0 * (x @ y), rtol=1e-5, atol=1e-4)
+
+
 def test_unfusible_producer_names_the_primitive_and_block_spec(rng):
     x, y = _operands(rng)
 

@@ -50,6 +50,23 @@ def _independent(eqns, sources) -> list:
     return out
 
 
+def _check_writes_depend_on_fusible(jaxpr, rest, fusible_outs) -> None:
+    """Refuses a write to a Ref from outside the fused function that does not depend on
+    the fusible's outputs: such a write cannot run in an output fusion, and in an input
+    fusion it would run once per block the kernel pulls."""
+    outer = set(jaxpr.constvars) | set(jaxpr.invars)
+    for eqn in _independent(rest, fusible_outs):
+        for ref in _writes(eqn):
+            if ref in outer:
+                where = jc.source_info_util.summarize(eqn.source_info)
+                raise ValueError(
+                    f"pallas.fuser.fuse: `{eqn.primitive.name}` at {where} writes to a Ref "
+                    f"({ref.aval.str_short()}) with a value that does not depend on the "
+                    "fusible call's outputs. Writes to Refs in a fused function must depend "
+                    "on an output of the fusible, so that they run in its output fusion; "
+                    "move the write outside the fused function.")
+
+
 def _sub_jaxpr(jaxpr, eqns, outvars, invars=()):
     """``jaxpr``'s constvars+invars as constvars, the given eqns, outvars and invars."""
     return jaxpr.replace(constvars=[*jaxpr.constvars, *jaxpr.invars], invars=list(invars),
@@ -134,6 +151,7 @@ def fuse_jaxpr(jaxpr, out_tree, consts, *args, strict_mode: bool = True):
         sub = _sub_jaxpr(jaxpr, _independent(rest, eqn.outvars), jaxpr.outvars)
         sub, sub_consts = _closed(sub, values, [True] * len(jaxpr.outvars), instantiate=False)
         return jc.eval_jaxpr(sub, sub_consts)
+    _check_writes_depend_on_fusible(jaxpr, rest, eqn.outvars)
     num_consts = eqn.params["num_consts"]
     prefix_eqns = jaxpr.eqns[:eqn_index]
     in_fusions = [_input_fusion(jaxpr, values, prefix_eqns, v)
