@@ -1,10 +1,11 @@
-"""Switches of pallas-core: debug checks and the interpreter's opt-in checks.
+"""Settings of pallas-core: switches (debug checks, the interpreter's opt-in checks) and
+modes (what reverse mode and partitioning do when they must fall back).
 
-Each switch is a JAX configuration state (so it takes part in ``jax.jit``'s cache key:
-turning a check on re-traces functions compiled without it). Like upstream's, a switch
-is a context manager, ``with pl.enable_debug_checks(True): ...``; beyond upstream,
-calling it outside a ``with`` also sets it globally, and ``jax.config.update`` with the
-state's name works too.
+Each setting is a JAX configuration state (so it takes part in ``jax.jit``'s cache key:
+turning a check on re-traces functions compiled without it). Like upstream's switches,
+a setting is a context manager, ``with pl.enable_debug_checks(True): ...``; beyond
+upstream, calling it outside a ``with`` also sets it globally, and ``jax.config.update``
+with the state's name works too.
 """
 
 from __future__ import annotations
@@ -12,6 +13,30 @@ from __future__ import annotations
 from typing import Any
 
 from pallas._src import jax_compat as jc
+
+
+class _SettingContext:
+    """Sets a setting globally at once; as a context, restores it on exit."""
+
+    def __init__(self, state: Any, name: str, value: Any):
+        import jax
+
+        self._state = state
+        self._name = name
+        self._old_global = state.get_global()
+        jax.config.update(name, value)
+        self._ctx = state(value)
+
+    def __enter__(self):
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        import jax
+
+        self._ctx.__exit__(*exc)
+        jax.config.update(self._name, self._old_global)
+        return False
 
 
 class _Switch:
@@ -33,34 +58,41 @@ class _Switch:
         return bool(self._state.value) or bool(
             self._jax_state is not None and self._jax_state.value)
 
-    def __call__(self, new_val: Any = True) -> _SwitchContext:
-        return _SwitchContext(self, bool(new_val))
+    def __call__(self, new_val: Any = True) -> _SettingContext:
+        return _SettingContext(self._state, self.name, bool(new_val))
 
     def __repr__(self) -> str:
         return f"<pallas switch {self.name}={self.value}>"
 
 
-class _SwitchContext:
-    """Sets the switch globally at once; as a context, restores it on exit."""
+class _Mode:
+    """A JAX config state taking one of a few named modes (``"warn"``, ...), usable as a
+    setter and as a context manager; the environment variable of the state's name in
+    upper case (``PALLAS_GRAD_FALLBACK``) sets its default."""
 
-    def __init__(self, switch: _Switch, value: bool):
-        import jax
+    def __init__(self, public_name: str, modes: tuple[str, ...], default: str,
+                 doc: str, help: str):
+        self.name = f"pallas_{public_name}"
+        self._public_name = public_name
+        self.modes = modes
+        self.__doc__ = doc
+        self._state = jc.config.enum_state(
+            name=self.name, enum_values=modes, default=default, help=help,
+            include_in_jit_key=True, include_in_trace_context=True,
+        )
 
-        self._switch = switch
-        self._old_global = bool(switch._state.get_global())
-        jax.config.update(switch.name, value)
-        self._ctx = switch._state(value)
+    @property
+    def value(self) -> str:
+        return str(self._state.value)
 
-    def __enter__(self):
-        self._ctx.__enter__()
-        return self
+    def __call__(self, mode: str) -> _SettingContext:
+        if mode not in self.modes:
+            raise ValueError(f"{self._public_name} mode must be one of {self.modes}; "
+                             f"got {mode!r}")
+        return _SettingContext(self._state, self.name, mode)
 
-    def __exit__(self, *exc):
-        import jax
-
-        self._ctx.__exit__(*exc)
-        jax.config.update(self._switch.name, self._old_global)
-        return False
+    def __repr__(self) -> str:
+        return f"<pallas mode {self.name}={self.value}>"
 
 
 enable_debug_checks = _Switch(
@@ -88,49 +120,22 @@ def debug_checks_enabled() -> bool:
 
 GRAD_FALLBACK_MODES = ("warn", "allow", "error")
 
-_grad_fallback = jc.config.enum_state(
-    name="pallas_grad_fallback",
-    enum_values=GRAD_FALLBACK_MODES,
-    default="warn",
+grad_fallback = _Mode(
+    "grad_fallback", GRAD_FALLBACK_MODES, "warn",
+    doc="``pl.grad_fallback(\"error\")``: sets how reverse mode treats a kernel whose "
+        "backward pass cannot be emitted as kernels (``\"warn\"``, ``\"allow\"`` or "
+        "``\"error\"``); globally at once, and for a ``with`` block only when used as a "
+        "context manager.",
     help="What jax.grad/vjp of a compiled pallas_call does when its backward pass cannot "
          "be emitted as kernels of the call's backend: 'warn' (default: run the XLA "
          "expansion and warn once per kernel), 'allow' (the same, silently) or 'error'. "
          "Also set by the environment variable PALLAS_GRAD_FALLBACK.",
-    include_in_jit_key=True,
-    include_in_trace_context=True,
 )
 
 
-class grad_fallback:  # noqa: N801 - used like a function, as the switches are
-    """``pl.grad_fallback("error")``: sets how reverse mode treats a kernel whose backward
-    pass cannot be emitted as kernels (``"warn"``, ``"allow"`` or ``"error"``); globally
-    at once, and for a ``with`` block only when used as a context manager."""
-
-    def __init__(self, mode: str):
-        import jax
-
-        if mode not in GRAD_FALLBACK_MODES:
-            raise ValueError(f"grad_fallback mode must be one of {GRAD_FALLBACK_MODES}; "
-                             f"got {mode!r}")
-        self._old = _grad_fallback.get_global()
-        jax.config.update("pallas_grad_fallback", mode)
-        self._ctx = _grad_fallback(mode)
-
-    def __enter__(self):
-        self._ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        import jax
-
-        self._ctx.__exit__(*exc)
-        jax.config.update("pallas_grad_fallback", self._old)
-        return False
-
-
 def grad_fallback_mode() -> str:
-    """The current mode of :class:`grad_fallback`."""
-    return str(_grad_fallback.value)
+    """The current mode of :data:`grad_fallback`."""
+    return grad_fallback.value
 
 
 # ------------------------------------------------------------------------------------
@@ -138,47 +143,20 @@ def grad_fallback_mode() -> str:
 
 SHARDING_GATHER_MODES = ("warn", "allow", "error")
 
-_sharding_gather = jc.config.enum_state(
-    name="pallas_sharding_gather",
-    enum_values=SHARDING_GATHER_MODES,
-    default="warn",
+sharding_gather = _Mode(
+    "sharding_gather", SHARDING_GATHER_MODES, "warn",
+    doc="``pl.sharding_gather(\"error\")``: sets what a partitioned ``pallas_call`` does "
+        "with a sharded dimension it cannot split (``\"warn\"``, ``\"allow\"`` or "
+        "``\"error\"``); globally at once, and for a ``with`` block only when used as a "
+        "context manager.",
     help="What a pallas_call under jax.jit does when an operand is sharded along a "
          "dimension that no independent grid axis tiles: 'warn' (default: gather it once "
          "and warn, naming the operand, the dimension and why), 'allow' (the same, "
          "silently) or 'error'. Also set by the environment variable "
          "PALLAS_SHARDING_GATHER.",
-    include_in_jit_key=True,
-    include_in_trace_context=True,
 )
 
 
-class sharding_gather:  # noqa: N801 - used like a function, as the switches are
-    """``pl.sharding_gather("error")``: sets what a partitioned ``pallas_call`` does with
-    a sharded dimension it cannot split (``"warn"``, ``"allow"`` or ``"error"``); globally
-    at once, and for a ``with`` block only when used as a context manager."""
-
-    def __init__(self, mode: str):
-        import jax
-
-        if mode not in SHARDING_GATHER_MODES:
-            raise ValueError(f"sharding_gather mode must be one of {SHARDING_GATHER_MODES}; "
-                             f"got {mode!r}")
-        self._old = _sharding_gather.get_global()
-        jax.config.update("pallas_sharding_gather", mode)
-        self._ctx = _sharding_gather(mode)
-
-    def __enter__(self):
-        self._ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        import jax
-
-        self._ctx.__exit__(*exc)
-        jax.config.update("pallas_sharding_gather", self._old)
-        return False
-
-
 def sharding_gather_mode() -> str:
-    """The current mode of :class:`sharding_gather`."""
-    return str(_sharding_gather.value)
+    """The current mode of :data:`sharding_gather`."""
+    return sharding_gather.value
