@@ -22,37 +22,11 @@ def drop_dead_locals(jaxpr, consts, avals, n_fixed: int, n_pout: int, n_tout: in
     other inputs' cotangents, with everything only they used, also inside ``pl.when``
     bodies. Returns (jaxpr, consts, which locals are kept). Raises
     :class:`NotKernelizable` when a kept computation reads a primal output."""
-    locals_ = jaxpr.invars[n_fixed:]  # [primal outputs, tangent-output copies, sinks]
-    dead = set(locals_[:n_pout]) | set(locals_[n_pout + n_tout:])
-    live_avals = [a for v, a in zip(jaxpr.invars, avals) if v not in dead]
-
-    def pruned(*refs):
-        it = iter(refs)
-        _eval_without(jaxpr, consts, [None if v in dead else next(it) for v in jaxpr.invars],
-                      dead)
-        return []
-
-    j1, _, c1 = jc.trace_kernel_to_jaxpr(pruned, live_avals, what)
-    j2, used = jc.dce_jaxpr(jc.convert_constvars_jaxpr(j1), [], instantiate=False)
-    n_c = len(c1)
-    used_c, used_in = used[:n_c], used[n_c:]
-    live = [v not in dead for v in jaxpr.invars]
-    # the locals kept: live ones the DCE'd body still uses
-    live_it = iter(used_in)
-    final = [bool(next(live_it)) or k < n_fixed if lv else False
-             for k, lv in enumerate(live)]
-
-    def body(*refs):
-        it = iter(refs)
-        full = [next(it) if f else None for f in final]
-        live_refs = [r for r, lv in zip(full, live) if lv]
-        jc.core.eval_jaxpr(j2, (), *(c for c, u in zip(c1, used_c) if u),
-                           *(r for r, u in zip(live_refs, used_in) if u))
-        return []
-
-    new_jaxpr, _, new_consts = jc.trace_kernel_to_jaxpr(
-        body, [a for a, f in zip(avals, final) if f], what)
-    return new_jaxpr, new_consts, final[n_fixed:]
+    # the locals are [primal outputs, tangent-output copies, sinks]
+    dead = {*range(n_fixed, n_fixed + n_pout), *range(n_fixed + n_pout + n_tout, len(jaxpr.invars))}
+    new_jaxpr, new_consts, kept = prune_refs(jaxpr, consts, avals, dead, set(range(n_fixed)),
+                                             what)
+    return new_jaxpr, new_consts, kept[n_fixed:]
 
 
 def prune_refs(jaxpr, consts, avals, dead: set[int], keep: set[int], what: str):
