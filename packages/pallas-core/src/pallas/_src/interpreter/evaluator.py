@@ -247,6 +247,14 @@ class _Threaded:
         for c, s in zip(self.cells, states):
             c.set_state(s)
 
+    def eval(self, states, jaxpr, args) -> tuple[list, list]:
+        """Evaluates the closed ``jaxpr`` on ``args`` with the cells forked from
+        ``states`` (outer cells among ``args`` become their forks); returns (outputs,
+        the cells' states after it), for the body of a ``lax`` control-flow function."""
+        subst, sub_ctx, inner = self.enter(states)
+        outs = eval_closed(sub_ctx, jaxpr, _sub(args, subst))
+        return outs, [c.state() for c in inner]
+
 
 def _copy_ctx(ctx: KernelContext, subst: dict) -> KernelContext:
     new = KernelContext.__new__(KernelContext)
@@ -269,11 +277,9 @@ def _cond_rule(ctx, eqn, invals):
 
     def make_branch(branch):
         def run(states, plain_vals):
-            subst, sub_ctx, inner = th.enter(states)
             it = iter(plain_vals)
-            args = [subst[id(x)] if isinstance(x, Cell) else next(it) for x in ops]
-            outs = eval_closed(sub_ctx, branch, args)
-            return outs, [c.state() for c in inner]
+            return th.eval(states, branch, [x if isinstance(x, Cell) else next(it)
+                                            for x in ops])
 
         return run
 
@@ -295,15 +301,13 @@ def _while_rule(ctx, eqn, invals):
 
     def cond_fun(state):
         states, c = state
-        subst, sub_ctx, _ = th.enter(states)
-        (pred,) = eval_closed(sub_ctx, p["cond_jaxpr"], [*_sub(cconsts, subst), *c])
+        (pred,), _ = th.eval(states, p["cond_jaxpr"], [*cconsts, *c])
         return pred
 
     def body_fun(state):
         states, c = state
-        subst, sub_ctx, inner = th.enter(states)
-        new_c = eval_closed(sub_ctx, p["body_jaxpr"], [*_sub(bconsts, subst), *c])
-        return [x.state() for x in inner], new_c
+        new_c, new_states = th.eval(states, p["body_jaxpr"], [*bconsts, *c])
+        return new_states, new_c
 
     states, out = lax.while_loop(cond_fun, body_fun, (th.states(), list(carry)))
     th.update(states)
@@ -321,9 +325,8 @@ def _scan_rule(ctx, eqn, invals):
 
     def body(state, x):
         states, c = state
-        subst, sub_ctx, inner = th.enter(states)
-        outs = eval_closed(sub_ctx, p["jaxpr"], [*_sub(consts, subst), *c, *x])
-        return ([s.state() for s in inner], outs[:ncarry]), outs[ncarry:]
+        outs, new_states = th.eval(states, p["jaxpr"], [*consts, *c, *x])
+        return (new_states, outs[:ncarry]), outs[ncarry:]
 
     (states, carry_out), ys = lax.scan(
         body, (th.states(), list(carry)), list(xs), length=p["length"],
