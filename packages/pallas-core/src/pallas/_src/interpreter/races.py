@@ -308,13 +308,8 @@ class AccessLog:
             if not redundant:
                 keep.append(prev)
                 kept.append(k)
-        keep.append(access)
-        self._entries = keep
-        self._writes = sum(e.kind == "write" for e in keep)
-        self._arrays = None
-        self._tuples = []
         rows = clocks if len(kept) == len(entries) else clocks[kept]
-        self._clocks = np.concatenate([rows, clock[None, :]])
+        self._store_few(keep, access, [], np.concatenate([rows, clock[None, :]]))
         return races
 
     def _record_short(self, access: Access, clock: np.ndarray) -> list[Race]:
@@ -338,15 +333,21 @@ class AccessLog:
                 races.append(Race(self.name, prev, access))
             keep.append(prev)
             keep_olds.append(o)
-        keep.append(access)
         keep_olds.append(cur)
+        self._store_few(keep, access, keep_olds, None)
+        self._packed_size = clock.shape[0]
+        return races
+
+    def _store_few(self, keep: list[Access], access: Access, tuples: list[int],
+                   clocks: np.ndarray | None) -> None:
+        """Makes the log the accesses ``keep`` then ``access``, with their clocks cached
+        either packed (``tuples``) or stacked (``clocks``), as the short paths leave it."""
+        keep.append(access)
         self._entries = keep
         self._writes = sum(e.kind == "write" for e in keep)
         self._arrays = None
-        self._tuples = keep_olds
-        self._packed_size = clock.shape[0]
-        self._clocks = None
-        return races
+        self._tuples = tuples
+        self._clocks = clocks
 
     def _record_many(self, access: Access) -> list[Race] | None:
         """:meth:`record` for a long log, with clocks, regions and kinds in arrays (the
