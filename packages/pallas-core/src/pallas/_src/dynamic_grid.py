@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas._src import jax_compat as jc
+from pallas._src.context_vars import set_for_block
 
 
 class DynamicGridDim:
@@ -92,13 +93,8 @@ _dynamic_shapes_export: contextvars.ContextVar = contextvars.ContextVar(
     "pallas_dynamic_shapes_export", default=False)
 
 
-@contextlib.contextmanager
-def dynamic_shapes_export(enabled: bool):
-    token = _dynamic_shapes_export.set(bool(enabled))
-    try:
-        yield
-    finally:
-        _dynamic_shapes_export.reset(token)
+def dynamic_shapes_export(enabled: bool) -> contextlib.AbstractContextManager[None]:
+    return set_for_block(_dynamic_shapes_export, bool(enabled))
 
 
 def dynamic_shapes_export_enabled() -> bool:

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from pallas._src import block_spec as bs
 from pallas._src import jax_compat as jc
+from pallas._src.context_vars import set_for_block
 from pallas._src.fuser.compare import compare_jaxprs
 
 
@@ -161,14 +162,9 @@ _scalar_prefetch: contextvars.ContextVar = contextvars.ContextVar(
     "pallas_fuser_scalar_prefetch", default=None)
 
 
-@contextlib.contextmanager
-def scalar_prefetch_context(*values):
+def scalar_prefetch_context(*values) -> contextlib.AbstractContextManager[None]:
     """Makes the kernel's scalar-prefetch operands visible to index functions."""
-    token = _scalar_prefetch.set(tuple(values))
-    try:
-        yield
-    finally:
-        _scalar_prefetch.reset(token)
+    return set_for_block(_scalar_prefetch, tuple(values))
 
 
 def current_scalar_prefetch() -> tuple:
@@ -212,6 +208,18 @@ def takes_scalar_prefetch(spec, grid_len: int | None):
 
 def as_tuple(indices) -> tuple:
     return tuple(indices) if isinstance(indices, (tuple, list)) else (indices,)
+
+
+def spec_of_dims(spec, dims: Sequence[int]):
+    """The block spec of the operand dims ``dims`` of ``spec``, in that order: what a
+    squeeze (the kept dims), a transpose (permuted) or an unstack (one dropped) makes."""
+    index_map = spec.index_map
+
+    def new_index_map(*args):
+        idx = as_tuple(index_map(*args))
+        return tuple(idx[d] for d in dims)
+
+    return bs.BlockSpec(tuple(spec.block_shape[d] for d in dims), new_index_map)
 
 
 def initial_transforms(out_specs) -> tuple:

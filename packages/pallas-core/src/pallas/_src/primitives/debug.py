@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from pallas._src import config
 from pallas._src import jax_compat as jc
+from pallas._src.context_vars import set_for_block
 from pallas._src.interpreter.rules import register_interpret_rule
 
 debug_print_p = jc.Primitive("debug_print")
@@ -60,13 +61,8 @@ _checks_requested: contextvars.ContextVar = contextvars.ContextVar(
     "pallas_debug_checks_requested", default=False)
 
 
-@contextlib.contextmanager
-def debug_checks_requested(on: bool):
-    token = _checks_requested.set(bool(on))
-    try:
-        yield
-    finally:
-        _checks_requested.reset(token)
+def debug_checks_requested(on: bool) -> contextlib.AbstractContextManager[None]:
+    return set_for_block(_checks_requested, bool(on))
 
 
 def debug_check(condition, message: str) -> None:

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from pallas._src import jax_compat as jc
+from pallas._src.context_vars import set_for_block
 from pallas._src.interpreter.rules import register_interpret_rule
 
 program_id_p = jc.Primitive("program_id")
@@ -19,13 +20,8 @@ num_programs_p = jc.Primitive("num_programs")
 _tracing_grid: contextvars.ContextVar = contextvars.ContextVar("pallas_grid", default=None)
 
 
-@contextlib.contextmanager
-def tracing_grid(grid: tuple[int, ...]):
-    token = _tracing_grid.set(tuple(grid))
-    try:
-        yield
-    finally:
-        _tracing_grid.reset(token)
+def tracing_grid(grid: tuple[int, ...]) -> contextlib.AbstractContextManager[None]:
+    return set_for_block(_tracing_grid, tuple(grid))
 
 
 class GridAxis(NamedTuple):
@@ -41,16 +37,11 @@ class GridAxis(NamedTuple):
 _grid_env: contextvars.ContextVar = contextvars.ContextVar("pallas_grid_env", default=None)
 
 
-@contextlib.contextmanager
-def grid_env(env):
+def grid_env(env) -> contextlib.AbstractContextManager[None]:
     """Within this context, ``pl.program_id(a)`` is ``env[a].index`` and
     ``pl.num_programs(a)`` is ``env[a].size`` (``env`` a sequence of :class:`GridAxis`;
     a None entry leaves that axis to the kernel's grid)."""
-    token = _grid_env.set(tuple(env))
-    try:
-        yield
-    finally:
-        _grid_env.reset(token)
+    return set_for_block(_grid_env, tuple(env))
 
 
 def _from_env(axis, field: str):
