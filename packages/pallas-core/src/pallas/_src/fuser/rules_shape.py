@@ -56,14 +56,8 @@ def _squeeze_eval_rule(ctx, x, *, dimensions):
 @register_push_block_spec_rule(lax.squeeze_p)
 def _squeeze_push_rule(ctx, spec, *, dimensions):
     del ctx
-    keep = [i for i in range(len(spec.block_shape)) if i not in dimensions]
-    index_map = spec.index_map
-
-    def new_index_map(*args):
-        idx = tf.as_tuple(index_map(*args))
-        return tuple(idx[i] for i in keep)
-
-    return bs.BlockSpec(tuple(spec.block_shape[i] for i in keep), new_index_map)
+    return tf.spec_of_dims(
+        spec, [i for i in range(len(spec.block_shape)) if i not in dimensions])
 
 
 register_usage_rule(lax.squeeze_p)(forward_usage)
@@ -182,13 +176,7 @@ def _transpose_eval_rule(ctx, x, *, permutation):
 @register_push_block_spec_rule(lax.transpose_p)
 def _transpose_push_rule(ctx, spec, *, permutation):
     del ctx
-    index_map = spec.index_map
-
-    def new_index_map(*args):
-        idx = tf.as_tuple(index_map(*args))
-        return tuple(idx[p] for p in permutation)
-
-    return bs.BlockSpec(tuple(spec.block_shape[p] for p in permutation), new_index_map)
+    return tf.spec_of_dims(spec, permutation)
 
 
 register_usage_rule(lax.transpose_p)(forward_usage)

@@ -182,6 +182,21 @@ def _concatenate_eval_rule(ctx, *blocks, dimension):
     return out
 
 
+def _common_index_map(specs, what: str, place):
+    """The index map of an output pushed from several operands' specs (``concatenate``,
+    ``stack``): their block index, which must be the same object for all of them, with
+    ``place`` giving the output's (the joined dim's block index is 0)."""
+
+    def new_index_map(*args):
+        indices = [tf.as_tuple(s.index_map(*args)) for s in specs]
+        if any(a is not b for idx in indices[1:] for a, b in zip(indices[0], idx)):
+            raise ValueError(f"Cannot statically prove that all input blocks to {what} are "
+                             "the same.")
+        return place(indices[0])
+
+    return new_index_map
+
+
 @register_push_block_spec_rule(lax.concatenate_p)
 def _concatenate_push_rule(ctx, *specs, dimension):
     for spec, aval in zip(specs, ctx.avals_in):
@@ -193,18 +208,10 @@ def _concatenate_push_rule(ctx, *specs, dimension):
                 f"{[tf.describe(s) for s in specs]} for operands "
                 f"{[a.str_short() for a in ctx.avals_in]}")
 
-    def new_index_map(*args):
-        indices = [tf.as_tuple(s.index_map(*args)) for s in specs]
-        if any(a is not b for idx in indices[1:] for a, b in zip(indices[0], idx)):
-            raise ValueError("Cannot statically prove that all input blocks to concatenate "
-                             "are the same.")
-        out = list(indices[0])
-        out[dimension] = 0
-        return tuple(out)
-
     block = list(specs[0].block_shape)
     block[dimension] = sum(tf.block_size(s.block_shape[dimension]) for s in specs)
-    return bs.BlockSpec(tuple(block), new_index_map)
+    return bs.BlockSpec(tuple(block), _common_index_map(
+        specs, "concatenate", lambda idx: (*idx[:dimension], 0, *idx[dimension + 1:])))
 
 
 # -- stack / unstack -----------------------------------------------------------------------
@@ -239,19 +246,10 @@ def _stack_eval_rule(ctx, *blocks, axis):
 @register_push_block_spec_rule(lax.stack_p)
 def _stack_push_rule(ctx, *specs, axis):
     del ctx
-
-    def new_index_map(*args):
-        indices = [tf.as_tuple(s.index_map(*args)) for s in specs]
-        if any(a is not b for idx in indices[1:] for a, b in zip(indices[0], idx)):
-            raise ValueError("Cannot statically prove that all input blocks to stack are the "
-                             "same.")
-        out = list(indices[0])
-        out.insert(axis, 0)
-        return tuple(out)
-
     block = list(specs[0].block_shape)
     block.insert(axis, len(specs))
-    return bs.BlockSpec(tuple(block), new_index_map)
+    return bs.BlockSpec(tuple(block), _common_index_map(
+        specs, "stack", lambda idx: (*idx[:axis], 0, *idx[axis:])))
 
 
 @register_pull_block_spec_rule(lax.unstack_p)
@@ -287,16 +285,9 @@ def _unstack_push_rule(ctx, spec, *, axis):
         raise NotImplementedError(
             f"unstack not supported yet: the block ({tf.describe(spec)}) must span the "
             f"unstacked axis {axis} whole")
-    block = list(spec.block_shape)
-    block.pop(axis)
-    index_map = spec.index_map
-
-    def new_index_map(*args):
-        out = list(tf.as_tuple(index_map(*args)))
-        out.pop(axis)
-        return tuple(out)
-
-    return [bs.BlockSpec(tuple(block), new_index_map)] * n
+    ndim = len(spec.block_shape)
+    dims = [d for d in range(ndim) if d != axis % ndim]
+    return [tf.spec_of_dims(spec, dims)] * n
 
 
 for _prim in (lax.slice_p, lax.concatenate_p, lax.stack_p, lax.unstack_p):
