@@ -18,13 +18,18 @@ from pallas._src.jax_compat import is_symbolic_dim
 
 
 @dataclasses.dataclass(frozen=True)
-class Blocked:
-    """A dimension tiled in blocks of ``block_size``; the index map returns block indices."""
+class _SizedDim:
+    """A block dimension given by its size alone, shown as ``Kind(size)``."""
 
     block_size: int
 
     def __str__(self) -> str:
-        return f"Blocked({self.block_size})"
+        return f"{type(self).__name__}({self.block_size})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocked(_SizedDim):
+    """A dimension tiled in blocks of ``block_size``; the index map returns block indices."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,13 +59,8 @@ squeezed = Squeezed()
 
 
 @dataclasses.dataclass(frozen=True)
-class BoundedSlice:
+class BoundedSlice(_SizedDim):
     """A dimension whose index map returns ``pl.ds(start, size)`` with ``size <= block_size``."""
-
-    block_size: int
-
-    def __str__(self) -> str:
-        return f"BoundedSlice({self.block_size})"
 
 
 @dataclasses.dataclass(frozen=True)
