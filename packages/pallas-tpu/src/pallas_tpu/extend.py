@@ -2,7 +2,8 @@
 
 A public, documented surface for other packages (pallas-tpu-sparsecore is the first):
 the jaxpr-to-Mosaic engine, the rule table it walks, the helpers rules are written
-with, and the ``tpu_custom_call`` packaging. Backends import these names from here,
+with, and the ``tpu_custom_call`` packaging (``custom_call_options``: the call's options
+that the compiler params decide). Backends import these names from here,
 never from ``pallas_tpu._src``, so pallas-tpu may reorganise its internals freely.
 
 How another backend lowers with it::
@@ -44,7 +45,11 @@ from pallas_tpu._src.lowering.common import (
     to_i32,
     to_index,
 )
-from pallas_tpu._src.lowering.custom_call import cost_dict, side_effect_type
+from pallas_tpu._src.lowering.custom_call import (
+    cost_dict,
+    custom_call_options,
+    side_effect_type,
+)
 from pallas_tpu._src.lowering.engine import lower_jaxpr
 from pallas_tpu._src.lowering.kernel import new_context
 from pallas_tpu._src.lowering.rules import RULES
@@ -68,7 +73,7 @@ __all__ = [
     "Lit", "LoweringContext", "LoweringException", "MosaicUnsupported", "RULES", "RefIndex", "RefVal",
     "SparseCoreInfo", "Window",
     "apply_transforms", "aval_in", "aval_out", "broadcast_to", "const", "convert",
-    "cost_dict", "dma_start_p", "dma_wait_p", "is_any_space", "spec_end",
+    "cost_dict", "custom_call_options", "dma_start_p", "dma_wait_p", "is_any_space", "spec_end",
     "unflatten_refs", "load_window", "lower_jaxpr", "materialize",
     "new_context", "operands", "side_effect_type", "store_window", "to_i32", "to_index",
     "types", "window_indices", "window_memref",

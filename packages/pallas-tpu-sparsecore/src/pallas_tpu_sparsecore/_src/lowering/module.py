@@ -131,26 +131,10 @@ def _build(jaxpr, gm, name: str, info: SparseCoreInfo, params) -> SparseCoreKern
         _rules.TC_TILING.reset(token)
 
 
-def custom_call_kwargs(kernel: SparseCoreKernel, params, cost_estimate) -> dict:
-    return dict(
-        cost_estimate=tpx.cost_dict(cost_estimate),
-        vmem_limit_bytes=params.vmem_limit_bytes,
-        flags=params.flags_dict,
-        allow_input_fusion=params.allow_input_fusion,
-        internal_scratch_in_bytes=params.internal_scratch_in_bytes,
-        collective_id=params.collective_id,
-        serialization_format=params.serialization_format,
-        output_memory_spaces=None,
-        input_memory_spaces=None,
-        disable_bounds_checks=params.disable_bounds_checks,
-        disable_semaphore_checks=params.disable_semaphore_checks,
-        skip_device_barrier=params.skip_device_barrier,
-        allow_collective_id_without_custom_barrier=(
-            params.allow_collective_id_without_custom_barrier),
-        shape_invariant_numerics=params.shape_invariant_numerics,
-        needs_layout_passes=params.needs_layout_passes,
-        tiling=_tiling(params),
-    )
+def custom_call_kwargs(params, cost_estimate) -> dict:
+    """pallas-tpu's custom-call options for ``params`` (operands in their default memory
+    spaces), with SparseCore's memref tiling."""
+    return {**tpx.custom_call_options(params, cost_estimate), "tiling": _tiling(params)}
 
 
 def lower_to_custom_call(ctx, *in_nodes, jaxpr, grid_mapping, params, info, cost_estimate,
@@ -162,12 +146,12 @@ def lower_to_custom_call(ctx, *in_nodes, jaxpr, grid_mapping, params, info, cost
         input_output_aliases=tuple(grid_mapping.input_output_aliases),
         has_side_effects=tpx.side_effect_type(params.has_side_effects),
         metadata=dict(metadata) if metadata else None,
-        **custom_call_kwargs(kernel, params, cost_estimate),
+        **custom_call_kwargs(params, cost_estimate),
     )
 
 
 def backend_config(jaxpr, grid_mapping, params, info, cost_estimate, name: str) -> bytes:
     """The ``tpu_custom_call`` backend config :func:`lower_to_custom_call` attaches."""
     kernel = _build(jaxpr, grid_mapping, name, info, params)
-    kw = custom_call_kwargs(kernel, params, cost_estimate)
+    kw = custom_call_kwargs(params, cost_estimate)
     return jc.backend_config_of(kernel.module, **kw).to_json()

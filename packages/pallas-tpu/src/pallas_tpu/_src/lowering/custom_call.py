@@ -35,8 +35,11 @@ def mesh_axes_of(ctx) -> tuple:
     return tuple((n, int(mesh.shape[n])) for n in mesh.axis_names)
 
 
-def _config_kwargs(kernel, p: CompilerParams, cost_estimate) -> dict:
-    """The options of the backend config, shared by the custom call and the emulator."""
+def custom_call_options(p: CompilerParams, cost_estimate, *, input_memory_spaces=None,
+                        output_memory_spaces=None) -> dict:
+    """The ``tpu_custom_call`` options that the compiler params and the cost estimate
+    decide (every Mosaic kernel's, TensorCore or SparseCore); the memory spaces are the
+    kernel's own (None: all default)."""
     return dict(
         cost_estimate=cost_dict(cost_estimate),
         vmem_limit_bytes=p.vmem_limit_bytes,
@@ -45,10 +48,8 @@ def _config_kwargs(kernel, p: CompilerParams, cost_estimate) -> dict:
         internal_scratch_in_bytes=p.internal_scratch_in_bytes,
         collective_id=p.collective_id,
         serialization_format=p.serialization_format,
-        output_memory_spaces=kernel.output_memory_spaces if any(
-            kernel.output_memory_spaces) else None,
-        input_memory_spaces=kernel.input_memory_spaces if any(
-            kernel.input_memory_spaces) else None,
+        output_memory_spaces=output_memory_spaces,
+        input_memory_spaces=input_memory_spaces,
         disable_bounds_checks=p.disable_bounds_checks,
         disable_semaphore_checks=p.disable_semaphore_checks,
         skip_device_barrier=p.skip_device_barrier,
@@ -56,6 +57,16 @@ def _config_kwargs(kernel, p: CompilerParams, cost_estimate) -> dict:
         shape_invariant_numerics=p.shape_invariant_numerics,
         needs_layout_passes=p.needs_layout_passes,
     )
+
+
+def _config_kwargs(kernel, p: CompilerParams, cost_estimate) -> dict:
+    """The options of the backend config, shared by the custom call and the emulator."""
+    return custom_call_options(
+        p, cost_estimate,
+        output_memory_spaces=kernel.output_memory_spaces if any(
+            kernel.output_memory_spaces) else None,
+        input_memory_spaces=kernel.input_memory_spaces if any(
+            kernel.input_memory_spaces) else None)
 
 
 def _print_module(kernel, name: str) -> None:
