@@ -385,12 +385,8 @@ def _masked_load_rule(core: Core, eqn, invals):
     box, _ = view(buf, flat, tree)
     if box is None:
         value = _discharged_get(core, buf, flat, tree, site)
-    elif mask is not None and B.out_of_bounds(box, core.bounds(buf)):
-        core.access("read", buf, box, site)
-        fill = B.uninitialized_value(buf.dtype, core.params.uninitialized_memory)
-        value = B.clipped_read(buf.storage, box, core.bounds(buf), fill)
     else:
-        value = core.read(buf, box, site)
+        value = _read_under_mask(core, buf, box, site, mask)
     if mask is not None:
         fill = other if other is not None else np.zeros_like(value)
         value = np.where(np.asarray(mask), value, fill)
@@ -411,15 +407,21 @@ def _masked_swap_rule(core: Core, eqn, invals):
         new = val if mask is None else np.where(np.asarray(mask), val, old)
         _discharged_set(core, buf, flat, tree, new, site)
         return [_exchanged(old, val, mask)]
-    if mask is not None and B.out_of_bounds(box, core.bounds(buf)):
-        core.access("read", buf, box, site)
-        fill = B.uninitialized_value(buf.dtype, core.params.uninitialized_memory)
-        old = B.clipped_read(buf.storage, box, core.bounds(buf), fill)
-    else:
-        old = core.read(buf, box, site)
+    old = _read_under_mask(core, buf, box, site, mask)
     core.write(buf, box, val, site, what="masked swap" if mask is not None else "swap",
                mask=mask)
     return [_exchanged(old, val, mask)]
+
+
+def _read_under_mask(core: Core, buf, box, site: str, mask) -> np.ndarray:
+    """``box`` of ``buf`` for a load or swap. With a mask, a box reaching past the buffer
+    is no error (its masked-off lanes may lie outside): the outside reads as uninitialized
+    memory."""
+    if mask is not None and B.out_of_bounds(box, core.bounds(buf)):
+        core.access("read", buf, box, site)
+        fill = B.uninitialized_value(buf.dtype, core.params.uninitialized_memory)
+        return B.clipped_read(buf.storage, box, core.bounds(buf), fill)
+    return core.read(buf, box, site)
 
 
 def _exchanged(old, val, mask):

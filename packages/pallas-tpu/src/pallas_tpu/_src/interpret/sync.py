@@ -248,11 +248,10 @@ class Dma:
             self.sim.record(self.thread, self.clock, kind, buf, box, self.site, self.who)
 
     def read(self) -> None:
+        """Reads the source (once) and signals the send semaphore."""
         if self.state != "started":
             return
-        self._record("read", self.src, self.src_box)
-        self.data = self.issuer.read(self.src, self.src_box, self.site, "read",
-                                     record=False)
+        self.data = self._read_source()
         self.state = "read"
         if self.src_sem is not None:
             signal(self.issuer, self.src_sem, self.issuer.core, self.src_flat, self.nbytes,
@@ -265,18 +264,32 @@ class Dma:
         if self.state == "started" and self._copy_direct():
             return
         self.read()
-        if self.sim.detect:
-            # The write is a later event of the DMA than its read: the send semaphore
-            # (signalled after the read) must not order the write for its waiter.
-            self.clock = self.clock.copy()
-            self.clock[self.thread] = self.sim.clocks.tick(self.thread)[self.thread]
-        self._record("write", self.dst, self.dst_box)
-        data = self.data
-        if self.add:
-            data = self.issuer.read(self.dst, self.dst_box, self.site, record=False) + data
-        self.issuer.write(self.dst, self.dst_box, data, self.site, record=False)
+        self._next_event()
+        self._write_destination()
         self._finish()
 
+    def _read_source(self):
+        return self._read(self.src_box)
+
+    def _write_destination(self) -> None:
+        self._write(self.dst_box, self.data)
+
+    def _read(self, box) -> np.ndarray:
+        self._record("read", self.src, box)
+        return self.issuer.read(self.src, box, self.site, "read", record=False)
+
+    def _write(self, box, data) -> None:
+        self._record("write", self.dst, box)
+        if self.add:
+            data = self.issuer.read(self.dst, box, self.site, record=False) + data
+        self.issuer.write(self.dst, box, data, self.site, record=False)
+
+    def _next_event(self) -> None:
+        """The write is a later event of the DMA than its read: the send semaphore
+        (signalled after the read) must not order the write for its waiter."""
+        if self.sim.detect:
+            self.clock = self.clock.copy()
+            self.clock[self.thread] = self.sim.clocks.tick(self.thread)[self.thread]
 
     def _copy_direct(self) -> bool:
         """:meth:`run` from start to end for a plain copy whose boxes are in bounds and
@@ -290,11 +303,9 @@ class Dma:
         if src_index is None or dst_index is None or B.box_shape(sb) != B.box_shape(db):
             return False
         sim = self.sim
-        if sim.detect:
-            self._record("read", src, sb)
-            self.clock = self.clock.copy()
-            self.clock[self.thread] = sim.clocks.tick(self.thread)[self.thread]
-            self._record("write", dst, db)
+        self._record("read", src, sb)
+        self._next_event()
+        self._record("write", dst, db)
         with sim.lock:
             (dst.own() if dst.borrowed else dst.storage)[dst_index] = src.storage[src_index]
         self._finish()
@@ -334,35 +345,17 @@ class IndexedDma(Dma):
     """A gather or scatter (boxes are RowViews): moves row by row, so repeated
     destination indices of a scatter-add all land; ignored rows move nothing."""
 
-    def read(self) -> None:
-        if self.state != "started":
-            return
-        self.data = []
-        for r in self.src_box.rows:
-            if r is not None:
-                self._record("read", self.src, r)
-            self.data.append(None if r is None else self.issuer.read(
-                self.src, r, self.site, "read", record=False))
-        self.state = "read"
-        if self.src_sem is not None:
-            signal(self.issuer, self.src_sem, self.issuer.core, self.src_flat, self.nbytes,
-                   self.clock if self.sim.detect else None)
+    def _copy_direct(self) -> bool:
+        """Never: rows move one by one."""
+        return False
 
-    def run(self) -> None:
-        if self.state == "done":
-            return
-        self.read()
-        if self.sim.detect:
-            self.clock = self.clock.copy()
-            self.clock[self.thread] = self.sim.clocks.tick(self.thread)[self.thread]
+    def _read_source(self) -> list:
+        return [None if r is None else self._read(r) for r in self.src_box.rows]
+
+    def _write_destination(self) -> None:
         for r, data in zip(self.dst_box.rows, self.data):
-            if r is None:
-                continue
-            self._record("write", self.dst, r)
-            if self.add:
-                data = self.issuer.read(self.dst, r, self.site, record=False) + data
-            self.issuer.write(self.dst, r, data, self.site, record=False)
-        self._finish()
+            if r is not None:
+                self._write(r, data)
 
 
 def _describe(box) -> str:
