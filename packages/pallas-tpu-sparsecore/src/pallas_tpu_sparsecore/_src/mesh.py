@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 
 import pallas as pl
 from pallas.plugins import Mesh
@@ -42,15 +43,28 @@ def _check_name(what: str, name) -> None:
         raise TypeError(f"{what} must be a non-empty str; got {name!r}")
 
 
+class _SparseCoreMesh(Mesh):
+    """What both SparseCore meshes share: the backend they select, operands in HBM, and
+    one kernel instance per mesh point; ``core_type`` says which subcores run it."""
+
+    backend = BACKEND
+    default_memory_space = MemorySpace.HBM
+    core_type: CoreType
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.sizes)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ScalarSubcoreMesh(Mesh):
+class ScalarSubcoreMesh(_SparseCoreMesh):
     """One mesh point per SparseCore (its scalar subcore), along ``axis_name``."""
 
     axis_name: str
     num_cores: int = dataclasses.field(
         default_factory=lambda: get_sparse_core_info().num_cores)
 
-    backend = BACKEND
+    core_type = CoreType.SC_SCALAR_SUBCORE
 
     def __post_init__(self):
         _check_name("ScalarSubcoreMesh axis_name", self.axis_name)
@@ -58,20 +72,8 @@ class ScalarSubcoreMesh(Mesh):
                      get_sparse_core_info().num_cores, "SparseCores")
 
     @property
-    def core_type(self) -> CoreType:
-        return CoreType.SC_SCALAR_SUBCORE
-
-    @property
-    def default_memory_space(self) -> MemorySpace:
-        return MemorySpace.HBM
-
-    @property
     def shape(self) -> collections.OrderedDict:
         return collections.OrderedDict({self.axis_name: self.num_cores})
-
-    @property
-    def size(self) -> int:
-        return self.num_cores
 
     @property
     def dimension_semantics(self) -> list:
@@ -79,7 +81,7 @@ class ScalarSubcoreMesh(Mesh):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class VectorSubcoreMesh(Mesh):
+class VectorSubcoreMesh(_SparseCoreMesh):
     """One mesh point per vector subcore: ``num_cores`` SparseCores times
     ``num_subcores`` subcores, along ``core_axis_name`` and ``subcore_axis_name``."""
 
@@ -90,7 +92,7 @@ class VectorSubcoreMesh(Mesh):
     num_subcores: int = dataclasses.field(
         default_factory=lambda: get_sparse_core_info().num_subcores)
 
-    backend = BACKEND
+    core_type = CoreType.SC_VECTOR_SUBCORE
 
     def __post_init__(self):
         _check_name("VectorSubcoreMesh core_axis_name", self.core_axis_name)
@@ -106,21 +108,9 @@ class VectorSubcoreMesh(Mesh):
                      info.num_subcores, "vector subcores per SparseCore")
 
     @property
-    def core_type(self) -> CoreType:
-        return CoreType.SC_VECTOR_SUBCORE
-
-    @property
-    def default_memory_space(self) -> MemorySpace:
-        return MemorySpace.HBM
-
-    @property
     def shape(self) -> collections.OrderedDict:
         return collections.OrderedDict(
             {self.core_axis_name: self.num_cores, self.subcore_axis_name: self.num_subcores})
-
-    @property
-    def size(self) -> int:
-        return self.num_cores * self.num_subcores
 
     @property
     def dimension_semantics(self) -> list:

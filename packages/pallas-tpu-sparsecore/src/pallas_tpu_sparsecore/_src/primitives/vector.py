@@ -153,6 +153,20 @@ def unpack(ab: jax.Array, /, *, format: PackFormat,
     return tuple(unpack_p.bind(ab, format=_format(fn, format), preferred_element_type=pet))
 
 
+def _result_dtype(fn: str, verb: str, dtype, preferred, default: dict, bits: int):
+    """The element type :func:`pack`/:func:`unpack` produce from ``dtype``: ``preferred``
+    when given (it must have ``bits`` bits), else ``default[dtype]``."""
+    if preferred is None:
+        if dtype not in default:
+            raise TypeError(f"{fn}: {verb} {' or '.join(d.name for d in default)} vectors "
+                            f"(or pass preferred_element_type=); got {dtype.name}")
+        return default[dtype]
+    if _bits(preferred) != bits:
+        raise ValueError(f"{fn}: preferred_element_type must have {bits} bits; got "
+                         f"{preferred.name}")
+    return preferred
+
+
 def _pack_abstract_eval(a, b, *, format, preferred_element_type):
     fn = "plsc.pack"
     if a.shape != b.shape or a.ndim != 1:
@@ -161,16 +175,8 @@ def _pack_abstract_eval(a, b, *, format, preferred_element_type):
     if a.dtype != b.dtype:
         raise TypeError(f"{fn}: a and b must have one dtype; got {a.dtype.name} and "
                         f"{b.dtype.name}")
-    if preferred_element_type is None:
-        if a.dtype not in _HALF:
-            raise TypeError(f"{fn}: packs float32 or int32 vectors (or pass "
-                            f"preferred_element_type=); got {a.dtype.name}")
-        out = _HALF[a.dtype]
-    else:
-        out = preferred_element_type
-        if _bits(out) * 2 != _bits(a.dtype):
-            raise ValueError(f"{fn}: preferred_element_type must have {_bits(a.dtype) // 2} "
-                             f"bits; got {out.name}")
+    out = _result_dtype(fn, "packs", a.dtype, preferred_element_type, _HALF,
+                        _bits(a.dtype) // 2)
     shape = (2 * a.shape[0],) if format is PackFormat.INTERLEAVED else (a.shape[0], 2)
     return jc.ShapedArray(shape, out)
 
@@ -182,16 +188,8 @@ def _unpack_abstract_eval(ab, *, format, preferred_element_type):
                          f"{ab.shape}")
     if format is PackFormat.COMPRESSED and (ab.ndim != 2 or ab.shape[1] != 2):
         raise ValueError(f"{fn}: COMPRESSED takes shape (n, 2); got {ab.shape}")
-    if preferred_element_type is None:
-        if ab.dtype not in _DOUBLE:
-            raise TypeError(f"{fn}: unpacks bfloat16 or int16 (or pass "
-                            f"preferred_element_type=); got {ab.dtype.name}")
-        out = _DOUBLE[ab.dtype]
-    else:
-        out = preferred_element_type
-        if _bits(out) != 2 * _bits(ab.dtype):
-            raise ValueError(f"{fn}: preferred_element_type must have {2 * _bits(ab.dtype)} "
-                             f"bits; got {out.name}")
+    out = _result_dtype(fn, "unpacks", ab.dtype, preferred_element_type, _DOUBLE,
+                        2 * _bits(ab.dtype))
     n = ab.size // 2
     return (jc.ShapedArray((n,), out),) * 2
 
