@@ -140,12 +140,18 @@ def _update(cell, idx, tree, new):
     _, cell.value = views.swap_flat(cell.value, new, idx, tree)
 
 
+def _count_operands(eqn, invals):
+    """A signal's or wait's operands: (the semaphore's cell, its index operands, the
+    count signalled or awaited, the operands after it)."""
+    cell, *rest = invals
+    n = eqn.params["tree"].num_leaves
+    return cell, rest[:n], rest[n], rest[n + 1:]
+
+
 @register_interpret_rule(semaphore_signal_p)
 def _signal_rule(ctx, eqn, invals):
     p = eqn.params
-    cell, *rest = invals
-    n = p["tree"].num_leaves
-    idx, inc = rest[:n], rest[n]
+    cell, idx, inc, rest = _count_operands(eqn, invals)
     if p["device_id_tree"].num_leaves:
         signal_remote = ctx.backend_state.get("remote_semaphore_signal")
         if signal_remote is None:
@@ -154,7 +160,7 @@ def _signal_rule(ctx, eqn, invals):
                 "(run the kernel under shard_map with a backend that provides remote "
                 "semaphores, e.g. pallas-tpu)"
             )
-        devs = rest[n + 1 : n + 1 + p["device_id_tree"].num_leaves]
+        devs = rest[: p["device_id_tree"].num_leaves]
         signal_remote(ctx, cell, idx, p["tree"], inc, devs, p["device_id_type"])
         return []
     _update(cell, idx, p["tree"], _view(cell, idx, p["tree"]) + inc)
@@ -164,9 +170,7 @@ def _signal_rule(ctx, eqn, invals):
 @register_interpret_rule(semaphore_wait_p)
 def _wait_rule(ctx, eqn, invals):
     p = eqn.params
-    cell, *rest = invals
-    n = p["tree"].num_leaves
-    idx, value = rest[:n], rest[n]
+    cell, idx, value, _ = _count_operands(eqn, invals)
     cur = _view(cell, idx, p["tree"])
     ctx.report(
         jnp.all(cur >= value),
