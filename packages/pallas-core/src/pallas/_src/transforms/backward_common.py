@@ -161,25 +161,40 @@ def loop_results_from_residuals(jaxpr, n_res: int):
     loop's own primal carries are then left unused.
     """
     res = set(jaxpr.invars[:n_res])
+    after: dict = {}  # loop result -> its value, the last row of a residual
 
     def known(v):
         return isinstance(v, jc.Literal) or v in res
 
+    def step(eqn, read):
+        if eqn.primitive is jc.scan_p:
+            return scan_with_known_carries(eqn, read, known, after)
+        return None
+
+    return retrace_linear_part(jaxpr, step, after)
+
+
+def retrace_linear_part(jaxpr, step, overrides: dict | None = None):
+    """The linear part ``jaxpr`` traced again equation by equation: ``step(eqn, read)``
+    binds the equations it rewrites and returns their outputs (None: the equation is
+    bound as it is); ``read`` gives a variable's value, the one in ``overrides`` (which
+    ``step`` may fill) before its own. Raises :class:`NotKernelizable` when the result
+    captures constants."""
+    overrides = {} if overrides is None else overrides
+
     def fn(*args):
         env = dict(zip(jaxpr.invars, args))
-        after: dict = {}  # loop result -> its value, the last row of a residual
 
         def read(v):
             if isinstance(v, jc.Literal):
                 return v.val
-            if v in after:
-                return after[v]
+            if v in overrides:
+                return overrides[v]
             return env[v]
 
         for eqn in jaxpr.eqns:
-            if eqn.primitive is jc.scan_p:
-                outs = scan_with_known_carries(eqn, read, known, after)
-            else:
+            outs = step(eqn, read)
+            if outs is None:
                 outs = eqn.primitive.bind(*map(read, eqn.invars),
                                           **eqn.primitive.get_bind_params(eqn.params))
                 outs = outs if eqn.primitive.multiple_results else [outs]

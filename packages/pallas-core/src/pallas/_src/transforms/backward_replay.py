@@ -12,6 +12,7 @@ import numpy as np
 
 from pallas._src import jax_compat as jc
 from pallas._src.primitives import load_store
+from pallas._src.transforms.backward_common import retrace_linear_part
 from pallas._src.transforms.backward_pruning import NotKernelizable
 
 _STORES = (jc.swap_p, jc.addupdate_p, load_store.swap_p)
@@ -32,44 +33,30 @@ def hoist_primal_stores(jaxpr, primal: set[int]):
     if not any(_primal_store_positions(e, pvars) for e in jaxpr.eqns):
         return jaxpr
 
-    def fn(*args):
-        env = dict(zip(jaxpr.invars, args))
+    def step(eqn, read):
+        inner = _primal_store_positions(eqn, pvars)
+        if not inner:
+            return None
+        if eqn.outvars:
+            raise NotKernelizable("a pl.when body that stores primal state returns values")
+        rest = {k: v for k, v in eqn.params.items() if k != "branches"}
+        ops = list(map(read, eqn.invars[1:]))
+        brs = eqn.params["branches"]
+        parts = [_branch_eqns(br, inner, True) for br in brs]
+        # the primal conditional takes no tangent ref (it stays non-linear)
+        pos = sorted({k for br, es in zip(brs, parts)
+                      for k, v in enumerate(br.jaxpr.invars)
+                      if any(v in e.invars for e in es)})
+        branches = tuple(_branch_fn(br, es, pos) for br, es in zip(brs, parts))
+        jc.cond_p.bind(read(eqn.invars[0]), *(ops[k] for k in pos),
+                       branches=branches, **rest)
+        all_pos = list(range(len(ops)))
+        branches = tuple(_branch_fn(br, _branch_eqns(br, inner, False), all_pos)
+                         for br in brs)
+        jc.cond_p.bind(read(eqn.invars[0]), *ops, branches=branches, **rest)
+        return []
 
-        def read(v):
-            return v.val if isinstance(v, jc.Literal) else env[v]
-
-        for eqn in jaxpr.eqns:
-            inner = _primal_store_positions(eqn, pvars)
-            if inner:
-                if eqn.outvars:
-                    raise NotKernelizable("a pl.when body that stores primal state returns "
-                                          "values")
-                rest = {k: v for k, v in eqn.params.items() if k != "branches"}
-                ops = list(map(read, eqn.invars[1:]))
-                brs = eqn.params["branches"]
-                parts = [_branch_eqns(br, inner, True) for br in brs]
-                # the primal conditional takes no tangent ref (it stays non-linear)
-                pos = sorted({k for br, es in zip(brs, parts)
-                              for k, v in enumerate(br.jaxpr.invars)
-                              if any(v in e.invars for e in es)})
-                branches = tuple(_branch_fn(br, es, pos) for br, es in zip(brs, parts))
-                jc.cond_p.bind(read(eqn.invars[0]), *(ops[k] for k in pos),
-                               branches=branches, **rest)
-                all_pos = list(range(len(ops)))
-                branches = tuple(_branch_fn(br, _branch_eqns(br, inner, False), all_pos)
-                                 for br in brs)
-                jc.cond_p.bind(read(eqn.invars[0]), *ops, branches=branches, **rest)
-                continue
-            outs = eqn.primitive.bind(*map(read, eqn.invars),
-                                      **eqn.primitive.get_bind_params(eqn.params))
-            env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
-        return [read(v) for v in jaxpr.outvars]
-
-    new, _, consts = jc.trace_kernel_to_jaxpr(fn, [v.aval for v in jaxpr.invars],
-                                              "linear part")
-    if consts:
-        raise NotKernelizable("the linear part of the kernel captures constants")
-    return new
+    return retrace_linear_part(jaxpr, step)
 
 
 def _primal_store_positions(eqn, pvars) -> set[int]:
