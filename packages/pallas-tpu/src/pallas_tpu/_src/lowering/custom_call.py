@@ -35,27 +35,26 @@ def mesh_axes_of(ctx) -> tuple:
     return tuple((n, int(mesh.shape[n])) for n in mesh.axis_names)
 
 
+# The compiler params the ``tpu_custom_call`` takes as they are, under the same names.
+_OPTIONS_AS_GIVEN = (
+    "vmem_limit_bytes", "allow_input_fusion", "internal_scratch_in_bytes", "collective_id",
+    "serialization_format", "disable_bounds_checks", "disable_semaphore_checks",
+    "skip_device_barrier", "allow_collective_id_without_custom_barrier",
+    "shape_invariant_numerics", "needs_layout_passes",
+)
+
+
 def custom_call_options(p: CompilerParams, cost_estimate, *, input_memory_spaces=None,
                         output_memory_spaces=None) -> dict:
     """The ``tpu_custom_call`` options that the compiler params and the cost estimate
     decide (every Mosaic kernel's, TensorCore or SparseCore); the memory spaces are the
     kernel's own (None: all default)."""
     return dict(
+        {name: getattr(p, name) for name in _OPTIONS_AS_GIVEN},
         cost_estimate=cost_dict(cost_estimate),
-        vmem_limit_bytes=p.vmem_limit_bytes,
         flags=p.flags_dict,
-        allow_input_fusion=p.allow_input_fusion,
-        internal_scratch_in_bytes=p.internal_scratch_in_bytes,
-        collective_id=p.collective_id,
-        serialization_format=p.serialization_format,
         output_memory_spaces=output_memory_spaces,
         input_memory_spaces=input_memory_spaces,
-        disable_bounds_checks=p.disable_bounds_checks,
-        disable_semaphore_checks=p.disable_semaphore_checks,
-        skip_device_barrier=p.skip_device_barrier,
-        allow_collective_id_without_custom_barrier=p.allow_collective_id_without_custom_barrier,
-        shape_invariant_numerics=p.shape_invariant_numerics,
-        needs_layout_passes=p.needs_layout_passes,
     )
 
 
