@@ -45,6 +45,7 @@ from pallas._src.interpreter.rules import (
     register_interpret_schedule,
 )
 from pallas._src.interpreter.views import add_flat as add_view
+from pallas._src.interpreter.views import read_cell, write_cell
 from pallas._src.interpreter.views import read_flat as read_view
 from pallas._src.interpreter.views import swap_flat as swap_view
 from pallas._src.jax_compat import axis_index_p
@@ -150,6 +151,8 @@ __all__ = [
     # An array read, written and added to through a ref's (flattened) transforms:
     # indexers, reshapes and bitcasts (``swap_view`` returns ``(old, new_array)``).
     "read_view", "swap_view", "add_view",
+    # The same through an interpreter cell's view, keeping its initialised-elements mask.
+    "read_cell", "write_cell",
     # Refs (and their ref.at views) packed as primitive operands.
     "RefOperands", "ref_and_transforms", "ref_operands_end", "unpack_ref_operands",
     # Kernel jaxprs print a backend primitive's ref access as `a[i]`, as core's own.

@@ -17,8 +17,6 @@ from jax._src.state import indexing as state_indexing
 from jax._src.state import primitives as state_primitives
 from jax._src.state import types as state_types
 
-from pallas import plugins  # reads and writes through ref views (indexers, reshapes, bitcasts)
-
 Primitive = core.Primitive
 ShapedArray = core.ShapedArray
 Literal = core.Literal
@@ -57,17 +55,6 @@ def ref_and_transforms(ref):
 def transformed_aval(ref_aval, transforms):
     """The aval of ``ref_aval`` seen through ``transforms``."""
     return state_types.transform_type(transforms, ref_aval)
-
-
-def get_view(value, flat_transforms, tree):
-    """The part of ``value`` a ref with these (flattened) transforms sees."""
-    return plugins.read_view(value, flat_transforms, tree)
-
-
-def set_view(value, new, flat_transforms, tree):
-    """``value`` with the part seen through the transforms replaced by ``new``."""
-    _, out = plugins.swap_view(value, new, flat_transforms, tree)
-    return out
 
 
 def trace_to_jaxpr(fun, in_avals, debug_name: str):

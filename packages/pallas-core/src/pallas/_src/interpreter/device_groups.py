@@ -18,8 +18,8 @@ from typing import Any
 class DeviceGroups:
     """The running groups of a backend's interpret mode (one instance per backend).
 
-    A group is any object with a ``num_devices`` attribute; :meth:`join` sets its
-    ``registry_key``."""
+    A group is any object with a ``num_devices`` attribute and a ``fail(exc, where)``
+    method (which aborts its devices); :meth:`join` sets its ``registry_key``."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -48,12 +48,12 @@ class DeviceGroups:
                 self._running.pop(key, None)
                 del self._left[key]
 
-    def reset(self, abort: Callable[[Any], None]) -> None:
-        """Forgets every group (after an error left one behind), calling ``abort(group)``
-        on each first, and starts the call counts again."""
+    def reset(self, reason: BaseException) -> None:
+        """Forgets every group (after an error left one behind), failing each first with
+        ``group.fail(reason, "a reset")``, and starts the call counts again."""
         with self._lock:
             for group in self._running.values():
-                abort(group)
+                group.fail(reason, "a reset")
             self._running.clear()
             self._calls.clear()
             self._left.clear()

@@ -198,11 +198,7 @@ def _get_rule(ctx, eqn, invals):
 @register_interpret_rule(jc.swap_p)
 def _swap_rule(ctx, eqn, invals):
     cell, val, *idx = invals
-    old, cell.value = views.swap_flat(cell.value, val, idx, eqn.params["tree"])
-    if cell.init is not None:
-        cell.init = views.written_mask(cell.init, jnp.result_type(cell.value), idx,
-                                       eqn.params["tree"])
-    return [old]
+    return [views.write_cell(cell, idx, eqn.params["tree"], val)]
 
 
 @register_interpret_rule(jc.addupdate_p)

@@ -146,3 +146,22 @@ def written_mask(mask, dtype, flat: Sequence[Any], tree):
     view = read(bits, transforms)
     ones = _as_bits(jnp.ones(jnp.shape(view), jnp.bool_), view.dtype)
     return _all_bits(swap(bits, ones, transforms)[1])
+
+
+# -- interpreter cells (``.value``, and ``.init`` where the uninitialised-read check keeps
+# a mask), as the interpreters' rules read and write them -------------------------------
+
+
+def read_cell(cell, flat: Sequence[Any], tree):
+    """What the view of ``cell`` shows, as a JAX array (a backend's interpret mode may
+    keep numpy arrays in its cells)."""
+    return jnp.asarray(read_flat(cell.value, flat, tree))
+
+
+def write_cell(cell, flat: Sequence[Any], tree, new):
+    """Writes ``new`` into the view of ``cell``, marking its elements written where the
+    cell keeps an ``init`` mask; returns the view's old contents."""
+    old, cell.value = swap_flat(cell.value, new, flat, tree)
+    if getattr(cell, "init", None) is not None:
+        cell.init = written_mask(cell.init, jnp.result_type(cell.value), flat, tree)
+    return old

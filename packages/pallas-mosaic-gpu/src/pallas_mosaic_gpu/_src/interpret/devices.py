@@ -176,22 +176,14 @@ def where(coords: dict) -> str:
 
 # -- the registry of running groups -------------------------------------------------------
 
-_groups = DeviceGroups()
-
-
-def join(kernel_key, device: int, make: Callable[[], DeviceGroup]) -> DeviceGroup:
-    """The group of this device's next call of the kernel ``kernel_key``."""
-    return _groups.join(kernel_key, device, make)
-
-
-def leave(group: DeviceGroup) -> None:
-    _groups.leave(group)
+#: The running groups: ``GROUPS.join(kernel_key, device, make)`` is the group of this
+#: device's next call of the kernel, ``GROUPS.leave(group)`` when the device is done.
+GROUPS = DeviceGroups()
 
 
 def reset_all() -> None:
     """Forgets every group (after an error left one behind), aborting its devices."""
-    _groups.reset(lambda group: group.fail(
-        SimulationAborted("reset_gpu_interpret_mode_state()"), "a reset"))
+    GROUPS.reset(SimulationAborted("reset_gpu_interpret_mode_state()"))
 
 
 # -- remote refs ------------------------------------------------------------------------

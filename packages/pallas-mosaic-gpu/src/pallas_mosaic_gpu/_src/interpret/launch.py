@@ -289,11 +289,11 @@ def _execute(group_cfg, outer, axis_vals, name, prepare):
     coords = dict(zip(outer, (int(v) for v in axis_vals)))
     make = functools.partial(devices.DeviceGroup, name, axes)
     device = make().device_of(coords)
-    group = devices.join(key, device, make)
+    group = devices.GROUPS.join(key, device, make)
     try:
         return group.run(device, prepare, _simulate)
     finally:
-        devices.leave(group)
+        devices.GROUPS.leave(group)
 
 
 def _run_pallas_call(params, jaxpr, gm, outer, group_cfg, name, n_in, *args):

@@ -22,7 +22,7 @@ from jaxlib.mlir.dialects import scf
 from jaxlib.mosaic.python import tpu
 
 import pallas as pl
-from pallas.plugins import eval_jaxpr, register_kernel_local_effect
+from pallas.plugins import eval_jaxpr, read_cell, register_kernel_local_effect, write_cell
 from pallas_tpu import MemorySpace
 from pallas_tpu import extend as tpx
 from pallas_tpu_sparsecore._src import jax_compat as jc
@@ -105,8 +105,8 @@ def _fetch_and_add_rule(ctx, eqn, invals):
     cell, *rest = invals
     flat, value = rest[:-2], rest[-2]
     tree = eqn.params["tree"]
-    old = R.read_view(cell, flat, tree)
-    R.write_view(cell, flat, tree, old + value)
+    old = read_cell(cell, flat, tree)
+    write_cell(cell, flat, tree, old + value)
     return [old.reshape(())]
 
 

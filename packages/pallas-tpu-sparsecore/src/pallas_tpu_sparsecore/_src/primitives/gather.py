@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jaxlib.mosaic.python import tpu
 
+from pallas.plugins import read_cell, write_cell
 from pallas_tpu import extend as tpx
 from pallas_tpu_sparsecore._src import jax_compat as jc
 from pallas_tpu_sparsecore._src.checks import in_range, require
@@ -159,7 +160,7 @@ def _check_bounds(ctx, what, cell, view_shape, idx, mask):
 def gather_rule(ctx, eqn, invals):
     p = eqn.params
     cell, flat, idx, _, mask = _split(invals, p["tree"], p["num_indices"], p["has_mask"])
-    view = R.read_view(cell, flat, p["tree"])
+    view = read_cell(cell, flat, p["tree"])
     _check_bounds(ctx, "plsc.load_gather", cell, view.shape, idx, mask)
     out = view.at[tuple(idx)].get(mode="fill", fill_value=0)
     if mask is not None:
@@ -171,14 +172,14 @@ def scatter_rule(ctx, eqn, invals):
     p = eqn.params
     cell, flat, idx, x, mask = _split(invals, p["tree"], p["num_indices"], p["has_mask"],
                                       has_x=True)
-    view = R.read_view(cell, flat, p["tree"])
+    view = read_cell(cell, flat, p["tree"])
     fn = "plsc.addupdate_scatter" if p["add"] else "plsc.store_scatter"
     _check_bounds(ctx, fn, cell, view.shape, idx, mask)
     if mask is not None:  # masked-off entries go out of range and are dropped
         idx = [jnp.where(mask, i, size) for i, size in zip(idx, view.shape)]
     at = view.at[tuple(idx)]
     new = at.add(x, mode="drop") if p["add"] else at.set(x, mode="drop")
-    R.write_view(cell, flat, p["tree"], new)
+    write_cell(cell, flat, p["tree"], new)
     return []
 
 

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jaxlib.mosaic.python import tpu
 
+from pallas.plugins import read_cell, write_cell
 from pallas_tpu import extend as tpx
 from pallas_tpu_sparsecore._src import jax_compat as jc
 from pallas_tpu_sparsecore._src.info import check_vector_shape
@@ -97,7 +98,7 @@ def _positions(mask):
 
 def load_expanded_rule(ctx, eqn, invals):
     cell, *flat, mask = invals
-    view = R.read_view(cell, flat, eqn.params["tree"])
+    view = read_cell(cell, flat, eqn.params["tree"])
     pos = jnp.where(mask, _positions(mask), 0)
     return [jnp.where(mask, view[pos], jnp.zeros_like(view))]
 
@@ -106,7 +107,7 @@ def store_rule(ctx, eqn, invals):
     p = eqn.params
     nt = p["tree"].num_leaves
     cell, flat, x = invals[0], invals[1:1 + nt], invals[1 + nt]
-    view = R.read_view(cell, flat, p["tree"])
+    view = read_cell(cell, flat, p["tree"])
     if p["has_mask"]:
         mask = invals[2 + nt]
         pos = jnp.where(mask, _positions(mask), view.shape[0])  # False -> dropped
@@ -114,7 +115,7 @@ def store_rule(ctx, eqn, invals):
         new = at.add(x, mode="drop") if p["add"] else at.set(x, mode="drop")
     else:
         new = view + x if p["add"] else x
-    R.write_view(cell, flat, p["tree"], new)
+    write_cell(cell, flat, p["tree"], new)
     return []
 
 

@@ -57,15 +57,3 @@ def check_mask(fn: str, mask, shape) -> Any:
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(f"{fn}: mask must have shape {tuple(shape)}; got {mask.shape}")
     return mask
-
-
-def read_view(cell, flat, tree):
-    """The part of ``cell`` the view sees, as a JAX array (cells may hold numpy arrays
-    when pallas-tpu's TPU interpret mode runs these rules)."""
-    return jnp.asarray(jc.get_view(cell.value, flat, tree))
-
-
-def write_view(cell, flat, tree, new) -> None:
-    cell.value = jc.set_view(cell.value, new, flat, tree)
-    if getattr(cell, "init", None) is not None:
-        cell.init = jc.set_view(cell.init, jnp.ones(jnp.shape(new), jnp.bool_), flat, tree)

@@ -112,7 +112,7 @@ def run_device(cfg: Config, device: int, axis_coords, *args) -> list[np.ndarray]
         sim.fail(e, me)
         raise
     finally:
-        S.leave(sim)
+        S.GROUPS.leave(sim)
 
 
 def runtime_config(cfg: Config, args) -> tuple[Config, tuple]:

@@ -270,7 +270,8 @@ def _print_race(race) -> None:
 
 # -- the registry of running simulations (shared by the devices of one call) -----------
 
-_groups = DeviceGroups()
+#: The running simulations; ``GROUPS.leave(sim)`` when a device is done with its own.
+GROUPS = DeviceGroups()
 _latest_report = [RaceReport()]
 
 
@@ -285,15 +286,10 @@ def join(config_key, device: int, make: Callable[[], Simulation]) -> Simulation:
         _latest_report[0] = sim.report
         return sim
 
-    return _groups.join(config_key, device, make_and_report)
-
-
-def leave(sim: Simulation) -> None:
-    _groups.leave(sim)
+    return GROUPS.join(config_key, device, make_and_report)
 
 
 def reset_all() -> None:
     """Forgets every simulation (after an error left one behind) and the race report."""
-    _groups.reset(lambda sim: sim.fail(
-        SimulationAborted("reset_tpu_interpret_mode_state()"), "a reset"))
+    GROUPS.reset(SimulationAborted("reset_tpu_interpret_mode_state()"))
     _latest_report[0] = RaceReport()

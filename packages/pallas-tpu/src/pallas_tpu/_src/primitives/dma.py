@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas import DeviceIdType
+from pallas.plugins import read_cell, write_cell
 from pallas_tpu._src import core_compat as cc
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.memory import SemaphoreType, canonical_space
@@ -299,16 +300,6 @@ jc.pp_eqn_rules[dma_start_p] = _pp_dma_start
 # -- interpreter rules -----------------------------------------------------------------------
 
 
-def _view(cell, flat, tree):
-    return jc.get_view(cell.value, flat, tree)
-
-
-def _set(cell, flat, tree, new):
-    cell.value = jc.set_view(cell.value, new, flat, tree)
-    if getattr(cell, "init", None) is not None:
-        cell.init = jc.set_view(cell.init, jnp.ones(jnp.shape(new), jnp.bool_), flat, tree)
-
-
 def dma_start_rule(ctx, eqn, invals):
     p = eqn.params
     check_copy_eqn(eqn)
@@ -327,9 +318,9 @@ def dma_start_rule(ctx, eqn, invals):
         dst.value, size = RT.copy(src.value, s_flat, s_tree, dst.value, d_flat, d_tree)
         _count_bytes(sem, m_flat, m_tree, src_sem, size)
         return []
-    data = _view(src, s_flat, s_tree)
+    data = read_cell(src, s_flat, s_tree)
     if rs.skip is not None:  # an ignored source index leaves its destination row as it was
-        data = jnp.where(DI.skip_mask(rs, data.shape), _view(dst, d_flat, d_tree), data)
+        data = jnp.where(DI.skip_mask(rs, data.shape), read_cell(dst, d_flat, d_tree), data)
     if rd.skip is not None:  # an ignored destination index receives nothing
         data = (jnp.where(DI.skip_mask(rd, data.shape), jnp.zeros_like(data), data)
                 if p["add"] else DI.first_kept(rd, data))
@@ -338,7 +329,7 @@ def dma_start_rule(ctx, eqn, invals):
         # An atomic accumulate on hardware: concurrent writers' adds all land (Cell.accumulate).
         dst.accumulate(lambda v: jc.add_view(v, data, d_flat, d_tree))
     else:
-        _set(dst, d_flat, d_tree, data)
+        write_cell(dst, d_flat, d_tree, data)
         if rd.skip is not None:  # every index ignored: nothing moved at all
             dst.value = jnp.where(jnp.all(rd.skip), old, dst.value)
     _count_bytes(sem, m_flat, m_tree, src_sem, R.nbytes(jax.typeof(data)))
@@ -347,10 +338,10 @@ def dma_start_rule(ctx, eqn, invals):
 
 def _count_bytes(sem, m_flat, m_tree, src_sem, size) -> None:
     """A started DMA adds its bytes to its semaphore (and its source semaphore)."""
-    _set(sem, m_flat, m_tree, _view(sem, m_flat, m_tree) + jnp.int32(size))
+    write_cell(sem, m_flat, m_tree, read_cell(sem, m_flat, m_tree) + jnp.int32(size))
     if src_sem is not None:
         c, f, t = src_sem
-        _set(c, f, t, _view(c, f, t) + jnp.int32(size))
+        write_cell(c, f, t, read_cell(c, f, t) + jnp.int32(size))
 
 
 def dma_wait_rule(ctx, eqn, invals):
@@ -360,15 +351,15 @@ def dma_wait_rule(ctx, eqn, invals):
     if RT.has_run_time_size(rd.flat, rd.tree):
         size, said = RT.view_nbytes(dst.value, rd.flat, rd.tree), "a size known at run time"
     else:
-        size = R.nbytes(jax.typeof(_view(dst, rd.flat, rd.tree)))
+        size = R.nbytes(jax.typeof(read_cell(dst, rd.flat, rd.tree)))
         said = f"{size} bytes"
-    cur = _view(sem, m_flat, m_tree)
+    cur = read_cell(sem, m_flat, m_tree)
     ctx.report(
         jnp.all(cur >= size),
         f"DMA wait on {sem.origin} would block forever: no DMA of this size "
         f"({said}) was started on that semaphore",
     )
-    _set(sem, m_flat, m_tree, cur - jnp.int32(size))
+    write_cell(sem, m_flat, m_tree, cur - jnp.int32(size))
     return []
 
 
