@@ -16,6 +16,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, llvm, vector
 from jaxlib.mlir.dialects import math as mmath
 
+from pallas.mlir_math import erf_inv
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.lowering import small
 from pallas_mosaic_gpu._src.lowering import values as V
@@ -442,30 +443,10 @@ def _nextafter(lctx, eqn, a, b):
     return pointwise(eqn, [a, b], f)
 
 
-# Giles (2010), "Approximating the erfinv function": single-precision polynomials.
-_ERFINV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
-                   0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
-_ERFINV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
-                0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
-
-
 @rule(P.erf_inv_p)
 def _erf_inv(lctx, eqn, x):
-    def horner(coeffs, w):
-        p = V.const_like(coeffs[0], w)
-        for c in coeffs[1:]:
-            p = arith.addf(V.const_like(c, w), arith.mulf(p, w))
-        return p
-
-    def f(v):
-        one = V.const_like(1.0, v)
-        w = arith.negf(mmath.log(arith.mulf(arith.subf(one, v), arith.addf(one, v))))
-        central = horner(_ERFINV_CENTRAL, arith.subf(w, V.const_like(2.5, v)))
-        tail = horner(_ERFINV_TAIL, arith.subf(mmath.sqrt(w), V.const_like(3.0, v)))
-        p = arith.select(arith.cmpf(CF.OLT, w, V.const_like(5.0, v)), central, tail)
-        return arith.mulf(p, v)
-
-    return _float_unary(f)(lctx, eqn, x)
+    """Giles' single-precision approximation (``pallas.mlir_math.erf_inv``)."""
+    return _float_unary(lambda v: erf_inv(v, lambda c: V.const_like(c, v)))(lctx, eqn, x)
 
 
 @rule(P.lgamma_p)

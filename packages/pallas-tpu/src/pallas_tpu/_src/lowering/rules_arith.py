@@ -10,6 +10,7 @@ from jax import lax
 from jaxlib.mlir.dialects import arith, math, vector
 from jaxlib.mosaic.python import tpu
 
+from pallas.mlir_math import erf_inv
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.lowering import emit_math as M
 from pallas_tpu._src.lowering import types as T
@@ -135,33 +136,14 @@ def _clz(lctx, eqn, x):
     return math.ctlz(materialize(x, aval_in(eqn, 0)))
 
 
-_ERF_INV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
-                    0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
-_ERF_INV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
-                 0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
-
-
 @rule(P.erf_inv_p)
 def _erf_inv(lctx, eqn, x):
-    """Giles' single-precision approximation (two polynomials in w = -log(1 - x^2))."""
+    """Giles' single-precision approximation (``pallas.mlir_math.erf_inv``)."""
     a = aval_in(eqn, 0)
     if jnp.dtype(a.dtype) != jnp.float32:
         raise NotImplementedError(f"erf_inv of {a.dtype} (float32 only)")
     (v,) = operands(eqn, [x])
-    c = lambda k: const(a.shape, a.dtype, k)
-    one = c(1.0)
-    w = arith.negf(math.log(arith.mulf(arith.subf(one, v), arith.addf(one, v))))
-
-    def poly(coeffs, t):
-        p = c(coeffs[0])
-        for k in coeffs[1:]:
-            p = arith.addf(c(k), arith.mulf(p, t))
-        return p
-
-    central = poly(_ERF_INV_CENTRAL, arith.subf(w, c(2.5)))
-    tail = poly(_ERF_INV_TAIL, arith.subf(math.sqrt(w), c(3.0)))
-    p = arith.select(cmpf(arith.CmpFPredicate.OLT, w, c(5.0)), central, tail)
-    return arith.mulf(p, v)
+    return erf_inv(v, lambda k: const(a.shape, a.dtype, k))
 
 
 @rule(P.nextafter_p)

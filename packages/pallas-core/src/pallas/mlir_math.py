@@ -1,0 +1,43 @@
+"""Math functions that MLIR's ``math`` dialect lacks, emitted as ``arith``/``math`` ops.
+
+For backends that lower to MLIR (Mosaic TPU and Mosaic GPU use it): one emission of each
+approximation, whatever value model the backend has; the backend passes a ``const``
+function that makes a constant of the operand's type (scalar or vector).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import arith, math
+
+__all__ = ["ERF_INV_CENTRAL", "ERF_INV_TAIL", "erf_inv", "horner"]
+
+# Giles (2010), "Approximating the erfinv function": single-precision polynomials in
+# w = -log(1 - x^2), one for w < 5 (evaluated at w - 2.5), one for the tail (at
+# sqrt(w) - 3). Highest degree first.
+ERF_INV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
+                   0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
+ERF_INV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
+                0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
+
+
+def horner(coeffs: Sequence[float], t: ir.Value,
+           const: Callable[[float], ir.Value]) -> ir.Value:
+    """The polynomial with ``coeffs`` (highest degree first) at the float value ``t``."""
+    p = const(coeffs[0])
+    for c in coeffs[1:]:
+        p = arith.addf(const(c), arith.mulf(p, t))
+    return p
+
+
+def erf_inv(x: ir.Value, const: Callable[[float], ir.Value]) -> ir.Value:
+    """The inverse error function of the float32 value ``x`` (Giles' single-precision
+    approximation); ``const(c)`` makes the constant ``c`` of ``x``'s type."""
+    one = const(1.0)
+    w = arith.negf(math.log(arith.mulf(arith.subf(one, x), arith.addf(one, x))))
+    central = horner(ERF_INV_CENTRAL, arith.subf(w, const(2.5)), const)
+    tail = horner(ERF_INV_TAIL, arith.subf(math.sqrt(w), const(3.0)), const)
+    p = arith.select(arith.cmpf(arith.CmpFPredicate.OLT, w, const(5.0)), central, tail)
+    return arith.mulf(p, x)
