@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax.scipy.special as jsp
 import numpy as np
+import pytest
 from jax.interpreters import mlir
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, func
@@ -47,3 +48,15 @@ def test_horner_evaluates_highest_degree_first():
     x = np.asarray([0.0, 1.0, 2.0, -3.0], np.float32)
     got = _run_unary(lambda v, c: mlir_math.horner((2.0, -1.0, 5.0), v, c), x)
     np.testing.assert_allclose(got, 2 * x**2 - x + 5)
+
+
+def test_integer_pow_by_squaring_and_its_reciprocal():
+    x = np.asarray([0.5, 1.5, -2.0, 3.0], np.float32)
+    for y in (0, 1, 2, 5, 8, -3):
+        got = _run_unary(lambda v, c, y=y: mlir_math.integer_pow(v, y, c, is_float=True), x)
+        np.testing.assert_allclose(got, x.astype(np.float64) ** y, rtol=1e-6)
+
+
+def test_integer_pow_refuses_a_negative_exponent_on_ints():
+    with pytest.raises(NotImplementedError, match="negative exponent"):
+        mlir_math.integer_pow(None, -2, None, is_float=False)

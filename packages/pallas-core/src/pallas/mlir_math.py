@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, math
 
-__all__ = ["ERF_INV_CENTRAL", "ERF_INV_TAIL", "erf_inv", "horner"]
+__all__ = ["ERF_INV_CENTRAL", "ERF_INV_TAIL", "erf_inv", "horner", "integer_pow"]
 
 # Giles (2010), "Approximating the erfinv function": single-precision polynomials in
 # w = -log(1 - x^2), one for w < 5 (evaluated at w - 2.5), one for the tail (at
@@ -41,3 +41,24 @@ def erf_inv(x: ir.Value, const: Callable[[float], ir.Value]) -> ir.Value:
     tail = horner(ERF_INV_TAIL, arith.subf(math.sqrt(w), const(3.0)), const)
     p = arith.select(arith.cmpf(arith.CmpFPredicate.OLT, w, const(5.0)), central, tail)
     return arith.mulf(p, x)
+
+
+def integer_pow(x: ir.Value, y: int, const: Callable[[float], ir.Value], *,
+                is_float: bool) -> ir.Value:
+    """``x ** y`` for a static integer ``y``, by repeated squaring (``arith.mulf``, or
+    ``arith.muli`` for integers); a negative ``y`` takes the reciprocal (floats only)."""
+    if y < 0 and not is_float:
+        raise NotImplementedError("integer_pow with a negative exponent on ints")
+    mul = arith.mulf if is_float else arith.muli
+    acc, base, n = None, x, abs(y)
+    while n:
+        if n & 1:
+            acc = base if acc is None else mul(acc, base)
+        n >>= 1
+        if n:
+            base = mul(base, base)
+    if acc is None:
+        return const(1)
+    if y < 0:
+        acc = arith.divf(const(1.0), acc)
+    return acc

@@ -16,7 +16,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, llvm, vector
 from jaxlib.mlir.dialects import math as mmath
 
-from pallas.mlir_math import erf_inv
+from pallas.mlir_math import erf_inv, integer_pow
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.lowering import small
 from pallas_mosaic_gpu._src.lowering import values as V
@@ -277,25 +277,8 @@ def _square(lctx, eqn, x):
 def _integer_pow(lctx, eqn, x):
     y = int(eqn.params["y"])
     is_f = V.kind(_in_dtype(eqn)) == "f"
-    mul = arith.mulf if is_f else arith.muli
-
-    def f(v):
-        acc, base, n = None, v, abs(y)
-        while n:
-            if n & 1:
-                acc = base if acc is None else mul(acc, base)
-            n >>= 1
-            if n:
-                base = mul(base, base)
-        if acc is None:
-            acc = V.const_like(1, v)
-        if y < 0:
-            if not is_f:
-                raise NotImplementedError("integer_pow with a negative exponent on ints")
-            acc = arith.divf(V.const_like(1.0, v), acc)
-        return acc
-
-    return pointwise(eqn, [x], f)
+    return pointwise(eqn, [x], lambda v: integer_pow(
+        v, y, lambda c: V.const_like(c, v), is_float=is_f))
 
 
 def _shift(kind_op):

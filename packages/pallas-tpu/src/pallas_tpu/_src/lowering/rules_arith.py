@@ -10,7 +10,7 @@ from jax import lax
 from jaxlib.mlir.dialects import arith, math, vector
 from jaxlib.mosaic.python import tpu
 
-from pallas.mlir_math import erf_inv
+from pallas.mlir_math import erf_inv, integer_pow
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.lowering import emit_math as M
 from pallas_tpu._src.lowering import types as T
@@ -222,25 +222,9 @@ def _square(v, shape, dtype):
 
 @rule(P.integer_pow_p)
 def _integer_pow(lctx, eqn, x):
-    return _in_i32(lambda v, shape, dtype: _pow_by_squaring(v, shape, dtype, eqn.params["y"]))(
-        lctx, eqn, x)
-
-
-def _pow_by_squaring(v, shape, dtype, y):
-    a = jc.ShapedArray(shape, dtype)
-    mul = arith.mulf if kind(a.dtype) == "f" else arith.muli
-    if y == 0:
-        return const(a.shape, a.dtype, 1)
-    acc, base, n = None, v, abs(y)
-    while n:
-        if n & 1:
-            acc = base if acc is None else mul(acc, base)
-        n >>= 1
-        if n:
-            base = mul(base, base)
-    if y < 0:
-        acc = arith.divf(const(a.shape, a.dtype, 1.0), acc)
-    return acc
+    y = int(eqn.params["y"])
+    return _in_i32(lambda v, shape, dtype: integer_pow(
+        v, y, lambda k: const(shape, dtype, k), is_float=kind(dtype) == "f"))(lctx, eqn, x)
 
 
 @rule(P.pow_p)
