@@ -120,8 +120,8 @@ TAGS: dict[str, str] = {
                 "them in SEMAPHORE memory; registered only when pallas-tpu is installed",
     "tpu_values": "TPU value primitives (pallas_tpu) inside kernels: pltpu.roll with a "
                   "stride of a packed type, pltpu.bitcast between element types of "
-                  "different widths (packed along the second-minor dim); registered only "
-                  "when pallas-tpu is installed",
+                  "different widths (packed along the second-minor dim), pltpu.trace_value "
+                  "profiler annotations; registered only when pallas-tpu is installed",
     "sparsecore": "TPU SparseCore kernels (pallas_tpu_sparsecore): indexed DMAs (embedding "
                   "gathers, scatter-add segment sums with repeated indices, ignored "
                   "indices), vector gathers/scatters, scalar-subcore control; registered "

@@ -243,3 +243,21 @@ def test_bitcast_of_sub_byte_types(src, dst, of_ref):
     got = _emulated(pl.pallas_call(kernel, out_shape=shape), x)
     np.testing.assert_array_equal(np.asarray(got).astype(np.float32),
                                   np.asarray(want).astype(np.float32))
+
+
+def test_trace_value_runs_emulated_and_leaves_the_result_alone():
+    # upstream's tpu_trace_value_test: the chip records the values in its profiler
+    # trace; the executor has nothing to compute (it refused the op before).
+    def kernel(x_ref, s_ref, o_ref):
+        pltpu.trace_value("constant_value", jnp.float32(42.42))
+        scale = s_ref[0]
+        pltpu.trace_value("scale_value", scale)
+        o_ref[...] = x_ref[...] + scale.astype(jnp.float32)
+
+    x = jnp.ones((8, 128), jnp.float32)
+    s = jnp.array([7], jnp.int32)
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM), pl.BlockSpec(memory_space=pltpu.SMEM)],
+        compiler_params=pltpu.CompilerParams(has_side_effects=True))
+    np.testing.assert_array_equal(_emulated(call, x, s), x + 7.0)

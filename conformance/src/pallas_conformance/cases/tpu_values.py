@@ -60,3 +60,16 @@ if pltpu is not None:
             o_ref[...] = pltpu.bitcast(x_ref[...], jnp.uint32)
 
         return pallas_call(kernel, out_shape=sds((8, 2 * C), jnp.uint32))(x)
+
+    @case("tpu_values/trace_value", tags={"tpu_values"},
+          inputs=lambda rng: (randn(rng, (8, C)),), reference=lambda x: x * 2.0 + 1.0)
+    def trace_value(pallas_call, x):
+        """``pltpu.trace_value`` of a constant and of a computed scalar: a profiler
+        annotation that leaves the result alone (upstream's ``tpu_trace_value_test``)."""
+        def kernel(x_ref, o_ref):
+            pltpu.trace_value("constant", jnp.float32(42.0))
+            y = x_ref[...] * 2.0
+            pltpu.trace_value("first", y[0, 0])
+            o_ref[...] = y + 1.0
+
+        return pallas_call(kernel, out_shape=sds(x.shape, x.dtype))(x)

@@ -29,6 +29,12 @@ def _trace(o, cc):
     return lambda m: ()
 
 
+@op("tpu.trace_value")
+def _trace_value(o, cc):
+    # pltpu.trace_value: the chip records the value in the profiler's trace; no result.
+    return lambda m, value: ()
+
+
 @op("tpu.region")
 def _region(o, cc):
     # A scope for ``memref.alloca``: its body runs once, in place.
