@@ -12,6 +12,12 @@ A = ParamSpec("A")
 K = TypeVar("K")
 
 
+def _of_leaves(tree: str, attr: str) -> property:
+    """A read-only property of a :class:`Fusion`: ``attr`` (``shape``, ``dtype``) of each
+    leaf of its type tree ``tree`` (``out_type`` or ``in_type``), as a tree alike."""
+    return property(lambda self: jax.tree.map(lambda x: getattr(x, attr), getattr(self, tree)))
+
+
 @dataclasses.dataclass
 class Fusion(Generic[A, K]):
     """A function fused into a kernel: an input fusion produces an operand, an output
@@ -26,21 +32,11 @@ class Fusion(Generic[A, K]):
         return self.func(*args, **kwargs)
 
     @property
-    def shape(self):
-        return jax.tree.map(lambda x: x.shape, self.out_type)
-
-    @property
-    def dtype(self):
-        return jax.tree.map(lambda x: x.dtype, self.out_type)
-
-    @property
     def type(self):
         return self.out_type
 
-    @property
-    def in_shape(self):
-        return jax.tree.map(lambda x: x.shape, self.in_type)
-
-    @property
-    def in_dtype(self):
-        return jax.tree.map(lambda x: x.dtype, self.in_type)
+    # The shapes and dtypes of the output and of the arguments, as trees like the types.
+    shape = _of_leaves("out_type", "shape")
+    dtype = _of_leaves("out_type", "dtype")
+    in_shape = _of_leaves("in_type", "shape")
+    in_dtype = _of_leaves("in_type", "dtype")
