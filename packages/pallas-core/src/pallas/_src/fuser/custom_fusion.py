@@ -38,6 +38,16 @@ class CustomEvalContext:
     out_block_indices: tuple[Any, ...]
 
 
+def _definer(attr: str):
+    """A ``def_*`` method of :class:`custom_fusion`: a decorator that stores the function
+    it is given as the attribute ``attr`` and returns it."""
+    def define(self, fn):
+        setattr(self, attr, fn)
+        return fn
+
+    return define
+
+
 class custom_fusion:  # noqa: N801 - upstream's name
     """Decorates a function with custom pull/push/eval rules for :func:`pull_block_spec`.
 
@@ -55,21 +65,10 @@ class custom_fusion:  # noqa: N801 - upstream's name
         self.push_block_spec_rule = None
         self.pallas_impl = None
 
-    def def_pallas_impl(self, pallas_impl):
-        self.pallas_impl = pallas_impl
-        return pallas_impl
-
-    def def_pull_block_spec(self, rule):
-        self.pull_block_spec_rule = rule
-        return rule
-
-    def def_push_block_spec(self, rule):
-        self.push_block_spec_rule = rule
-        return rule
-
-    def def_eval_rule(self, rule):
-        self.eval_rule = rule
-        return rule
+    def_pallas_impl = _definer("pallas_impl")
+    def_pull_block_spec = _definer("pull_block_spec_rule")
+    def_push_block_spec = _definer("push_block_spec_rule")
+    def_eval_rule = _definer("eval_rule")
 
     def __call__(self, *args, **kwargs):
         name = getattr(self.fun, "__name__", repr(self.fun))
