@@ -155,15 +155,21 @@ def _pick(sim, tasks):
     return tasks.popleft()
 
 
+def _semaphore_operands(eqn, invals):
+    """A semaphore signal's or wait's operands: (the ref, its view's index operands, the
+    count, the operands after the count)."""
+    ref, *rest = invals
+    n = eqn.params["tree"].num_leaves
+    return ref, rest[:n], int(np.asarray(rest[n])), rest[n + 1:]
+
+
 @rule(semaphore_signal_p)
 def _signal_rule(core: Core, eqn, invals):
     p = eqn.params
-    ref, *rest = invals
-    n = p["tree"].num_leaves
-    flat, inc = rest[:n], int(np.asarray(rest[n]))
+    ref, flat, inc, rest = _semaphore_operands(eqn, invals)
     ndev = p["device_id_tree"].num_leaves
-    devs = rest[n + 1:n + 1 + ndev]
-    target_core = int(np.asarray(rest[n + 1 + ndev])) if p["has_core"] else core.core
+    devs = rest[:ndev]
+    target_core = int(np.asarray(rest[ndev])) if p["has_core"] else core.core
     device = target_device(core, devs, p["device_id_tree"], p["device_id_type"])
     if not 0 <= target_core < core.sim.num_cores:
         raise ValueError(f"semaphore_signal(core_index={target_core}): the kernel runs on "
@@ -176,12 +182,9 @@ def _signal_rule(core: Core, eqn, invals):
 
 @rule(semaphore_wait_p)
 def _wait_rule(core: Core, eqn, invals):
-    p = eqn.params
-    ref, *rest = invals
-    n = p["tree"].num_leaves
-    flat, value = rest[:n], int(np.asarray(rest[n]))
+    ref, flat, value, _ = _semaphore_operands(eqn, invals)
     run_random_dmas(core)
-    wait(core, ref.sem, sem_index(ref, flat, p["tree"]), value, p["decrement"],
+    wait(core, ref.sem, sem_index(ref, flat, eqn.params["tree"]), value, eqn.params["decrement"],
          lambda: f"{ref.origin} (at {site_of(eqn)})")
     return []
 
