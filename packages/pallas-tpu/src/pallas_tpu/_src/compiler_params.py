@@ -8,9 +8,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 from pallas import CompilerParams as CoreCompilerParams
+from pallas_tpu._src.enums import CoreType, ValueStrEnum
 
 
-class GridDimensionSemantics(enum.Enum):
+class GridDimensionSemantics(ValueStrEnum):
     """How Mosaic may run the iterations of one grid dimension.
 
     ``PARALLEL``: independent iterations (may be split across TensorCores on megacore
@@ -23,9 +24,6 @@ class GridDimensionSemantics(enum.Enum):
     ARBITRARY = "arbitrary"
     CORE_PARALLEL = "core_parallel"
     SUBCORE_PARALLEL = "subcore_parallel"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 PARALLEL = GridDimensionSemantics.PARALLEL
@@ -47,12 +45,10 @@ class SideEffectType(enum.Enum):
     DATAFLOW_SIDE_EFFECTING = "dataflow_side_effecting"
 
 
-class KernelType(enum.Enum):
-    """Which TPU core runs the kernel."""
-
-    TC = "tc"
-    SC_SCALAR_SUBCORE = "sc_scalar_subcore"
-    SC_VECTOR_SUBCORE = "sc_vector_subcore"
+# Which TPU core runs the kernel: the kinds of core are listed once, in CoreType.
+KernelType = enum.Enum("KernelType", [(c.name, c.value) for c in CoreType],
+                       module=__name__)
+KernelType.__doc__ = "Which TPU core runs the kernel (the members of ``CoreType``)."
 
 
 def canonical_semantics(s: Any) -> GridDimensionSemantics:

@@ -1,10 +1,19 @@
-"""Small TPU enums of the public surface: ``CoreType``, ``Tiling``, ``BufferType``."""
+"""Small TPU enums of the public surface: ``CoreType``, ``Tiling``, ``BufferType``, and
+the base of those that print as their value."""
 
 from __future__ import annotations
 
 import enum
 
 from pallas.plugins import LevelUnsupportedError
+
+
+class ValueStrEnum(enum.Enum):
+    """An enum whose members print as their value (``str(pltpu.PARALLEL) == "parallel"``,
+    ``str(pltpu.VMEM) == "vmem"``), as upstream's TPU enums do."""
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class CoreType(enum.Enum):

@@ -10,7 +10,6 @@ understood as ``MemorySpace.ANY``.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,13 +20,14 @@ from pallas import MemoryRef, plugins
 from pallas import MemorySpace as CoreMemorySpace
 from pallas_tpu._src import core_compat
 from pallas_tpu._src import jax_compat as jc
+from pallas_tpu._src.enums import ValueStrEnum
 
 
 def _aval(shape, dtype):
     return jc.ShapedArray(tuple(int(d) for d in shape), plugins.array_dtype(dtype))
 
 
-class MemorySpace(enum.Enum):
+class MemorySpace(ValueStrEnum):
     """Where a TPU buffer lives.
 
     ``ANY``/``HBM``: device memory, not copied into the kernel (use DMAs); ``VMEM``: the
@@ -57,9 +57,6 @@ class MemorySpace(enum.Enum):
         array or a ``jax.ShapeDtypeStruct``), as upstream's ``pltpu.VMEM.like(x)``."""
         return self(tuple(shape_dtype_like.shape), shape_dtype_like.dtype)
 
-    def __str__(self) -> str:
-        return self.value
-
     @property
     def is_semaphore(self) -> bool:
         return self is MemorySpace.SEMAPHORE
@@ -77,7 +74,7 @@ class dma_semaphore:  # noqa: N801 - upstream name
     dtype = np.dtype(np.int32)
 
 
-class SemaphoreType(enum.Enum):
+class SemaphoreType(ValueStrEnum):
     """Kinds of semaphores: ``REGULAR`` (counting), ``DMA`` (DMA completion), ``BARRIER``.
 
     ``SemaphoreType.DMA(shape)`` makes an array of semaphores; used bare (in
@@ -104,9 +101,6 @@ class SemaphoreType(enum.Enum):
         """The type of the ref a single semaphore of this kind is (as upstream: to trace a
         function that takes one)."""
         return self.get_memory_ref().get_ref_aval()
-
-    def __str__(self) -> str:
-        return self.value
 
 
 # ``pltpu.VMEM(shape, dtype)`` makes a buffer type, and ``pltpu.VMEM`` itself is a memory

@@ -9,10 +9,11 @@ TensorCores); a figure with no public value is 0 ("not available").
 from __future__ import annotations
 
 import dataclasses
-import enum
 
 import jax
 import numpy as np
+
+from pallas_tpu._src.enums import ValueStrEnum
 
 MiB = 1 << 20
 KiB = 1 << 10
@@ -22,7 +23,7 @@ class ChipVersionBase:
     """Base of chip-version enums (a third-party chip table may define its own)."""
 
 
-class ChipVersion(ChipVersionBase, enum.Enum):
+class ChipVersion(ChipVersionBase, ValueStrEnum):
     """TPU chip generations, with the core layout each chip has."""
 
     TPU_V2 = "v2"
@@ -35,9 +36,6 @@ class ChipVersion(ChipVersionBase, enum.Enum):
     TPU_7 = "7"
     TPU_7X = "7x"
     TPU_8I = "8i"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def is_lite(self) -> bool:
@@ -171,6 +169,8 @@ _SC_7 = SparseCoreInfo(num_cores=2, num_subcores=16, num_lanes=16,
                        vmem_capacity_bytes=512 * KiB, dma_granule_size_bytes=32)
 _SC_8I = SparseCoreInfo(num_cores=1, num_subcores=4, num_lanes=16,
                         vmem_capacity_bytes=512 * KiB, dma_granule_size_bytes=64)
+_TPU_7 = (7, 256, 2, 128, 64 * MiB, MiB, 0, 206_000_000_000, 7.40e12,
+          2.31e15, 0, 4.60e15, 0, _SC_7)
 _CHIPS: dict[ChipVersion, tuple] = {
     #                   gen mxu n acc vmem      smem       cmem         hbm      bw
     #                   bf16     int8     fp8      int4     sparse core
@@ -188,10 +188,8 @@ _CHIPS: dict[ChipVersion, tuple] = {
                           4.59e14, 9.18e14, 0, 1.84e15, _SC_V5P),
     ChipVersion.TPU_V6E: (6, 256, 2, 0, 128 * MiB, MiB, 0, 34_400_000_000, 1.64e12,
                           9.20e14, 1.84e15, 9.20e14, 3.68e15, _SC_V6E),
-    ChipVersion.TPU_7: (7, 256, 2, 128, 64 * MiB, MiB, 0, 206_000_000_000, 7.40e12,
-                        2.31e15, 0, 4.60e15, 0, _SC_7),
-    ChipVersion.TPU_7X: (7, 256, 2, 128, 64 * MiB, MiB, 0, 206_000_000_000, 7.40e12,
-                         2.31e15, 0, 4.60e15, 0, _SC_7),
+    ChipVersion.TPU_7: _TPU_7,
+    ChipVersion.TPU_7X: _TPU_7,  # one chip, two device kinds ("TPU7", "TPU7x")
     ChipVersion.TPU_8I: (8, 256, 2, 256, 192 * MiB, MiB, 0, 309_000_000_000, 8.60e12,
                          1.101e15, 0, 8.808e15, 0, _SC_8I),
 }
