@@ -1,5 +1,5 @@
-"""Lowering rules of value operations: elementwise arithmetic, comparisons, casts,
-shapes, reductions and matmuls."""
+"""Lowering rules of value operations: elementwise arithmetic, comparisons, casts and
+shapes (reductions and matmuls are in ``rules_reduce``)."""
 
 from __future__ import annotations
 
