@@ -451,3 +451,31 @@ def test_the_error_comes_before_any_computation():
             np.zeros((4,), np.float32))
     assert calls == [1]  # traced once, never run
 
+
+
+@pytest.mark.parametrize("access", ["load", "store"])
+@pytest.mark.parametrize("mask_shape", [(16,), (16, 16)])
+def test_a_mask_that_does_not_broadcast_to_the_block(access, mask_shape):
+    # Upstream's words first ("Cannot broadcast"), then the shapes and the ref.
+    def kernel(x_ref, m_ref, o_ref):
+        if access == "load":
+            o_ref[...] = pl.load(x_ref, mask=m_ref[...], other=0.0)
+        else:
+            pl.store(o_ref, x_ref[...], mask=m_ref[...])
+
+    f = pl.pallas_call(kernel, SDS((16, 32), jnp.float32), interpret=True)
+    x, m = jnp.ones((16, 32)), jnp.ones(mask_shape, jnp.bool_)
+    with pytest.raises(ValueError, match=re.escape(
+            f"Cannot broadcast the mask of shape {mask_shape} to the shape (16, 32) of "
+            f"the {access} of")):
+        jax.jit(f).trace(x, m)
+
+
+def test_a_mask_that_broadcasts_is_taken():
+    def kernel(x_ref, m_ref, o_ref):
+        o_ref[...] = pl.load(x_ref, mask=m_ref[...], other=-1.0)
+
+    f = pl.pallas_call(kernel, SDS((4, 8), jnp.float32), interpret=True)
+    m = jnp.array([[True], [False], [True], [False]])
+    out = f(jnp.ones((4, 8)), m)
+    np.testing.assert_array_equal(out, np.where(np.asarray(m), 1.0, -1.0) * np.ones((4, 8)))

@@ -37,6 +37,20 @@ def _result_aval(ref, transforms):
     return jc.state_types.transform_type(list(transforms), aval.inner_aval)
 
 
+def _broadcast_operand(x, dtype, shape, what: str, access: str, ref):
+    """``x`` (a mask or fill value) broadcast to the accessed block's ``shape``; a shape
+    that does not broadcast is a trace-time error starting as upstream's."""
+    x = jnp.asarray(x, dtype)
+    try:
+        return jnp.broadcast_to(x, shape)
+    except ValueError:
+        raise ValueError(
+            f"Cannot broadcast the {what} of shape {tuple(x.shape)} to the shape "
+            f"{tuple(shape)} of the {access} of {jax.typeof(ref).str_short()}: it must "
+            "broadcast to the block read or written (NumPy's rule: the same dims, or "
+            "size-1 dims, aligned from the right)") from None
+
+
 def load(ref, idx=(), *, mask: Any = None, other: Any = None, cache_modifier: str | None = None,
          eviction_policy: str | None = None, volatile: bool = False):
     """Reads ``ref`` (optionally ``ref.at[idx]``); masked-out elements read as ``other``.
@@ -50,10 +64,10 @@ def load(ref, idx=(), *, mask: Any = None, other: Any = None, cache_modifier: st
     has_mask, has_other = mask is not None, other is not None
     extra = []
     if has_mask:
-        mask = jnp.broadcast_to(jnp.asarray(mask, jnp.bool_), out_aval.shape)
-        extra.append(mask)
+        extra.append(_broadcast_operand(mask, jnp.bool_, out_aval.shape, "mask", "load", base))
     if has_other:
-        extra.append(jnp.broadcast_to(jnp.asarray(other, out_aval.dtype), out_aval.shape))
+        extra.append(_broadcast_operand(other, out_aval.dtype, out_aval.shape, "other value",
+                                        "load", base))
     return load_p.bind(base, *flat, *extra, tree=tree, has_mask=has_mask, has_other=has_other,
                        cache_modifier=cache_modifier, eviction_policy=eviction_policy,
                        is_volatile=bool(volatile))
@@ -73,7 +87,8 @@ def swap(ref, idx=(), val=None, *, mask: Any = None, eviction_policy: str | None
         )
     flat, tree = jax.tree_util.tree_flatten(transforms)
     has_mask = mask is not None
-    extra = [jnp.broadcast_to(jnp.asarray(mask, jnp.bool_), out_aval.shape)] if has_mask else []
+    extra = ([_broadcast_operand(mask, jnp.bool_, out_aval.shape, "mask", "store", base)]
+             if has_mask else [])
     return swap_p.bind(base, val, *flat, *extra, tree=tree, has_mask=has_mask,
                        eviction_policy=eviction_policy)
 
