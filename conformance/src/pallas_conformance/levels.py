@@ -215,20 +215,11 @@ def _eval_with_emulator(jaxpr, consts, args, emulate):
     recursion; other higher-order primitives are run as they are only when they hold no
     ``pallas_call``.
     """
-    env = {}
 
-    def read(v):
-        return v.val if isinstance(v, jex.Literal) else env[v]
-
-    for v, c in zip(jaxpr.constvars, consts):
-        env[v] = c
-    for v, a in zip(jaxpr.invars, args):
-        env[v] = a
-    for eqn in jaxpr.eqns:
-        invals = [read(v) for v in eqn.invars]
+    def eval_eqn(eqn, invals):
         if eqn.primitive is pl.pallas_call_p:
-            outs = emulate(eqn, invals)
-        elif pallas_call_eqns_in_params(eqn):
+            return emulate(eqn, invals)
+        if pallas_call_eqns_in_params(eqn):
             sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
             if sub is None or eqn.primitive.name not in ("pjit", "jit", "closed_call",
                                                          "core_call"):
@@ -237,22 +228,18 @@ def _eval_with_emulator(jaxpr, consts, args, emulate):
                     f"{eqn.primitive.name}")
             closed = sub if hasattr(sub, "consts") else None
             inner = closed.jaxpr if closed is not None else sub
-            outs = _eval_with_emulator(inner, closed.consts if closed else [], invals, emulate)
+            return _eval_with_emulator(inner, closed.consts if closed else [], invals, emulate)
+        # As jax.core.eval_jaxpr does (JAX 0.10: get_bind_params returns the params).
+        bind_params = eqn.primitive.get_bind_params(eqn.params)
+        ctx = getattr(getattr(eqn, "ctx", None), "manager", None)
+        if ctx is None:
+            outs = eqn.primitive.bind(*invals, **bind_params)
         else:
-            # As jax.core.eval_jaxpr does (JAX 0.10: get_bind_params returns the params).
-            bind_params = eqn.primitive.get_bind_params(eqn.params)
-            ctx = getattr(getattr(eqn, "ctx", None), "manager", None)
-            if ctx is None:
+            with ctx:
                 outs = eqn.primitive.bind(*invals, **bind_params)
-            else:
-                with ctx:
-                    outs = eqn.primitive.bind(*invals, **bind_params)
-            if not eqn.primitive.multiple_results:
-                outs = [outs]
-        for v, o in zip(eqn.outvars, outs):
-            if not isinstance(v, jex.DropVar):
-                env[v] = o
-    return [read(v) for v in jaxpr.outvars]
+        return outs if eqn.primitive.multiple_results else [outs]
+
+    return pallas.plugins.walk_jaxpr(jaxpr, consts, args, eval_eqn)
 
 
 def pallas_call_eqns_in_params(eqn) -> bool:

@@ -244,6 +244,34 @@ def test_unsupported_primitives_are_declared_with_a_reason():
         t.unsupported(lax.add_p, reason="no")
 
 
+def test_require_gives_the_rule_or_raises_the_walkers_error_with_the_reason():
+    t = _table()
+    t.register(lax.add_p, owner="core")(lambda x: x + 1)
+    t.unsupported(lax.sort_p, reason="sort outside the kernel")
+    assert t.require(lax.add_p, LookupError)(1) == 2
+    with pytest.raises(LookupError, match="sort outside the kernel"):
+        t.require(lax.sort_p, LookupError)
+    with pytest.raises(LookupError) as info:
+        t.require(lax.sub_p, LookupError)
+    assert info.value.args == (None,)  # no rule and no reason declared
+
+
+def test_walk_jaxpr_binds_consts_args_literals_and_each_equations_results():
+    closed = jax.make_jaxpr(lambda x, y: (x * 2.0 + y, y))(1.0, 2.0)
+    seen = []
+
+    def eval_eqn(eqn, invals):
+        seen.append((eqn.primitive.name, invals))
+        return [eqn.primitive.bind(*invals, **eqn.params)]
+
+    out = plugins.walk_jaxpr(closed.jaxpr, closed.consts, [3.0, 4.0], eval_eqn)
+    assert [float(o) for o in out] == [10.0, 4.0]
+    assert seen[0] == ("mul", [3.0, 2.0])  # the literal 2.0 through the default literal
+    tagged = plugins.walk_jaxpr(closed.jaxpr, closed.consts, [3.0, 4.0], eval_eqn,
+                                literal=lambda lit: lit.val + 1)
+    assert float(tagged[0]) == 13.0
+
+
 def test_the_interpreter_has_a_rule_for_every_core_primitive():
     assert plugins.interpret_rules.missing(plugins.PRIMITIVES) == []
 

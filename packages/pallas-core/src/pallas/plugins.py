@@ -49,6 +49,7 @@ from pallas._src.interpreter.views import read_cell, write_cell
 from pallas._src.interpreter.views import read_flat as read_view
 from pallas._src.interpreter.views import swap_flat as swap_view
 from pallas._src.jax_compat import axis_index_p
+from pallas._src.jaxpr_util import walk_jaxpr
 from pallas._src.jaxpr_walk import pallas_call_eqns, primitive_names
 from pallas._src.memory import (
     MemoryRef,
@@ -153,6 +154,8 @@ __all__ = [
     "read_view", "swap_view", "add_view",
     # The same through an interpreter cell's view, keeping its initialised-elements mask.
     "read_cell", "write_cell",
+    # A jaxpr evaluated (or lowered) equation by equation, for interpreters and lowerings.
+    "walk_jaxpr",
     # Refs (and their ref.at views) packed as primitive operands.
     "RefOperands", "ref_and_transforms", "ref_operands_end", "unpack_ref_operands",
     # Kernel jaxprs print a backend primitive's ref access as `a[i]`, as core's own.

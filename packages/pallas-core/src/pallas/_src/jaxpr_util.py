@@ -1,11 +1,31 @@
-"""Walking jaxprs: the sub-jaxprs of equations, and searches through them."""
+"""Walking jaxprs: equation by equation with their values, the sub-jaxprs of equations,
+and searches through them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pallas._src import jax_compat as jc
+
+
+def walk_jaxpr(jaxpr, consts: Sequence[Any], args: Sequence[Any],
+               eqn_fn: Callable[[Any, list], Sequence[Any]], *,
+               literal: Callable[[Any], Any] = lambda lit: lit.val) -> list:
+    """Evaluates (or lowers) ``jaxpr`` equation by equation: its constvars hold
+    ``consts`` and its invars ``args``; each equation's results are
+    ``eqn_fn(eqn, invals)`` (a sequence, one per outvar), with a literal operand's value
+    ``literal(lit)``. Returns the values of the outvars."""
+    env: dict[Any, Any] = {}
+
+    def read(v):
+        return literal(v) if isinstance(v, jc.Literal) else env[v]
+
+    env.update(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    for eqn in jaxpr.eqns:
+        env.update(zip(eqn.outvars, eqn_fn(eqn, [read(v) for v in eqn.invars])))
+    return [read(v) for v in jaxpr.outvars]
 
 
 def sub_jaxprs(value: Any) -> Iterator[Any]:

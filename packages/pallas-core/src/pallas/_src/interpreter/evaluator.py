@@ -21,6 +21,7 @@ from jax import lax
 from pallas._src import jax_compat as jc
 from pallas._src.interpreter import views
 from pallas._src.interpreter.rules import interpret_rules, register_interpret_rule
+from pallas._src.jaxpr_util import walk_jaxpr
 
 
 class Cell:
@@ -132,36 +133,24 @@ class KernelContext:
 
 def eval_jaxpr(ctx: KernelContext, jaxpr, consts: Sequence[Any], args: Sequence[Any]):
     """Evaluates ``jaxpr`` with ``Cell``s for refs; returns the list of outputs."""
-    env: dict[Any, Any] = {}
-
-    def read(v):
-        if isinstance(v, jc.Literal):
-            return v.val
-        return env[v]
-
-    for v, x in zip(jaxpr.constvars, consts):
-        env[v] = x
     if len(jaxpr.invars) != len(args):
         raise TypeError(f"jaxpr takes {len(jaxpr.invars)} arguments, got {len(args)}")
-    for v, x in zip(jaxpr.invars, args):
-        env[v] = x
-    for eqn in jaxpr.eqns:
-        invals = [read(v) for v in eqn.invars]
-        rule = interpret_rules.get(eqn.primitive)
-        with jc.source_info_util.user_context(eqn.source_info.traceback):
-            if rule is not None:
-                outs = rule(ctx, eqn, invals)
-            elif any(isinstance(x, Cell) for x in invals):
-                raise NotImplementedError(
-                    f"The Pallas interpreter has no rule for the primitive "
-                    f"'{eqn.primitive.name}' applied to refs. If a backend package defines "
-                    f"this primitive, make sure it is installed and registered."
-                )
-            else:
-                outs = bind_eqn(eqn, invals)
-        for v, x in zip(eqn.outvars, outs):
-            env[v] = x
-    return [read(v) for v in jaxpr.outvars]
+    return walk_jaxpr(jaxpr, consts, args, lambda eqn, invals: eval_eqn(ctx, eqn, invals))
+
+
+def eval_eqn(ctx: KernelContext, eqn, invals: list) -> list:
+    """One equation: its interpreter rule, else JAX's bind on plain values."""
+    rule = interpret_rules.get(eqn.primitive)
+    with jc.source_info_util.user_context(eqn.source_info.traceback):
+        if rule is not None:
+            return rule(ctx, eqn, invals)
+        if any(isinstance(x, Cell) for x in invals):
+            raise NotImplementedError(
+                f"The Pallas interpreter has no rule for the primitive "
+                f"'{eqn.primitive.name}' applied to refs. If a backend package defines "
+                f"this primitive, make sure it is installed and registered."
+            )
+        return bind_eqn(eqn, invals)
 
 
 def bind_eqn(eqn, invals) -> list:

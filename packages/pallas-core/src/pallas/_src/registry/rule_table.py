@@ -178,6 +178,15 @@ class RuleTable(Mapping):
             keys.update((p, None) for p in self.parent if p not in self._unsupported)
         return keys
 
+    def require(self, prim: Any, missing: Callable[[str | None], BaseException]) -> Rule:
+        """The rule for ``prim``; without one, raises ``missing(reason)`` (``reason``: why
+        it has none, when that was declared with :meth:`unsupported`, else None), the
+        walker's own "cannot lower" error."""
+        rule = self.get(prim)
+        if rule is None:
+            raise missing(self.unsupported_reason(prim))
+        return rule
+
     def unsupported_reason(self, prim: Any) -> str | None:
         """Why ``prim`` has no rule, when that was declared (here or in the parent)."""
         reason = self._unsupported.get(prim)

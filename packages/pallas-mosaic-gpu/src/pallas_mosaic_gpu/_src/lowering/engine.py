@@ -9,8 +9,6 @@ materialised by the rule that uses it). The engine owns the rule table
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax.extend.core as jax_core
 import numpy as np
 from jax.experimental.mosaic import gpu as mgpu
@@ -51,17 +49,8 @@ def rule(*prims):
 
 def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
     """Emits ``jaxpr`` at the current insertion point; returns its outputs."""
-    env: dict[Any, Any] = {}
-
-    def read(v):
-        if isinstance(v, jax_core.Literal):
-            return Lit(v.val, v.aval)
-        return env[v]
-
-    for v, c in zip(jaxpr.constvars, consts):
-        env[v] = c if isinstance(c, (ir.Value, RefVal, Lit)) else Lit(np.asarray(c), v.aval)
-    for v, a in zip(jaxpr.invars, args):
-        env[v] = a
+    consts = [c if isinstance(c, (ir.Value, RefVal, Lit)) else Lit(np.asarray(c), v.aval)
+              for v, c in zip(jaxpr.constvars, consts)]
     for eqn in jaxpr.eqns:
         lctx.used_vars.update(v for v in eqn.invars if not isinstance(v, jax_core.Literal))
         if eqn.primitive.name == "mgpu_layout_cast" and \
@@ -69,35 +58,33 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
             lctx.layout_hints[eqn.invars[0]] = eqn.params["new_layout"]
     lctx.used_vars.update(v for v in jaxpr.outvars if not isinstance(v, jax_core.Literal))
     lctx.synced = False  # a region (a loop body) may run after any access
-    for eqn in jaxpr.eqns:
-        r = RULES.get(eqn.primitive)
-        if r is None:
-            why = RULES.unsupported_reason(eqn.primitive)
-            raise MosaicGpuLoweringError(
-                f"pallas-mosaic-gpu (backend '{BACKEND}') cannot lower the primitive "
-                f"'{eqn.primitive.name}' to Mosaic GPU yet ({kernel_desc(lctx)}, at "
-                f"{jc.source_info_summary(eqn)})" + (f": {why}" if why else "")
-                + ". It runs with interpret=True.")
-        invals = [read(v) for v in eqn.invars]
-        try:
-            if is_elementwise(eqn.primitive):
-                invals = _stretched(lctx, eqn, invals)
-            outs = r(lctx, eqn, *invals)
-        except (MosaicGpuLoweringError, KernelError):
-            raise
-        except (NotImplementedError, ValueError, TypeError, IndexError) as e:
-            raise MosaicGpuLoweringError(
-                f"pallas-mosaic-gpu (backend '{BACKEND}') failed to lower the primitive "
-                f"'{eqn.primitive.name}' in {kernel_desc(lctx)} (at "
-                f"{jc.source_info_summary(eqn)}): {type(e).__name__}: {e}") from e
-        lctx.uses.add(eqn.primitive.name)
-        if not keeps_sync(eqn):
-            lctx.synced = False
-        if not eqn.primitive.multiple_results:
-            outs = [outs]
-        for v, o in zip(eqn.outvars, outs):
-            env[v] = o
-    return [read(v) for v in jaxpr.outvars]
+    return plugins.walk_jaxpr(jaxpr, consts, args,
+                              lambda eqn, invals: _lower_eqn(lctx, eqn, invals),
+                              literal=lambda v: Lit(v.val, v.aval))
+
+
+def _lower_eqn(lctx: LoweringContext, eqn, invals: list) -> list:
+    """Emits one equation by its rule; returns its results."""
+    r = RULES.require(eqn.primitive, lambda why: MosaicGpuLoweringError(
+        f"pallas-mosaic-gpu (backend '{BACKEND}') cannot lower the primitive "
+        f"'{eqn.primitive.name}' to Mosaic GPU yet ({kernel_desc(lctx)}, at "
+        f"{jc.source_info_summary(eqn)})" + (f": {why}" if why else "")
+        + ". It runs with interpret=True."))
+    try:
+        if is_elementwise(eqn.primitive):
+            invals = _stretched(lctx, eqn, invals)
+        outs = r(lctx, eqn, *invals)
+    except (MosaicGpuLoweringError, KernelError):
+        raise
+    except (NotImplementedError, ValueError, TypeError, IndexError) as e:
+        raise MosaicGpuLoweringError(
+            f"pallas-mosaic-gpu (backend '{BACKEND}') failed to lower the primitive "
+            f"'{eqn.primitive.name}' in {kernel_desc(lctx)} (at "
+            f"{jc.source_info_summary(eqn)}): {type(e).__name__}: {e}") from e
+    lctx.uses.add(eqn.primitive.name)
+    if not keeps_sync(eqn):
+        lctx.synced = False
+    return outs if eqn.primitive.multiple_results else [outs]
 
 
 # Primitives whose rules access no memory through the generic proxy once the scope is

@@ -20,6 +20,7 @@ from pallas.plugins import (
     num_programs_p,
     program_id_p,
     swap_p,
+    walk_jaxpr,
 )
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.interpret import boxes as B
@@ -125,20 +126,7 @@ class Core:
         if not self.params.skip_floating_point_ops:
             return program_of(jaxpr)(self, consts, args)
         # Equation by equation, so that each float result can be skipped.
-        env: dict = {}
-
-        def read(v):
-            return v.val if isinstance(v, jc.Literal) else env[v]
-
-        for v, x in zip(jaxpr.constvars, consts):
-            env[v] = x
-        for v, x in zip(jaxpr.invars, args):
-            env[v] = x
-        for eqn in jaxpr.eqns:
-            outs = self.eval_eqn(eqn, [read(v) for v in eqn.invars])
-            for v, x in zip(eqn.outvars, outs):
-                env[v] = x
-        return [read(v) for v in jaxpr.outvars]
+        return walk_jaxpr(jaxpr, consts, args, self.eval_eqn)
 
     def eval_closed(self, closed, args) -> list:
         return self.eval(closed.jaxpr, closed.consts, args)

@@ -8,13 +8,11 @@ defined in ``values``. The engine owns the rule table the rule modules register 
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mosaic.python import tpu
 
-from pallas.plugins import RuleTable
+from pallas.plugins import RuleTable, walk_jaxpr
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.enums import LoweringException
 from pallas_tpu._src.lowering.values import Lit, LoweringContext, RefVal
@@ -34,33 +32,20 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
     ``lctx.rules``, else :data:`RULES`, which holds every rule once
     ``pallas_tpu._src.lowering.rules`` is imported)."""
     table = RULES if lctx.rules is None else lctx.rules
-    env: dict[Any, Any] = {}
-
-    def read(v):
-        if isinstance(v, jc.Literal):
-            return Lit(v.val, v.aval)
-        return env[v]
-
-    for v, c in zip(jaxpr.constvars, consts):
-        env[v] = c if isinstance(c, (ir.Value, RefVal, Lit)) else Lit(np.asarray(c), v.aval)
-    for v, a in zip(jaxpr.invars, args):
-        env[v] = a
+    consts = [c if isinstance(c, (ir.Value, RefVal, Lit)) else Lit(np.asarray(c), v.aval)
+              for v, c in zip(jaxpr.constvars, consts)]
     for eqn in jaxpr.eqns:
         lctx.used_vars.update(v for v in eqn.invars if isinstance(v, jc.Var))
     lctx.used_vars.update(v for v in jaxpr.outvars if isinstance(v, jc.Var))
     entry = lctx.scopes
-    for eqn in jaxpr.eqns:
+
+    def lower_eqn(eqn, invals: list) -> list:
         _enter_scopes(lctx, entry, _scopes_of(eqn, entry))
-        rule = table.get(eqn.primitive)
-        if rule is None:
-            reason = table.unsupported_reason(eqn.primitive)
-            raise LoweringException(
-                f"backend '{lctx.backend}' cannot lower the primitive "
-                f"'{eqn.primitive.name}' to Mosaic TPU yet (kernel {lctx.name}, at "
-                f"{jc.source_info_summary(eqn)}"
-                f"{'; ' + reason if reason else ''}). It runs under interpret=True."
-            )
-        invals = [read(v) for v in eqn.invars]
+        rule = table.require(eqn.primitive, lambda reason: LoweringException(
+            f"backend '{lctx.backend}' cannot lower the primitive "
+            f"'{eqn.primitive.name}' to Mosaic TPU yet (kernel {lctx.name}, at "
+            f"{jc.source_info_summary(eqn)}"
+            f"{'; ' + reason if reason else ''}). It runs under interpret=True."))
         try:
             outs = rule(lctx, eqn, *invals)
         except LoweringException:
@@ -71,12 +56,11 @@ def lower_jaxpr(lctx: LoweringContext, jaxpr, consts, args) -> list:
                 f"at {jc.source_info_summary(eqn)}: {type(e).__name__}: {e}"
             ) from e
         lctx.uses.add(eqn.primitive.name)
-        if not eqn.primitive.multiple_results:
-            outs = [outs]
-        for v, o in zip(eqn.outvars, outs):
-            env[v] = o
+        return outs if eqn.primitive.multiple_results else [outs]
+
+    outs = walk_jaxpr(jaxpr, consts, args, lower_eqn, literal=lambda v: Lit(v.val, v.aval))
     _enter_scopes(lctx, entry, entry)
-    return [read(v) for v in jaxpr.outvars]
+    return outs
 
 
 def _scopes_of(eqn, entry: tuple) -> tuple:

@@ -132,11 +132,9 @@ def check_not_padded(vals, use: str) -> None:
 
 
 def _lower_eqn(ctx: LoweringContext, eqn, invals) -> list:
-    rule_ = RULES.get(eqn.primitive)
     try:
-        if rule_ is None:
-            reason = RULES.unsupported_reason(eqn.primitive)
-            raise unsupported(f"the primitive {eqn.primitive.name!r}", reason)
+        rule_ = RULES.require(eqn.primitive, lambda reason: unsupported(
+            f"the primitive {eqn.primitive.name!r}", reason))
         return rule_(ctx, eqn, *invals)
     except TritonLoweringError as e:
         raise _located(e, ctx, eqn) from None
