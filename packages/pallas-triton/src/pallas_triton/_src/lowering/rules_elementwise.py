@@ -231,23 +231,18 @@ def _is_finite(ctx, eqn, x):
     return _emit(ctx, eqn, f"tl.abs({_cast(x, 'tl.float32')}) < float(\"inf\")")
 
 
-def _int_libdevice(ctx, eqn, x, fn: str):
+_BIT_COUNTS = {lax.population_count_p: "popc", lax.clz_p: "clz"}
+
+
+@value_rule(*_BIT_COUNTS)
+def _bit_count(ctx, eqn, x):
     """libdevice's bit-counting functions take signed integers: bitcast unsigned ones."""
+    fn = _BIT_COUNTS[eqn.primitive]
     if is_unsigned_int(x.dtype):
         bits = np.dtype(x.dtype).itemsize * 8
         arg = _cast(x, f"tl.int{bits}", bitcast=True)
         return _emit(ctx, eqn, f"libdevice.{fn}({arg}).to({tl_dtype(x.dtype)}, bitcast=True)")
     return _emit(ctx, eqn, f"libdevice.{fn}({_op(x)}).to({tl_dtype(x.dtype)})")
-
-
-@value_rule(lax.population_count_p)
-def _popc(ctx, eqn, x):
-    return _int_libdevice(ctx, eqn, x, "popc")
-
-
-@value_rule(lax.clz_p)
-def _clz(ctx, eqn, x):
-    return _int_libdevice(ctx, eqn, x, "clz")
 
 
 @value_rule(lax.select_n_p)

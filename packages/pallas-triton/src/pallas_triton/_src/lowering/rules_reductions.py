@@ -23,8 +23,13 @@ from pallas_triton._src.lowering.values import (
     _wide,
 )
 
+_REDUCTIONS = {lax.reduce_sum_p: "tl.sum", lax.reduce_max_p: "tl.max",
+               lax.reduce_min_p: "tl.min"}
 
-def _reduce(ctx, eqn, x, fn: str):
+
+@value_rule(*_REDUCTIONS)
+def _reduce(ctx, eqn, x):
+    fn = _REDUCTIONS[eqn.primitive]
     axes = sorted((int(a) for a in eqn.params["axes"]), reverse=True)
     shape, dtype = _out(eqn)
     cur = x
@@ -40,21 +45,6 @@ def _reduce(ctx, eqn, x, fn: str):
         cur = ctx.em.assign(f"{fn}({src}, axis={a}{extra})", tuple(cur_shape), dtype)
         src = cur.expr
     return _emit(ctx, eqn, f"({cur.expr}).to({tl_dtype(dtype)})")
-
-
-@value_rule(lax.reduce_sum_p)
-def _reduce_sum(ctx, eqn, x):
-    return _reduce(ctx, eqn, x, "tl.sum")
-
-
-@value_rule(lax.reduce_max_p)
-def _reduce_max(ctx, eqn, x):
-    return _reduce(ctx, eqn, x, "tl.max")
-
-
-@value_rule(lax.reduce_min_p)
-def _reduce_min(ctx, eqn, x):
-    return _reduce(ctx, eqn, x, "tl.min")
 
 
 _COMBINERS = {
