@@ -68,20 +68,23 @@ def dtype_name(dtype) -> str:
     return np.dtype(dtype).name
 
 
-def tl_dtype(dtype) -> str:
+def _dtype_in(table: dict[str, str], dtype) -> str:
+    """``dtype``'s entry in ``table``; a dtype the backend has no name for is refused."""
     name = dtype_name(dtype)
     try:
-        return _TL_DTYPES[name]
+        return table[name]
     except KeyError:
         raise unsupported(f"dtype {name}") from None
+
+
+def tl_dtype(dtype) -> str:
+    """The ``triton.language`` dtype (``tl.float32``) of ``dtype``."""
+    return _dtype_in(_TL_DTYPES, dtype)
 
 
 def sig_dtype(dtype) -> str:
-    name = dtype_name(dtype)
-    try:
-        return _SIG_DTYPES[name]
-    except KeyError:
-        raise unsupported(f"dtype {name}") from None
+    """The dtype's name in a kernel signature (``fp32``), as ``triton.compile`` takes it."""
+    return _dtype_in(_SIG_DTYPES, dtype)
 
 
 def is_float(dtype) -> bool:
