@@ -14,21 +14,22 @@ from pallas_triton._src.codegen import TritonLoweringError, Value, tl_dtype
 from pallas_triton._src.lowering.engine import alloc_local, lower_jaxpr, rule
 
 
+def _grid_axis(ctx, eqn, rank: int, fn: str) -> int:
+    """The ``axis`` of ``pl.program_id``/``pl.num_programs``, checked against ``rank``."""
+    axis = int(eqn.params["axis"])
+    if not 0 <= axis < rank:
+        raise TritonLoweringError(f"pl.{fn}({axis}) is out of range for the grid {ctx.grid}")
+    return axis
+
+
 @rule(plugins.program_id_p)
 def _program_id(ctx, eqn, *invals):
-    axis = int(eqn.params["axis"])
-    if not 0 <= axis < len(ctx.pids):
-        raise TritonLoweringError(
-            f"pl.program_id({axis}) is out of range for the grid {ctx.grid}")
-    return [ctx.pids[axis]]
+    return [ctx.pids[_grid_axis(ctx, eqn, len(ctx.pids), "program_id")]]
 
 
 @rule(plugins.num_programs_p)
 def _num_programs(ctx, eqn, *invals):
-    axis = int(eqn.params["axis"])
-    if not 0 <= axis < len(ctx.grid):
-        raise TritonLoweringError(
-            f"pl.num_programs({axis}) is out of range for the grid {ctx.grid}")
+    axis = _grid_axis(ctx, eqn, len(ctx.grid), "num_programs")
     return [Value(str(ctx.grid[axis]), (), np.int32, literal=True)]
 
 
