@@ -19,6 +19,11 @@ ENV_COMPUTE_CAPABILITY = "PALLAS_TRITON_COMPUTE_CAPABILITY"
 DEFAULT_COMPUTE_CAPABILITY = 80
 
 
+def _stage(name: str, doc: str) -> property:
+    """A read-only attribute for one stage's output in :attr:`CompiledKernel.asm`."""
+    return property(lambda self: self.asm[name], doc=doc)
+
+
 @dataclasses.dataclass(frozen=True)
 class CompiledKernel:
     """What ``triton.compile`` produced for one kernel and one target."""
@@ -39,25 +44,11 @@ class CompiledKernel:
         """The JAX platform the kernel runs on: ``"cuda"`` or ``"rocm"``."""
         return "rocm" if self.arch.startswith("gfx") else "cuda"
 
-    @property
-    def ptx(self) -> str:
-        return self.asm["ptx"]
-
-    @property
-    def ttir(self) -> str:
-        return self.asm["ttir"]
-
-    @property
-    def cubin(self) -> bytes:
-        return self.asm["cubin"]
-
-    @property
-    def amdgcn(self) -> str:
-        return self.asm["amdgcn"]
-
-    @property
-    def hsaco(self) -> bytes:
-        return self.asm["hsaco"]
+    ptx = _stage("ptx", "The PTX text (NVIDIA).")
+    ttir = _stage("ttir", "The Triton IR text.")
+    cubin = _stage("cubin", "The cubin bytes (NVIDIA).")
+    amdgcn = _stage("amdgcn", "The AMDGCN assembly text (AMD).")
+    hsaco = _stage("hsaco", "The hsaco code object bytes (AMD).")
 
     def uses_tensor_cores(self) -> bool:
         """Whether the kernel multiplies on the matrix units: ``mma``/``wgmma`` in the PTX,
