@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import zlib
 
-from jax.interpreters import mlir
-
 from pallas_triton._src import jax_compat as jc
 from pallas_triton._src.codegen import TritonLoweringError
 from pallas_triton._src.compile import compile_lowered, compute_capability
+from pallas_triton._src.kernel_call import emit_kernel_call
 from pallas_triton._src.lowering import lower_kernel
 
 CUSTOM_CALL_TARGET = "triton_kernel_call"
@@ -60,14 +59,5 @@ def lower_pallas_call(ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, cost
             f"got {cc}")
     compiled = compile_lowered(lowered, cc)
     config = kernel_call_config(lowered, compiled, lowered.name)
-    aliases = {int(i): int(o) for i, o in grid_mapping.input_output_aliases}
-    result_types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in out_avals]
-    op = jc.custom_call(
-        CUSTOM_CALL_TARGET,
-        result_types=result_types,
-        operands=list(in_nodes),
-        backend_config=config,
-        api_version=2,
-        operand_output_aliases=aliases or None,
-    )
-    return op.results
+    return emit_kernel_call(ctx, CUSTOM_CALL_TARGET, in_nodes, grid_mapping, out_avals,
+                            backend_config=config, api_version=2)

@@ -19,9 +19,9 @@ import re
 from jax.interpreters import mlir
 from jaxlib.mlir import ir
 
-from pallas_triton._src import jax_compat as jc
 from pallas_triton._src.api import CompilerParams
 from pallas_triton._src.compile import compile_lowered
+from pallas_triton._src.kernel_call import emit_kernel_call
 from pallas_triton._src.lowering import lower_kernel
 from pallas_triton._src.targets import amd_target, check_fits, rocm_arch
 
@@ -172,16 +172,8 @@ def lower_pallas_call(ctx, *in_nodes, jaxpr, grid_mapping, compiler_params, name
     arch = rocm_arch(compiler_params)
     _, compiled = compile_fitting(jaxpr, grid_mapping, compiler_params, name, arch)
     config = backend_config(compiled)
-    aliases = {int(i): int(o) for i, o in grid_mapping.input_output_aliases}
-    result_types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in out_avals]
-    op = jc.custom_call(
-        CUSTOM_CALL_TARGET,
-        result_types=result_types,
-        operands=list(in_nodes),
-        backend_config=config.attributes(),
-        api_version=4,
+    return emit_kernel_call(
+        ctx, CUSTOM_CALL_TARGET, in_nodes, grid_mapping, out_avals,
+        backend_config=config.attributes(), api_version=4,
         operand_layouts=[_layout(a) for a in ctx.avals_in],
-        result_layouts=[_layout(a) for a in out_avals],
-        operand_output_aliases=aliases or None,
-    )
-    return op.results
+        result_layouts=[_layout(a) for a in out_avals])
