@@ -154,19 +154,17 @@ def _smem_to_tmem(lctx, eqn, *ops):
     return []
 
 
-@rule(commit_tmem_p)
-def _commit_tmem(lctx, eqn):
-    check_target(lctx, "commit_tmem", BLACKWELL)
-    nvvm.tcgen05_wait(nvvm.Tcgen05WaitKind.STORE)
-    threads.scope_sync(lctx)
-    lctx.synced = True  # a barrier arrival right after needs no synchronisation again
-    return []
+# The TMEM waits: ``commit_tmem`` waits for the thread's TMEM stores, ``wait_load_tmem``
+# for its TMEM loads; each then synchronises the scope.
+_TMEM_WAITS = {commit_tmem_p: ("commit_tmem", nvvm.Tcgen05WaitKind.STORE),
+               wait_load_tmem_p: ("wait_load_tmem", nvvm.Tcgen05WaitKind.LOAD)}
 
 
-@rule(wait_load_tmem_p)
-def _wait_load_tmem(lctx, eqn):
-    check_target(lctx, "wait_load_tmem", BLACKWELL)
-    nvvm.tcgen05_wait(nvvm.Tcgen05WaitKind.LOAD)
+@rule(*_TMEM_WAITS)
+def _tmem_wait(lctx, eqn):
+    fn, kind = _TMEM_WAITS[eqn.primitive]
+    check_target(lctx, fn, BLACKWELL)
+    nvvm.tcgen05_wait(kind)
     threads.scope_sync(lctx)
     lctx.synced = True  # a barrier arrival right after needs no synchronisation again
     return []
