@@ -21,7 +21,8 @@ from jaxlib.mlir.dialects import arith
 
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.lowering import values as V
-from pallas_mosaic_gpu._src.lowering.context import KernelError, Lit, RefVal
+from pallas_mosaic_gpu._src.lowering import views
+from pallas_mosaic_gpu._src.lowering.context import KernelError, RefVal
 from pallas_mosaic_gpu._src.transforms import SwizzleTransform, TilingTransform
 
 
@@ -71,21 +72,6 @@ def smem_ref(memref, dtype, shape, tiling, swizzle) -> RefVal:
                   logical=tuple(shape))
 
 
-def _idx(x):
-    """A static int, or an ``index`` ir.Value."""
-    if isinstance(x, Lit):
-        return int(np.asarray(x.val))
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, mgpu.FragmentedArray):
-        raise NotImplementedError("gather-style (array) ref indexing")
-    if hasattr(x, "values") and not isinstance(x, ir.Value):
-        x = V.scalar(x, None)
-    if isinstance(x.type, ir.IndexType):
-        return x
-    return arith.index_cast(V.index(), x)
-
-
 def _transforms(flat, tree):
     return jax.tree_util.tree_unflatten(tree, list(flat))
 
@@ -99,9 +85,9 @@ def _entries(indexer):
         if isinstance(i, jc.Slice):
             if int(i.stride) != 1:
                 raise NotImplementedError(f"strided ref windows (stride {i.stride})")
-            out.append(("slice", _idx(i.start), int(i.size)))
+            out.append(("slice", views.index_operand(i.start), int(i.size)))
         else:
-            out.append(("index", _idx(i)))
+            out.append(("index", views.index_operand(i)))
     return out
 
 

@@ -20,14 +20,19 @@ from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.context import Lit, RefVal
 
 
-def _index(x) -> object:
-    """A static int or an ``index``-typed ir.Value for an indexer entry."""
+def index_operand(x) -> object:
+    """A static int or an ``index``-typed ir.Value for an indexer entry (a literal, an
+    int, a one-element small array or a scalar ir.Value); array indices are refused."""
     if isinstance(x, Lit):
         return int(np.asarray(x.val))
     if isinstance(x, (int, np.integer)):
         return int(x)
     if isinstance(x, mgpu.FragmentedArray):
         raise NotImplementedError("gather-style (array) ref indexing")
+    if hasattr(x, "values") and not isinstance(x, ir.Value):
+        x = V.scalar(x, None)
+    if isinstance(x.type, ir.IndexType):
+        return x
     return arith.index_cast(V.index(), x)
 
 
@@ -49,10 +54,10 @@ def view(ref: RefVal, flat, tree):
             if isinstance(idx, jc.Slice):
                 size, step = int(idx.size), int(idx.stride)
                 extent = (size - 1) * step + 1 if size else 0
-                base.append(mgpu.ds(_index(idx.start), extent))
+                base.append(mgpu.ds(index_operand(idx.start), extent))
                 dims.append((size, step))
             else:
-                base.append(_index(idx))
+                base.append(index_operand(idx))
         m = elements.window(mgpu.memref_slice(m, tuple(base)), dims)
     return m
 
