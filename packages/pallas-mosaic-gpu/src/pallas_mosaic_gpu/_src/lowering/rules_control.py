@@ -193,6 +193,29 @@ def _keep_rolled(loop) -> None:
         "#llvm.loop_annotation<unroll = <disable = true>>")
 
 
+def _emit_for(bounds, state, avals, accs, rolled, ops, body):
+    """An ``scf.for`` over ``bounds()`` (``index`` values ``lo, hi``, emitted once the
+    carry is flattened; step 1) carrying ``state`` (values of ``avals``) and the
+    accumulators ``accs``; ``body(iv, carry)`` emits one step and returns the next carry.
+    The loop goes on ``ops``; returns the final carry."""
+    flat, specs = _flatten(state, avals)
+    n = len(flat)
+    lo, hi = bounds()
+    loop = scf.ForOp(lo, hi, V.const(1, V.index()), flat + _acc_regs(accs))
+    if rolled:
+        _keep_rolled(loop)
+    ops.append(loop)
+    with ir.InsertionPoint(loop.body):
+        inner = list(loop.inner_iter_args)
+        _set_accs(accs, inner[n:])
+        carry = body(loop.induction_variable, _unflatten(inner[:n], specs))
+        new, _ = _flatten(carry, avals, specs)
+        scf.YieldOp(new + _acc_regs(accs))
+    results = list(loop.results)
+    _set_accs(accs, results[n:])
+    return _unflatten(results[:n], specs)
+
+
 def _inline(lctx, closed, args):
     return lower_jaxpr(lctx, closed.jaxpr, closed.consts, list(args))
 
@@ -252,29 +275,20 @@ def _scan(lctx, eqn, *args):
     unroll = max(1, min(int(p.get("unroll", 1)), length))
     groups = length // unroll
 
+    def unrolled(base, carry):
+        """Steps ``base * unroll`` to ``base * unroll + unroll - 1``."""
+        if unroll > 1:
+            base = arith.muli(base, V.const(unroll, V.index()))
+        for j in range(unroll):
+            i = base if j == 0 else arith.addi(base, V.const(j, V.index()))
+            carry = step(i, carry)
+        return carry
+
     def emit(init, ops):
-        flat, specs = _flatten(init, avals)
-        n = len(flat)
-        lo, hi, one = (V.const(v, V.index()) for v in (0, groups, 1))
-        loop = scf.ForOp(lo, hi, one, flat + _acc_regs(accs))
-        if rolled:
-            _keep_rolled(loop)
-        ops.append(loop)
-        with ir.InsertionPoint(loop.body):
-            inner = list(loop.inner_iter_args)
-            _set_accs(accs, inner[n:])
-            carry = _unflatten(inner[:n], specs)
-            base = loop.induction_variable
-            if unroll > 1:
-                base = arith.muli(base, V.const(unroll, V.index()))
-            for j in range(unroll):
-                i = base if j == 0 else arith.addi(base, V.const(j, V.index()))
-                carry = step(i, carry)
-            new, _ = _flatten(carry, avals, specs)
-            scf.YieldOp(new + _acc_regs(accs))
-        results = list(loop.results)
-        _set_accs(accs, results[n:])
-        return _unflatten(results[:n], specs)
+        def bounds():
+            return V.const(0, V.index()), V.const(groups, V.index())
+
+        return _emit_for(bounds, init, avals, accs, rolled, ops, unrolled)
 
     carry = init
     if groups > 1 or (groups == 1 and unroll == 1):
@@ -366,25 +380,16 @@ def _fori_while(lctx, p, bconsts, init, avals, accs, rolled=False):
     lo, hi = (V.scalar(x, a) for x, a in zip(init[:2], avals[:2]))
     rest = avals[2:]
 
+    def body(iv, state):
+        i = arith.index_cast(V.i32(), iv)
+        return _inline(lctx, p["body_jaxpr"], [*bconsts, i, hi, *state])[2:]
+
     def emit(state, ops):
-        flat, specs = _flatten(state, rest)
-        n = len(flat)
-        loop = scf.ForOp(arith.index_cast(V.index(), lo), arith.index_cast(V.index(), hi),
-                         V.const(1, V.index()), flat + _acc_regs(accs))
-        if rolled:
-            _keep_rolled(loop)
-        ops.append(loop)
-        with ir.InsertionPoint(loop.body):
-            inner = list(loop.inner_iter_args)
-            _set_accs(accs, inner[n:])
-            i = arith.index_cast(V.i32(), loop.induction_variable)
-            carry = [i, hi, *_unflatten(inner[:n], specs)]
-            outs = _inline(lctx, p["body_jaxpr"], [*bconsts, *carry])
-            new, _ = _flatten(outs[2:], rest, specs)
-            scf.YieldOp(new + _acc_regs(accs))
-        results = list(loop.results)
-        _set_accs(accs, results[n:])
-        return [arith.maxsi(lo, hi), hi, *_unflatten(results[:n], specs)]
+        def bounds():
+            return arith.index_cast(V.index(), lo), arith.index_cast(V.index(), hi)
+
+        final = _emit_for(bounds, state, rest, accs, rolled, ops, body)
+        return [arith.maxsi(lo, hi), hi, *final]
 
     return _settle_layouts(emit, init[2:], lambda s, e: _relayout(s, rest, e), accs,
                            "a fori_loop")
