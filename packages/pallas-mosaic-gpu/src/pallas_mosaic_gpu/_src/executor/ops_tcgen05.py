@@ -46,7 +46,7 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from pallas_mosaic_gpu._src.executor.cluster import cluster_of
-from pallas_mosaic_gpu._src.executor.engine import asm, op
+from pallas_mosaic_gpu._src.executor.engine import asm, no_effect, op
 from pallas_mosaic_gpu._src.executor.mbarrier import mbarrier_state
 from pallas_mosaic_gpu._src.executor.smem_desc import smem_operand
 from pallas_mosaic_gpu._src.executor.tmem import Tmem, tmem_at, tmem_of
@@ -80,11 +80,12 @@ def _check_pair(m, what: str) -> None:
                              f"{len(cluster_of(m).smem)}: it has no peer block")
 
 
-def _warps(m) -> np.ndarray:
-    """The block-wide warp index of each active lane's warp (one entry per warp)."""
+def _warp_leaders(m) -> list[int]:
+    """The first active lane of each warp that has one: warp-wide ops (TMEM allocation)
+    happen once per warp, with that lane's operands."""
     lanes = m.lanes()
-    t = _linear_tid(m)[lanes]
-    return np.unique(t // WARP)
+    warps = _linear_tid(m)[lanes] // WARP
+    return [lanes[np.nonzero(warps == w)[0][0]] for w in np.unique(warps)]
 
 
 def _linear_tid(m) -> np.ndarray:
@@ -103,10 +104,7 @@ def _alloc(o, cc):
         if pair:
             _check_pair(m, "tcgen05.alloc")
         t = tmem_of(m)
-        lanes = m.lanes()
-        tids = _linear_tid(m)[lanes]
-        for w in np.unique(tids // WARP):  # one allocation per warp
-            i = lanes[np.nonzero(tids // WARP == w)[0][0]]
+        for i in _warp_leaders(m):  # one allocation per warp
             col = t.alloc(_lane(ncols, i))
             m.memory.scatter(np.asarray([_lane(ptr, i)]), np.asarray([col], np.uint32))
 
@@ -121,10 +119,7 @@ def _dealloc(o, cc):
         if pair:
             _check_pair(m, "tcgen05.dealloc")
         t = tmem_of(m)
-        lanes = m.lanes()
-        tids = _linear_tid(m)[lanes]
-        for w in np.unique(tids // WARP):
-            i = lanes[np.nonzero(tids // WARP == w)[0][0]]
+        for i in _warp_leaders(m):
             t.dealloc(_lane(taddr, i) & 0xFFFFFFFF, _lane(ncols, i))
 
     return run
@@ -139,13 +134,8 @@ def _relinquish(o, cc):
     return run
 
 
-@op("nvvm.tcgen05.fence", "nvvm.tcgen05.wait")
-def _fence(o, cc):
-    # Loads and stores complete when issued; MMAs are ordered by their commits.
-    def run(m):
-        return None
-
-    return run
+# Loads and stores complete when issued; MMAs are ordered by their commits.
+op("nvvm.tcgen05.fence", "nvvm.tcgen05.wait")(no_effect)
 
 
 @op("nvvm.tcgen05.commit")
