@@ -13,6 +13,15 @@ def _lanes(*xs) -> int:
     return max(np.asarray(x).shape[0] for x in xs)
 
 
+def _inserted(x, v, index) -> tuple:
+    """The result of writing ``x`` into the vector ``v`` at ``index`` (of each thread's
+    vector), as a new value with as many lanes as the wider of the two."""
+    x, v = np.asarray(x), np.asarray(v)
+    out = np.array(np.broadcast_to(v, (_lanes(x, v),) + v.shape[1:]))
+    out[(slice(None),) + index] = x
+    return (out,)
+
+
 @op("vector.broadcast", "vector.splat")
 def _broadcast(o, cc):
     shape = vshape(o.results[0].type)
@@ -66,12 +75,7 @@ def _extract(o, cc):
 @op("vector.insert")
 def _insert(o, cc):
     def run(m, x, v, *dyn):
-        pos = _positions(o, dyn)
-        v = np.asarray(v)
-        n = _lanes(x, v)
-        out = np.array(np.broadcast_to(v, (n,) + v.shape[1:]))
-        out[(slice(None),) + pos] = x
-        return (out,)
+        return _inserted(x, v, _positions(o, dyn))
 
     return run
 
@@ -96,13 +100,10 @@ def _insert_strided_slice(o, cc):
 
     def run(m, x, v):
         x, v = np.asarray(x), np.asarray(v)
-        n = _lanes(x, v)
         lead = v.ndim - x.ndim
         sl = tuple(offs[:lead]) + tuple(
             slice(a, a + k * s, s) for a, k, s in zip(offs[lead:], x.shape[1:], steps))
-        out = np.array(np.broadcast_to(v, (n,) + v.shape[1:]))
-        out[(slice(None),) + sl] = x
-        return (out,)
+        return _inserted(x, v, sl)
 
     return run
 
@@ -165,11 +166,7 @@ def _llvm_element(o, cc):
         return int(p[0])
 
     def run_insert(m, v, x, p):
-        v = np.asarray(v)
-        n = _lanes(v, np.asarray(x).reshape(-1))
-        out = np.array(np.broadcast_to(v, (n,) + v.shape[1:]))
-        out[:, pos(p)] = np.asarray(x).reshape(-1)
-        return (out,)
+        return _inserted(np.asarray(x).reshape(-1), v, (pos(p),))
 
     def run_extract(m, v, p):
         return (np.asarray(v)[:, pos(p)],)
