@@ -38,6 +38,37 @@ def asm(pattern: str):
     return deco
 
 
+def no_effect(o, cc):
+    """The rule of an op with nothing for the executor to do (a fence, or a wait for work
+    that completed when it was issued): its run takes any operands and returns none."""
+    return _nothing
+
+
+def _nothing(m, *operands) -> None:
+    return None
+
+
+def dimension_rules(values: dict) -> None:
+    """Registers the ops that read one dimension of the launch (their ``dimension``
+    attribute, x, y or z): ``values`` maps each op name to ``value(m, d) -> array`` (the
+    op's one result, a value per thread or one for all, for dimension ``d``)."""
+    for name, value in values.items():
+        op(name)(_dimension_rule(value))
+
+
+def same_index(v: int) -> np.ndarray:
+    """An index every thread holds alike (a launch or cluster size, a cluster id)."""
+    return np.asarray([v], np.int64)
+
+
+def _dimension_rule(value):
+    def rule(o, cc):
+        d = "xyz".index(str(o.attributes["dimension"]).split()[-1].rstrip(">"))
+        return lambda m: (value(m, d),)
+
+    return rule
+
+
 class Machine:
     """What a running kernel sees: memory, the current block and its threads, the
     active-lane mask of divergent code, mbarriers and TMA descriptors."""

@@ -13,53 +13,23 @@ from __future__ import annotations
 import numpy as np
 
 from pallas_mosaic_gpu._src.executor.cluster import cluster_of
-from pallas_mosaic_gpu._src.executor.engine import asm, op
+from pallas_mosaic_gpu._src.executor.engine import asm, dimension_rules, op, same_index
 from pallas_mosaic_gpu._src.executor.mbarrier import arrive
 from pallas_mosaic_gpu._src.executor.types import EmulationError, EmulationUnsupported
 
 
-def _dim(o) -> int:
-    return "xyz".index(str(o.attributes["dimension"]).split()[-1].rstrip(">"))
+def _size(m, d) -> int:
+    return cluster_of(m).shape[d]
 
 
-@op("gpu.cluster_block_id")
-def _cluster_block_id(o, cc):
-    d = _dim(o)
-
-    def run(m):
-        return (np.asarray([int(m.block_id[d][0]) % cluster_of(m).shape[d]], np.int64),)
-
-    return run
-
-
-@op("gpu.cluster_dim_blocks")
-def _cluster_dim_blocks(o, cc):
-    d = _dim(o)
-
-    def run(m):
-        return (np.asarray([cluster_of(m).shape[d]], np.int64),)
-
-    return run
-
-
-@op("gpu.cluster_id")
-def _cluster_id(o, cc):
-    d = _dim(o)
-
-    def run(m):
-        return (np.asarray([int(m.block_id[d][0]) // cluster_of(m).shape[d]], np.int64),)
-
-    return run
-
-
-@op("gpu.cluster_dim")
-def _cluster_dim(o, cc):
-    d = _dim(o)
-
-    def run(m):
-        return (np.asarray([m.grid_dim[d] // cluster_of(m).shape[d]], np.int64),)
-
-    return run
+# The block's index in its cluster and the cluster's size, the cluster's index in the
+# grid and the grid's size in clusters, along one dimension.
+dimension_rules({
+    "gpu.cluster_block_id": lambda m, d: same_index(int(m.block_id[d][0]) % _size(m, d)),
+    "gpu.cluster_dim_blocks": lambda m, d: same_index(_size(m, d)),
+    "gpu.cluster_id": lambda m, d: same_index(int(m.block_id[d][0]) // _size(m, d)),
+    "gpu.cluster_dim": lambda m, d: same_index(m.grid_dim[d] // _size(m, d)),
+})
 
 
 @op("nvvm.read.ptx.sreg.cluster.ctarank")

@@ -7,7 +7,15 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from pallas_mosaic_gpu._src.executor.cluster import Cluster
-from pallas_mosaic_gpu._src.executor.engine import int_array_attr, op, run, uniform
+from pallas_mosaic_gpu._src.executor.engine import (
+    dimension_rules,
+    int_array_attr,
+    no_effect,
+    op,
+    run,
+    same_index,
+    uniform,
+)
 from pallas_mosaic_gpu._src.executor.memref import MemRef, from_struct, to_struct
 from pallas_mosaic_gpu._src.executor.sched import WARPGROUP, Block
 from pallas_mosaic_gpu._src.executor.tma import flush_async
@@ -16,10 +24,6 @@ from pallas_mosaic_gpu._src.executor.types import EmulationError, EmulationUnsup
 WARP = 32
 SMEM_FILL = 0xFF  # SMEM starts as garbage (NaN for floats): reading unwritten SMEM shows
 SMEM_WINDOW = 1 << 18  # the shared window's address bits a descriptor keeps
-
-
-def _dim(o) -> int:
-    return "xyz".index(str(o.attributes["dimension"]).split()[-1].rstrip(">"))
 
 
 @op("gpu.launch")
@@ -94,44 +98,13 @@ def run_cluster(m, cid, cluster, smem, threads, size, body_of):
         m.cluster = None
 
 
-@op("gpu.thread_id")
-def _thread_id(o, cc):
-    d = _dim(o)
-
-    def run_(m):
-        return (m.thread_id[d],)
-
-    return run_
-
-
-@op("gpu.block_id")
-def _block_id(o, cc):
-    d = _dim(o)
-
-    def run_(m):
-        return (m.block_id[d],)
-
-    return run_
-
-
-@op("gpu.block_dim")
-def _block_dim(o, cc):
-    d = _dim(o)
-
-    def run_(m):
-        return (np.asarray([m.block_dim[d]], np.int64),)
-
-    return run_
-
-
-@op("gpu.grid_dim")
-def _grid_dim(o, cc):
-    d = _dim(o)
-
-    def run_(m):
-        return (np.asarray([m.grid_dim[d]], np.int64),)
-
-    return run_
+# Thread and block ids are per thread; the block and grid sizes, one for all.
+dimension_rules({
+    "gpu.thread_id": lambda m, d: m.thread_id[d],
+    "gpu.block_id": lambda m, d: m.block_id[d],
+    "gpu.block_dim": lambda m, d: same_index(m.block_dim[d]),
+    "gpu.grid_dim": lambda m, d: same_index(m.grid_dim[d]),
+})
 
 
 @op("gpu.dynamic_shared_memory")
@@ -155,24 +128,11 @@ def _barrier(o, cc):
     return run_
 
 
-@op("nvvm.fence.mbarrier.init", "nvvm.fence.proxy", "nvvm.fence.proxy.acquire",
-    "nvvm.fence.proxy.release", "gpu.dealloc", "nvvm.setmaxregister",
-    "nvvm.wgmma.fence.aligned")
-def _fence(o, cc):
-    # Every access completes before the next op starts: fences order nothing more.
-    def run_(m, *xs):
-        return None
-
-    return run_
-
-
-@op("nvvm.bar.warp.sync")
-def _warp_sync(o, cc):
-    """``bar.warp.sync``: the lanes of a warp meet, which lanes run in lockstep do."""
-    def run_(m, mask):
-        return None
-
-    return run_
+# Every access completes before the next op starts: fences order nothing more; the lanes
+# of a warp meet at ``bar.warp.sync``, which lanes running in lockstep do.
+op("nvvm.fence.mbarrier.init", "nvvm.fence.proxy", "nvvm.fence.proxy.acquire",
+   "nvvm.fence.proxy.release", "gpu.dealloc", "nvvm.setmaxregister",
+   "nvvm.wgmma.fence.aligned", "nvvm.bar.warp.sync")(no_effect)
 
 
 @op("nvvm.elect.sync")

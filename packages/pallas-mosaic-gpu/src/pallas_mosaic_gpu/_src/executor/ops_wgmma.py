@@ -32,7 +32,7 @@ import re
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_mosaic_gpu._src.executor.engine import asm, op
+from pallas_mosaic_gpu._src.executor.engine import asm, no_effect, op
 from pallas_mosaic_gpu._src.executor.smem_desc import smem_operand
 from pallas_mosaic_gpu._src.executor.types import EmulationUnsupported
 
@@ -149,13 +149,8 @@ def _wgmma(o, match):
     return run
 
 
-@op("nvvm.wgmma.commit.group.sync.aligned", "nvvm.wgmma.wait.group.sync.aligned")
-def _wgmma_group(o, cc):
-    # The product is computed at issue, so every group has completed when waited for.
-    def run(m):
-        return None
-
-    return run
+# The product is computed at issue, so every group has completed when waited for.
+op("nvvm.wgmma.commit.group.sync.aligned", "nvvm.wgmma.wait.group.sync.aligned")(no_effect)
 
 
 assert re  # the pattern is compiled by ``asm``
