@@ -36,6 +36,12 @@ def register_gpu_rule(*prims):
     return GPU_RULES.register(*prims, owner="pallas_mosaic_gpu")
 
 
+def no_effect(th, eqn, invals) -> list:
+    """The rule of a primitive with nothing to do in GPU interpret mode (a hint, or a
+    wait for work that completed when it was issued): no outputs."""
+    return []
+
+
 @functools.cache
 def _is_generator(rule: Callable) -> bool:
     return inspect.isgeneratorfunction(rule)

@@ -21,7 +21,7 @@ from pallas.plugins import (
 )
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.interpret.access import read, write
-from pallas_mosaic_gpu._src.interpret.evaluator import eval_jaxpr, register_gpu_rule
+from pallas_mosaic_gpu._src.interpret.evaluator import eval_jaxpr, no_effect, register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.memory import (
     Buffer,
     fill_value,
@@ -137,6 +137,4 @@ def _multiple_of(th, eqn, invals):
     return [invals[0]]
 
 
-@register_gpu_rule(delay_p)
-def _delay(th, eqn, invals):
-    return []
+register_gpu_rule(delay_p)(no_effect)  # interpreted threads need no delays

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 from pallas_mosaic_gpu._src.interpret import pairs
 from pallas_mosaic_gpu._src.interpret.access import read, write
-from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
+from pallas_mosaic_gpu._src.interpret.evaluator import no_effect, register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.sync import barrier_of, peer_barrier, tensor_core_arrive
 from pallas_mosaic_gpu._src.layouts import layout_cast_p
 from pallas_mosaic_gpu._src.primitives import hints, tmem
 from pallas_mosaic_gpu._src.primitives import refs as R
 
-
-@register_gpu_rule(*hints.HINTS)
-def _hint(th, eqn, invals):
-    return []
+register_gpu_rule(*hints.HINTS)(no_effect)
 
 
 @register_gpu_rule(layout_cast_p)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from pallas_mosaic_gpu._src.interpret import pairs
 from pallas_mosaic_gpu._src.interpret.access import read, write
-from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
+from pallas_mosaic_gpu._src.interpret.evaluator import no_effect, register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.sync import barrier_of, peer_barrier, tensor_core_arrive
 from pallas_mosaic_gpu._src.primitives import mma
 from pallas_mosaic_gpu._src.primitives import refs as R
@@ -36,9 +36,8 @@ def _wgmma(th, eqn, invals):
     return []
 
 
-@register_gpu_rule(mma.wgmma_wait_p)
-def _wgmma_wait(th, eqn, invals):
-    return []
+# The product is computed when issued: every wgmma has completed when waited for.
+register_gpu_rule(mma.wgmma_wait_p)(no_effect)
 
 
 @register_gpu_rule(mma.tcgen05_mma_p)

@@ -16,7 +16,7 @@ import jax
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.interpret import pairs
 from pallas_mosaic_gpu._src.interpret.devices import resolve, resolve_all
-from pallas_mosaic_gpu._src.interpret.evaluator import register_gpu_rule
+from pallas_mosaic_gpu._src.interpret.evaluator import no_effect, register_gpu_rule
 from pallas_mosaic_gpu._src.interpret.memory import (
     access_region,
     clipped_get,
@@ -162,9 +162,8 @@ def _wait_smem_to_gmem(th, eqn, invals):
     return []
 
 
-@register_gpu_rule(C.commit_smem_p)
-def _commit_smem(th, eqn, invals):
-    return []
+# A TMA unit starts after all its issuing thread did: commit_smem has nothing to order.
+register_gpu_rule(C.commit_smem_p)(no_effect)
 
 
 @register_gpu_rule(cluster_store.async_store_smem_p)
