@@ -67,7 +67,14 @@ class ParameterizedLayout(SomeLayout):
         return self.layout_cls.to_mgpu(*self.args, **dict(self.kwargs))
 
 
-class Layout(SomeLayout, enum.Enum):
+class _TakesArguments:
+    """Calling a layout enum's member with arguments names it with them."""
+
+    def __call__(self, *args, **kwargs) -> ParameterizedLayout:
+        return ParameterizedLayout(self, args, kwargs)
+
+
+class Layout(_TakesArguments, SomeLayout, enum.Enum):
     """Register layouts of Mosaic GPU (WGMMA fragments, splats, strided, tiled, TCGEN05)."""
 
     WGMMA = enum.auto()
@@ -86,9 +93,6 @@ class Layout(SomeLayout, enum.Enum):
     SMEM_GMEM_COPY = enum.auto()
     TMA_INDICES = enum.auto()
     TMA_INDICES_4 = enum.auto()
-
-    def __call__(self, *args, **kwargs) -> ParameterizedLayout:
-        return ParameterizedLayout(self, args, kwargs)
 
     def to_mgpu(self, *args: Any, **kwargs: Any) -> Any:
         """The Mosaic GPU register layout this names (``WG_SPLAT``, ``WG_STRIDED`` and
@@ -117,16 +121,13 @@ _MGPU_NAMES = {Layout.WGMMA: "WGMMA_LAYOUT", Layout.WGMMA_8BIT: "WGMMA_LAYOUT_8B
                Layout.TCGEN05_TMEM_NATIVE: "TMEM_NATIVE_LAYOUT"}
 
 
-class TMEMLayout(enum.Enum):
+class TMEMLayout(_TakesArguments, enum.Enum):
     """Layouts of TMEM buffers (block scales, sparse metadata, CTA-pair M=64)."""
 
     SCALES_LAYOUT = enum.auto()
     SPARSE_METADATA_LAYOUT = enum.auto()
     M64_COLLECTIVE_LAYOUT = enum.auto()
     SCALES_M64_COLLECTIVE_LAYOUT = enum.auto()
-
-    def __call__(self, *args, **kwargs) -> ParameterizedLayout:
-        return ParameterizedLayout(self, args, kwargs)
 
 
 def _check_layout(layout: Any, fn: str) -> Any:
