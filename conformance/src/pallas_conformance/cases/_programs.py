@@ -1,5 +1,6 @@
 """Small pallas_call programs and their references that several case modules share: the
-vmap, grad, shard_map and export cases transform them, the scratch cases run one."""
+vmap, grad, shard_map and export cases transform them, the scratch cases run one, the
+indexing and broadcasting cases each a block transpose."""
 
 from __future__ import annotations
 
@@ -41,6 +42,24 @@ def matmul_rows(pallas_call, x, w):
                        in_specs=[pl.BlockSpec((8, C), lambda i: (i, 0)),
                                  pl.BlockSpec((C, C), lambda i: (0, 0))],
                        out_specs=pl.BlockSpec((8, C), lambda i: (i, 0)))(x, w)
+
+
+def block_transpose(pallas_call, x, *, swapped: str):
+    """x.T in (C, C) blocks, each program transposing one; the index map that swaps the
+    grid axes is the input's (``swapped="in"``: the grid walks the output's blocks) or
+    the output's (``swapped="out"``: the grid walks the input's)."""
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...].T
+
+    rows, cols = x.shape
+    same = pl.BlockSpec((C, C), lambda i, j: (i, j))
+    swap = pl.BlockSpec((C, C), lambda i, j: (j, i))
+    if swapped == "in":
+        grid, in_spec, out_spec = (cols // C, rows // C), swap, same
+    else:
+        grid, in_spec, out_spec = (rows // C, cols // C), same, swap
+    return pallas_call(kernel, out_shape=sds((cols, rows), x.dtype), grid=grid,
+                       in_specs=[in_spec], out_specs=out_spec)(x)
 
 
 def add_program_id(pallas_call, x):

@@ -109,6 +109,23 @@ def masked_grid_sum(pallas_call, zeros, x):
                        out_specs=(_shared(), _block()), input_output_aliases={0: 0})(zeros, x)
 
 
+def _contended_max_min(pallas_call, lo, hi, x, y_of):
+    """Every program atomic_max-es and atomic_min-es its block of ``x`` into two shared
+    blocks (aliased to ``lo`` and ``hi``) and stores ``y_of(block)`` in a block of its
+    own."""
+    def kernel(lo_ref, hi_ref, x_ref, mx_ref, mn_ref, y_ref):
+        atomics.atomic_max(mx_ref, ALL, x_ref[...])
+        atomics.atomic_min(mn_ref, ALL, x_ref[...])
+        y_ref[...] = y_of(x_ref[...])
+
+    shared = sds((8, C), lo.dtype)
+    return pallas_call(
+        kernel, out_shape=(shared, shared, sds(x.shape, x.dtype)),
+        grid=(N,), in_specs=[_shared(), _shared(), _block()],
+        out_specs=(_shared(), _shared(), _block()),
+        input_output_aliases={0: 0, 1: 1})(lo, hi, x)
+
+
 @case("atomics/max_min_f32", tags={"atomics", "aliasing", "multiple_outputs"},
       inputs=lambda rng: (jnp.full((8, C), -jnp.inf, jnp.float32),
                           jnp.full((8, C), jnp.inf, jnp.float32), randn(rng, (8 * N, C))),
@@ -116,17 +133,7 @@ def masked_grid_sum(pallas_call, zeros, x):
                                    jnp.min(x.reshape(N, 8, C), axis=0), -x))
 def max_min(pallas_call, lo, hi, x):
     """Contended atomic_max and atomic_min of every program's block into shared blocks."""
-    def kernel(lo_ref, hi_ref, x_ref, mx_ref, mn_ref, y_ref):
-        atomics.atomic_max(mx_ref, ALL, x_ref[...])
-        atomics.atomic_min(mn_ref, ALL, x_ref[...])
-        y_ref[...] = -x_ref[...]
-
-    return pallas_call(
-        kernel, out_shape=(sds((8, C), jnp.float32), sds((8, C), jnp.float32),
-                           sds(x.shape, x.dtype)),
-        grid=(N,), in_specs=[_shared(), _shared(), _block()],
-        out_specs=(_shared(), _shared(), _block()),
-        input_output_aliases={0: 0, 1: 1})(lo, hi, x)
+    return _contended_max_min(pallas_call, lo, hi, x, lambda v: -v)
 
 
 @case("atomics/max_min_i32", tags={"atomics", "aliasing", "multiple_outputs"},
@@ -136,17 +143,7 @@ def max_min(pallas_call, lo, hi, x):
           jnp.minimum(init, jnp.min(x.reshape(N, 8, C), axis=0)), x))
 def max_min_i32(pallas_call, init, x):
     """Contended int32 atomic_max/atomic_min starting from the same nonzero values."""
-    def kernel(a_ref, b_ref, x_ref, mx_ref, mn_ref, y_ref):
-        atomics.atomic_max(mx_ref, ALL, x_ref[...])
-        atomics.atomic_min(mn_ref, ALL, x_ref[...])
-        y_ref[...] = x_ref[...]
-
-    return pallas_call(
-        kernel, out_shape=(sds((8, C), jnp.int32), sds((8, C), jnp.int32),
-                           sds(x.shape, x.dtype)),
-        grid=(N,), in_specs=[_shared(), _shared(), _block()],
-        out_specs=(_shared(), _shared(), _block()),
-        input_output_aliases={0: 0, 1: 1})(init, init, x)
+    return _contended_max_min(pallas_call, init, init, x, lambda v: v)
 
 
 def _bitwise_ref(a, o, x, init):

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 import pallas as pl
+from pallas_conformance.cases import _programs as shared
 from pallas_conformance.registry import case, randn, sds
 
 C = 128
@@ -145,12 +146,7 @@ def index_map_reversed(pallas_call, x):
       inputs=lambda rng: (randn(rng, (2 * C, 4 * C)),), reference=lambda x: x.T)
 def index_map_transposed(pallas_call, x):
     """A (128, 128) block transpose with an index map that swaps the grid axes."""
-    def kernel(x_ref, o_ref):
-        o_ref[...] = x_ref[...].T
-
-    return pallas_call(kernel, out_shape=sds((4 * C, 2 * C), x.dtype), grid=(4, 2),
-                       in_specs=[pl.BlockSpec((C, C), lambda i, j: (j, i))],
-                       out_specs=pl.BlockSpec((C, C), lambda i, j: (i, j)))(x)
+    return shared.block_transpose(pallas_call, x, swapped="in")
 
 
 @case("indexing/index_map_modulo", tags={"indexing"},

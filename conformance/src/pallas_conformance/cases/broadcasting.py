@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import pallas as pl
+from pallas_conformance.cases import _programs as shared
 from pallas_conformance.registry import case, randn, sds
 
 R, C = 16, 128
@@ -148,12 +149,7 @@ def reshape(pallas_call, x):
       reference=lambda x: x.T)
 def transpose(pallas_call, x):
     """x.T per block, with the output index map swapping the block indices."""
-    def kernel(x_ref, o_ref):
-        o_ref[...] = x_ref[...].T
-
-    return pallas_call(kernel, out_shape=sds((2 * C, 2 * C), x.dtype), grid=(2, 2),
-                       in_specs=[pl.BlockSpec((C, C), lambda i, j: (i, j))],
-                       out_specs=pl.BlockSpec((C, C), lambda i, j: (j, i)))(x)
+    return shared.block_transpose(pallas_call, x, swapped="out")
 
 
 @case("broadcasting/concatenate_f32", tags={"broadcasting"},

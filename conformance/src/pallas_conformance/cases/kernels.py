@@ -21,6 +21,21 @@ F32 = jnp.float32
 
 # --- Tiled matmul -------------------------------------------------------------------
 
+# The bf16 matmul cases (a grid of tiles, a K loop in the kernel) share their operands
+# and reference: bf16 (64, 256) @ (256, 256), accumulated in f32, rounded to bf16.
+
+
+def _bf16_matmul_inputs(rng):
+    return (randn(rng, (64, 256), jnp.bfloat16), randn(rng, (256, 256), jnp.bfloat16))
+
+
+def _bf16_matmul_reference(a, b):
+    return jnp.dot(a, b, preferred_element_type=F32).astype(jnp.bfloat16)
+
+
+_BF16_MATMUL_TOL = {"bfloat16": (3e-2, 2e-2)}
+
+
 @case("kernels/tiled_matmul_f32", tags={"kernels", "dot", "scratch", "sequential_grid"},
       inputs=lambda rng: (randn(rng, (64, 384)), randn(rng, (384, 256))),
       reference=lambda a, b: jnp.dot(a, b, precision=HI),
@@ -33,10 +48,8 @@ def tiled_matmul(pallas_call, a, b):
 
 @case("kernels/tiled_matmul_bf16",
       tags={"kernels", "dot", "scratch", "sequential_grid", "bf16"},
-      inputs=lambda rng: (randn(rng, (64, 256), jnp.bfloat16),
-                          randn(rng, (256, 256), jnp.bfloat16)),
-      reference=lambda a, b: jnp.dot(a, b, preferred_element_type=F32).astype(jnp.bfloat16),
-      tolerance={"bfloat16": (3e-2, 2e-2)})
+      inputs=_bf16_matmul_inputs, reference=_bf16_matmul_reference,
+      tolerance=_BF16_MATMUL_TOL)
 def tiled_matmul_bf16(pallas_call, a, b):
     """bf16 operands, f32 accumulation, bf16 output."""
     return bench_kernels.matmul(pallas_call, a, b, bm=32, bn=128, bk=128,
@@ -354,10 +367,8 @@ def tiled_matmul_kloop(pallas_call, a, b):
 
 @case("kernels/tiled_matmul_kloop_bf16",
       tags={"kernels", "dot", "control_flow", "indexing", "bf16"},
-      inputs=lambda rng: (randn(rng, (64, 256), jnp.bfloat16),
-                          randn(rng, (256, 256), jnp.bfloat16)),
-      reference=lambda a, b: jnp.dot(a, b, preferred_element_type=F32).astype(jnp.bfloat16),
-      tolerance={"bfloat16": (3e-2, 2e-2)})
+      inputs=_bf16_matmul_inputs, reference=_bf16_matmul_reference,
+      tolerance=_BF16_MATMUL_TOL)
 def tiled_matmul_kloop_bf16(pallas_call, a, b):
     """bf16 operands, f32 accumulation in the loop carry, bf16 output."""
     return _matmul_kloop(pallas_call, a, b)
