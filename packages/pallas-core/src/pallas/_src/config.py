@@ -70,14 +70,18 @@ class _Mode:
     setter and as a context manager; the environment variable of the state's name in
     upper case (``PALLAS_GRAD_FALLBACK``) sets its default."""
 
-    def __init__(self, public_name: str, modes: tuple[str, ...], default: str,
-                 doc: str, help: str):
+    def __init__(self, public_name: str, modes: tuple[str, ...], default: str, *,
+                 sets: str, help: str):
         self.name = f"pallas_{public_name}"
         self._public_name = public_name
         self.modes = modes
-        self.__doc__ = doc
+        listed = ", ".join(f'``"{m}"``' for m in modes[:-1]) + f' or ``"{modes[-1]}"``'
+        self.__doc__ = (f'``pl.{public_name}("{modes[-1]}")``: sets {sets} ({listed}); '
+                        "globally at once, and for a ``with`` block only when used as a "
+                        "context manager.")
         self._state = jc.config.enum_state(
-            name=self.name, enum_values=modes, default=default, help=help,
+            name=self.name, enum_values=modes, default=default,
+            help=f"{help} Also set by the environment variable {self.name.upper()}.",
             include_in_jit_key=True, include_in_trace_context=True,
         )
 
@@ -116,47 +120,26 @@ def debug_checks_enabled() -> bool:
 
 
 # ------------------------------------------------------------------------------------
-# What reverse-mode differentiation does when it cannot emit the backward as kernels.
+# What a pallas_call does where it must fall back: reverse-mode differentiation when it
+# cannot emit the backward as kernels, a pallas_call partitioned by jax.jit with a
+# sharded dimension it cannot split. Each setting's ``.value`` is the current mode.
 
-GRAD_FALLBACK_MODES = ("warn", "allow", "error")
+FALLBACK_MODES = ("warn", "allow", "error")
 
 grad_fallback = _Mode(
-    "grad_fallback", GRAD_FALLBACK_MODES, "warn",
-    doc="``pl.grad_fallback(\"error\")``: sets how reverse mode treats a kernel whose "
-        "backward pass cannot be emitted as kernels (``\"warn\"``, ``\"allow\"`` or "
-        "``\"error\"``); globally at once, and for a ``with`` block only when used as a "
-        "context manager.",
+    "grad_fallback", FALLBACK_MODES, "warn",
+    sets="how reverse mode treats a kernel whose backward pass cannot be emitted as "
+         "kernels",
     help="What jax.grad/vjp of a compiled pallas_call does when its backward pass cannot "
          "be emitted as kernels of the call's backend: 'warn' (default: run the XLA "
-         "expansion and warn once per kernel), 'allow' (the same, silently) or 'error'. "
-         "Also set by the environment variable PALLAS_GRAD_FALLBACK.",
+         "expansion and warn once per kernel), 'allow' (the same, silently) or 'error'.",
 )
 
-
-def grad_fallback_mode() -> str:
-    """The current mode of :data:`grad_fallback`."""
-    return grad_fallback.value
-
-
-# ------------------------------------------------------------------------------------
-# What a pallas_call partitioned by jax.jit does with a sharded dimension it cannot split.
-
-SHARDING_GATHER_MODES = ("warn", "allow", "error")
-
 sharding_gather = _Mode(
-    "sharding_gather", SHARDING_GATHER_MODES, "warn",
-    doc="``pl.sharding_gather(\"error\")``: sets what a partitioned ``pallas_call`` does "
-        "with a sharded dimension it cannot split (``\"warn\"``, ``\"allow\"`` or "
-        "``\"error\"``); globally at once, and for a ``with`` block only when used as a "
-        "context manager.",
+    "sharding_gather", FALLBACK_MODES, "warn",
+    sets="what a partitioned ``pallas_call`` does with a sharded dimension it cannot split",
     help="What a pallas_call under jax.jit does when an operand is sharded along a "
          "dimension that no independent grid axis tiles: 'warn' (default: gather it once "
          "and warn, naming the operand, the dimension and why), 'allow' (the same, "
-         "silently) or 'error'. Also set by the environment variable "
-         "PALLAS_SHARDING_GATHER.",
+         "silently) or 'error'.",
 )
-
-
-def sharding_gather_mode() -> str:
-    """The current mode of :data:`sharding_gather`."""
-    return sharding_gather.value

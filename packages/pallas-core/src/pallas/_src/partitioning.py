@@ -63,7 +63,7 @@ def lower_partitioned(ctx, *in_nodes, bind, **params):
     ``bind(args, params)`` binds it, as the devices' local calls do)."""
     gm, jaxpr = params["grid_mapping"], params["jaxpr"]
     rule = derive_rule(gm, jaxpr, params["compiler_params"])
-    mode = config.sharding_gather_mode()
+    mode = config.sharding_gather.value
     n_pf = gm.num_scalar_prefetch
     n_ops = len(in_nodes)
 

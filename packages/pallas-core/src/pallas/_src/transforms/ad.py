@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas._src import jax_compat as jc
-from pallas._src.config import grad_fallback_mode
+from pallas._src.config import grad_fallback
 from pallas._src.dynamic_grid import refuse_dynamic_grid
 from pallas._src.interpreter.grid_runner import interpret_pallas_call
 from pallas._src.jaxpr_util import split_list
@@ -241,7 +241,7 @@ def _xla_fallback(params, why: str) -> None:
     of a compiled call as the XLA expansion of its interpreter semantics."""
     if is_interpreted(params):
         return  # the interpreter's expansion is the call itself: nothing falls back
-    mode = grad_fallback_mode()
+    mode = grad_fallback.value
     where = (f"the backward pass of pallas_call {params['name']!r} cannot be emitted as "
              f"kernels ({why})")
     if mode == "error":
