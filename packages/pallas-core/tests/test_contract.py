@@ -308,3 +308,26 @@ def test_targeting_helpers_are_shared_by_the_backends(monkeypatch):
     with b.environ("PALLAS_TEST_TARGET", "new"):
         assert os.environ["PALLAS_TEST_TARGET"] == "new"
     assert os.environ["PALLAS_TEST_TARGET"] == "old"
+
+
+def test_pallas_state_holds_the_ref_machinery_kernels_are_traced_with():
+    import pallas.state as st
+
+    ref = jax.ShapeDtypeStruct((8, 4), jnp.float32)
+
+    def kernel(x_ref, o_ref):
+        o_ref[1:3] = x_ref[2:4] * 2
+
+    jaxpr = jax.make_jaxpr(
+        lambda x: pl.pallas_call(kernel, out_shape=ref, interpret=True)(x))(
+            jnp.zeros((8, 4), jnp.float32))
+    (call,) = plugins.pallas_call_eqns(jaxpr)
+    body = call.params["jaxpr"]
+    assert all(isinstance(v.aval, st.AbstractRef) for v in body.invars)
+    prims = {e.primitive for e in body.eqns}
+    assert st.get_p in prims and st.swap_p in prims
+    get = next(e for e in body.eqns if e.primitive is st.get_p)
+    view = st.transform_type(
+        jax.tree_util.tree_unflatten(get.params["tree"], get.invars[1:]), body.invars[0].aval)
+    assert view.shape == (2, 4)
+    assert sorted(st.__all__) == sorted(n for n in dir(st) if not n.startswith("_"))

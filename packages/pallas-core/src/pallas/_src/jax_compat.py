@@ -55,6 +55,7 @@ free_ref_p = core.free_ref_p
 InternalMutableArrayEffect = core.InternalMutableArrayEffect
 ReshapeTransform = state_types.ReshapeTransform  # ref.reshape(...)
 BitcastTransform = state_types.BitcastTransform  # ref.bitcast(...)
+transform_type = state_types.transform_type  # a ref aval seen through its transforms
 state_bitcast = state_utils.bitcast  # an array as a ref.bitcast view shows it (TPU layout)
 get_p = state_primitives.get_p
 swap_p = state_primitives.swap_p

@@ -2,8 +2,8 @@
 
 JAX's ``jax._src`` modules change between releases; porting to the next JAX is a change
 to this file (and the pin in ``pyproject.toml``). What is taken here is not Pallas: the
-state (Ref) types and their discharge rules, effects, the MLIR lowering helper and
-source locations.
+state (Ref) types and their discharge rules (the common ones come from pallas-core's
+``pallas.state``), effects, the MLIR lowering helper and source locations.
 """
 
 from __future__ import annotations
@@ -16,28 +16,20 @@ from jax._src import core, effects, source_info_util
 from jax._src import pjit as _pjit
 from jax._src.interpreters import mlir
 from jax._src.state import discharge as state_discharge
-from jax._src.state import indexing as state_indexing
-from jax._src.state import primitives as state_primitives
 from jax._src.state import types as state_types
 
 import pallas.plugins
+from pallas.state import *  # noqa: F403 - pallas-core's Ref types and primitives, re-exported
+from pallas.state import ReshapeTransform  # what ref.reshape(...) applies
 
+# This module's own names; pallas.state's (AbstractRef, get_p, ...) come with the import above.
 __all__ = [
-    "AbstractRef", "GpuEffect", "Literal", "NDIndexer", "Primitive", "ReadEffect",
-    "ReshapeTransform", "device_mesh", "ShapedArray", "Slice", "TransformedRef", "WriteEffect", "addupdate_p", "core",
-    "get_p", "get_view", "gpu_effect", "mlir", "set_view", "source_site", "swap_p",
-    "ref_type_aval_mappings", "reshard_p", "run_state_p", "transform_type", "uninitialized",
+    "GpuEffect", "Literal", "Primitive", "device_mesh", "ShapedArray", "core", "get_view",
+    "gpu_effect", "mlir", "set_view", "source_site", "ref_type_aval_mappings", "reshard_p",
+    "run_state_p", "uninitialized",
 ]
 
-# -- state (Refs) ------------------------------------------------------------------------
-AbstractRef = state_types.AbstractRef
-TransformedRef = state_types.TransformedRef
-ReadEffect = state_types.ReadEffect
-WriteEffect = state_types.WriteEffect
-NDIndexer = state_indexing.NDIndexer
-Slice = state_indexing.Slice
-transform_type = state_types.transform_type
-ReshapeTransform = state_types.ReshapeTransform  # what ref.reshape(...) applies
+# -- state (Refs) beyond pallas.state --------------------------------------------------
 # run_state's table of ref-like initial values (type -> (ref aval, initial value)).
 ref_type_aval_mappings = state_types._ref_type_aval_mappings
 uninitialized = state_types.uninitialized
@@ -45,12 +37,6 @@ run_state_p = state_discharge.run_state_p
 # A sharding annotation JAX inserts under a mesh (jax.set_mesh); a no-op on a kernel's values.
 reshard_p = _pjit.reshard_p
 RefTransposer = getattr(state_types, "RefTransposer", None)
-TransposeTransform = state_types.TransposeTransform
-get_p = state_primitives.get_p
-swap_p = state_primitives.swap_p
-addupdate_p = state_primitives.addupdate_p
-
-
 TransposeTransform = state_types.TransposeTransform
 
 

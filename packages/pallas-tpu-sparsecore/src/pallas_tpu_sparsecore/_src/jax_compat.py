@@ -1,9 +1,9 @@
 """Every private JAX import of pallas-tpu-sparsecore, in one place.
 
 Porting to a new JAX release should be a change to this file (and the pin in
-``pyproject.toml``) alone. What we take from JAX is not Pallas: the state (Ref) types
-and their discharge rules, jaxpr tracing, and the Mosaic custom-call packaging's tiling
-option for SparseCore.
+``pyproject.toml``) alone. What we take from JAX is not Pallas: effects, jaxpr tracing, and
+the Mosaic custom-call packaging's tiling option for SparseCore. The state (Ref) types and
+primitives are pallas-core's (``pallas.state``), re-exported here for this package.
 """
 
 from __future__ import annotations
@@ -13,23 +13,14 @@ from jax._src import core, effects
 from jax._src import linear_util as lu
 from jax._src import tpu_custom_call as _tcc
 from jax._src.interpreters import partial_eval as pe
-from jax._src.state import indexing as state_indexing
-from jax._src.state import primitives as state_primitives
-from jax._src.state import types as state_types
+
+from pallas.state import *  # noqa: F403 - pallas-core's Ref types and primitives, re-exported
+from pallas.state import TransformedRef, transform_type
 
 Primitive = core.Primitive
 ShapedArray = core.ShapedArray
 Literal = core.Literal
 Var = core.Var
-AbstractRef = state_types.AbstractRef
-TransformedRef = state_types.TransformedRef
-ReadEffect = state_types.ReadEffect
-WriteEffect = state_types.WriteEffect
-NDIndexer = state_indexing.NDIndexer
-Slice = state_indexing.Slice
-get_p = state_primitives.get_p
-swap_p = state_primitives.swap_p
-addupdate_p = state_primitives.addupdate_p
 control_flow_allowed_effects = effects.control_flow_allowed_effects
 lowerable_effects = effects.lowerable_effects
 Effect = core.Effect
@@ -54,7 +45,7 @@ def ref_and_transforms(ref):
 
 def transformed_aval(ref_aval, transforms):
     """The aval of ``ref_aval`` seen through ``transforms``."""
-    return state_types.transform_type(transforms, ref_aval)
+    return transform_type(transforms, ref_aval)
 
 
 def trace_to_jaxpr(fun, in_avals, debug_name: str):

@@ -4,8 +4,8 @@ JAX's ``jax._src`` modules change between releases. Porting pallas-tpu to a new 
 release should be a change to this file (and the pin in ``pyproject.toml``) alone.
 
 What we take from JAX here is not Pallas: the Mosaic TPU custom-call packaging
-(``jax._src.tpu_custom_call``), the MLIR lowering machinery, the state (Ref) types and
-their discharge rules, and tracing to jaxprs.
+(``jax._src.tpu_custom_call``), the MLIR lowering machinery, the state (Ref) types beyond
+pallas-core's ``pallas.state``, and tracing to jaxprs.
 """
 
 from __future__ import annotations
@@ -18,36 +18,27 @@ from jax._src import pjit as _pjit
 from jax._src import tpu_custom_call as _tcc
 from jax._src.interpreters import batching, mlir
 from jax._src.interpreters import partial_eval as pe
-from jax._src.state import indexing as state_indexing
 from jax._src.state import types as state_types
 
 from pallas import plugins  # reads and writes through ref views (indexers, reshapes, bitcasts)
+from pallas.state import *  # noqa: F403 - pallas-core's Ref types and primitives, re-exported
 
+# This module's own names; pallas.state's (AbstractRef, get_p, ...) come with the import above.
 __all__ = [
-    "AbstractRef", "ClosedJaxpr", "batching", "Literal", "NDIndexer", "Primitive", "ShapedArray",
-    "Slice", "TransformedRef", "Var", "core", "dtypes", "effects", "get_view",
-    "lower_module_to_custom_call", "make_ir_context", "mlir", "set_view",
-    "blocked_fold_in", "blocked_sample_block", "reshard_p", "trace_to_jaxpr", "transform_type",
+    "ClosedJaxpr", "batching", "Literal", "Primitive", "ShapedArray", "Var", "core",
+    "dtypes", "effects", "get_view", "lower_module_to_custom_call", "make_ir_context",
+    "mlir", "set_view", "blocked_fold_in", "blocked_sample_block", "reshard_p",
+    "trace_to_jaxpr",
 ]
 
 # A sharding annotation JAX inserts under a mesh (jax.set_mesh); a no-op on a kernel's values.
 reshard_p = _pjit.reshard_p
 
-# -- state (Refs) ------------------------------------------------------------------------
-AbstractRef = state_types.AbstractRef
-TransformedRef = state_types.TransformedRef
+# -- state (Refs) beyond pallas.state --------------------------------------------------
 RefBitcaster = getattr(state_types, "RefBitcaster", None)
 RefReshaper = getattr(state_types, "RefReshaper", None)
-ReshapeTransform = state_types.ReshapeTransform
-BitcastTransform = state_types.BitcastTransform
-ReadEffect = state_types.ReadEffect
-WriteEffect = state_types.WriteEffect
-NDIndexer = state_indexing.NDIndexer
-Slice = state_indexing.Slice
-transform_type = state_types.transform_type
 from jax._src.state import primitives as _state_primitives  # noqa: E402
 
-get_p = _state_primitives.get_p
 # Refs a kernel allocates with jax.empty_ref (scratch until the kernel ends).
 empty_ref_p = core.empty_ref_p
 # Pretty-printing of jaxprs (a DMA prints as upstream's ``dma_start(p0) src -> dst sem``).
@@ -56,8 +47,6 @@ from jax._src import pretty_printer as pp  # noqa: E402, F401 (jc.pp)
 pp_eqn_rules = core.pp_eqn_rules
 pp_eqn_generic = core._pp_eqn  # the printing of an equation without its custom rule
 pp_ref_transforms = _state_primitives.pp_ref_transforms
-swap_p = _state_primitives.swap_p
-addupdate_p = _state_primitives.addupdate_p
 
 # Shape polymorphism: the variables of symbolic dimensions, and a dimension as a value.
 from jax._src.export import shape_poly as _shape_poly  # noqa: E402
