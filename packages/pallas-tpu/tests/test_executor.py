@@ -146,11 +146,11 @@ def test_an_unknown_op_is_an_error_naming_it():
             "func.func @main(%o: memref<8x128xi32, #tpu.memory_space<vmem>>) attributes "
             "{dimension_semantics = [], iteration_bounds = array<i64>, scalar_prefetch = 0 "
             ": i64, scratch_operands = 0 : i64, window_params = [{}]} {\n"
-            "  %r = \"tpu.prng_random_bits\"() : () -> vector<8x128xi32>\n  return\n}")
+            "  %c = arith.constant 10 : i32\n  \"tpu.delay\"(%c) : (i32) -> ()\n  return\n}")
         cfg = jc.backend_config_of(
             m, vmem_limit_bytes=None, cost_estimate=None, flags=None, allow_input_fusion=None,
             internal_scratch_in_bytes=None, collective_id=None, serialization_format=None)
-    with pytest.raises(executor.ExecutorError, match="tpu.prng_random_bits"):
+    with pytest.raises(executor.ExecutorError, match="does not implement op 'tpu.delay'"):
         executor.run_custom_call(cfg.to_json(), [], [((8, 128), np.int32)])
 
 

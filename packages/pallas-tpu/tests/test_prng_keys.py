@@ -106,3 +106,52 @@ def test_a_key_seeds_the_stateful_samplers():
 
     np.testing.assert_array_equal(run(0), run(0))
     assert (run(0) != run(1)).any()
+
+
+def test_a_key_in_a_core_map_scratch_buffer():
+    """A core_map under pl.run_state (TPU interpret mode) copies a key into an SMEM
+    scratch buffer and samples from it: the simulation holds keys as their key data
+    (upstream's test_key_in_core_map; it failed allocating the key buffer)."""
+    import functools
+
+    def main(refs):
+        key_hbm, o_ref = refs
+
+        @pl.core_map(pltpu.create_tensorcore_mesh("core"))
+        def _():
+            @functools.partial(pl.run_scoped, key_smem=pltpu.SMEM((), key_hbm.dtype),
+                               o_vmem=pltpu.VMEM(o_ref.shape, o_ref.dtype))
+            def _scoped(key_smem, o_vmem):
+                pltpu.sync_copy(key_hbm, key_smem)
+                o_vmem[...] = jax.random.uniform(key_smem[...], shape=o_ref.shape)
+                pltpu.sync_copy(o_vmem, o_ref)
+
+    @jax.jit
+    def f(key):
+        key, y = pl.run_state(main)((key, jnp.zeros((8, 128), jnp.float32)))
+        return key, y
+
+    key = pltpu.to_pallas_key(jax.random.key(0, impl="rbg"))
+    key_out, y = f(key)
+    np.testing.assert_array_equal(jax.random.key_data(key_out), jax.random.key_data(key))
+
+    def body(key_ref, o_ref):  # the same draws in a pallas_call
+        o_ref[...] = jax.random.uniform(key_ref[...], shape=o_ref.shape)
+
+    expected = pl.pallas_call(body, in_specs=[SMEM],
+                              out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(key)
+    np.testing.assert_array_equal(y, expected)
+
+
+def test_tpu_interpret_mode_takes_key_operands():
+    key = pltpu.to_pallas_key(jax.random.key(2, impl="rbg"))
+
+    def body(key_ref, o_ref):
+        o_ref[...] = jax.random.uniform(key_ref[...], shape=o_ref.shape)
+
+    def run(interpret):
+        return pl.pallas_call(body, in_specs=[SMEM],
+                              out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                              interpret=interpret)(key)
+
+    np.testing.assert_array_equal(run(pltpu.InterpretParams()), run(True))

@@ -87,19 +87,23 @@ def test_sample_block_argument_errors():
                            TOTAL, block_index=(0, 0))
 
 
-def test_sample_block_lowering_names_the_missing_primitive():
-    key_data = jax.random.key_data(jax.random.key(1))
+@pytest.mark.parametrize("block", [(8, 128), (16, 256)])
+def test_sample_block_with_a_threefry_key_runs_emulated_as_the_reference(block):
+    """Lowered for TPU (the key as its two words in SMEM, fold_in and the sampler as the
+    threefry hash on vectors), compiled and run by the executor on an emulated v5e."""
+    key = jax.random.key(1)
 
     def kernel(key_ref, o_ref):
-        o_ref[...] = pltpu.sample_block(jax.random.uniform, key_ref[...], (8, 128), TILE,
-                                        TOTAL)
+        o_ref[...] = pltpu.sample_block(jax.random.uniform, key_ref[...], block, TILE, TOTAL)
 
     f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(TOTAL, jnp.float32),
-                       grid=(4, 4), in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
-                       out_specs=pl.BlockSpec((8, 128), lambda i, j: (i, j)),
+                       grid=(TOTAL[0] // block[0], TOTAL[1] // block[1]),
+                       in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+                       out_specs=pl.BlockSpec(block, lambda i, j: (i, j)),
                        compiler_params=pltpu.CompilerParams())
-    with pytest.raises(Exception, match="random_"):
-        jax.jit(f).trace(key_data).lower(lowering_platforms=("tpu",))
+    with pl.emulate_device("tpu:v5e"):
+        out = f(key)
+    np.testing.assert_array_equal(out, _reference(key))
 
 
 def test_sample_block_with_pallas_keys_is_block_invariant():

@@ -24,23 +24,38 @@ ERF_INV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
 
 
 def horner(coeffs: Sequence[float], t: ir.Value,
-           const: Callable[[float], ir.Value]) -> ir.Value:
-    """The polynomial with ``coeffs`` (highest degree first) at the float value ``t``."""
+           const: Callable[[float], ir.Value], *, contract: bool = False) -> ir.Value:
+    """The polynomial with ``coeffs`` (highest degree first) at the float value ``t``;
+    ``contract``: each multiply-add may be fused (``fastmath<contract>``)."""
+    kw = {"fastmath": ir.Attribute.parse("#arith.fastmath<contract>")} if contract else {}
     p = const(coeffs[0])
     for c in coeffs[1:]:
-        p = arith.addf(const(c), arith.mulf(p, t))
+        p = arith.addf(const(c), arith.mulf(p, t, **kw), **kw)
     return p
 
 
-def erf_inv(x: ir.Value, const: Callable[[float], ir.Value]) -> ir.Value:
+def erf_inv(x: ir.Value, const: Callable[[float], ir.Value], *,
+            as_xla: bool = False) -> ir.Value:
     """The inverse error function of the float32 value ``x`` (Giles' single-precision
-    approximation); ``const(c)`` makes the constant ``c`` of ``x``'s type."""
-    one = const(1.0)
-    w = arith.negf(math.log(arith.mulf(arith.subf(one, x), arith.addf(one, x))))
-    central = horner(ERF_INV_CENTRAL, arith.subf(w, const(2.5)), const)
-    tail = horner(ERF_INV_TAIL, arith.subf(math.sqrt(w), const(3.0)), const)
+    approximation); ``const(c)`` makes the constant ``c`` of ``x``'s type.
+
+    ``as_xla``: evaluated as XLA's expansion is, ``w = -log1p(-x^2)``, +-inf at +-1, and
+    the polynomials' multiply-adds contractible (``fastmath<contract>``): an executor that
+    fuses contractible pairs as XLA:CPU does agrees with XLA's ``erf_inv`` bit for bit.
+    """
+    if as_xla:
+        w = arith.negf(math.log1p(arith.negf(arith.mulf(x, x))))
+    else:
+        one = const(1.0)
+        w = arith.negf(math.log(arith.mulf(arith.subf(one, x), arith.addf(one, x))))
+    central = horner(ERF_INV_CENTRAL, arith.subf(w, const(2.5)), const, contract=as_xla)
+    tail = horner(ERF_INV_TAIL, arith.subf(math.sqrt(w), const(3.0)), const,
+                  contract=as_xla)
     p = arith.select(arith.cmpf(arith.CmpFPredicate.OLT, w, const(5.0)), central, tail)
-    return arith.mulf(p, x)
+    if not as_xla:
+        return arith.mulf(p, x)
+    at_one = arith.cmpf(arith.CmpFPredicate.OEQ, math.absf(x), const(1.0))
+    return arith.select(at_one, arith.mulf(x, const(float("inf"))), arith.mulf(p, x))
 
 
 def integer_pow(x: ir.Value, y: int, const: Callable[[float], ir.Value], *,

@@ -216,8 +216,11 @@ def emit_host_callback(ctx, fn, operands):
 
     sharding = callback._callback_op_sharding(ctx.module_context.axis_context, None,
                                               ctx.avals_out)
+    # Typed PRNG keys cross the callback as their key data (what the MLIR values hold).
+    avals_in = [core.physical_aval(a) for a in ctx.avals_in]
+    avals_out = [core.physical_aval(a) for a in ctx.avals_out]
     results, _, _ = callback.emit_python_callback(
-        ctx, fn, None, list(operands), ctx.avals_in, ctx.avals_out, has_side_effect=True,
+        ctx, fn, None, list(operands), avals_in, avals_out, has_side_effect=True,
         returns_token=False, sharding=sharding)
     return results
 

@@ -87,7 +87,7 @@ class MosaicTpuBackend(Backend):
         import jax.numpy as jnp
 
         from pallas_tpu._src.executor import run_custom_call
-        from pallas_tpu._src.lowering.custom_call import backend_config
+        from pallas_tpu._src.lowering.custom_call import backend_config, physical_avals
         from pallas_tpu._src.lowering.types import memory_dtype
 
         params = self.artifact(request).compiler_params
@@ -100,7 +100,7 @@ class MosaicTpuBackend(Backend):
         # (T.memory_dtype).
         args = [jnp.asarray(a).astype(memory_dtype(jnp.asarray(a).dtype)) for a in args]
         outs = run_custom_call(config, args, [(a.shape, memory_dtype(a.dtype))
-                                              for a in request.out_avals],
+                                              for a in physical_avals(request.out_avals)],
                                tuple((i + nb, o) for i, o in
                                      request.grid_mapping.input_output_aliases))
         return [jnp.asarray(o).astype(a.dtype) for o, a in zip(outs, request.out_avals)]
@@ -109,7 +109,7 @@ class MosaicTpuBackend(Backend):
         """The emulated device's plan: the Mosaic module generated and prepared for the
         executor once, then executed on each call's operands (numpy arrays)."""
         from pallas_tpu._src.executor import compile_module, execute, payload_of
-        from pallas_tpu._src.lowering.custom_call import backend_config
+        from pallas_tpu._src.lowering.custom_call import backend_config, physical_avals
 
         params = self.artifact(request).compiler_params
         config = backend_config(request.jaxpr, request.grid_mapping, params,
@@ -117,7 +117,8 @@ class MosaicTpuBackend(Backend):
                                 debug=request.debug)
         kernel = compile_module(payload_of(config))
         nb = request.grid_mapping.num_dynamic_grid_bounds
-        shapes = [(tuple(a.shape), np.dtype(a.dtype)) for a in request.out_avals]
+        shapes = [(tuple(a.shape), np.dtype(a.dtype))
+                  for a in physical_avals(request.out_avals)]  # keys: their key data
         aliases = tuple((i + nb, o) for i, o in request.grid_mapping.input_output_aliases)
         return lambda *args: execute(kernel, [np.asarray(x) for x in args], shapes, aliases)
 

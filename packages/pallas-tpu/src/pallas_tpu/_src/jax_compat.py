@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 
-from jax._src import core, dtypes, effects
+from jax._src import core, dtypes, effects, source_info_util
 from jax._src import linear_util as lu
 from jax._src import pjit as _pjit
 from jax._src import tpu_custom_call as _tcc
@@ -126,8 +126,6 @@ def backend_config_of(module, **kwargs):
 
 
 def source_info_summary(eqn) -> str:
-    from jax._src import source_info_util
-
     return source_info_util.summarize(eqn.source_info)
 
 
@@ -238,3 +236,24 @@ prng_impls = _prng.prngs  # name -> PRNGImpl, what jax.random's impl= strings re
 register_prng = _prng.register_prng
 threefry_apply_round = _threefry2x32.apply_round
 KeyTy = _prng.KeyTy  # the dtype of typed keys of one PRNGImpl
+
+# -- JAX's PRNG primitives, for lowering typed keys in kernels (lowering/keys.py) ----------
+threefry2x32_p = _threefry2x32.threefry2x32_p
+iota_2x32_shape_p = _prng.iota_2x32_shape_p
+iota_2x32_shape = _prng.iota_2x32_shape
+random_bits_p = _prng.random_bits_p
+random_fold_in_p = _prng.random_fold_in_p
+random_split_p = _prng.random_split_p
+random_seed_p = _prng.random_seed_p
+random_wrap_p = _prng.random_wrap_p
+random_unwrap_p = _prng.random_unwrap_p
+# The key-data-level implementations of the random primitives (over batched keys).
+random_bits_impl_base = _prng.random_bits_impl_base
+random_fold_in_impl_base = _prng.random_fold_in_impl_base
+random_split_impl_base = _prng.random_split_impl_base
+random_seed_impl_base = _prng.random_seed_impl_base
+from jax._src import config as _config  # noqa: E402
+
+threefry_partitionable = _config.threefry_partitionable  # .value: the flag in effect
+physical_aval = core.physical_aval
+from jax._src.interpreters.partial_eval import convert_constvars_jaxpr  # noqa: E402, F401

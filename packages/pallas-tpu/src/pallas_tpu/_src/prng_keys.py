@@ -17,6 +17,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.primitives.misc import prng_random_bits, prng_seed
@@ -25,21 +26,38 @@ KEY_SHAPE = (1, 2)
 
 # -- the "pallas_tpu" key implementation ---------------------------------------------------
 
-def _seed(seed):
-    return (jnp.zeros(KEY_SHAPE, jnp.int32) + seed).astype(jnp.uint32)
+def seed_words(seed) -> list:
+    """The words of the key ``jax.random.key(seed, impl="pallas_tpu")``: the seed twice."""
+    w = lax.convert_element_type(jnp.asarray(seed).astype(jnp.int32), jnp.uint32)
+    return [w, w]
 
 
-def _random_bits(key_data, bit_width, shape):
+def random_bits_words(words, bit_width, shape):
+    """32-bit draws of ``shape`` from the core's PRNG seeded with a key's words."""
     if bit_width != 32:
         raise ValueError(f"Bit width must be 32 (Pallas TPU keys draw 32-bit words from the "
                          f"core's PRNG), got {bit_width}")
-    prng_seed(key_data)
+    prng_seed(*words)
     return jax.lax.bitcast_convert_type(prng_random_bits(shape), jnp.uint32)
 
 
+def fold_in_words(words, data) -> list:
+    """The words of ``fold_in(key, data)``: ``data`` mixed into the second word with one
+    threefry round (elementwise over batched keys)."""
+    k0, k1 = words
+    return jc.threefry_apply_round([k0, k1 + jnp.asarray(data, jnp.uint32)], 13)
+
+
+def _seed(seed):
+    return jnp.stack(seed_words(seed), axis=-1).reshape((*jnp.shape(seed), *KEY_SHAPE))
+
+
+def _random_bits(key_data, bit_width, shape):
+    return random_bits_words([key_data[..., 0, 0], key_data[..., 0, 1]], bit_width, shape)
+
+
 def _fold_in(key_data, data):
-    k0, k1 = key_data[..., 0, 0], key_data[..., 0, 1]
-    k0, k1 = jc.threefry_apply_round([k0, k1 + jnp.asarray(data, jnp.uint32)], 13)
+    k0, k1 = fold_in_words([key_data[..., 0, 0], key_data[..., 0, 1]], data)
     return jnp.stack([k0, k1], axis=-1)[..., None, :]
 
 

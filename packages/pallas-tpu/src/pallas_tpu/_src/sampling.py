@@ -6,12 +6,10 @@ row-major over the tile grid, rounding partial tiles up) is sampled as
 its tiles, so kernels with different block shapes (each a multiple of ``tile_size``) and
 iteration orders see the same values for the same elements.
 
-The keys are JAX threefry keys (``global_key`` is a typed key or its raw ``uint32`` key
-data, e.g. from ``pltpu.to_pallas_key``), so this runs wherever ``jax.random`` runs: in
-the interpreter (``interpret=True``) and outside kernels. Lowering the threefry PRNG
-primitives (``random_wrap``, ``random_bits``, ...) to Mosaic is not implemented, so a
-kernel using ``sample_block`` fails at TPU lowering with a ``LoweringException`` naming
-the primitive.
+``global_key`` is a typed key (threefry, or a ``pallas_tpu`` key from
+``pltpu.to_pallas_key``) or raw threefry ``uint32`` key data, so this runs wherever
+``jax.random`` runs: in the interpreter, outside kernels, and lowered to Mosaic (typed
+keys become their words, ``lowering/keys.py``).
 """
 
 from __future__ import annotations

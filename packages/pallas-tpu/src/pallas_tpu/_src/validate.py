@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import pallas as pl
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.compiler_params import CompilerParams
+from pallas_tpu._src.lowering.keys import physicalize
 from pallas_tpu._src.lowering.rules import RULES
 from pallas_tpu._src.lowering.types import memory_dtype
 from pallas_tpu._src.memory import MemorySpace, canonical_space
@@ -149,7 +150,9 @@ def _check_primitives(jaxpr) -> None:
 
 
 def validate(jaxpr, gm, params: CompilerParams, name: str = "kernel") -> None:
-    """Raises a clear error when Mosaic TPU cannot run the kernel as written."""
+    """Raises a clear error when Mosaic TPU cannot run the kernel as written (a kernel
+    with typed PRNG keys as it is lowered: over their key data)."""
+    jaxpr, gm = physicalize(jaxpr, gm)
     if params.dimension_semantics is not None and len(params.dimension_semantics) != len(gm.grid):
         raise ValueError(
             f"pltpu.CompilerParams(dimension_semantics=...) has "

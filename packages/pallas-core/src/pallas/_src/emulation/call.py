@@ -270,7 +270,9 @@ def lower_emulated(ctx, *in_nodes, dev: EmulatedDevice, jaxpr, grid_mapping, nam
     kernel = prepare(dev, b, request)
     if kernel.run is None:
         return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping)
-    out_types = [(tuple(a.shape), np.dtype(a.dtype)) for a in out_avals]
+    # A typed PRNG key crosses the callback as its key data.
+    out_types = [(tuple(a.shape), np.dtype(a.dtype))
+                 for a in (jc.core.physical_aval(a) for a in out_avals)]
 
     def run(*operands):
         kernel.calls += 1

@@ -15,6 +15,7 @@ from pallas_tpu._src.compiler.results import (
     TpuCompilerCrashedError,
     mosaic_message,
 )
+from pallas_tpu._src.lowering.keys import physical_request
 
 MISSING = ("the TPU compile level needs libtpu, the real TPU compiler: "
            "pip install 'pallas-tpu[compile]'")
@@ -49,8 +50,9 @@ def compile_request(request: KernelRequest, *, backend: str = "mosaic_tpu",
                                       compiler_params=dataclasses.replace(params, chip=chip))
     if not libtpu_available():
         raise LibtpuMissingError(MISSING)
-    # debug=True's printing is the emulator's (or the lowering's), not this export's.
-    request = dataclasses.replace(request, debug=False)
+    # debug=True's printing is the emulator's (or the lowering's), not this export's;
+    # typed PRNG keys are exported as their key data (JAX serialises no custom key type).
+    request = dataclasses.replace(physical_request(request), debug=False)
     sems = [k for k, bm in enumerate(request.grid_mapping.in_block_mappings)
             if is_semaphore(bm.memory_space)]
     if sems:

@@ -39,6 +39,9 @@ class Machine:
         self.dmas: list = []
         self.grid = tuple(grid)  # the grid's sizes for this run (tpu.iteration_bound)
         self.env: list = [None] * nslots  # every SSA value's slot
+        # The hardware PRNG (pallas_tpu._src.prng_model): [seeds, draws since the seed],
+        # kept across grid steps as the core keeps it; None until tpu.prng_set_seed_32.
+        self.prng: list | None = None
 
     def start_dma(self, data, dst, dst_sem, src_sem) -> None:
         if data.shape != dst.shape:

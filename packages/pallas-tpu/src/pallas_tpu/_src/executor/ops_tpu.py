@@ -12,6 +12,7 @@ from jaxlib.mlir import ir
 from pallas.executor import ExecutorError, bits, elem_and_shape, unsigned
 from pallas.executor import dtype_of as np_dtype
 from pallas.executor import run as run_plan
+from pallas_tpu._src import prng_model
 from pallas_tpu._src.executor import host_xla
 from pallas_tpu._src.executor.derived import DerivedRef, bitcast, pack, unpack
 from pallas_tpu._src.executor.engine import op
@@ -382,3 +383,31 @@ def _sem_alloc(o, cc):
     # An array of semaphores (SemaphoreType.REGULAR((m, n))) has the memref's shape.
     shape = tuple(ir.MemRefType(o.result.type).shape)
     return lambda m: (np.zeros(shape, np.int32),)
+
+
+# The hardware PRNG, as the model of pallas_tpu._src.prng_model (what TPU interpret mode
+# computes for the same seeds), not the chip's generator.
+
+
+@op("tpu.prng_set_seed_32")
+def _prng_set_seed(o, cc):
+    def run(m, *seeds):
+        m.prng = [[int(np.asarray(s)) for s in seeds], 0]
+        return ()
+
+    return run
+
+
+@op("tpu.prng_random_bits")
+def _prng_random_bits(o, cc):
+    _dt, shape = elem_and_shape(o.result.type)
+
+    def run(m, *_):
+        if m.prng is None:
+            raise ExecutorError("tpu.prng_random_bits before tpu.prng_set_seed_32: the "
+                                "kernel draws from its PRNG without seeding it")
+        seeds, n = m.prng
+        m.prng[1] = n + 1
+        return (prng_model.host_draw(seeds, n, shape),)
+
+    return run

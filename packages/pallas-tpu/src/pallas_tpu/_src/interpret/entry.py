@@ -21,6 +21,7 @@ from jax import lax
 from pallas.plugins import dynamic_grid_dim, host_call, load_p, run_scoped_p, swap_p
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.interpret.grid import Config, is_hbm, run_device
+from pallas_tpu._src.lowering.keys import physicalize, physicalize_body
 
 if TYPE_CHECKING:  # params.py sits above this module: its InterpretParams calls in here
     from pallas_tpu._src.interpret.params import InterpretParams
@@ -159,7 +160,11 @@ def _callback(cfg: Config, result_avals, args):
 def lower_pallas_call(params: InterpretParams, ctx, *in_nodes, jaxpr, grid_mapping,
                       compiler_params, name):
     """The HLO of a ``pallas_call`` in TPU interpret mode (see the module docstring)."""
-    gm = grid_mapping
+    # Typed PRNG keys as their key data: the simulation's buffers hold arrays.
+    jaxpr, gm = physicalize(jaxpr, grid_mapping)
+    if gm is not grid_mapping:
+        ctx = ctx.replace(avals_in=[jc.physical_aval(a) for a in ctx.avals_in],
+                          avals_out=[jc.physical_aval(a) for a in ctx.avals_out])
     closed = _closed(jaxpr)
     n_pre = gm.num_scalar_prefetch
     kernel_invars = closed.jaxpr.invars
@@ -224,8 +229,21 @@ def discharge_core_map(params: InterpretParams, mesh, in_avals, args, eqn_params
     """``core_map`` over a TensorCore mesh (under ``pl.run_state``): the body runs on
     ``mesh.num_cores`` simulated cores; returns the new values of the ref operands."""
     jaxpr = eqn_params["jaxpr"]
+    eqn_args = list(args)
     n_ops = len(args)
     refs = [isinstance(a, jc.AbstractRef) for a in in_avals]
+    scratch = tuple(eqn_params["scratch_types"])
+    physical = physicalize_body(jaxpr, scratch)
+    keys = [jnp.issubdtype(x.dtype, jax.dtypes.prng_key) for x in args]
+    if physical is not None:
+        # Typed PRNG keys as their key data: the simulation's buffers hold arrays.
+        closed, scratch = physical
+        if closed.consts:
+            raise NotImplementedError("a core_map body with PRNG keys captures constants")
+        jaxpr = closed.jaxpr
+        args = [jax.random.key_data(x) if k else x for x, k in zip(args, keys)]
+        in_avals = [jc.AbstractRef(jc.physical_aval(a.inner_aval), memory_space=a.memory_space)
+                    if isinstance(a, jc.AbstractRef) else a for a in in_avals]
     hbm = {jaxpr.invars[i] for i in range(n_ops) if refs[i]}
     check_kernel(jaxpr, hbm, params)
     num_cores = int(mesh.num_cores)
@@ -235,10 +253,12 @@ def discharge_core_map(params: InterpretParams, mesh, in_avals, args, eqn_params
                  jaxpr=jc.ClosedJaxpr(jaxpr, ()), params=params,
                  num_devices=int(np.prod([s for _, s in axes])) if axes else 1,
                  mesh_axes=axes, num_cores=num_cores,
-                 grid_mapping=tuple(eqn_params["scratch_types"]), core_axis=mesh.axis_name,
+                 grid_mapping=scratch, core_axis=mesh.axis_name,
                  operand_spaces=tuple("HBM" for _ in args),
                  operand_names=tuple(f"core_map operand {i}" for i in range(n_ops)))
     avals = [a.inner_aval if r else jc.ShapedArray(np.shape(x), np.asarray(x).dtype)
              for a, r, x in zip(in_avals, refs, args)]
     outs = _callback(cfg, avals, list(args))
+    outs = [jax.random.wrap_key_data(o, impl=jax.random.key_impl(x)) if k else o
+            for o, x, k in zip(outs, eqn_args, keys)]
     return [o if r else None for o, r in zip(outs, refs)]

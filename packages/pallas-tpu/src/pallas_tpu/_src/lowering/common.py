@@ -243,3 +243,13 @@ def alloc_scratch(mt: ir.MemRefType, space) -> ir.Value:
             vector.store(vector.broadcast(ir.VectorType.get(mt.shape, et), val), m,
                          [zero] * len(mt.shape))
     return m
+
+
+def iota(shape, dim: int, dtype=jnp.int32) -> ir.Value:
+    """``tpu.iota`` of a 32-bit integer ``dtype`` along ``dim``; a rank-1 iota is made in
+    2-D, ``(1, n)``, and reshaped (Mosaic has no iota below rank 2)."""
+    if len(shape) == 1:
+        v = tpu.iota(T.value_type((1, shape[0]), dtype), [1])
+        return vector.shape_cast(T.value_type(tuple(shape), dtype), v)
+    return tpu.iota(T.value_type(tuple(shape), dtype), [dim])
+

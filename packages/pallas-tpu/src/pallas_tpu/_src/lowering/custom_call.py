@@ -7,6 +7,7 @@ import sys
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.compiler_params import CompilerParams, SideEffectType
 from pallas_tpu._src.lowering.kernel import build_module
+from pallas_tpu._src.lowering.keys import physicalize
 from pallas_tpu._src.lowering.symbolic import annotate
 from pallas_tpu._src.lowering.types import is_widened, memory_dtype
 
@@ -79,6 +80,7 @@ def backend_config(jaxpr, grid_mapping, compiler_params: CompilerParams, cost_es
                    name: str, debug: bool = False) -> bytes:
     """The ``tpu_custom_call`` backend config (JSON carrying the serialised module) that
     :func:`lower_pallas_call` attaches, built by the same lowering and serialisation."""
+    jaxpr, grid_mapping = physicalize(jaxpr, grid_mapping)  # typed keys: their key data
     kernel = build_module(jaxpr, grid_mapping, compiler_params, name)
     if debug:
         _print_module(kernel, name)
@@ -92,7 +94,11 @@ def lower_pallas_call(ctx, *in_nodes, jaxpr, grid_mapping, compiler_params: Comp
                       debug=False):
     """The ``tpu_custom_call``; ``grid_bounds`` (the dynamic grid sizes, i32 scalars)
     are its first operands, as Mosaic reads dynamic ``iteration_bounds``."""
-    gm = grid_mapping
+    # Typed PRNG keys are their key data, in the kernel and across the call.
+    jaxpr, gm = physicalize(jaxpr, grid_mapping)
+    out_avals = physical_avals(out_avals)
+    ctx = ctx.replace(avals_in=physical_avals(ctx.avals_in),
+                      avals_out=physical_avals(ctx.avals_out))
     kernel = build_module(jaxpr, gm, compiler_params, name, mesh_axes=mesh_axes_of(ctx),
                           ir_version=jc.mosaic_ir_version(ctx))
     if debug:
@@ -122,6 +128,11 @@ def lower_pallas_call(ctx, *in_nodes, jaxpr, grid_mapping, compiler_params: Comp
     )
     return [jc.convert_hlo(ctx, o, _in_memory(a), a) if _is_bool(a) else o
             for o, a in zip(outs, out_avals)]
+
+
+def physical_avals(avals) -> list:
+    """``avals`` as they cross the custom call: a typed PRNG key as its key data."""
+    return [jc.physical_aval(a) for a in avals]
 
 
 def _is_bool(aval) -> bool:

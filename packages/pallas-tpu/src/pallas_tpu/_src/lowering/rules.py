@@ -10,6 +10,7 @@ from pallas_tpu._src import core_compat as cc
 from pallas_tpu._src.lowering import (  # noqa: F401 - each module registers its rules
     rules_arith,
     rules_control,
+    rules_random,
     rules_reduce,
     rules_refs,
     rules_tpu,

@@ -22,6 +22,7 @@ from pallas_tpu._src.lowering.common import (
     cmpi,
     const,
     convert,
+    iota,
     is_narrow_int,
     kind,
     materialize,
@@ -138,12 +139,15 @@ def _clz(lctx, eqn, x):
 
 @rule(P.erf_inv_p)
 def _erf_inv(lctx, eqn, x):
-    """Giles' single-precision approximation (``pallas.mlir_math.erf_inv``)."""
+    """Giles' single-precision approximation (``pallas.mlir_math.erf_inv``), evaluated
+    as XLA evaluates it (``as_xla``: log1p, +-inf at +-1, contractible multiply-adds that
+    the executor fuses as XLA:CPU does), so that a kernel's ``erf_inv`` (and
+    ``jax.random.normal``) agrees with XLA's."""
     a = aval_in(eqn, 0)
     if jnp.dtype(a.dtype) != jnp.float32:
         raise NotImplementedError(f"erf_inv of {a.dtype} (float32 only)")
     (v,) = operands(eqn, [x])
-    return erf_inv(v, lambda k: const(a.shape, a.dtype, k))
+    return erf_inv(v, lambda k: const(a.shape, a.dtype, k), as_xla=True)
 
 
 @rule(P.nextafter_p)
@@ -387,11 +391,12 @@ def _dim_as_value(lctx, eqn):
 @rule(P.iota_p)
 def _iota(lctx, eqn):
     out = aval_out(eqn)
-    if kind(out.dtype) != "i" or jnp.dtype(out.dtype).itemsize != 4:
-        raise NotImplementedError(f"iota of dtype {out.dtype} (Mosaic TPU has int32 iota)")
+    if kind(out.dtype) not in "iu" or jnp.dtype(out.dtype).itemsize != 4:
+        raise NotImplementedError(f"iota of dtype {out.dtype} (Mosaic TPU has 32-bit "
+                                  f"integer iota)")
     if len(out.shape) < 1:
         raise NotImplementedError("iota of rank 0")
-    return tpu.iota(T.aval_type(out), [eqn.params["dimension"]])
+    return iota(out.shape, eqn.params["dimension"], out.dtype)
 
 
 

@@ -1,11 +1,12 @@
 """PRNG (``prng_seed``, ``prng_random_bits``, ``stateful_*``), ``trace_value``, ``touch``
 and ``with_memory_space_constraint``.
 
-The TPU core has a hardware PRNG seeded by ``prng_seed``. In the interpreter the state is
-a threefry key derived from the seeds; each ``prng_random_bits`` call site draws from
-``fold_in(key, n)`` where ``n`` counts the calls made so far in this kernel evaluation.
-(A call inside a loop body therefore draws the same bits in every iteration under the
-interpreter; fold the loop index into the seed if that matters.)
+The TPU core has a hardware PRNG seeded by ``prng_seed``. In the interpreter its state is
+the model of ``pallas_tpu._src.prng_model`` (which the Mosaic TPU executor implements
+too): a threefry key derived from the seeds; each ``prng_random_bits`` call site draws
+from ``fold_in(key, n)`` where ``n`` counts the calls made so far in this kernel
+evaluation. (A call inside a loop body therefore draws the same bits in every iteration
+under the interpreter; fold the loop index into the seed if that matters.)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from jax import lax
 
 from pallas.plugins import Cell
 from pallas_tpu._src import jax_compat as jc
+from pallas_tpu._src import prng_model
 from pallas_tpu._src.memory import SemaphoreType, canonical_space
 from pallas_tpu._src.primitives import refs as R
 from pallas_tpu._src.primitives.effects import tpu_kernel_effect
@@ -64,10 +66,7 @@ _STATE = "mosaic_tpu.prng"
 
 
 def _seed_rule(ctx, eqn, invals):
-    key = jax.random.key(jnp.uint32(0), impl="threefry2x32")
-    for s in invals:
-        key = jax.random.fold_in(key, lax.convert_element_type(s, jnp.uint32))
-    ctx.backend_state[_STATE] = [key, 0]
+    ctx.backend_state[_STATE] = [prng_model.seeded_key(invals), 0]
     return []
 
 
@@ -80,8 +79,7 @@ def _bits_rule(ctx, eqn, invals):
         )
     key, n = state
     state[1] = n + 1
-    bits = jax.random.bits(jax.random.fold_in(key, n), eqn.params["shape"], jnp.uint32)
-    return [lax.bitcast_convert_type(bits, jnp.int32)]
+    return [prng_model.draw(key, n, eqn.params["shape"])]
 
 
 # -- Pallas TPU keys as scalars (upstream's prng_split / prng_join) ----------------------
