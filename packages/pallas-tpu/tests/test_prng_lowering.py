@@ -57,6 +57,40 @@ def test_hardware_prng_draws_as_interpret_mode_across_draws_and_grid_steps():
     assert (a[0] != a[1]).mean() > 0.99 and (a[0] != a[3]).mean() > 0.99
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "known bug: the interpreter keeps the hardware PRNG's draw counter in Python, so a "
+    "draw inside a traced loop returns the same bits in every iteration (the executor "
+    "draws fresh ones); the state must be threaded through control flow as a cell"))
+def test_interpreted_draws_in_a_loop_are_fresh_each_iteration():
+    def body(o_ref):
+        pltpu.prng_seed(0)
+
+        def step(i, c):
+            o_ref[pl.ds(i * 8, 8), :] = pltpu.prng_random_bits((8, 128))
+            return c
+
+        lax.fori_loop(0, 2, step, 0)
+
+    out = np.asarray(pl.pallas_call(
+        body, out_shape=jax.ShapeDtypeStruct((16, 128), jnp.int32), interpret=True)())
+    assert (out[:8] != out[8:]).mean() > 0.99
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
+    "known bug: a seed under pl.when (a traced cond) leaks the key out of the branch "
+    "into the interpreter's Python-side PRNG state"))
+def test_interpreted_seed_under_a_condition():
+    def body(o_ref):
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            pltpu.prng_seed(0)
+
+        o_ref[...] = pltpu.prng_random_bits((8, 128))
+
+    pl.pallas_call(body, grid=(2,), out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                   out_shape=jax.ShapeDtypeStruct((16, 128), jnp.int32), interpret=True)()
+
+
 def test_executor_refuses_a_draw_before_the_seed():
     def body(o_ref):
         o_ref[...] = pltpu.prng_random_bits(o_ref.shape)
