@@ -57,28 +57,27 @@ def test_hardware_prng_draws_as_interpret_mode_across_draws_and_grid_steps():
     assert (a[0] != a[1]).mean() > 0.99 and (a[0] != a[3]).mean() > 0.99
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug: the interpreter keeps the hardware PRNG's draw counter in Python, so a "
-    "draw inside a traced loop returns the same bits in every iteration (the executor "
-    "draws fresh ones); the state must be threaded through control flow as a cell"))
 def test_interpreted_draws_in_a_loop_are_fresh_each_iteration():
-    def body(o_ref):
-        pltpu.prng_seed(0)
+    # The PRNG state is threaded through the traced loop: each iteration draws anew, as
+    # the executor (and the chip) does.
+    def f(interpret):
+        def body(o_ref):
+            pltpu.prng_seed(0)
 
-        def step(i, c):
-            o_ref[pl.ds(i * 8, 8), :] = pltpu.prng_random_bits((8, 128))
-            return c
+            def step(i, c):
+                o_ref[pl.ds(i * 8, 8), :] = pltpu.prng_random_bits((8, 128))
+                return c
 
-        lax.fori_loop(0, 2, step, 0)
+            lax.fori_loop(0, 2, step, 0)
 
-    out = np.asarray(pl.pallas_call(
-        body, out_shape=jax.ShapeDtypeStruct((16, 128), jnp.int32), interpret=True)())
+        return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((16, 128), jnp.int32),
+                              interpret=interpret)()
+
+    out, emulated = both(f)
     assert (out[:8] != out[8:]).mean() > 0.99
+    np.testing.assert_array_equal(out, emulated)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "known bug: a seed under pl.when (a traced cond) leaks the key out of the branch "
-    "into the interpreter's Python-side PRNG state"))
 def test_interpreted_seed_under_a_condition():
     def body(o_ref):
         @pl.when(pl.program_id(0) == 0)
@@ -87,8 +86,44 @@ def test_interpreted_seed_under_a_condition():
 
         o_ref[...] = pltpu.prng_random_bits((8, 128))
 
-    pl.pallas_call(body, grid=(2,), out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
-                   out_shape=jax.ShapeDtypeStruct((16, 128), jnp.int32), interpret=True)()
+    out = np.asarray(pl.pallas_call(
+        body, grid=(2,), out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((16, 128), jnp.int32), interpret=True)())
+    assert (out[:8] != out[8:]).mean() > 0.99
+
+
+@pytest.mark.parametrize("interpret", [True, "tpu"], ids=["core", "tpu_interpret_mode"])
+def test_the_prng_state_carries_across_grid_steps(interpret):
+    # Seeded once at program 0 (under pl.when), drawn at every step, twice in a step
+    # under a condition: later steps continue the sequence, as the core keeps its PRNG.
+    def f(interp):
+        def body(o_ref):
+            @pl.when(pl.program_id(0) == 0)
+            def _():
+                pltpu.prng_seed(5, 6)
+
+            o_ref[0] = pltpu.prng_random_bits(o_ref.shape[1:])
+
+            @pl.when(pl.program_id(0) % 2 == 1)
+            def _():
+                o_ref[1] = pltpu.prng_random_bits(o_ref.shape[1:])
+
+            @pl.when(pl.program_id(0) % 2 == 0)
+            def _():
+                o_ref[1] = jnp.zeros(o_ref.shape[1:], jnp.int32)
+
+        if interp and interpret == "tpu":
+            interp = pltpu.InterpretParams()
+        return pl.pallas_call(
+            body, grid=(4,), out_specs=pl.BlockSpec((2, 8, 128), lambda i: (i, 0, 0)),
+            out_shape=jax.ShapeDtypeStruct((8, 8, 128), jnp.int32), interpret=interp)()
+
+    out, emulated = both(f)
+    np.testing.assert_array_equal(out, emulated)
+    firsts = out[0::2]
+    assert all((firsts[i] != firsts[j]).mean() > 0.99
+               for i in range(4) for j in range(i + 1, 4))
+    assert (out[3] != out[2]).mean() > 0.99 and not out[5].any()
 
 
 def test_executor_refuses_a_draw_before_the_seed():

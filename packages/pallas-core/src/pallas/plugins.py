@@ -19,6 +19,7 @@ from pallas._src.interpreter.device_groups import DeviceGroups
 from pallas._src.interpreter.evaluator import Cell, KernelContext, eval_jaxpr
 from pallas._src.interpreter.grid_runner import Checks, interpret_pallas_call
 from pallas._src.interpreter.host_call import host_call, host_call_p
+from pallas._src.interpreter.kernel_state import KernelState, declare_kernel_state
 from pallas._src.interpreter.modes import (
     InterpretMode,
     LoggingMode,
@@ -135,6 +136,8 @@ __all__ = [
     "register_interpret_rule", "reset", "scratch_live_in", "select_backend", "SelectedRef",
     # Backends whose cores cooperate (e.g. SparseCore barriers) schedule kernels themselves.
     "interpret_schedules", "register_interpret_schedule",
+    # Per-core state a backend's rules keep (threaded through control flow and grid steps).
+    "KernelState", "declare_kernel_state",
     # Race detection for interpret modes that simulate concurrency (vector clocks).
     "Access", "AccessLog", "Race", "RaceDetector", "RaceReport", "VectorClocks",
     "happens_before", "region", "regions_overlap",

@@ -20,6 +20,7 @@ from jax import lax
 
 from pallas._src import jax_compat as jc
 from pallas._src.interpreter import views
+from pallas._src.interpreter.kernel_state import kernel_states
 from pallas._src.interpreter.rules import interpret_rules, register_interpret_rule
 from pallas._src.jaxpr_util import walk_jaxpr
 
@@ -84,7 +85,8 @@ class KernelContext:
 
     ``grid_indices`` are the current program ids (int32 scalars, possibly traced),
     ``grid`` the grid sizes (traced int32 scalars where the grid is dynamic). ``error`` is a cell holding the first failed
-    check (``None`` when no checks are on).
+    check (``None`` when no checks are on). ``states`` holds the cells of declared
+    per-core kernel state (see ``kernel_state``), by name.
     """
 
     def __init__(self, grid_indices, grid, *, errors: ErrorTable | None = None,
@@ -99,6 +101,20 @@ class KernelContext:
         self.debug_checks = debug_checks
         self.axis_names = axis_names
         self.backend_state = backend_state if backend_state is not None else {}
+        self.states: dict[str, Cell] = {}
+
+    def kernel_state(self, name: str) -> Cell:
+        """The cell of the declared kernel state ``name``. A runner that traces the kernel
+        creates it before the body (so control flow threads it); otherwise it starts
+        here, at its initial value, and lives as long as this context."""
+        cell = self.states.get(name)
+        if cell is None:
+            decl = kernel_states.get(name)
+            if decl is None:
+                raise KeyError(f"no kernel state {name!r} is declared; declared: "
+                               f"{sorted(kernel_states)}")
+            cell = self.states[name] = Cell(decl.init(), f"the kernel state {name!r}")
+        return cell
 
     # -- checks ---------------------------------------------------------------------
     def report_read(self, ok, cell: Cell, message: str) -> None:
@@ -123,8 +139,10 @@ class KernelContext:
         self.error_cell.value = jnp.where(take, new, cur)
 
     def extra_cells(self) -> list[Cell]:
-        """Cells that every control-flow construct must thread through (error state)."""
-        return [self.error_cell] if self.error_cell is not None else []
+        """Cells that every control-flow construct must thread through (error state,
+        kernel state)."""
+        cells = [self.error_cell] if self.error_cell is not None else []
+        return cells + list(self.states.values())
 
 
 # ------------------------------------------------------------------------------------
@@ -246,6 +264,8 @@ def _copy_ctx(ctx: KernelContext, subst: dict) -> KernelContext:
     new.__dict__.update(ctx.__dict__)
     if ctx.error_cell is not None:
         new.error_cell = subst.get(id(ctx.error_cell), ctx.error_cell)
+    # A state first used inside the sub-trace stays there (its own dict).
+    new.states = {k: subst.get(id(c), c) for k, c in ctx.states.items()}
     return new
 
 

@@ -30,6 +30,7 @@ from pallas._src.interpreter import analysis
 from pallas._src.interpreter import blocks as B
 from pallas._src.interpreter import prng as _prng_rules  # noqa: F401 (registers its rules)
 from pallas._src.interpreter.evaluator import Cell, ErrorTable, KernelContext, eval_jaxpr
+from pallas._src.interpreter.kernel_state import live_in, states_used_by
 from pallas._src.interpreter.rules import interpret_schedules
 from pallas._src.memory import is_semaphore_space, uninitialized_value
 from pallas._src.primitives.debug import kernel_debug_effect
@@ -195,6 +196,8 @@ def choose_lanes(plan: _Plan, jaxpr, checks: Checks):
         lane_rows = analysis.lane_rows(s, grid, lanes_t)
         if not analysis.rows_distinct(lane_rows) or not analysis.blocks_are_disjoint(bm):
             return None
+    if lanes_t and live_in(jaxpr.jaxpr, states_used_by(jaxpr.jaxpr)):
+        return None  # a step reads the kernel state that the step before it left
     first_scratch = gm.num_scalar_prefetch + gm.num_inputs + gm.num_outputs
     known = {a: 0 for a in seq}
     if analysis.scratch_live_in(jaxpr, first_scratch, known, grid):
@@ -220,6 +223,21 @@ def _run_kernel(plan, ctx, jaxpr, prefetch_cells, grid_idx, in_src, out_blocks, 
 
 def _prefetch_cells(plan):
     return [Cell(x, f"scalar prefetch {i}") for i, x in enumerate(plan.prefetch)]
+
+
+def _initial_states(jaxpr) -> dict:
+    """The declared kernel states the kernel may use, at their initial values, by name."""
+    return {st.name: st.init() for st in states_used_by(jaxpr.jaxpr)}
+
+
+def _enter_states(ctx, values: dict) -> None:
+    """Gives ``ctx`` the kernel-state cells holding ``values`` (the carried state)."""
+    ctx.states = {k: Cell(v, f"the kernel state {k!r}") for k, v in values.items()}
+
+
+def _state_values(ctx, carried: dict) -> dict:
+    """The new values of the carried states (a state a rule starts itself is the step's)."""
+    return {k: ctx.states[k].value for k in carried}
 
 
 # Keyed by the kernel jaxpr itself, weakly: a table lives as long as its kernel, and a
@@ -331,12 +349,13 @@ def run_sequential(plan: _Plan, jaxpr, checks: Checks):
         return buf, blk
 
     def body(t, carry):
-        outs, masks, blocks, mblocks, poss, scratch_states, err = carry
+        outs, masks, blocks, mblocks, poss, scratch_states, err, kstates = carry
         grid_idx = _unravel(t, grid)
         err_cell = Cell(err, "errors") if table else None
         ctx = KernelContext(grid_idx, grid, axis_names=gm.grid_names, errors=table,
                             error_cell=err_cell,
                             check_uninitialized=track, debug_checks=checks.debug)
+        _enter_states(ctx, kstates)
         pcells = _prefetch_cells(plan)
         outs, masks, blocks, mblocks = list(outs), list(masks), list(blocks), list(mblocks)
         out_cells = []
@@ -368,21 +387,22 @@ def run_sequential(plan: _Plan, jaxpr, checks: Checks):
         blocks = [c.value for c in out_cells]
         mblocks = [c.init for c in out_cells]
         new_err = err_cell.value if err_cell is not None else err
-        return outs, masks, blocks, mblocks, poss, [c.state() for c in scratch], new_err
+        return (outs, masks, blocks, mblocks, poss, [c.state() for c in scratch], new_err,
+                _state_values(ctx, kstates))
 
     blocks0 = [jnp.zeros(bm.ref_shape, bm.array_aval.dtype) for bm in out_bms]
     mblocks0 = [None if m is None else jnp.zeros(bm.ref_shape, jnp.bool_)
                 for m, bm in zip(out_masks0, out_bms)]
     poss0 = [jnp.zeros((2 * len(bm.block_dims),), jnp.int32) for bm in out_bms]
     carry = (list(plan.out_init), out_masks0, blocks0, mblocks0, poss0,
-             [c.state() for c in scratch0], err0)
+             [c.state() for c in scratch0], err0, _initial_states(jaxpr))
     if plan.dynamic:
         carry = lax.fori_loop(jnp.int32(0), n, body, carry)
     elif n == 1:
         carry = body(jnp.int32(0), carry)
     elif n > 1:
         carry = lax.fori_loop(0, n, body, carry)
-    outs, masks, blocks, mblocks, poss, _, err = carry
+    outs, masks, blocks, mblocks, poss, _, err, _ = carry
     if plan.dynamic:  # an empty grid wrote nothing: there is no block to write back
         outs = [lax.cond(n > 0, lambda b, k, o=o: write_back(o, b, k, poss[o]),
                          lambda b, k: b, outs[o], blocks[o])
@@ -454,17 +474,19 @@ def run_lanes(plan: _Plan, jaxpr, lanes: tuple[int, ...], outer: tuple[int, ...]
                     for t, origin in zip(gm.scratch_types, gm.scratch_origins)]
 
         def step(s, carry):
-            outs, scratch_states = carry
+            outs, scratch_states, kstates = carry
             gi = grid_point(s)
             ctx = KernelContext(gi, grid, axis_names=gm.grid_names)
+            _enter_states(ctx, kstates)
             out_cells = [Cell(v, bm.origin, None, bm.memory_space)
                          for v, bm in zip(outs, gm.out_block_mappings)]
             scratch = [c.fork(st) for c, st in zip(scratch0, scratch_states)]
             _run_kernel(plan, ctx, jaxpr, _prefetch_cells(plan), gi, in_src, out_cells,
                         scratch)
-            return [c.value for c in out_cells], [c.state() for c in scratch]
+            return ([c.value for c in out_cells], [c.state() for c in scratch],
+                    _state_values(ctx, kstates))
 
-        carry = (out_blocks0, [c.state() for c in scratch0])
+        carry = (out_blocks0, [c.state() for c in scratch0], _initial_states(jaxpr))
         if n_seq == 1:
             carry = step(jnp.int32(0), carry)
         elif n_seq > 1:

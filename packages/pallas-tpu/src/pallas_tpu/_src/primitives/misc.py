@@ -3,10 +3,11 @@ and ``with_memory_space_constraint``.
 
 The TPU core has a hardware PRNG seeded by ``prng_seed``. In the interpreter its state is
 the model of ``pallas_tpu._src.prng_model`` (which the Mosaic TPU executor implements
-too): a threefry key derived from the seeds; each ``prng_random_bits`` call site draws
-from ``fold_in(key, n)`` where ``n`` counts the calls made so far in this kernel
-evaluation. (A call inside a loop body therefore draws the same bits in every iteration
-under the interpreter; fold the loop index into the seed if that matters.)
+too): a threefry key derived from the seeds; the ``n``-th ``prng_random_bits`` after the
+seed draws from ``fold_in(key, n)``. The state is declared kernel state (a uint32
+vector: the key's two words, a seeded flag, ``n``), so the interpreter threads it
+through loops and conditions and carries it from grid step to grid step, as the core
+does: a draw in a loop is fresh each iteration.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas.plugins import Cell
+from pallas.plugins import Cell, declare_kernel_state
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src import prng_model
 from pallas_tpu._src.memory import SemaphoreType, canonical_space
@@ -63,23 +64,36 @@ prng_random_bits_p.def_effectful_abstract_eval(
     lambda *, shape: (jc.ShapedArray(shape, jnp.int32), {tpu_kernel_effect}))
 
 _STATE = "mosaic_tpu.prng"
+_SEEDED = "mosaic_tpu.prng.seeded"  # a seed was traced in this evaluation (static)
+_KEY, _FLAG, _COUNT = slice(0, 2), 2, 3  # the state vector's parts
 
 
 def _seed_rule(ctx, eqn, invals):
-    ctx.backend_state[_STATE] = [prng_model.seeded_key(invals), 0]
+    words = jax.random.key_data(prng_model.seeded_key(invals))
+    ctx.kernel_state(_STATE).value = jnp.concatenate(
+        [words, jnp.array([1, 0], jnp.uint32)])
+    ctx.backend_state[_SEEDED] = True
     return []
 
 
 def _bits_rule(ctx, eqn, invals):
-    state = ctx.backend_state.get(_STATE)
-    if state is None:
+    if not ctx.backend_state.get(_SEEDED):
         raise ValueError(
             "prng_random_bits before prng_seed: seed the kernel's PRNG with "
             "pltpu.prng_seed(...) first"
         )
-    key, n = state
-    state[1] = n + 1
-    return [prng_model.draw(key, n, eqn.params["shape"])]
+    cell = ctx.kernel_state(_STATE)
+    state = cell.value
+    # Seeded on some path only (e.g. under pl.when): a run that reaches the draw unseeded
+    # draws from the zero state, as the chip draws from whatever its PRNG holds.
+    ctx.report(state[_FLAG] == 1, "prng_random_bits before prng_seed on this path")
+    cell.value = state.at[_COUNT].add(jnp.uint32(1))
+    key = jax.random.wrap_key_data(state[_KEY], impl="threefry2x32")
+    return [prng_model.draw(key, state[_COUNT], eqn.params["shape"])]
+
+
+declare_kernel_state(_STATE, lambda: jnp.zeros((4,), jnp.uint32),
+                     reads=(prng_random_bits_p,), resets=(prng_seed_p,))
 
 
 # -- Pallas TPU keys as scalars (upstream's prng_split / prng_join) ----------------------
