@@ -81,3 +81,44 @@ def test_a_ref_cannot_also_be_aliased():
 
     with pytest.raises(ValueError, match="is a Ref and also in input_output_aliases"):
         f(jnp.ones((8, 128)))
+
+
+def test_a_pallas_call_kernel_closing_over_refs_updates_them_in_place():
+    # upstream's tpu_pallas_state_test: refs of pl.run_state (or jax.new_ref) that a
+    # pallas_call body closes over become whole-ref operands, read and written in place,
+    # also under a grid.
+    x = jnp.arange(4 * 8 * 128, dtype=jnp.float32).reshape(4 * 8, 128)
+
+    def stateful(refs):
+        x_ref, y_ref = refs
+
+        def kernel(o_ref):
+            i = pl.program_id(0)
+            rows = pl.ds(i * 8, 8)
+            y_ref[rows, :] = x_ref[rows, :] * 2.0
+            o_ref[...] = x_ref[rows, :] + 1.0
+
+        out = pl.pallas_call(kernel, grid=(4,), out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                             out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=True)()
+        y_ref[...] += out
+
+    _, y = jax.jit(pl.run_state(stateful))((x, jnp.zeros_like(x)))
+    np.testing.assert_array_equal(y, x * 3.0 + 1.0)
+
+
+def test_a_captured_array_is_still_refused_naming_it():
+    x = jnp.ones((8, 128), jnp.float32)
+
+    @jax.jit
+    def f(x):
+        y = x * 2.0
+
+        def kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + y
+
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              interpret=True)(x)
+
+    with pytest.raises(ValueError, match=r"captures constants \[float32\[8,128\]\]: a kernel "
+                                         r"captures non-Ref constants only as concrete"):
+        f(x)

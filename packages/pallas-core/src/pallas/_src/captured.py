@@ -1,5 +1,6 @@
-"""Values a ``pl.kernel`` body closes over, as upstream: traced scalars (``i`` in
-``x_ref.at[i]``) and refs made outside it (``jax.new_ref``) become operands.
+"""Values a kernel body closes over, as upstream: refs made outside it (``jax.new_ref``,
+``pl.run_state``) become operands of a ``pallas_call`` or ``pl.kernel``, and traced
+scalars (``i`` in ``x_ref.at[i]``) of a ``pl.kernel``.
 
 The body was traced once already; its jaxpr has the captured values as constants. The
 call is made again with one more operand per captured value: a scalar in the mesh's
@@ -21,24 +22,24 @@ from pallas._src import jax_compat as jc
 from pallas._src.ref_args import is_ref
 
 
-def _hoisted(c: Any) -> bool:
-    return is_ref(c) or (isinstance(c, jax.core.Tracer) and jnp.ndim(c) == 0)
+def _hoisted(c: Any, scalars: bool = True) -> bool:
+    return is_ref(c) or (scalars and isinstance(c, jax.core.Tracer) and jnp.ndim(c) == 0)
 
 
-def hoistable(consts) -> bool:
-    """Whether some captured constants are traced scalars or refs (the rest, concrete
-    values, stay constants)."""
-    return any(_hoisted(c) for c in consts)
+def hoistable(consts, *, scalars: bool = True) -> bool:
+    """Whether some captured constants are refs or (with ``scalars``, as ``pl.kernel``
+    takes them) traced scalars; the rest, concrete values, stay constants."""
+    return any(_hoisted(c, scalars) for c in consts)
 
 
 def call_hoisting_captures(remake: Callable[..., Callable], closed: Any, args: tuple, *,
                            out_shape: Any, in_specs: Any, out_specs: Any,
                            input_output_aliases: Mapping[int, int], ref_space: Any,
-                           scalar_space: Any) -> Any:
+                           scalar_space: Any, scalars: bool = True) -> Any:
     """Runs the call on ``args`` plus the captured scalars and refs of ``closed`` (the
     traced kernel) as operands; ``remake`` as in ``ref_args.call_with_ref_operands``."""
     consts = list(closed.consts)
-    lifted = [i for i, c in enumerate(consts) if _hoisted(c)]
+    lifted = [i for i, c in enumerate(consts) if _hoisted(c, scalars)]
     n_args = len(args)
     extra_args, extra_specs = [], []
     for i in lifted:

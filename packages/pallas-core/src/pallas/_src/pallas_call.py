@@ -41,7 +41,7 @@ from pallas._src.grid_spec import (
 from pallas._src.interpreter.grid_runner import Checks, error_vector_size, raise_if_error
 from pallas._src.interpreter.lowering import lower_with_interpreter
 from pallas._src.interpreter.modes import InterpretMode, resolve_interpret
-from pallas._src.memory import array_dtype
+from pallas._src.memory import MemorySpace, array_dtype
 from pallas._src.primitives.debug import debug_checks_requested
 from pallas._src.primitives.grid import tracing_grid
 from pallas._src.registry import artifacts, registry
@@ -203,12 +203,14 @@ def trace_kernel(kernel: Callable, gm: GridMapping, in_tree_args, out_tree, scra
     if consts:
         # (pl.kernel lifts captured traced scalars and refs into operands: ``captured``)
         non_scalar = [c for c in consts if (np.ndim(c) != 0 or isinstance(c, jax.core.Tracer))
-                      and not (lift_captures and captured.hoistable([c]))]
+                      and not captured.hoistable([c], scalars=lift_captures)]
         if non_scalar:
             shapes = ", ".join(jax.typeof(c).str_short() for c in non_scalar)
             raise ValueError(
                 f"The kernel function in the pallas_call {name} captures constants "
-                f"[{shapes}]. You should pass them as inputs (with a BlockSpec)."
+                f"[{shapes}]: a kernel captures non-Ref constants only as concrete "
+                "scalars (Refs it closes over become operands). You should pass them as "
+                "inputs (with a BlockSpec)."
             )
     return jc.ClosedJaxpr(jaxpr, consts)
 
@@ -423,12 +425,16 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
         if cached is None:
             cached = trace_cache[key] = _trace(args, in_avals, in_paths)
         gm, jaxpr = cached
-        if mesh is not None and captured.hoistable(jaxpr.consts):
+        if captured.hoistable(jaxpr.consts, scalars=mesh is not None):
+            # Refs the body closes over (and, for pl.kernel, traced scalars) become
+            # operands: a Ref whole and updated in place.
             return captured.call_hoisting_captures(
                 _remake, jaxpr, args, out_shape=out_shape, in_specs=grid_spec.in_specs,
                 out_specs=grid_spec.out_specs, input_output_aliases=input_output_aliases,
-                ref_space=getattr(mesh, "default_memory_space", None),
-                scalar_space=getattr(mesh, "scalar_memory_space", None))
+                ref_space=(getattr(mesh, "default_memory_space", None) if mesh is not None
+                           else MemorySpace.ANY),
+                scalar_space=getattr(mesh, "scalar_memory_space", None),
+                scalars=mesh is not None)
         explicit = registry.requested_backend(backend, compiler_params)
         if explicit is not None and not interpret:
             b = registry.get_backend(explicit)
