@@ -192,3 +192,22 @@ def test_a_registered_kernel_local_effect_stays_inside_the_call():
     pallas.plugins.register_kernel_local_effect(FenceEffect)
     (eqn,) = jax.make_jaxpr(_grid_call(kernel))(x).jaxpr.eqns
     assert not eqn.effects
+
+
+def test_a_core_map_that_nothing_discharges_is_refused_with_upstreams_words():
+    # An empty body has no effect on the run_state refs, so nothing turns it into a
+    # kernel; lowering it is an error (upstream's message), not JAX's missing-rule one.
+    from pallas._src.mesh import CoreMesh
+
+    @jax.jit
+    def f(x):
+        def inner(refs):
+            @pl.core_map(CoreMesh(core=2), interpret=True)
+            def _():
+                pass
+
+        _, y = pl.run_state(inner)((x, jnp.zeros_like(x)))
+        return y
+
+    with pytest.raises(ValueError, match="Attempted to lower core_map without discharging"):
+        f(jnp.ones((8,), jnp.float32))

@@ -236,6 +236,19 @@ def _core_map_typecheck(_, *in_atoms, jaxpr, num_consts, mesh, **__):
 jc.register_typecheck(core_map_p, _core_map_typecheck)
 
 
+def _core_map_lowering(ctx, *args, mesh, name, **_):
+    """A ``core_map`` reaches XLA only when no ``pl.run_state`` / ``jax.new_ref`` scope
+    discharged it (say, a body that touches no ref): refuse it with upstream's words."""
+    raise ValueError(
+        f"Attempted to lower core_map without discharging. The core_map "
+        f"{name or '(unnamed)'} over {mesh!r} was not turned into a kernel: it runs "
+        "only inside pl.run_state or on refs from jax.new_ref, and its body must use "
+        "at least one of them.")
+
+
+jc.mlir.register_lowering(core_map_p, _core_map_lowering)
+
+
 def _run_on_mesh(ctx: KernelContext | None, eqn_params, invals):
     """Runs the body for every mesh point in order, threading the operand cells."""
     p = eqn_params
