@@ -63,3 +63,42 @@ def test_tensorcore_mesh_devices_are_its_cores():
     assert len(pltpu.create_tensorcore_mesh("core").devices) == 1  # CPU: one core
     with pytest.raises(ValueError, match="both devices and num_cores"):
         pltpu.create_tensorcore_mesh("core", devices=jax.devices()[:1], num_cores=1)
+
+
+def test_a_ref_made_in_smem_is_read_and_written_directly_by_core_maps():
+    # upstream's tpu_pallas_memory_space_test.test_smem_copy: pl.empty_ref_like of a
+    # memory-space type makes a ref in that space; core_map bodies index it directly
+    # (an HBM ref would need a DMA, and is refused).
+    mesh = pltpu.create_tensorcore_mesh("core")
+
+    @jax.jit
+    def f():
+        y_ref = pl.empty_ref_like(pltpu.SMEM((8,), jnp.int32))
+        assert jax.typeof(y_ref).memory_space == pltpu.SMEM
+
+        @pl.core_map(mesh)
+        def _():
+            for i in range(8):
+                y_ref[i] = i
+
+        @pl.core_map(mesh)
+        def _():
+            for i in range(8):
+                y_ref[i] = y_ref[i] + 1
+
+        return y_ref[...]
+
+    np.testing.assert_array_equal(f(), np.arange(8) + 1)
+
+    @jax.jit
+    def g(x):
+        x_ref = jax.new_ref(x)  # no memory space: HBM
+
+        @pl.core_map(mesh)
+        def _():
+            x_ref[0] = 1
+
+        return x_ref[...]
+
+    with pytest.raises(ValueError, match="HBM or ANY cannot be referenced directly"):
+        g(jnp.zeros((8,), jnp.int32))

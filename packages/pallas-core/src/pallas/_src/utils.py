@@ -67,7 +67,11 @@ def empty_like(x: object):
 
 
 def empty_ref_like(x: object):
-    """A new mutable ref with the shape and dtype of ``x`` (unspecified contents)."""
+    """A new mutable ref with the shape and dtype of ``x`` (unspecified contents); of a
+    memory-space type (``pltpu.SMEM((8,), jnp.int32)``), a ref in that memory space."""
+    space = getattr(x, "memory_space", None)
+    if space is not None and hasattr(x, "shape") and hasattr(x, "dtype"):
+        return jax.new_ref(empty(tuple(x.shape), x.dtype), memory_space=space)
     return jax.new_ref(empty(jnp.shape(x), jnp.result_type(x)))
 
 

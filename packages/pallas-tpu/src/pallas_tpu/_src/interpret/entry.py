@@ -22,6 +22,7 @@ from pallas.plugins import dynamic_grid_dim, host_call, load_p, run_scoped_p, sw
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.interpret.grid import Config, is_hbm, run_device
 from pallas_tpu._src.lowering.keys import physicalize, physicalize_body
+from pallas_tpu._src.memory import MemorySpace, canonical_space
 
 if TYPE_CHECKING:  # params.py sits above this module: its InterpretParams calls in here
     from pallas_tpu._src.interpret.params import InterpretParams
@@ -45,6 +46,10 @@ def _sub_jaxprs(eqn):
 
 def _is_var(v) -> bool:
     return not isinstance(v, jc.Literal)
+
+
+def _core_local(space) -> bool:
+    return canonical_space(space) in (MemorySpace.SMEM, MemorySpace.VMEM)
 
 
 def check_kernel(jaxpr, hbm_invars: set, params: InterpretParams) -> None:
@@ -244,7 +249,10 @@ def discharge_core_map(params: InterpretParams, mesh, in_avals, args, eqn_params
         args = [jax.random.key_data(x) if k else x for x, k in zip(args, keys)]
         in_avals = [jc.AbstractRef(jc.physical_aval(a.inner_aval), memory_space=a.memory_space)
                     if isinstance(a, jc.AbstractRef) else a for a in in_avals]
-    hbm = {jaxpr.invars[i] for i in range(n_ops) if refs[i]}
+    # A ref made in a core's own memory (``pl.empty_ref_like(pltpu.SMEM(...))``,
+    # ``jax.new_ref(x, memory_space=pltpu.VMEM)``) is read and written directly.
+    hbm = {jaxpr.invars[i] for i in range(n_ops)
+           if refs[i] and not _core_local(in_avals[i].memory_space)}
     check_kernel(jaxpr, hbm, params)
     num_cores = int(mesh.num_cores)
     params = _replace(params, num_cores_or_threads=num_cores)
@@ -254,7 +262,10 @@ def discharge_core_map(params: InterpretParams, mesh, in_avals, args, eqn_params
                  num_devices=int(np.prod([s for _, s in axes])) if axes else 1,
                  mesh_axes=axes, num_cores=num_cores,
                  grid_mapping=scratch, core_axis=mesh.axis_name,
-                 operand_spaces=tuple("HBM" for _ in args),
+                 operand_spaces=tuple(
+                     canonical_space(a.memory_space)
+                     if r and _core_local(a.memory_space) else MemorySpace.HBM
+                     for a, r in zip(in_avals, refs)),
                  operand_names=tuple(f"core_map operand {i}" for i in range(n_ops)))
     avals = [a.inner_aval if r else jc.ShapedArray(np.shape(x), np.asarray(x).dtype)
              for a, r, x in zip(in_avals, refs, args)]

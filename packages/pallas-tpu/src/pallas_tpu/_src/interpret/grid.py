@@ -51,7 +51,7 @@ class Config:
     parallel: tuple = ()  # per grid dim: is it parallel
     permutations: tuple = ()  # per grid dim: the visiting order (parallel dims) or None
     core_axis: str | None = None  # core_map: the mesh axis naming the core
-    operand_spaces: tuple = ()  # core_map: memory space per operand
+    operand_spaces: tuple = ()  # core_map: memory space per operand (HBM, or SMEM/VMEM)
     operand_names: tuple = ()
 
 
@@ -552,9 +552,9 @@ def _setup_core_map(sim: Simulation, cfg: Config, device: int, args) -> dict:
     bufs = []
     for i, (x, name) in enumerate(zip(args, cfg.operand_names)):
         key = ("operand", i, device, None)
-        bufs.append(sim.buffer(key, lambda x=x, key=key, name=name: Buffer(
-            np.array(x), np.shape(x), name, MemorySpace.HBM, key,
-            cfg.params.uninitialized_memory)))
+        space = cfg.operand_spaces[i] if cfg.operand_spaces else MemorySpace.HBM
+        bufs.append(sim.buffer(key, lambda x=x, key=key, name=name, space=space: Buffer(
+            np.array(x), np.shape(x), name, space, key, cfg.params.uninitialized_memory)))
     return {"operands": bufs, "results": bufs}
 
 
