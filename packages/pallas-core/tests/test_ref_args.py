@@ -122,3 +122,21 @@ def test_a_captured_array_is_still_refused_naming_it():
     with pytest.raises(ValueError, match=r"captures constants \[float32\[8,128\]\]: a kernel "
                                          r"captures non-Ref constants only as concrete"):
         f(x)
+
+
+def test_captured_refs_with_scalar_prefetch_operands():
+    # The prefetch operands take no BlockSpec: the captured refs' specs follow the
+    # regular inputs only (upstream's test_basic_stateful_kernel_with_scalar_prefetch).
+    x = jnp.arange(2 * 8 * 128, dtype=jnp.float32).reshape(2, 8, 128)
+
+    def stateful(refs):
+        x_ref, y_ref = refs
+
+        def kernel(idx_ref):
+            y_ref[...] = x_ref[idx_ref[0]] * 2.0
+
+        pl.pallas_call(kernel, grid_spec=pl.PrefetchScalarGridSpec(num_scalar_prefetch=1),
+                       out_shape=[], interpret=True)(jnp.array([1], jnp.int32))
+
+    _, y = jax.jit(pl.run_state(stateful))((x, jnp.zeros_like(x[0])))
+    np.testing.assert_array_equal(y, x[1] * 2.0)

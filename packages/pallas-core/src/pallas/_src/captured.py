@@ -35,7 +35,8 @@ def hoistable(consts, *, scalars: bool = True) -> bool:
 def call_hoisting_captures(remake: Callable[..., Callable], closed: Any, args: tuple, *,
                            out_shape: Any, in_specs: Any, out_specs: Any,
                            input_output_aliases: Mapping[int, int], ref_space: Any,
-                           scalar_space: Any, scalars: bool = True) -> Any:
+                           scalar_space: Any, scalars: bool = True,
+                           num_scalar_prefetch: int = 0) -> Any:
     """Runs the call on ``args`` plus the captured scalars and refs of ``closed`` (the
     traced kernel) as operands; ``remake`` as in ``ref_args.call_with_ref_operands``."""
     consts = list(closed.consts)
@@ -50,8 +51,9 @@ def call_hoisting_captures(remake: Callable[..., Callable], closed: Any, args: t
         else:
             extra_args.append(jnp.reshape(c, (1,)))
             extra_specs.append(bs.BlockSpec(memory_space=scalar_space))
+    # Scalar-prefetch operands (the first ``num_scalar_prefetch``) take no spec.
     specs = (list(in_specs) if isinstance(in_specs, (tuple, list))
-             else [in_specs] * n_args)
+             else [in_specs] * (n_args - num_scalar_prefetch))
 
     def kernel_from_jaxpr(*refs, **kwargs):
         lifted_refs = refs[n_args:n_args + len(lifted)]

@@ -434,7 +434,7 @@ def pallas_call_with_axes(kernel, out_shape, *, grid_spec=None, grid=(),
                 ref_space=(getattr(mesh, "default_memory_space", None) if mesh is not None
                            else MemorySpace.ANY),
                 scalar_space=getattr(mesh, "scalar_memory_space", None),
-                scalars=mesh is not None)
+                scalars=mesh is not None, num_scalar_prefetch=grid_spec.num_scalar_prefetch)
         explicit = registry.requested_backend(backend, compiler_params)
         if explicit is not None and not interpret:
             b = registry.get_backend(explicit)
