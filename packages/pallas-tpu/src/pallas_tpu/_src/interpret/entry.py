@@ -251,8 +251,9 @@ def discharge_core_map(params: InterpretParams, mesh, in_avals, args, eqn_params
                     if isinstance(a, jc.AbstractRef) else a for a in in_avals]
     # A ref made in a core's own memory (``pl.empty_ref_like(pltpu.SMEM(...))``,
     # ``jax.new_ref(x, memory_space=pltpu.VMEM)``) is read and written directly.
-    hbm = {jaxpr.invars[i] for i in range(n_ops)
-           if refs[i] and not _core_local(in_avals[i].memory_space)}
+    spaces = tuple(canonical_space(a.memory_space) if r and _core_local(a.memory_space)
+                   else MemorySpace.HBM for a, r in zip(in_avals, refs))
+    hbm = {jaxpr.invars[i] for i in range(n_ops) if refs[i] and spaces[i] is MemorySpace.HBM}
     check_kernel(jaxpr, hbm, params)
     num_cores = int(mesh.num_cores)
     params = _replace(params, num_cores_or_threads=num_cores)
@@ -262,10 +263,7 @@ def discharge_core_map(params: InterpretParams, mesh, in_avals, args, eqn_params
                  num_devices=int(np.prod([s for _, s in axes])) if axes else 1,
                  mesh_axes=axes, num_cores=num_cores,
                  grid_mapping=scratch, core_axis=mesh.axis_name,
-                 operand_spaces=tuple(
-                     canonical_space(a.memory_space)
-                     if r and _core_local(a.memory_space) else MemorySpace.HBM
-                     for a, r in zip(in_avals, refs)),
+                 operand_spaces=spaces,
                  operand_names=tuple(f"core_map operand {i}" for i in range(n_ops)))
     avals = [a.inner_aval if r else jc.ShapedArray(np.shape(x), np.asarray(x).dtype)
              for a, r, x in zip(in_avals, refs, args)]
