@@ -46,6 +46,8 @@ from pallas._src.interpreter.rules import (
     register_interpret_schedule,
 )
 from pallas._src.interpreter.views import add_flat as add_view
+from pallas._src.interpreter.predication import active_or_true as branch_taken
+from pallas._src.interpreter.predication import unpredicated
 from pallas._src.interpreter.views import read_cell, write_cell
 from pallas._src.interpreter.views import read_flat as read_view
 from pallas._src.interpreter.views import swap_flat as swap_view
@@ -157,6 +159,10 @@ __all__ = [
     "read_view", "swap_view", "add_view",
     # The same through an interpreter cell's view, keeping its initialised-elements mask.
     "read_cell", "write_cell",
+    # Predicated branches (a device-dependent ``cond`` around remote operations runs on
+    # every device, its writes masked): whether this device takes the branch, and a
+    # scope whose writes are a remote sender's (masked by the sender, not the branch).
+    "branch_taken", "unpredicated",
     # A jaxpr evaluated (or lowered) equation by equation, for interpreters and lowerings.
     "walk_jaxpr",
     # Refs (and their ref.at views) packed as primitive operands.

@@ -53,6 +53,21 @@ def contains(jaxpr, predicate: Callable[[Any], bool]) -> bool:
     )
 
 
+def remote_operations(jaxpr) -> list[str]:
+    """The primitives of ``jaxpr`` (a ``Jaxpr`` or ``ClosedJaxpr``, at any depth) that
+    address another device: those given a ``device_id`` (remote DMAs, remote semaphore
+    signals)."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    found = []
+    for eqn in jaxpr.eqns:
+        tree = eqn.params.get("device_id_tree")
+        if tree is not None and getattr(tree, "num_leaves", 0):
+            found.append(eqn.primitive.name)
+        for sub in eqn_sub_jaxprs(eqn):
+            found.extend(remote_operations(sub))
+    return found
+
+
 def split_list(xs, bounds) -> list[list]:
     """``xs`` cut at the increasing positions ``bounds``: ``len(bounds) + 1`` lists."""
     xs, out, lo = list(xs), [], 0

@@ -38,6 +38,7 @@ from pallas._src import jax_compat as jc
 from pallas._src.dynamic_grid import check_dynamic_grid_support, check_dynamic_shapes_support
 from pallas._src.emulation.device import EmulatedDevice
 from pallas._src.interpreter.lowering import lower_with_interpreter
+from pallas._src.jaxpr_util import remote_operations
 from pallas._src.registry import registry
 from pallas._src.registry.artifacts import cached_artifact
 from pallas._src.registry.backend import LevelUnsupportedError
@@ -138,26 +139,6 @@ def _env_backend(platform: str) -> str | None:
     import os
 
     return os.environ.get(registry.env_var(platform)) or None
-
-
-# ------------------------------------------------------------------------------------
-# What an executor of one device's code cannot run.
-
-
-def remote_operations(jaxpr) -> list[str]:
-    """The primitives of ``jaxpr`` (and its sub-jaxprs) that address another device
-    (a ``device_id`` operand: remote DMAs, remote semaphore signals)."""
-    import jax.extend.core as jex
-
-    found = []
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    for eqn in jaxpr.eqns:
-        tree = eqn.params.get("device_id_tree")
-        if tree is not None and getattr(tree, "num_leaves", 0):
-            found.append(eqn.primitive.name)
-        for sub in jex.jaxprs_in_params(eqn.params):
-            found.extend(remote_operations(sub))
-    return found
 
 
 # ------------------------------------------------------------------------------------

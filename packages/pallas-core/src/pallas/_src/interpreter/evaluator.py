@@ -19,10 +19,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas._src import jax_compat as jc
-from pallas._src.interpreter import views
+from pallas._src.interpreter import predication, views
 from pallas._src.interpreter.kernel_state import kernel_states
 from pallas._src.interpreter.rules import interpret_rules, register_interpret_rule
-from pallas._src.jaxpr_util import walk_jaxpr
+from pallas._src.jaxpr_util import remote_operations, walk_jaxpr
 
 
 class Cell:
@@ -30,25 +30,44 @@ class Cell:
 
     ``init`` is a boolean mask of written elements, kept only when the uninitialised-
     read check is on. ``origin`` names the operand (e.g. ``outputs[0]``) for errors.
+    Assigning ``value`` or ``init`` is a write of the kernel: inside a predicated branch
+    (see ``predication``) it takes effect only where the branch is taken.
     """
 
-    __slots__ = ("value", "init", "origin", "memory_space", "block")
+    __slots__ = ("_value", "_init", "origin", "memory_space", "block")
 
     def __init__(self, value, origin: str = "a ref", init=None, memory_space=None,
                  block=None):
-        self.value = value
-        self.init = init
+        self._value = value
+        self._init = init
         self.origin = origin
         self.memory_space = memory_space
         self.block = block  # the block index this cell holds, for error messages
+
+    @property
+    def value(self):
+        return self._value
+
+    @value.setter
+    def value(self, new) -> None:
+        self._value = predication.masked(new, getattr(self, "_value", None))
+
+    @property
+    def init(self):
+        return self._init
+
+    @init.setter
+    def init(self, new) -> None:
+        self._init = predication.masked(new, getattr(self, "_init", None))
 
     def state(self) -> tuple:
         return (self.value,) if self.init is None else (self.value, self.init)
 
     def set_state(self, state: Sequence[Any]) -> None:
-        self.value = state[0]
-        if self.init is not None:
-            self.init = state[1]
+        """Takes contents a sub-trace computed (already masked where it was a write)."""
+        self._value = state[0]
+        if self._init is not None:
+            self._init = state[1]
 
     def fork(self, state: Sequence[Any]) -> Cell:
         """A cell with the same identity data but contents ``state`` (for sub-traces)."""
@@ -276,8 +295,10 @@ def _sub(vals, subst):
 @register_interpret_rule(jc.cond_p)
 def _cond_rule(ctx, eqn, invals):
     index, *ops = invals
-    th = _Threaded(ctx, _unique_cells(ops))
     branches = eqn.params["branches"]
+    if len(branches) > 1 and any(remote_operations(b) for b in branches):
+        return _predicated_cond(ctx, index, ops, branches)
+    th = _Threaded(ctx, _unique_cells(ops))
     plain = [x for x in ops if not isinstance(x, Cell)]
 
     def make_branch(branch):
@@ -295,6 +316,19 @@ def _cond_rule(ctx, eqn, invals):
         outs, states = lax.switch(index, [make_branch(b) for b in branches], th.states(), plain)
     th.update(states)
     return outs
+
+
+def _predicated_cond(ctx, index, ops, branches) -> list:
+    """A ``cond`` whose branches address other devices: every branch runs, in order, on
+    every device, its writes masked to where it is the branch taken, so each device
+    reaches the collectives of remote DMAs and signals at the same point (a device-
+    dependent ``pl.when`` around a remote copy). The outputs are the taken branch's."""
+    index = lax.clamp(0, lax.convert_element_type(index, jnp.int32), len(branches) - 1)
+    outs = []
+    for i, branch in enumerate(branches):
+        with predication.predicated(index == i):
+            outs.append(eval_closed(ctx, branch, ops))
+    return [lax.select_n(index, *vals) for vals in zip(*outs)]
 
 
 @register_interpret_rule(jc.while_p)

@@ -8,9 +8,13 @@ semaphore indices), and each device applies the copies whose target is itself, a
 the copy's size in bytes to its receive semaphore. The send semaphore is signalled
 locally at once (the copy is complete when it starts).
 
-Requirement (documented): remote copies and remote signals must be started by every
-device at the same program point (uniform control flow), as in ring and all-to-all
-patterns; a remote copy under a device-dependent ``pl.when`` is not supported.
+Every device must reach the copy's collectives at the same program point. A ``cond``
+around remote operations (a device-dependent ``pl.when``) is therefore run predicated by
+the interpreter (every device runs every branch, its writes masked to the branch it
+takes): a copy or signal then reaches its target only from devices that take the
+branch (``branch_taken``), and its delivery is written whatever branch the *target*
+is in (``unpredicated``). Remote operations in a loop whose trip count differs between
+devices are not supported.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas import DeviceIdType
+from pallas.plugins import branch_taken, unpredicated
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.primitives import refs as R
 
@@ -110,16 +115,18 @@ def remote_dma_start(ctx, eqn, invals):
     size = jnp.int32(R.nbytes(jax.typeof(data)))
     g_data = _gather(data, names)
     g_tgt = _gather(tgt, names)
+    g_sent = _gather(branch_taken(), names)
     g_dst = [_gather(i, names) for i in d_flat]
     g_sem = [_gather(i, names) for i in m_flat]
-    for k in range(_count(names, sizes)):
-        hit = g_tgt[k] == me
-        new_dst = jc.set_view(dst.value, g_data[k], [g[k] for g in g_dst], d_tree)
-        dst.value = jnp.where(hit, new_dst, dst.value)
-        idx = [g[k] for g in g_sem]
-        cur = jc.get_view(sem.value, idx, m_tree)
-        new_sem = jc.set_view(sem.value, cur + size, idx, m_tree)
-        sem.value = jnp.where(hit, new_sem, sem.value)
+    with unpredicated():
+        for k in range(_count(names, sizes)):
+            hit = jnp.logical_and(g_tgt[k] == me, g_sent[k])
+            new_dst = jc.set_view(dst.value, g_data[k], [g[k] for g in g_dst], d_tree)
+            dst.value = jnp.where(hit, new_dst, dst.value)
+            idx = [g[k] for g in g_sem]
+            cur = jc.get_view(sem.value, idx, m_tree)
+            new_sem = jc.set_view(sem.value, cur + size, idx, m_tree)
+            sem.value = jnp.where(hit, new_sem, sem.value)
     if src_sem is not None:
         c, f, t = src_sem
         c.value = jc.set_view(c.value, jc.get_view(c.value, f, t) + size, f, t)
@@ -138,13 +145,15 @@ def remote_semaphore_signal(ctx, eqn, invals, local_rule):
     me = _my_id(names, sizes)
     tgt = target_id(devs, p["device_id_tree"], p["device_id_type"], names, sizes)
     g_tgt, g_inc = _gather(tgt, names), _gather(inc, names)
+    g_sent = _gather(branch_taken(), names)
     g_idx = [_gather(i, names) for i in idx]
-    for k in range(_count(names, sizes)):
-        hit = g_tgt[k] == me
-        kidx = [g[k] for g in g_idx]
-        cur = jc.get_view(cell.value, kidx, p["tree"])
-        new = jc.set_view(cell.value, cur + g_inc[k], kidx, p["tree"])
-        cell.value = jnp.where(hit, new, cell.value)
+    with unpredicated():
+        for k in range(_count(names, sizes)):
+            hit = jnp.logical_and(g_tgt[k] == me, g_sent[k])
+            kidx = [g[k] for g in g_idx]
+            cur = jc.get_view(cell.value, kidx, p["tree"])
+            new = jc.set_view(cell.value, cur + g_inc[k], kidx, p["tree"])
+            cell.value = jnp.where(hit, new, cell.value)
     return []
 
 
