@@ -28,6 +28,8 @@ from pallas._src.interpreter.modes import (
     forced_interpret_mode,
     set_forced_interpret,
 )
+from pallas._src.interpreter.predication import active_or_true as branch_taken
+from pallas._src.interpreter.predication import unpredicated
 from pallas._src.interpreter.races import (
     Access,
     AccessLog,
@@ -46,8 +48,6 @@ from pallas._src.interpreter.rules import (
     register_interpret_schedule,
 )
 from pallas._src.interpreter.views import add_flat as add_view
-from pallas._src.interpreter.predication import active_or_true as branch_taken
-from pallas._src.interpreter.predication import unpredicated
 from pallas._src.interpreter.views import read_cell, write_cell
 from pallas._src.interpreter.views import read_flat as read_view
 from pallas._src.interpreter.views import swap_flat as swap_view
