@@ -59,6 +59,8 @@ TAGS: dict[str, str] = {
                       "shapes computed from the symbolic shapes, kernels slicing by symbolic "
                       "sizes; the exported function is called on concrete shapes",
     "aliasing": "input_output_aliases",
+    "closed_over_refs": "kernels that close over Refs of an enclosing pl.run_state or "
+                        "jax.new_ref (passed whole and updated in place, as upstream)",
     "multiple_outputs": "several outputs from one pallas_call",
     "pytrees": "pytrees of operands and outputs",
     "scalar_prefetch": "PrefetchScalarGridSpec and data-dependent index maps",

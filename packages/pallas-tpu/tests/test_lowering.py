@@ -239,6 +239,29 @@ def test_64_bit_scalar_prefetch_is_refused(lower_tpu):
         jax.jit(f).trace(jnp.zeros((4,), jnp.int64)).lower(lowering_platforms=("tpu",))
 
 
+@pytest.mark.parametrize("access", ["load", "store"])
+def test_a_load_or_store_of_an_any_ref_is_refused_with_upstreams_message(lower_tpu, access):
+    # The TPU compiler rejects it ("Failed to propagate a memory space change"); refused
+    # at lowering, as upstream, naming the ref and saying to use a DMA.
+    def kernel(x_ref, o_ref):
+        if access == "load":
+            o_ref[...] = x_ref[...] + 1.0
+        else:
+            o_ref[...] = jnp.zeros((8, 128), F32)
+
+    spec = pl.BlockSpec(memory_space=ANY)
+    x = jax.ShapeDtypeStruct((8, 128), F32)
+    f = pl.pallas_call(kernel, out_shape=x,
+                       in_specs=[spec if access == "load" else pl.BlockSpec((8, 128))],
+                       out_specs=spec if access == "store" else pl.BlockSpec((8, 128)))
+    what = "Loads" if access == "load" else "Loads and stores"
+    with pytest.raises(Exception, match=(
+            rf"{what} are only allowed on VMEM and SMEM references\. ANY memory space can "
+            rf"only be accessed using async_copy\. \(a ref of shape \(8, 128\) and dtype "
+            rf"float32 in memory space any: copy it to VMEM with pltpu\.async_copy")):
+        lower_tpu(f, x)
+
+
 def test_ref_reshape_and_bitcast_lower_to_memref_views(lower_tpu, ops):
     """``ref.reshape(...)`` and ``ref.bitcast(...)`` (ragged paged attention folds its
     KV pages this way) become ``tpu.memref_reshape`` / ``tpu.memref_bitcast`` views."""

@@ -122,3 +122,24 @@ def alias_prefetch(pallas_call, idx, x):
         grid_spec=pl.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(2,),
                                             in_specs=[spec], out_specs=spec),
         input_output_aliases={1: 0})(idx, x)
+
+
+@case("aliasing/closed_over_ref", tags={"aliasing", "closed_over_refs"},
+      inputs=lambda rng: (randn(rng, (R, C)),),
+      reference=lambda x: (x, x * 3.0 + 1.0))
+def closed_over_ref(pallas_call, x):
+    """A kernel closing over Refs of an enclosing ``pl.run_state``: they are passed whole
+    and updated in place, each grid step reading and writing its own rows of them."""
+    def stateful(refs):
+        x_ref, y_ref = refs
+
+        def kernel(o_ref):
+            rows = pl.ds(pl.program_id(0) * 8, 8)
+            y_ref[rows, :] = x_ref[rows, :] * 2.0
+            o_ref[...] = x_ref[rows, :] + 1.0
+
+        out = pallas_call(kernel, grid=(R // 8,), out_specs=_spec(),
+                          out_shape=sds(x.shape, x.dtype))()
+        y_ref[...] += out
+
+    return jax.jit(pl.run_state(stateful))((x, jnp.zeros_like(x)))

@@ -88,3 +88,36 @@ if pltpu is not None:
             out_specs=pl.BlockSpec(memory_space=pl.ANY),
             scratch_shapes=[pltpu.SemaphoreType.DMA], input_output_aliases={3: 0},
         )(jnp.array([3], jnp.int32), jnp.array([5], jnp.int32), data, array)
+
+
+def _dma_through_closed_over_refs(pallas_call, x):
+    rows_per_block = 8
+
+    def stateful(refs):
+        x_ref, y_ref = refs
+
+        def kernel(o_ref, buf):
+            # The closed-over refs live in ANY memory (as upstream): DMAs move the rows.
+            rows = pl.ds(pl.program_id(0) * rows_per_block, rows_per_block)
+            pltpu.sync_copy(x_ref.at[rows], buf)
+            o_ref[...] = buf[...] + 1.0
+            buf[...] = buf[...] * 2.0
+            pltpu.sync_copy(buf, y_ref.at[rows])
+
+        out = pallas_call(
+            kernel, grid=(x.shape[0] // rows_per_block,),
+            out_specs=pl.BlockSpec((rows_per_block, C), lambda i: (i, 0)),
+            out_shape=sds(x.shape, x.dtype),
+            scratch_shapes=[pltpu.VMEM((rows_per_block, C), x.dtype)])()
+        y_ref[...] += out
+
+    return jax.jit(pl.run_state(stateful))((x, jnp.zeros_like(x)))
+
+
+if pltpu is not None:
+    @case("tpu_dmas/closed_over_refs", tags={"tpu_dmas"},
+          inputs=lambda rng: (randn(rng, (32, C)),), reference=lambda x: (x, x * 3.0 + 1.0))
+    def closed_over_refs(pallas_call, x):
+        """A kernel closing over Refs of an enclosing ``pl.run_state`` (passed whole, in
+        ANY memory): each grid step copies its rows in and its result out with DMAs."""
+        return _dma_through_closed_over_refs(pallas_call, x)

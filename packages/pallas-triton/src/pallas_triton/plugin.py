@@ -15,7 +15,8 @@ quiet_rocm.install()
 CAPABILITIES = frozenset({
     "elementwise", "special_functions", "broadcasting", "reductions", "indexing",
     "control_flow", "dot",
-    "multiple_outputs", "scratch", "atomics", "aliasing", "pytrees", "scalar_prefetch",
+    "multiple_outputs", "scratch", "atomics", "aliasing", "closed_over_refs", "pytrees",
+    "scalar_prefetch",
     "bf16", "f16", "int8", "float8", "uint32", "bool", "kernels", "vmap", "grad", "sequential_grid",
     "fusion",
     # Blocks of any shape: edge blocks and odd sizes become masks (only what a kernel

@@ -225,9 +225,29 @@ def _check_vector_window(w: Window, what: str) -> None:
         )
 
 
+# Memories a TensorCore reaches only by DMA: no vector or scalar load/store addresses them.
+_DMA_ONLY = (MemorySpace.ANY, MemorySpace.HBM, MemorySpace.HOST)
+
+
+def _check_addressable(w: Window, upstream: str) -> None:
+    """Loads and stores address VMEM and SMEM only: the TPU compiler rejects one of an
+    ANY/HBM ref ("Failed to propagate a memory space change"); refused here, at lowering,
+    with upstream's message (``upstream``) and what to do instead."""
+    space = T.space_of(w.ref.space)
+    if space in _DMA_ONLY:
+        extra = (" ANY memory space can only be accessed using async_copy."
+                 if space is MemorySpace.ANY else "")
+        raise ValueError(
+            f"{upstream} are only allowed on VMEM and SMEM references.{extra} (a ref of "
+            f"shape {w.ref.kernel_shape} and dtype {jnp.dtype(w.ref.dtype).name} in "
+            f"memory space {space.value}: copy it to VMEM with pltpu.async_copy or "
+            f"pltpu.sync_copy, or give the operand a VMEM BlockSpec)")
+
+
 def load_window(w: Window, dtype) -> ir.Value:
     w.check_static("a load of")
     _check_not_bit_view(w.ref, "a load of")
+    _check_addressable(w, "Loads")
     if jnp.dtype(dtype) == jnp.bool_:  # stored as int32 (see T.memory_dtype)
         v = load_window(w, jnp.int32)
         return cmpi(arith.CmpIPredicate.ne, v, const(w.shape, jnp.int32, 0))
@@ -253,6 +273,7 @@ def load_window(w: Window, dtype) -> ir.Value:
 def store_window(w: Window, value: ir.Value, dtype, mask=None) -> None:
     w.check_static("a store to")
     _check_not_bit_view(w.ref, "a store to")
+    _check_addressable(w, "Loads and stores")
     if jnp.dtype(dtype) == jnp.bool_:  # stored as int32 (see T.memory_dtype)
         value = arith.extui(T.value_type(w.shape, jnp.int32), value)
         dtype = jnp.int32
