@@ -70,6 +70,7 @@ from pallas._src.primitives.debug import (
     delay_p,
     kernel_debug_effect,
 )
+from pallas._src.primitives.effectful import effect_primitive
 from pallas._src.primitives.globals import get_global_p
 from pallas._src.primitives.grid import num_programs_p, program_id_p
 from pallas._src.primitives.hints import multiple_of_p
@@ -165,6 +166,8 @@ __all__ = [
     "branch_taken", "unpredicated",
     # A jaxpr evaluated (or lowered) equation by equation, for interpreters and lowerings.
     "walk_jaxpr",
+    # A backend's own primitive bound only for its effects (no results: a barrier, a DMA).
+    "effect_primitive",
     # Refs (and their ref.at views) packed as primitive operands.
     "RefOperands", "ref_and_transforms", "ref_operands_end", "unpack_ref_operands",
     # Kernel jaxprs print a backend primitive's ref access as `a[i]`, as core's own.

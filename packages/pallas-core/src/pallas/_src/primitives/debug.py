@@ -17,13 +17,7 @@ from pallas._src import config
 from pallas._src import jax_compat as jc
 from pallas._src.context_vars import set_for_block
 from pallas._src.interpreter.rules import register_interpret_rule
-
-debug_print_p = jc.Primitive("debug_print")
-debug_print_p.multiple_results = True
-debug_check_p = jc.Primitive("debug_check")
-debug_check_p.multiple_results = True
-delay_p = jc.Primitive("delay")
-delay_p.multiple_results = True
+from pallas._src.primitives.effectful import effect_primitive
 
 
 class KernelDebugEffect(jc.effects.Effect):
@@ -39,15 +33,16 @@ jc.effects.lowerable_effects.add_type(KernelDebugEffect)
 jc.effects.remat_allowed_effects.add_type(KernelDebugEffect)
 jc.effects.custom_derivatives_allowed_effects.add_type(KernelDebugEffect)
 
+debug_print_p = effect_primitive("debug_print", {kernel_debug_effect})
+debug_check_p = effect_primitive("debug_check", {kernel_debug_effect})
+delay_p = effect_primitive("delay", {kernel_debug_effect})
+
 
 def debug_print(fmt: str, *args) -> None:
     """Prints ``fmt`` formatted with ``args`` from inside a kernel."""
     if not isinstance(fmt, str):
         raise TypeError(f"debug_print's format must be a str; got {fmt!r}")
     debug_print_p.bind(*[jnp.asarray(a) for a in args], fmt=fmt)
-
-
-debug_print_p.def_effectful_abstract_eval(lambda *a, fmt: ([], {kernel_debug_effect}))
 
 
 @register_interpret_rule(debug_print_p)
@@ -72,11 +67,6 @@ def debug_check(condition, message: str) -> None:
     debug_check_p.bind(jnp.asarray(condition, jnp.bool_), message=str(message))
 
 
-debug_check_p.def_effectful_abstract_eval(
-    lambda cond, *, message: ([], {kernel_debug_effect})
-)
-
-
 @register_interpret_rule(debug_check_p)
 def _debug_check_rule(ctx, eqn, invals):
     ctx.report(invals[0], f"debug_check failed: {eqn.params['message']}")
@@ -86,9 +76,6 @@ def _debug_check_rule(ctx, eqn, invals):
 def delay(nanos) -> None:
     """Spins for about ``nanos`` nanoseconds (a no-op in the interpreter)."""
     delay_p.bind(jnp.asarray(nanos, jnp.int32))
-
-
-delay_p.def_effectful_abstract_eval(lambda n: ([], {kernel_debug_effect}))
 
 
 @register_interpret_rule(delay_p)

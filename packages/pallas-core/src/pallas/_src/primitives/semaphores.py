@@ -16,14 +16,13 @@ import jax.numpy as jnp
 from pallas._src import jax_compat as jc
 from pallas._src.interpreter import views
 from pallas._src.interpreter.rules import register_interpret_rule
+from pallas._src.primitives.effectful import effect_primitive
 from pallas._src.primitives.load_store import _ref_and_transforms
 from pallas._src.primitives.pretty import RefAccess, register_ref_access_printer, transforms_of
 
-semaphore_signal_p = jc.Primitive("semaphore_signal")
-semaphore_wait_p = jc.Primitive("semaphore_wait")
+semaphore_signal_p = effect_primitive("semaphore_signal", {jc.WriteEffect(0)})
+semaphore_wait_p = effect_primitive("semaphore_wait", {jc.WriteEffect(0)})
 semaphore_read_p = jc.Primitive("semaphore_read")
-semaphore_signal_p.multiple_results = True
-semaphore_wait_p.multiple_results = True
 
 
 class DeviceIdType(enum.Enum):
@@ -64,10 +63,6 @@ def semaphore_read(sem_or_view):
     return semaphore_read_p.bind(base, *flat, tree=tree)
 
 
-semaphore_signal_p.def_effectful_abstract_eval(
-    lambda *a, **k: ([], {jc.WriteEffect(0)})
-)
-semaphore_wait_p.def_effectful_abstract_eval(lambda *a, **k: ([], {jc.WriteEffect(0)}))
 semaphore_read_p.def_effectful_abstract_eval(
     lambda *a, **k: (jc.ShapedArray((), jnp.int32), {jc.ReadEffect(0)})
 )

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 # Enums of the Mosaic GPU compiler library that the kernel language passes through.
 from jax.experimental.mosaic.gpu.launch_context import CopyPartition, OOBFillMode
 
+from pallas.plugins import effect_primitive
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.memory import GMEM, SMEM, BarrierSpace
 from pallas_mosaic_gpu._src.primitives import refs as R
@@ -29,16 +30,22 @@ from pallas_mosaic_gpu._src.primitives.barriers import check_barrier
 
 TMA_REDUCTIONS = ("add", "min", "max", "inc", "dec", "and", "or", "xor")
 
-copy_gmem_to_smem_p = jc.Primitive("mgpu_copy_gmem_to_smem")
-copy_gmem_to_smem_p.multiple_results = True
-copy_smem_to_gmem_p = jc.Primitive("mgpu_copy_smem_to_gmem")
-copy_smem_to_gmem_p.multiple_results = True
-commit_smem_p = jc.Primitive("mgpu_commit_smem")
-commit_smem_p.multiple_results = True
-commit_group_p = jc.Primitive("mgpu_commit_smem_to_gmem_group")
-commit_group_p.multiple_results = True
-wait_smem_to_gmem_p = jc.Primitive("mgpu_wait_smem_to_gmem")
-wait_smem_to_gmem_p.multiple_results = True
+
+def _gmem_to_smem_effects(*avals, refs, **_):
+    src, dst, bar = refs
+    return {jc.ReadEffect(src[0]), jc.WriteEffect(dst[0]), jc.WriteEffect(bar[0])}
+
+
+def _smem_to_gmem_effects(*avals, refs, **_):
+    src, dst = refs
+    return {jc.ReadEffect(src[0]), jc.WriteEffect(dst[0])}
+
+
+copy_gmem_to_smem_p = effect_primitive("mgpu_copy_gmem_to_smem", _gmem_to_smem_effects)
+copy_smem_to_gmem_p = effect_primitive("mgpu_copy_smem_to_gmem", _smem_to_gmem_effects)
+commit_smem_p = effect_primitive("mgpu_commit_smem", {jc.gpu_effect})
+commit_group_p = effect_primitive("mgpu_commit_smem_to_gmem_group", {jc.gpu_effect})
+wait_smem_to_gmem_p = effect_primitive("mgpu_wait_smem_to_gmem", {jc.gpu_effect})
 
 
 def _check_space(ref: Any, want, fn: str, what: str) -> None:
@@ -151,22 +158,6 @@ def wait_smem_to_gmem(n: int, wait_read_only: bool = False) -> None:
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"plgpu.wait_smem_to_gmem(n={n!r}): n must be an int >= 0")
     wait_smem_to_gmem_p.bind(n=n, wait_read_only=bool(wait_read_only))
-
-
-def _gmem_to_smem_effects(*avals, refs, **_):
-    src, dst, bar = refs
-    return [], {jc.ReadEffect(src[0]), jc.WriteEffect(dst[0]), jc.WriteEffect(bar[0])}
-
-
-def _smem_to_gmem_effects(*avals, refs, **_):
-    src, dst = refs
-    return [], {jc.ReadEffect(src[0]), jc.WriteEffect(dst[0])}
-
-
-copy_gmem_to_smem_p.def_effectful_abstract_eval(_gmem_to_smem_effects)
-copy_smem_to_gmem_p.def_effectful_abstract_eval(_smem_to_gmem_effects)
-for _p in (commit_smem_p, commit_group_p, wait_smem_to_gmem_p):
-    _p.def_effectful_abstract_eval(lambda *a, **k: ([], {jc.gpu_effect}))
 
 
 def reduce(op: str | None, old, new):

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pallas.plugins import effect_primitive
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.primitives import refs as R
 
 
 def _hint(name: str) -> Any:
-    p = jc.Primitive(name)
-    p.multiple_results = True
-    p.def_effectful_abstract_eval(lambda *a, **k: ([], {jc.gpu_effect}))
-    return p
+    return effect_primitive(name, {jc.gpu_effect})
 
 
 set_max_registers_p = _hint("mgpu_set_max_registers")

@@ -18,17 +18,27 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from pallas.plugins import effect_primitive
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.memory import AccumulatorSpace, MemoryRef, MemorySpace, _shaped
 from pallas_mosaic_gpu._src.primitives import refs as R
 from pallas_mosaic_gpu._src.primitives.barriers import check_barrier
 
-wgmma_p = jc.Primitive("mgpu_wgmma")
-wgmma_p.multiple_results = True
-wgmma_wait_p = jc.Primitive("mgpu_wgmma_wait")
-wgmma_wait_p.multiple_results = True
-tcgen05_mma_p = jc.Primitive("mgpu_tcgen05_mma")
-tcgen05_mma_p.multiple_results = True
+
+def _mma_effects(*avals, refs, **_):
+    acc, a, b, *rest = refs
+    eff = {jc.WriteEffect(acc[0]), jc.ReadEffect(b[0])}
+    if a is not None:
+        eff.add(jc.ReadEffect(a[0]))
+    if rest and rest[0] is not None:
+        eff.add(jc.WriteEffect(rest[0][0]))
+    eff.update(jc.ReadEffect(s[0]) for s in rest[1:])  # block scales
+    return eff
+
+
+wgmma_p = effect_primitive("mgpu_wgmma", _mma_effects)
+wgmma_wait_p = effect_primitive("mgpu_wgmma_wait", {jc.gpu_effect})
+tcgen05_mma_p = effect_primitive("mgpu_tcgen05_mma", _mma_effects)
 
 
 class _Uninitialized:
@@ -224,22 +234,6 @@ def check_tensor_core_barrier(barrier, fn: str) -> None:
         raise ValueError(
             f"plgpu.{fn}: MMA barrier must have orders_tensor_core set to True "
             "(plgpu.Barrier(..., orders_tensor_core=True))")
-
-
-def _mma_effects(*avals, refs, **_):
-    acc, a, b, *rest = refs
-    eff = {jc.WriteEffect(acc[0]), jc.ReadEffect(b[0])}
-    if a is not None:
-        eff.add(jc.ReadEffect(a[0]))
-    if rest and rest[0] is not None:
-        eff.add(jc.WriteEffect(rest[0][0]))
-    eff.update(jc.ReadEffect(s[0]) for s in rest[1:])  # block scales
-    return [], eff
-
-
-wgmma_p.def_effectful_abstract_eval(_mma_effects)
-tcgen05_mma_p.def_effectful_abstract_eval(_mma_effects)
-wgmma_wait_p.def_effectful_abstract_eval(lambda **_: ([], {jc.gpu_effect}))
 
 
 def mma_operands(spec, invals, read):
