@@ -17,16 +17,12 @@ from pallas import plugins
 
 # -- debug_barrier ------------------------------------------------------------------------
 
-debug_barrier_p = jax.extend.core.Primitive("debug_barrier")
-debug_barrier_p.multiple_results = True
+debug_barrier_p = plugins.effect_primitive("debug_barrier", {plugins.kernel_debug_effect})
 
 
 def debug_barrier() -> None:
     """Synchronises the threads of a program (``tl.debug_barrier``)."""
     debug_barrier_p.bind()
-
-
-debug_barrier_p.def_effectful_abstract_eval(lambda: ([], {plugins.kernel_debug_effect}))
 
 
 def _debug_barrier_rule(ctx, eqn, invals):

@@ -17,14 +17,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from pallas.plugins import effect_primitive
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.memory import BarrierSpace
 from pallas_mosaic_gpu._src.primitives import refs as R
 
-barrier_arrive_p = jc.Primitive("mgpu_barrier_arrive")
-barrier_arrive_p.multiple_results = True
-barrier_wait_p = jc.Primitive("mgpu_barrier_wait")
-barrier_wait_p.multiple_results = True
+
+def _effects(*avals, refs, space):
+    return {jc.WriteEffect(refs[0][0])}
+
+
+barrier_arrive_p = effect_primitive("mgpu_barrier_arrive", _effects)
+barrier_wait_p = effect_primitive("mgpu_barrier_wait", _effects)
 barrier_test_p = jc.Primitive("mgpu_barrier_test")
 
 
@@ -70,12 +74,6 @@ def barrier_test(barrier: Any) -> jax.Array:
     return barrier_test_p.bind(*refs.operands, refs=refs.spec, space=space)
 
 
-def _effects(*avals, refs, space):
-    return [], {jc.WriteEffect(refs[0][0])}
-
-
-barrier_arrive_p.def_effectful_abstract_eval(_effects)
-barrier_wait_p.def_effectful_abstract_eval(_effects)
 barrier_test_p.def_effectful_abstract_eval(
     lambda *avals, refs, space: (jc.ShapedArray((), jnp.bool_), {jc.ReadEffect(refs[0][0])}))
 

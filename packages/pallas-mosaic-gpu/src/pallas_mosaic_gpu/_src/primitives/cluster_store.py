@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from pallas.plugins import effect_primitive
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.memory import SMEM
 from pallas_mosaic_gpu._src.primitives import refs as R
@@ -21,8 +22,13 @@ from pallas_mosaic_gpu._src.primitives.barriers import check_barrier
 
 ATOMICS = ("add", "max", "min", "and", "or", "xor")
 
-async_store_smem_p = jc.Primitive("mgpu_async_store_smem")
-async_store_smem_p.multiple_results = True
+
+def _effects(*avals, refs, **_):
+    ref, bar = refs
+    return {jc.WriteEffect(ref[0]), jc.WriteEffect(bar[0])}
+
+
+async_store_smem_p = effect_primitive("mgpu_async_store_smem", _effects)
 
 
 def async_store_smem(src: jax.Array, ref: Any, barrier: Any, *, cluster_idx: jax.Array,
@@ -53,14 +59,6 @@ def async_store_smem(src: jax.Array, ref: Any, barrier: Any, *, cluster_idx: jax
     async_store_smem_p.bind(src, *refs.operands, jnp.asarray(cluster_idx, jnp.int32),
                             refs=tuple((p + 1, n, t) for p, n, t in refs.spec),
                             cluster_dim=cluster_dim, optimized=bool(optimized), atomic=op)
-
-
-def _effects(*avals, refs, **_):
-    ref, bar = refs
-    return [], {jc.WriteEffect(ref[0]), jc.WriteEffect(bar[0])}
-
-
-async_store_smem_p.def_effectful_abstract_eval(_effects)
 
 
 def _refuse(ctx, eqn, invals):

@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from pallas.plugins import is_semaphore_space
+from pallas.plugins import effect_primitive, is_semaphore_space
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.memory import SMEM
 from pallas_mosaic_gpu._src.primitives import refs as R
@@ -30,11 +30,19 @@ from pallas_mosaic_gpu._src.primitives import refs as R
 REDUCTIONS = ("add", "min", "max", "and", "or", "xor")
 _BITWISE = ("and", "or", "xor")
 
-multimem_store_p = jc.Primitive("mgpu_multimem_store")
-multimem_store_p.multiple_results = True
+
+def _store_effects(source, *avals, refs, **_):
+    return {jc.WriteEffect(refs[0][0] + 1)}
+
+
+def _signal_effects(*avals, refs, **_):
+    return {jc.WriteEffect(refs[0][0])}
+
+
+multimem_store_p = effect_primitive("mgpu_multimem_store", _store_effects)
 multimem_load_reduce_p = jc.Primitive("mgpu_multimem_load_reduce")
-semaphore_signal_multicast_p = jc.Primitive("mgpu_semaphore_signal_multicast")
-semaphore_signal_multicast_p.multiple_results = True
+semaphore_signal_multicast_p = effect_primitive("mgpu_semaphore_signal_multicast",
+                                                _signal_effects)
 PRIMITIVES = (multimem_store_p, multimem_load_reduce_p, semaphore_signal_multicast_p)
 NAMES = {multimem_store_p: "multimem_store", multimem_load_reduce_p: "multimem_load_reduce",
          semaphore_signal_multicast_p: "semaphore_signal_multicast"}
@@ -129,21 +137,11 @@ def semaphore_signal_multicast(semaphore: Any, value: int | jax.Array = 1, *,
                                       num_devices=size)
 
 
-def _store_effects(source, *avals, refs, **_):
-    return [], {jc.WriteEffect(refs[0][0] + 1)}
-
-
 def _load_reduce_effects(*avals, refs, out_aval, **_):
     return out_aval, {jc.ReadEffect(refs[0][0])}
 
 
-def _signal_effects(*avals, refs, **_):
-    return [], {jc.WriteEffect(refs[0][0])}
-
-
-multimem_store_p.def_effectful_abstract_eval(_store_effects)
 multimem_load_reduce_p.def_effectful_abstract_eval(_load_reduce_effects)
-semaphore_signal_multicast_p.def_effectful_abstract_eval(_signal_effects)
 
 
 def check_single_device(eqn) -> None:

@@ -13,15 +13,17 @@ from typing import Any
 
 import jax
 
+from pallas.plugins import effect_primitive
 from pallas_mosaic_gpu._src import jax_compat as jc
 from pallas_mosaic_gpu._src.layouts import layout_cast
 from pallas_mosaic_gpu._src.primitives import refs as R
 from pallas_mosaic_gpu._src.primitives.mma import check_tensor_core_barrier
 
-copy_smem_to_tmem_p = jc.Primitive("mgpu_copy_smem_to_tmem")
-copy_smem_to_tmem_p.multiple_results = True
-tcgen05_commit_arrive_p = jc.Primitive("mgpu_tcgen05_commit_arrive")
-tcgen05_commit_arrive_p.multiple_results = True
+copy_smem_to_tmem_p = effect_primitive(
+    "mgpu_copy_smem_to_tmem",
+    lambda *a, refs, **k: {jc.ReadEffect(refs[0][0]), jc.WriteEffect(refs[1][0])})
+tcgen05_commit_arrive_p = effect_primitive(
+    "mgpu_tcgen05_commit_arrive", lambda *a, refs, **k: {jc.WriteEffect(refs[0][0])})
 
 
 def async_load_tmem(src: Any, *, layout: Any = None) -> jax.Array:
@@ -94,12 +96,6 @@ def tcgen05_commit_arrive(barrier: Any, collective_axis: str | None = None) -> N
     check_tensor_core_barrier(barrier, "tcgen05_commit_arrive")
     refs = R.FlatRefs(barrier)
     tcgen05_commit_arrive_p.bind(*refs.operands, refs=refs.spec, collective_axis=collective_axis)
-
-
-copy_smem_to_tmem_p.def_effectful_abstract_eval(
-    lambda *a, refs, **k: ([], {jc.ReadEffect(refs[0][0]), jc.WriteEffect(refs[1][0])}))
-tcgen05_commit_arrive_p.def_effectful_abstract_eval(
-    lambda *a, refs, **k: ([], {jc.WriteEffect(refs[0][0])}))
 
 
 def copied_value(kind: str, x):
