@@ -99,7 +99,7 @@ _DEVICES = textwrap.dedent('''
     import os
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     os.environ["JAX_PLATFORMS"] = "cpu"
-    import jax, jax.numpy as jnp
+    import jax, jax.numpy as jnp, numpy as np
     from jax import lax
     import pallas as pl
     import pallas_mosaic_gpu as plgpu
@@ -157,16 +157,48 @@ _DEVICES = textwrap.dedent('''
         ring, SDS((256, 64), jnp.float32), scratch_types=[plgpu.SemaphoreType.REGULAR])
     print("ok ring")
 
+    def swap_halves(x_ref, y_ref, ready, done):
+        """Stores and loads through plgpu.remote_ref: each device writes its rows into
+        the other's output, then reads them back from there."""
+        other = 1 - lax.axis_index("x")
+        y_ref[...] = jnp.zeros_like(y_ref)
+        pl.semaphore_signal(ready, device_id=other)
+        pl.semaphore_wait(ready)
+        plgpu.remote_ref(y_ref, other)[...] = x_ref[...] + 1.0
+        pl.semaphore_signal(done, device_id=other)
+        pl.semaphore_wait(done)
+        y_ref[...] = y_ref[...] + plgpu.remote_ref(y_ref, other)[...] * 0.0
+
+    sems = [plgpu.SemaphoreType.REGULAR, plgpu.SemaphoreType.REGULAR]
+    assert "uses_xla_collective_metadata = true" in lower(
+        swap_halves, SDS((256, 64), jnp.float32), scratch_types=sems)
+    data = jax.device_put(jnp.arange(512 * 64, dtype=jnp.float32).reshape(512, 64),
+                          jax.sharding.NamedSharding(mesh, P("x")))
+    k = plgpu.kernel(swap_halves, out_type=SDS((256, 64), jnp.float32), scratch_types=sems)
+    f = jax.jit(jax.shard_map(k, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                              check_vma=False))
+    with pl.emulate_device("cuda:sm_90a"):
+        got = f(data)
+    host = np.asarray(data)
+    want = np.concatenate([host[256:], host[:256]]) + 1.0
+    np.testing.assert_array_equal(np.asarray(got), want)
+    import pallas.plugins
+    [emulated] = [e for e in pallas.plugins.emulated_kernels() if "swap_halves" in e.name]
+    assert "interpret mode" in emulated.executor, emulated.executor
+    print("ok remote_ref")
+
 ''')
 
 
 def test_on_two_devices_multimem_remote_signals_and_stores_use_collective_metadata():
-    """Runs in a subprocess: the device count must be set before JAX starts."""
+    """Runs in a subprocess: the device count must be set before JAX starts. Also:
+    loads and stores through ``plgpu.remote_ref`` lower (they were refused as an unknown
+    ref transform), and on the emulated device run in Mosaic GPU's interpret mode."""
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS="--xla_force_host_platform_device_count=2")
     proc = subprocess.run([sys.executable, "-c", _DEVICES], env=env, capture_output=True,
                           text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    for line in ("ok gather", "ok reduce", "ok ring"):
+    for line in ("ok gather", "ok reduce", "ok ring", "ok remote_ref"):
         assert line in proc.stdout, out

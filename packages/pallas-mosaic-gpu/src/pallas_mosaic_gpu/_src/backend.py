@@ -110,6 +110,13 @@ class MosaicGpuBackend(Backend):
                            self.compiler_params_of(request), request.name or "kernel",
                            request.out_avals, target=request.options.get("target"))
 
+    def device_interpret_mode(self):
+        """Mosaic GPU's interpret mode: it runs every device's threads, with
+        ``plgpu.remote_ref`` reads and writes and remote semaphores between them."""
+        from pallas_mosaic_gpu._src.interpret.params import InterpretParams
+
+        return InterpretParams()
+
     def compile(self, request: KernelRequest):
         """Compiles on a compile-only device; ``request.options["target"]``: ``"sm_90a"``
         (default) or ``"sm_100a"``. Returns a ``pallas_mosaic_gpu.compiler.CompiledKernel``."""

@@ -38,6 +38,11 @@ class PeerTransform:
     def transform_dtype(self, dtype):
         return dtype
 
+    def pretty_print(self, context) -> Any:
+        """How a kernel jaxpr prints the transform (JAX's printer of ref operations)."""
+        del context
+        return jc.pretty_printer.text(f"{{{type(self).__name__.lstrip('_')}}}")
+
     def tree_flatten(self):
         return (), self
 

@@ -12,7 +12,7 @@ import contextlib
 
 import jax
 import numpy as np
-from jax._src import core, effects, source_info_util
+from jax._src import core, effects, pretty_printer, source_info_util
 from jax._src import pjit as _pjit
 from jax._src.interpreters import mlir
 from jax._src.state import discharge as state_discharge
@@ -24,7 +24,7 @@ from pallas.state import ReshapeTransform  # what ref.reshape(...) applies
 
 # This module's own names; pallas.state's (AbstractRef, get_p, ...) come with the import above.
 __all__ = [
-    "GpuEffect", "Literal", "Primitive", "device_mesh", "ShapedArray", "core", "get_view",
+    "GpuEffect", "Literal", "Primitive", "device_mesh", "pretty_printer", "ShapedArray", "core", "get_view",
     "gpu_effect", "mlir", "set_view", "source_site", "ref_type_aval_mappings", "reshard_p",
     "run_state_p", "uninitialized",
 ]

@@ -16,8 +16,10 @@ backend generated for that device:
 A kernel that addresses other devices (remote DMAs and semaphore signals: a
 ``device_id``) is neither compiled alone (its device ids and mesh axes exist only in
 its ``shard_map`` program) nor executed by the executors, which run one device's code:
-it runs with the cross-device semantics of the core interpreter (each device's
-instance of the kernel, in ``shard_map``), and its :class:`EmulatedKernel` says so.
+it runs with the cross-device semantics of the backend's interpret mode
+(``Backend.device_interpret_mode``; Mosaic GPU's) or else of the core interpreter (each
+device's instance of the kernel, in ``shard_map``), and its :class:`EmulatedKernel`
+says so.
 
 Steps 1-3 happen once per kernel, device and operand types (the lowering is also cached
 by ``jax.jit``); a call costs one host callback.
@@ -180,9 +182,12 @@ def prepare(dev: EmulatedDevice, b, request: KernelRequest) -> EmulatedKernel:
     if skipped:
         log.info("pallas_call %s on %s: compile step skipped: %s", request.name, dev, skipped)
     if remote:
-        # The executors run one device's code; the interpreter runs every device's.
+        # The executors run one device's code; an interpret mode runs every device's.
+        mode = b.device_interpret_mode()
+        runner = (f"{b.name}'s interpret mode ({type(mode).__qualname__})" if mode is not None
+                  else "the core interpreter")
         run, executor = None, (
-            f"the core interpreter (the kernel addresses other devices: "
+            f"{runner} (the kernel addresses other devices: "
             f"{', '.join(sorted(set(remote)))} with a device_id)")
     else:
         run, executor = b.emulator(request), f"the {b.name} executor"
@@ -250,6 +255,11 @@ def lower_emulated(ctx, *in_nodes, dev: EmulatedDevice, jaxpr, grid_mapping, nam
     request = dataclasses.replace(request, artifact=cached_artifact(b, request))
     kernel = prepare(dev, b, request)
     if kernel.run is None:
+        mode = b.device_interpret_mode()
+        if mode is not None:
+            return mode.lower_pallas_call(ctx, *in_nodes, jaxpr=jaxpr,
+                                          grid_mapping=grid_mapping,
+                                          compiler_params=request.compiler_params, name=name)
         return lower_with_interpreter(ctx, *in_nodes, jaxpr=jaxpr, grid_mapping=grid_mapping)
     # A typed PRNG key crosses the callback as its key data.
     out_types = [(tuple(a.shape), np.dtype(a.dtype))

@@ -207,6 +207,15 @@ class Backend:
         """
         return None
 
+    def device_interpret_mode(self) -> Any | None:
+        """The interpret mode (an ``InterpretMode`` params object) in which an emulated
+        device runs a kernel that addresses other devices (``plgpu.remote_ref``, remote
+        semaphores): the executor runs one device's code, this mode every device's.
+        ``None`` (the default): the core interpreter runs it, with the cross-device
+        rules the backend registered there (pallas-tpu's remote DMAs).
+        """
+        return None
+
     def tuning_figures(self, request: KernelRequest, target: Any) -> Mapping[str, Any] | None:
         """Compile figures of one kernel for the autotuner (``registers``,
         ``spill_stores``, ``smem_bytes``, ...; see ``pallas.tuning``), for ``target`` (a

@@ -21,7 +21,7 @@ from jaxlib.mlir.dialects import arith
 
 import pallas.plugins as pp
 from pallas_mosaic_gpu._src import jax_compat as jc
-from pallas_mosaic_gpu._src.lowering import mma, scoped, scoped_stack, smem, tmem
+from pallas_mosaic_gpu._src.lowering import collectives, mma, scoped, scoped_stack, smem, tmem
 from pallas_mosaic_gpu._src.lowering import values as V
 from pallas_mosaic_gpu._src.lowering.engine import RefVal, lower_jaxpr, rule
 from pallas_mosaic_gpu._src.lowering.register_layouts import in_layout
@@ -35,6 +35,21 @@ def _check_space(ref: RefVal, what: str):
         raise NotImplementedError(
             f"{what} a GMEM ref directly (copy it to SMEM first, e.g. with "
             "plgpu.copy_gmem_to_smem, or give it a BlockSpec)")
+
+
+def _plain_view(lctx, ref: RefVal, flat, tree, what: str):
+    """``(memref view, remaining flat, remaining tree)`` of an untiled ref, on the peer
+    device a ``plgpu.remote_ref`` names (Mosaic GPU's collective metadata gives its
+    address of the same GMEM buffer)."""
+    flat, tree, peer = collectives.split_peer(lctx, flat, tree, what)
+    m = view(ref, flat, tree)
+    if peer is not None:
+        if ref.space != "gmem":
+            raise NotImplementedError(
+                f"{what} a plgpu.remote_ref of an SMEM ref: only GMEM buffers (kernel "
+                f"operands) have an address on other devices")
+        m = lctx.launch_ctx.to_remote(m, peer)
+    return m, flat, tree
 
 
 def _tiled_view(ref: RefVal, flat, tree):
@@ -128,9 +143,9 @@ def _get(lctx, eqn, ref, *flat):
         return mgpu.FragmentedArray.load_tiled(
             v.memref, swizzle=v.swizzle or 16, is_signed=V.signed(v.dtype),
             layout=fa.WGMMA_LAYOUT)
-    m = view(ref, flat, eqn.params["tree"])
+    m, flat, tree = _plain_view(lctx, ref, flat, eqn.params["tree"], "reading")
     out = eqn.outvars[0].aval
-    steps = stepped(flat, eqn.params["tree"])
+    steps = stepped(flat, tree)
     value = load_view(m, out.dtype, out.shape, elementwise=steps)
     if V.kind(out.dtype) != "b" and isinstance(value, mgpu.FragmentedArray) and not steps:
         # dots, reductions and transposes may read the value where it was loaded
@@ -174,8 +189,8 @@ def _swap(lctx, eqn, ref, value, *flat):
         value.store_tiled(v.memref, swizzle=v.swizzle or 16)
         mgpu.warpgroup_barrier()
         return None
-    m = view(ref, flat, eqn.params["tree"])
-    steps = stepped(flat, eqn.params["tree"])
+    m, flat, tree = _plain_view(lctx, ref, flat, eqn.params["tree"], "writing")
+    steps = stepped(flat, tree)
     aval = eqn.invars[1].aval
     old = None
     if lctx.is_used(eqn.outvars[0]):
@@ -243,8 +258,8 @@ def _atomic_rmw(lctx, eqn, ref, value, *rest):
 @rule(jc.addupdate_p)
 def _addupdate(lctx, eqn, ref, value, *flat):
     _check_space(ref, "updating")
-    m = view(ref, flat, eqn.params["tree"])
-    steps = stepped(flat, eqn.params["tree"])
+    m, flat, tree = _plain_view(lctx, ref, flat, eqn.params["tree"], "writing")
+    steps = stepped(flat, tree)
     aval = eqn.invars[1].aval
     old = load_view(m, aval.dtype, aval.shape, elementwise=steps)
     if aval.shape:
