@@ -22,7 +22,13 @@ from jaxlib.mlir.dialects import scf
 from jaxlib.mosaic.python import tpu
 
 import pallas as pl
-from pallas.plugins import eval_jaxpr, read_cell, register_kernel_local_effect, write_cell
+from pallas.plugins import (
+    effect_primitive,
+    eval_jaxpr,
+    read_cell,
+    register_kernel_local_effect,
+    write_cell,
+)
 from pallas_tpu import MemorySpace
 from pallas_tpu import extend as tpx
 from pallas_tpu_sparsecore._src import jax_compat as jc
@@ -44,9 +50,7 @@ jc.lowerable_effects.add_type(BarrierEffect)
 register_kernel_local_effect(BarrierEffect)
 _barrier_effect = BarrierEffect()
 
-subcore_barrier_p = jc.Primitive("sc_subcore_barrier")
-subcore_barrier_p.multiple_results = True
-subcore_barrier_p.def_effectful_abstract_eval(lambda: ([], {_barrier_effect}))
+subcore_barrier_p = effect_primitive("sc_subcore_barrier", {_barrier_effect})
 
 
 def subcore_barrier() -> None:

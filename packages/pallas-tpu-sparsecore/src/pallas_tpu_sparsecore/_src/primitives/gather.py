@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jaxlib.mosaic.python import tpu
 
-from pallas.plugins import read_cell, write_cell
+from pallas.plugins import effect_primitive, read_cell, write_cell
 from pallas_tpu import extend as tpx
 from pallas_tpu_sparsecore._src import jax_compat as jc
 from pallas_tpu_sparsecore._src.checks import in_range, require
@@ -23,9 +23,13 @@ from pallas_tpu_sparsecore._src.info import check_vector_shape
 from pallas_tpu_sparsecore._src.lowering.table import rule
 from pallas_tpu_sparsecore._src.primitives import refs as R
 
+
+def _scatter_effects(*avals, tree, num_indices, has_mask, add):
+    return {jc.WriteEffect(0)} | ({jc.ReadEffect(0)} if add else set())
+
+
 gather_p = jc.Primitive("sc_gather")
-scatter_p = jc.Primitive("sc_scatter")
-scatter_p.multiple_results = True
+scatter_p = effect_primitive("sc_scatter", _scatter_effects)
 
 _DTYPES = (jnp.dtype(jnp.int32), jnp.dtype(jnp.float32))
 
@@ -137,13 +141,7 @@ def _gather_abstract_eval(*avals, tree, num_indices, has_mask):
     return jc.ShapedArray((idx[0].shape[0],), view.dtype), {jc.ReadEffect(0)}
 
 
-def _scatter_abstract_eval(*avals, tree, num_indices, has_mask, add):
-    effects = {jc.WriteEffect(0)} | ({jc.ReadEffect(0)} if add else set())
-    return [], effects
-
-
 gather_p.def_effectful_abstract_eval(_gather_abstract_eval)
-scatter_p.def_effectful_abstract_eval(_scatter_abstract_eval)
 
 
 # -- interpreter rules -----------------------------------------------------------------

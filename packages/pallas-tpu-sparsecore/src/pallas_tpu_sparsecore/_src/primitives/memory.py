@@ -15,16 +15,20 @@ import jax
 import jax.numpy as jnp
 from jaxlib.mosaic.python import tpu
 
-from pallas.plugins import read_cell, write_cell
+from pallas.plugins import effect_primitive, read_cell, write_cell
 from pallas_tpu import extend as tpx
 from pallas_tpu_sparsecore._src import jax_compat as jc
 from pallas_tpu_sparsecore._src.info import check_vector_shape
 from pallas_tpu_sparsecore._src.lowering.table import rule
 from pallas_tpu_sparsecore._src.primitives import refs as R
 
+
+def _store_effects(*avals, tree, has_mask, add):
+    return {jc.WriteEffect(0)} | ({jc.ReadEffect(0)} if add else set())
+
+
 load_expanded_p = jc.Primitive("sc_load_expanded")
-store_p = jc.Primitive("sc_store")
-store_p.multiple_results = True
+store_p = effect_primitive("sc_store", _store_effects)
 
 
 def _view_1d(fn, ref):
@@ -80,12 +84,7 @@ def _load_abstract_eval(ref, *rest, tree):
     return jc.ShapedArray(view.shape, view.dtype), {jc.ReadEffect(0)}
 
 
-def _store_abstract_eval(*avals, tree, has_mask, add):
-    return [], {jc.WriteEffect(0)} | ({jc.ReadEffect(0)} if add else set())
-
-
 load_expanded_p.def_effectful_abstract_eval(_load_abstract_eval)
-store_p.def_effectful_abstract_eval(_store_abstract_eval)
 
 
 # -- interpreter rules -----------------------------------------------------------------

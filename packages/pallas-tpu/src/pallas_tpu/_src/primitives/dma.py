@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas import DeviceIdType
-from pallas.plugins import read_cell, write_cell
+from pallas.plugins import effect_primitive, read_cell, write_cell
 from pallas_tpu._src import core_compat as cc
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.memory import SemaphoreType, canonical_space
@@ -32,10 +32,22 @@ from pallas_tpu._src.primitives.remote import remote_dma_start
 
 _log = logging.getLogger("pallas_tpu")
 
-dma_start_p = jc.Primitive("tpu_dma_start")
-dma_start_p.multiple_results = True
-dma_wait_p = jc.Primitive("tpu_dma_wait")
-dma_wait_p.multiple_results = True
+
+def _start_effects(*avals, refs, device_id_tree, device_id_type, priority, add):
+    src, dst, dst_sem, src_sem = refs
+    effects = {jc.ReadEffect(src[0]), jc.WriteEffect(dst[0]), jc.WriteEffect(dst_sem[0])}
+    if src_sem is not None:
+        effects.add(jc.WriteEffect(src_sem[0]))
+    return effects
+
+
+def _wait_effects(*avals, refs, device_id_tree, device_id_type, kind):
+    sem = refs[0]
+    return {jc.WriteEffect(sem[0])}
+
+
+dma_start_p = effect_primitive("tpu_dma_start", _start_effects)
+dma_wait_p = effect_primitive("tpu_dma_wait", _wait_effects)
 
 
 def _check_copy(src_ref, dst_ref, what: str) -> None:
@@ -252,26 +264,6 @@ def async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id,
                                   device_id_type)
     desc.start()
     return desc
-
-
-# -- abstract evaluation -----------------------------------------------------------------
-
-
-def _start_effects(*avals, refs, device_id_tree, device_id_type, priority, add):
-    src, dst, dst_sem, src_sem = refs
-    effects = {jc.ReadEffect(src[0]), jc.WriteEffect(dst[0]), jc.WriteEffect(dst_sem[0])}
-    if src_sem is not None:
-        effects.add(jc.WriteEffect(src_sem[0]))
-    return [], effects
-
-
-def _wait_effects(*avals, refs, device_id_tree, device_id_type, kind):
-    sem = refs[0]
-    return [], {jc.WriteEffect(sem[0])}
-
-
-dma_start_p.def_effectful_abstract_eval(_start_effects)
-dma_wait_p.def_effectful_abstract_eval(_wait_effects)
 
 
 def _pp_dma_start(eqn, context, settings):

@@ -16,20 +16,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas.plugins import Cell, declare_kernel_state
+from pallas.plugins import Cell, declare_kernel_state, effect_primitive
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src import prng_model
 from pallas_tpu._src.memory import SemaphoreType, canonical_space
 from pallas_tpu._src.primitives import refs as R
 from pallas_tpu._src.primitives.effects import tpu_kernel_effect
 
-prng_seed_p = jc.Primitive("tpu_prng_seed")
-prng_seed_p.multiple_results = True
+prng_seed_p = effect_primitive("tpu_prng_seed", {tpu_kernel_effect})
 prng_random_bits_p = jc.Primitive("tpu_prng_random_bits")
-trace_value_p = jc.Primitive("tpu_trace_value")
-trace_value_p.multiple_results = True
-touch_p = jc.Primitive("tpu_touch")
-touch_p.multiple_results = True
+trace_value_p = effect_primitive("tpu_trace_value", {tpu_kernel_effect})
+touch_p = effect_primitive("tpu_touch", {jc.ReadEffect(0)})
 
 
 def prng_seed(*seeds) -> None:
@@ -59,7 +56,6 @@ def prng_random_bits(shape):
     return prng_random_bits_p.bind(shape=tuple(int(d) for d in shape))
 
 
-prng_seed_p.def_effectful_abstract_eval(lambda *s: ([], {tpu_kernel_effect}))
 prng_random_bits_p.def_effectful_abstract_eval(
     lambda *, shape: (jc.ShapedArray(shape, jnp.int32), {tpu_kernel_effect}))
 
@@ -159,8 +155,6 @@ def _join_rule(ctx, eqn, invals):
     return [jax.random.wrap_key_data(data, impl=impl.name)]
 
 
-
-
 # -- stateful samplers built on the kernel PRNG ----------------------------------------------
 
 
@@ -197,16 +191,10 @@ def trace_value(label: str, value) -> None:
     trace_value_p.bind(jnp.asarray(value), label=str(label))
 
 
-trace_value_p.def_effectful_abstract_eval(lambda v, *, label: ([], {tpu_kernel_effect}))
-
-
 def touch(ref) -> None:
     """Marks ``ref`` as used (keeps it alive), without reading or writing it."""
     base, flat, tree = R.flatten_ref(ref)
     touch_p.bind(base, *flat, tree=tree)
-
-
-touch_p.def_effectful_abstract_eval(lambda *a, tree: ([], {jc.ReadEffect(0)}))
 
 
 def with_memory_space_constraint(x, memory_space):
@@ -267,8 +255,7 @@ def _barrier_rule(ctx, eqn, invals):
 
 # -- core_barrier ---------------------------------------------------------------------------
 
-core_barrier_p = jc.Primitive("tpu_core_barrier")
-core_barrier_p.multiple_results = True
+core_barrier_p = effect_primitive("tpu_core_barrier", {jc.WriteEffect(0)})
 
 
 def core_barrier(sem, *, core_axis_name: str) -> None:
@@ -282,9 +269,6 @@ def core_barrier(sem, *, core_axis_name: str) -> None:
     base, flat, tree = R.flatten_ref(sem)
     core_barrier_p.bind(base, *flat, tree=tree, axis_name=core_axis_name,
                         num_cores=int(num_cores))
-
-
-core_barrier_p.def_effectful_abstract_eval(lambda *a, **k: ([], {jc.WriteEffect(0)}))
 
 
 def _core_barrier_rule(ctx, eqn, invals):

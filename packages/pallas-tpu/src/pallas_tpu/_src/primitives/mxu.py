@@ -20,13 +20,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from pallas.plugins import effect_primitive
 from pallas_tpu._src import jax_compat as jc
 from pallas_tpu._src.primitives.effects import tpu_kernel_effect
 
-matmul_push_rhs_p = jc.Primitive("matmul_push_rhs")
-matmul_push_rhs_p.multiple_results = True
-matmul_acc_lhs_p = jc.Primitive("matmul_acc_lhs")
-matmul_acc_lhs_p.multiple_results = True
+matmul_push_rhs_p = effect_primitive("matmul_push_rhs", {tpu_kernel_effect})
+matmul_acc_lhs_p = effect_primitive("matmul_acc_lhs", {tpu_kernel_effect})
 matmul_pop_p = jc.Primitive("matmul_pop")
 
 _ACC_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.int32))
@@ -75,10 +74,6 @@ def matmul_pop(acc_addr: int, shape, dtype, mxu_index: int):
         raise ValueError(f"matmul_pop: shape must be 2-D, got {shape}")
     return matmul_pop_p.bind(acc_addr=int(acc_addr), shape=shape, dtype=jnp.dtype(dtype),
                              mxu_index=int(mxu_index))
-
-
-matmul_push_rhs_p.def_effectful_abstract_eval(lambda rhs, **_: ([], {tpu_kernel_effect}))
-matmul_acc_lhs_p.def_effectful_abstract_eval(lambda lhs, **_: ([], {tpu_kernel_effect}))
 
 
 def _pop_abstract_eval(*, shape, dtype, **_):
