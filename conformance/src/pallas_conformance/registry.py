@@ -76,6 +76,8 @@ TAGS: dict[str, str] = {
                 "merged into the second-minor dim, small last dims swapped, folds to rank "
                 "1, jnp.stack/jnp.unstack along a tiled dim (what Mosaic TPU relayouts; "
                 "GPU backends do not claim them)",
+    "stack_pairs": "jnp.stack of two blocks at each axis and jnp.unstack of a size-2 "
+                   "axis (what Triton's tl.join/tl.split do)",
     "special_functions": "the gamma family (lgamma, digamma) inside kernels",
     "warpgroups": "GPU warpgroup semantics (pallas_mosaic_gpu): plgpu.kernel meshes of several "
                   "warpgroups per block that specialise on lax.axis_index of the thread axis "

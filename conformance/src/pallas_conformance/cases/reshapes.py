@@ -83,3 +83,28 @@ def unstack_second_minor(pallas_call, x):
         o_ref[...] = a - 2 * b
 
     return pallas_call(kernel, out_shape=sds((8, C), x.dtype))(x)
+
+
+def _stack_pair_case(axis: int):
+    @case(f"reshapes/stack_pair_axis{axis}_f32", tags={"stack_pairs"},
+          inputs=lambda rng: (randn(rng, (8, C)), randn(rng, (8, C))),
+          reference=lambda x, y: (jnp.stack([x, y * 2], axis=axis), x - 2 * y))
+    def fn(pallas_call, x, y):
+        """``jnp.stack`` of two blocks at a new axis, and ``jnp.unstack`` of it back
+        (Triton's ``tl.join``/``tl.split``, moved to the axis)."""
+        def kernel(x_ref, y_ref, o_ref, d_ref):
+            s = jnp.stack([x_ref[...], y_ref[...] * 2], axis=axis)
+            o_ref[...] = s
+            a, b = jnp.unstack(s, axis=axis)
+            d_ref[...] = a - b
+
+        shape = list(x.shape)
+        shape.insert(axis, 2)
+        return pallas_call(kernel, out_shape=(sds(shape, x.dtype), sds(x.shape, x.dtype)))(x, y)
+
+    fn.__name__ = f"stack_pair_axis{axis}"
+    return fn
+
+
+for _axis in range(3):
+    _stack_pair_case(_axis)

@@ -16,6 +16,7 @@ CAPABILITIES = frozenset({
     "elementwise", "special_functions", "broadcasting", "reductions", "indexing",
     "control_flow", "dot",
     "multiple_outputs", "scratch", "atomics", "aliasing", "closed_over_refs", "pytrees",
+    "stack_pairs",
     "scalar_prefetch",
     "bf16", "f16", "int8", "float8", "uint32", "bool", "kernels", "vmap", "grad", "sequential_grid",
     "fusion",

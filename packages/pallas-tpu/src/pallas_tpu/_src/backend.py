@@ -17,7 +17,7 @@ CAPABILITIES = frozenset({
     "dynamic_grid", "dynamic_shapes", "elementwise", "empty_ref", "f16", "float8", "fusion", "grad",
     "indexing", "int4", "int8", "kernels", "multiple_outputs", "pytrees", "reductions",
     "ref_bitcast", "reshapes", "scalar_prefetch", "scratch", "semaphores", "sequential_grid",
-    "shard_map", "tpu_dmas", "tpu_values", "uint32", "vmap",
+    "shard_map", "stack_pairs", "tpu_dmas", "tpu_values", "uint32", "vmap",
 })
 
 

@@ -1,5 +1,5 @@
-"""Triton lowering rules of shape primitives: broadcasts, reshapes, transposes, ``iota``
-and two-way ``concatenate``."""
+"""Triton lowering rules of shape primitives: broadcasts, reshapes, transposes, ``iota``,
+two-way ``concatenate``, and ``jnp.stack``/``jnp.unstack`` of two (``tl.join``/``tl.split``)."""
 
 from __future__ import annotations
 
@@ -113,3 +113,47 @@ def _concatenate(ctx, eqn, *xs):
     if perm != list(range(rank + 1)):
         joined = f"tl.permute({joined}, {tuple(perm)})"
     return _emit(ctx, eqn, f"tl.reshape({joined}, {list(shape)})")
+
+
+def _moved(expr: str, rank: int, src: int, dst: int) -> str:
+    """``expr`` (of rank ``rank``) with its axis ``src`` moved to position ``dst``."""
+    perm = list(range(rank))
+    perm.insert(dst, perm.pop(src))
+    return expr if perm == list(range(rank)) else f"tl.permute({expr}, {tuple(perm)})"
+
+
+@value_rule(lax.stack_p)
+def _stack(ctx, eqn, *xs):
+    """``jnp.stack([a, b], axis)``: ``tl.join`` makes the new last axis; a permute puts it
+    at ``axis``. Triton joins exactly two tensors."""
+    shape, _ = _out(eqn)
+    if len(xs) != 2:
+        raise unsupported(
+            f"jnp.stack of {len(xs)} arrays (lax.stack_p)",
+            "Triton's tl.join stacks exactly two; stack pairs, or write each array into "
+            "an output ref with pl.ds")
+    check_pow2(shape, "stack")
+    joined = f"tl.join({xs[0].expr}, {xs[1].expr})"
+    rank = len(shape)
+    return _emit(ctx, eqn, _moved(joined, rank, rank - 1, int(eqn.params["axis"])))
+
+
+@value_rule(lax.unstack_p)
+def _unstack(ctx, eqn, x):
+    """``jnp.unstack(x, axis)`` of an axis of size two: a permute makes it the last axis,
+    ``tl.split`` takes it apart."""
+    axis = int(eqn.params["axis"])
+    if x.shape[axis] != 2:
+        raise unsupported(
+            f"jnp.unstack along an axis of size {x.shape[axis]} (lax.unstack_p)",
+            "Triton's tl.split splits an axis of size two; slice the pieces with "
+            "lax.slice_in_dim or read them from a ref with pl.ds")
+    check_pow2(x.shape, "unstack")
+    rank = len(x.shape)
+    last = ctx.em.assign(_moved(x.expr, rank, axis, rank - 1), x.shape[:axis] + x.shape[
+        axis + 1:] + (2,), x.dtype)
+    outs = []
+    for k, var in enumerate(eqn.outvars):
+        outs.append(ctx.em.assign(f"tl.split({last.expr})[{k}]", tuple(var.aval.shape),
+                                  var.aval.dtype))
+    return outs
