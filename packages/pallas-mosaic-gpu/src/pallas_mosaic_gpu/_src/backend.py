@@ -7,6 +7,7 @@ import contextlib
 from pallas.plugins import Backend, KernelRequest, LoweringRequest, resolve_compiler_params
 from pallas_mosaic_gpu.__about__ import __version__
 from pallas_mosaic_gpu._src.compiler_params import CompilerParams
+from pallas_mosaic_gpu._src.interpret.params import InterpretParams
 
 # Conformance tags whose every case passes at each level this backend provides (lower,
 # and compile where the toolchain is installed); measured by running the catalogue.
@@ -113,8 +114,6 @@ class MosaicGpuBackend(Backend):
     def device_interpret_mode(self):
         """Mosaic GPU's interpret mode: it runs every device's threads, with
         ``plgpu.remote_ref`` reads and writes and remote semaphores between them."""
-        from pallas_mosaic_gpu._src.interpret.params import InterpretParams
-
         return InterpretParams()
 
     def compile(self, request: KernelRequest):
