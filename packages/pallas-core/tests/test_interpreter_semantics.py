@@ -8,6 +8,8 @@
   dropped; output elements nobody writes are uninitialised (NaN for floats, the
   minimum for ints, as upstream's interpret mode);
 - aliased outputs start as their inputs;
+- the kernel's writes to its scalar-prefetch refs persist from one grid point to the
+  next (SMEM on a TPU), and index maps see them one point late;
 - the vectorised fast path never changes a result: every kernel below is also run
   point by point (``pl.InterpretParams(vectorize=False)``) and compared.
 """
@@ -199,6 +201,72 @@ def test_accumulating_in_scratch_and_writing_on_the_last_step(interpret):
         scratch_shapes=[pl.ANY((4, 8), jnp.float32)], interpret=interpret,
     )(a, b)
     np.testing.assert_allclose(out, np.asarray(a) @ np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------
+# Scalar prefetch written by the kernel
+
+
+def _prefetch_counter_call(grid, out_index_map, interpret, *, in_loop=False):
+    """A kernel that numbers the grid points it visits with a counter kept in its
+    scalar-prefetch ref (starting at 10), and writes each number to its own block."""
+    def kernel(c_ref, o_ref):
+        o_ref[...] = jnp.full(o_ref.shape, c_ref[0], jnp.int32)
+        if in_loop:  # the write nested in a loop and a branch, as a kernel's state update
+            def step(k, carry):
+                @pl.when(k == 0)
+                def _():
+                    c_ref[0] = c_ref[0] + 1
+                return carry
+            jax.lax.fori_loop(0, 2, step, 0)
+        else:
+            c_ref[0] = c_ref[0] + 1
+
+    block = (1,) * len(grid)
+    return pl.pallas_call(
+        kernel, SDS(grid, jnp.int32),
+        grid_spec=pl.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=grid, in_specs=[],
+            out_specs=pl.BlockSpec(block, out_index_map)),
+        interpret=interpret)(jnp.asarray([10], jnp.int32))
+
+
+@MODES
+@pytest.mark.parametrize("in_loop", [False, True], ids=["top", "in_loop"])
+def test_kernel_writes_to_scalar_prefetch_persist_across_grid_points(interpret, in_loop):
+    # Kernels keep state there from one grid point to the next (upstream's ragged paged
+    # attention keeps its sequence and buffer indices so); the interpreter used to give
+    # each point the original values.
+    out = _prefetch_counter_call((4,), lambda i, c: (i,), interpret, in_loop=in_loop)
+    np.testing.assert_array_equal(out, 10 + np.arange(4))
+
+
+@MODES
+def test_scalar_prefetch_writes_keep_a_two_dimensional_grid_sequential(interpret):
+    # Both axes move the output block, which would make them vectorised lanes: a written
+    # prefetch ref carries a value from each point to the next, so the grid runs in order.
+    out = _prefetch_counter_call((2, 3), lambda i, j, c: (i, j), interpret)
+    np.testing.assert_array_equal(out, 10 + np.arange(6).reshape(2, 3))
+
+
+@MODES
+def test_index_maps_see_scalar_prefetch_writes_one_point_late(interpret):
+    # As on a TPU (and upstream's TPU interpret mode): the block indices of a point are
+    # worked out when the point before it starts, before that point's body writes.
+    x = jnp.repeat(jnp.arange(4, dtype=jnp.int32), 8).reshape(4, 8)
+
+    def kernel(s_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+        s_ref[0] = s_ref[0] + 1
+
+    out = pl.pallas_call(
+        kernel, SDS(x.shape, x.dtype),
+        grid_spec=pl.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(4,),
+            in_specs=[pl.BlockSpec((1, 8), lambda i, s: (s[0], 0))],
+            out_specs=pl.BlockSpec((1, 8), lambda i, s: (i, 0))),
+        interpret=interpret)(jnp.asarray([0], jnp.int32), x)
+    np.testing.assert_array_equal(out[:, 0], [0, 0, 1, 2])
 
 
 # --------------------------------------------------------------------------------------

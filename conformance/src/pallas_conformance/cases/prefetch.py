@@ -1,5 +1,6 @@
 """Scalar prefetch: PrefetchScalarGridSpec, index maps that read prefetched scalars, and
-kernels that read them, a block-sparse matmul over a 2-D grid, prefetch with scratch."""
+kernels that read them, a block-sparse matmul over a 2-D grid, prefetch with scratch,
+and kernels that keep state in a prefetched scalar across grid steps."""
 
 from __future__ import annotations
 
@@ -153,3 +154,22 @@ def prefetch_scratch(pallas_call, n, x):
         grid_spec=pl.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(4,),
                                             in_specs=[spec], out_specs=spec,
                                             scratch_shapes=[pl.ANY((8, C), jnp.float32)]))(n, x)
+
+
+@case("scalar_prefetch/kernel_writes_persist", tags={"scalar_prefetch", "carry_across_blocks"},
+      inputs=lambda rng: (jnp.asarray([3], jnp.int32), randn(rng, (32, C))),
+      reference=lambda c, x: x * (c[0] + jnp.repeat(jnp.arange(4), 8))[:, None]
+      .astype(jnp.float32))
+def kernel_writes_persist(pallas_call, count, x):
+    """The kernel keeps a counter in its prefetched scalar (SMEM on a TPU): what one grid
+    step writes there, the next step reads (upstream's ragged paged attention keeps its
+    sequence and buffer indices so)."""
+    def kernel(c_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[...] * c_ref[0].astype(jnp.float32)
+        c_ref[0] = c_ref[0] + 1
+
+    spec = pl.BlockSpec((8, C), lambda i, c: (i, 0))
+    return pallas_call(
+        kernel, out_shape=sds(x.shape, x.dtype),
+        grid_spec=pl.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(4,),
+                                            in_specs=[spec], out_specs=spec))(count, x)

@@ -241,6 +241,20 @@ class _Liveness:
         return out
 
 
+def writes_refs(kernel_jaxpr, indices) -> bool:
+    """Whether the kernel may write (or accumulate into) one of its refs ``indices``, by
+    the state effects of its jaxpr."""
+    wanted = {kernel_jaxpr.invars[k] for k in indices}
+    if not wanted:
+        return False
+    for e in kernel_jaxpr.effects:
+        if isinstance(e, (jc.WriteEffect, jc.AccumEffect)):
+            ref = kernel_jaxpr.invars[e.input] if isinstance(e.input, int) else e.input
+            if ref in wanted:
+                return True
+    return False
+
+
 def _call_jaxpr(eqn):
     for key in ("jaxpr", "call_jaxpr"):
         j = eqn.params.get(key)

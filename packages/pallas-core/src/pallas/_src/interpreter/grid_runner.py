@@ -1,8 +1,10 @@
 """Runs a ``pallas_call`` on plain JAX values: the reference semantics of the grid.
 
-Semantics: grid points run in lexicographic order; scratch persists across points;
-each point reads its input blocks and its output blocks (the current contents of the
-output, which starts uninitialised or as the aliased input) and writes its output
+Semantics: grid points run in lexicographic order; scratch persists across points, and
+so do the kernel's writes to its scalar-prefetch refs (index maps see those one point
+late, as on a TPU, whose pipeline works out the next point's blocks before the body
+runs); each point reads its input blocks and its output blocks (the current contents of
+the output, which starts uninitialised or as the aliased input) and writes its output
 blocks back; edge blocks are padded (with uninitialised values) and writes outside the
 array are dropped.
 
@@ -173,7 +175,9 @@ def choose_lanes(plan: _Plan, jaxpr, checks: Checks):
     """The grid axes to vectorise, or None to run point by point."""
     gm = plan.gm
     if (plan.dynamic or checks.any or not checks.vectorize
-            or _has_ordered_effects(jaxpr.jaxpr)):
+            or _has_ordered_effects(jaxpr.jaxpr)
+            or analysis.writes_refs(jaxpr.jaxpr, range(gm.num_scalar_prefetch))):
+        # (a scalar-prefetch value the kernel writes flows from each point to the next)
         return None
     if gm.num_grid_points <= 1:
         return ()
@@ -209,20 +213,26 @@ def choose_lanes(plan: _Plan, jaxpr, checks: Checks):
 # Kernel invocation at one grid point.
 
 
-def _run_kernel(plan, ctx, jaxpr, prefetch_cells, grid_idx, in_src, out_blocks, scratch):
-    """Runs the kernel once; returns the new out-block values (cells updated in place)."""
+def _run_kernel(plan, ctx, jaxpr, prefetch_cells, grid_idx, in_src, out_blocks, scratch,
+                index_cells=None):
+    """Runs the kernel once; returns the new out-block values (cells updated in place).
+
+    ``index_cells`` are the scalar-prefetch values the input index maps read (by default
+    ``prefetch_cells``, the ones the kernel body sees)."""
     gm = plan.gm
+    index_cells = prefetch_cells if index_cells is None else index_cells
     in_cells = []
     for i, bm in enumerate(gm.in_block_mappings):
-        starts, _, _ = plan.block_positions(ctx, prefetch_cells, grid_idx, i)
+        starts, _, _ = plan.block_positions(ctx, index_cells, grid_idx, i)
         blk = B.load_block(in_src[i], bm, plan.in_pads[i], starts)
         in_cells.append(Cell(blk, bm.origin, None, bm.memory_space))
     eval_jaxpr(ctx, jaxpr.jaxpr, jaxpr.consts,
                [*prefetch_cells, *in_cells, *out_blocks, *scratch])
 
 
-def _prefetch_cells(plan):
-    return [Cell(x, f"scalar prefetch {i}") for i, x in enumerate(plan.prefetch)]
+def _prefetch_cells(plan, values=None):
+    values = plan.prefetch if values is None else values
+    return [Cell(x, f"scalar prefetch {i}") for i, x in enumerate(values)]
 
 
 def _initial_states(jaxpr) -> dict:
@@ -349,14 +359,19 @@ def run_sequential(plan: _Plan, jaxpr, checks: Checks):
         return buf, blk
 
     def body(t, carry):
-        outs, masks, blocks, mblocks, poss, scratch_states, err, kstates = carry
+        (outs, masks, blocks, mblocks, poss, scratch_states, err, kstates, pvals,
+         pvals_seen) = carry
         grid_idx = _unravel(t, grid)
         err_cell = Cell(err, "errors") if table else None
         ctx = KernelContext(grid_idx, grid, axis_names=gm.grid_names, errors=table,
                             error_cell=err_cell,
                             check_uninitialized=track, debug_checks=checks.debug)
         _enter_states(ctx, kstates)
-        pcells = _prefetch_cells(plan)
+        # The kernel's writes to its scalar-prefetch refs persist (SMEM on a TPU); the
+        # index maps of this point see the values as they were when the previous point
+        # began (``pvals_seen``), as a TPU's pipeline evaluates them one point ahead.
+        kernel_pcells = _prefetch_cells(plan, pvals)
+        pcells = _prefetch_cells(plan, pvals_seen)
         outs, masks, blocks, mblocks = list(outs), list(masks), list(blocks), list(mblocks)
         out_cells = []
         for o, bm in enumerate(out_bms):
@@ -383,26 +398,28 @@ def run_sequential(plan: _Plan, jaxpr, checks: Checks):
                            f"{tuple(bm.array_aval.shape)}, block {bm.block_shape})",
                            [*grid_idx, len(flat), *flat])
         scratch = [c.fork(s) for c, s in zip(scratch0, scratch_states)]
-        _run_kernel(plan, ctx, jaxpr, pcells, grid_idx, in_src, out_cells, scratch)
+        _run_kernel(plan, ctx, jaxpr, kernel_pcells, grid_idx, in_src, out_cells, scratch,
+                    index_cells=pcells)
         blocks = [c.value for c in out_cells]
         mblocks = [c.init for c in out_cells]
         new_err = err_cell.value if err_cell is not None else err
         return (outs, masks, blocks, mblocks, poss, [c.state() for c in scratch], new_err,
-                _state_values(ctx, kstates))
+                _state_values(ctx, kstates), [c.value for c in kernel_pcells], list(pvals))
 
     blocks0 = [jnp.zeros(bm.ref_shape, bm.array_aval.dtype) for bm in out_bms]
     mblocks0 = [None if m is None else jnp.zeros(bm.ref_shape, jnp.bool_)
                 for m, bm in zip(out_masks0, out_bms)]
     poss0 = [jnp.zeros((2 * len(bm.block_dims),), jnp.int32) for bm in out_bms]
     carry = (list(plan.out_init), out_masks0, blocks0, mblocks0, poss0,
-             [c.state() for c in scratch0], err0, _initial_states(jaxpr))
+             [c.state() for c in scratch0], err0, _initial_states(jaxpr),
+             [jnp.asarray(x) for x in plan.prefetch], [jnp.asarray(x) for x in plan.prefetch])
     if plan.dynamic:
         carry = lax.fori_loop(jnp.int32(0), n, body, carry)
     elif n == 1:
         carry = body(jnp.int32(0), carry)
     elif n > 1:
         carry = lax.fori_loop(0, n, body, carry)
-    outs, masks, blocks, mblocks, poss, _, err, _ = carry
+    outs, masks, blocks, mblocks, poss, _, err, _, _, _ = carry
     if plan.dynamic:  # an empty grid wrote nothing: there is no block to write back
         outs = [lax.cond(n > 0, lambda b, k, o=o: write_back(o, b, k, poss[o]),
                          lambda b, k: b, outs[o], blocks[o])
