@@ -164,7 +164,7 @@ _DEVICES = textwrap.dedent('''
         y_ref[...] = jnp.zeros_like(y_ref)
         pl.semaphore_signal(ready, device_id=other)
         pl.semaphore_wait(ready)
-        plgpu.remote_ref(y_ref, other)[...] = x_ref[...] + 1.0
+        plgpu.remote_ref(y_ref, {"x": other})[...] = x_ref[...] + 1.0  # by mesh axis
         pl.semaphore_signal(done, device_id=other)
         pl.semaphore_wait(done)
         y_ref[...] = y_ref[...] + plgpu.remote_ref(y_ref, other)[...] * 0.0

@@ -54,17 +54,20 @@ class PeerTransform:
 @jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True)
 class PeerMemRef(PeerTransform):
-    """The same buffer on device ``device_id`` (see ``remote_ref``)."""
+    """The same buffer on device ``device_id`` (see ``remote_ref``): an int32 scalar, or
+    a mapping of mesh axes to ones (``{"x": 1 - lax.axis_index("x")}``)."""
 
     device_id: Any
     device_id_type: DeviceIdType
 
     def tree_flatten(self):
-        return (self.device_id,), self.device_id_type
+        leaves, tree = jax.tree_util.tree_flatten(self.device_id)
+        return tuple(leaves), (tree, self.device_id_type)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(children[0], aux)
+        tree, device_id_type = aux
+        return cls(jax.tree_util.tree_unflatten(tree, list(children)), device_id_type)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -104,8 +107,10 @@ def _with(ref: Any, transform: Any) -> Any:
 
 def remote_ref(ref: Any, device_id: Any,
                device_id_type: DeviceIdType = DeviceIdType.MESH) -> Any:
-    """``ref`` on device ``device_id`` (a GMEM ref of a symmetric allocation)."""
-    return _with(ref, PeerMemRef(jnp.asarray(device_id, jnp.int32), device_id_type))
+    """``ref`` on device ``device_id`` (a GMEM ref of a symmetric allocation): a device
+    index, or a mapping of mesh axes to indices (the other axes keep this device's)."""
+    device_id = jax.tree_util.tree_map(lambda i: jnp.asarray(i, jnp.int32), device_id)
+    return _with(ref, PeerMemRef(device_id, device_id_type))
 
 
 def multicast_ref(ref: Any, collective_axes: Hashable | tuple[Hashable, ...]) -> Any:
