@@ -139,6 +139,14 @@ def _ref_views(spec, invals):
 @rule(dma.dma_start_p)
 def _dma_start(lctx, eqn, *invals):
     p = eqn.params
+    avals = [v.aval for v in eqn.invars]
+    pos, n, tree = p["refs"][0]
+    src_aval = R.view_aval_from(avals[pos], avals[pos + 1:pos + 1 + n], tree)
+    if src_aval.dtype == jnp.bool_:
+        # Refused first, as upstream's lowering does (TPU memory holds no bool type).
+        raise NotImplementedError(
+            f"DMAs with bool dtypes are not supported. (a copy of {src_aval.str_short()}: "
+            f"copy it as int32 with x.astype(jnp.int32), or as int8)")
     dma.check_copy_eqn(eqn)
     end = R.spec_end(p["refs"])
     (src, ws), (dst, wd), (sem, wm), src_sem = _ref_views(p["refs"], invals[:end])
