@@ -47,3 +47,38 @@ def test_pipeline_lowers_with_dmas_and_vector_loads(lanes, lower_tpu):
     ops = set(op_names(m))
     assert {"tpu.enqueue_dma", "tpu.wait_dma2", "tpu.vector_load", "tpu.vector_store",
             "scf.for"} <= ops
+
+
+def _gather_with_filter(lanes, interpret):
+    """upstream's test_gather_1d_with_filter: the table's spec keeps it in HBM (passed
+    through unbuffered) and the body gathers from it with plsc.Indices of a VMEM block."""
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore",
+                                  num_cores=1)
+
+    @pl.kernel(out_type=jax.ShapeDtypeStruct((lanes,), jnp.int32), mesh=mesh,
+               interpret=interpret,
+               compiler_params=pltpu.CompilerParams(use_tc_tiling_on_sc=False))
+    def k(x_hbm, idx_hbm, o_hbm):
+        @functools.partial(pltpu.emit_pipeline, grid=(1,),
+                           in_specs=(pl.BlockSpec(memory_space=pltpu.HBM),
+                                     pl.BlockSpec(memory_space=pltpu.VMEM)),
+                           out_specs=pl.BlockSpec())
+        def pipe(x_ref, idx_ref, o_ref):
+            o_ref[...] = jax.lax.broadcast(-100_000, o_ref.shape)
+            pltpu.sync_copy(x_ref.at[plsc.Indices(idx_ref, ignored_value=4)], o_ref)
+
+        pipe(x_hbm, idx_hbm, o_hbm)
+
+    return k
+
+
+def test_an_hbm_spec_passes_the_table_through_and_indices_may_be_a_block(lanes, lower_tpu):
+    # Both were broken: Indices of a pipeline block (a ref view) raised "Triggering
+    # __jax_array__() during abstractification", and the HBM spec was copied to VMEM,
+    # which the SparseCore compiler refuses as a gather source.
+    x = jnp.arange(lanes, dtype=jnp.int32)
+    idx = jax.random.permutation(jax.random.key(42), x)
+    want = np.where(np.asarray(idx) == 4, -100_000, np.asarray(x)[np.asarray(idx)])
+    np.testing.assert_array_equal(_gather_with_filter(lanes, True)(x, idx), want)
+    lowered, _ = lower_tpu(_gather_with_filter(lanes, False), x, idx)
+    assert "tpu_custom_call" in lowered.as_text()

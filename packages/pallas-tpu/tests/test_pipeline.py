@@ -363,3 +363,43 @@ def test_emit_pipeline_takes_pytrees_of_specs_and_refs():
         in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * 3,
         out_specs=pl.BlockSpec(memory_space=pl.ANY))(a, b, c)
     np.testing.assert_array_equal(out, 7.0)
+
+
+def test_a_spec_in_any_memory_passes_the_operand_through_unbuffered(rng, lower_tpu, ops):
+    # As upstream: a spec whose memory space is where the operand already is (ANY/HBM)
+    # gives the body the operand's ref itself, which it reads by DMA.
+    x = jnp.asarray(rng.standard_normal((4 * 8, 128)), jnp.float32)
+    table = jnp.asarray(rng.standard_normal((8, 128)), jnp.float32)
+
+    def call(x, table, interpret):
+        def outer(x_hbm, t_hbm, o_hbm):
+            def body(x_ref, t_ref, o_ref, buf, sem):
+                pltpu.async_copy(t_ref, buf, sem).wait()
+                o_ref[...] = x_ref[...] + buf[...]
+
+            def scoped(buf, sem):
+                pltpu.emit_pipeline(
+                    lambda x_ref, t_ref, o_ref: body(x_ref, t_ref, o_ref, buf, sem),
+                    grid=(4,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                                         pl.BlockSpec(memory_space=pl.ANY)],
+                    out_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                )(x_hbm, t_hbm, o_hbm)
+
+            pl.run_scoped(scoped, pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA)
+
+        return pl.pallas_call(
+            outer, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * 2,
+            out_specs=pl.BlockSpec(memory_space=pl.ANY), interpret=interpret)(x, table)
+
+    want = np.asarray(x) + np.tile(np.asarray(table), (4, 1))
+    np.testing.assert_allclose(call(x, table, True), want, rtol=1e-6)
+    _, (m,) = lower_tpu(lambda a, b: call(a, b, False), x, table)
+    # x's blocks in the prologue and per step, the output's, and the body's own copy.
+    assert collections.Counter(ops(m))["tpu.enqueue_dma"] == 4
+    with pytest.raises(NotImplementedError, match=r"operand 1 has a BlockSpec in any memory "
+                                                  r"with block shape \(8, 128\)"):
+        pltpu.emit_pipeline(lambda *r: None, grid=(1,),
+                            in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                                      pl.BlockSpec((8, 128), lambda i: (0, 0),
+                                                   memory_space=pl.ANY)])

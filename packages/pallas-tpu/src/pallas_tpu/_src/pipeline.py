@@ -39,7 +39,7 @@ from pallas.core import GridAxis, grid_env
 from pallas.plugins import MemoryRef
 from pallas_tpu._src.compiler_params import GridDimensionSemantics, canonical_semantics
 from pallas_tpu._src.enums import BufferType
-from pallas_tpu._src.memory import VMEM, SemaphoreType
+from pallas_tpu._src.memory import VMEM, MemorySpace, SemaphoreType, canonical_space
 from pallas_tpu._src.primitives.dma import AsyncCopyDescriptor
 
 
@@ -283,8 +283,13 @@ def make_pipeline_allocations(*refs, in_specs=(), out_specs=(),
         raise ValueError(f"the pipeline takes {len(in_specs)} input and {len(out_specs)} "
                          f"output refs; got {len(refs)} refs")
     ins, outs = refs[:len(in_specs)], refs[len(in_specs):]
-    return ([BufferedRef.input(s, r.dtype, shape=r.shape) for s, r in zip(in_specs, ins)]
-            + [BufferedRef.output(s, r.dtype, shape=r.shape) for s, r in zip(out_specs, outs)])
+    n = len(in_specs)
+    # An operand that passes through unbuffered (a spec in ANY/HBM memory) has none.
+    return ([None if _passes_through(s, k) else BufferedRef.input(s, r.dtype, shape=r.shape)
+             for k, (s, r) in enumerate(zip(in_specs, ins))]
+            + [None if _passes_through(s, n + k) else
+               BufferedRef.output(s, r.dtype, shape=r.shape)
+               for k, (s, r) in enumerate(zip(out_specs, outs))])
 
 
 def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tiling=None,
@@ -299,6 +304,13 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
     ins_l, outs_l = _as_list(in_specs), _as_list(out_specs)
     if not all(_is_spec(s) for s in ins_l + outs_l):
         return _pytree_pipeline(
+            body, ins_l, outs_l, grid=grid, tiling=tiling, core_axis=core_axis,
+            core_axis_name=core_axis_name, dimension_semantics=dimension_semantics,
+            trace_scopes=trace_scopes, should_accumulate_out=should_accumulate_out,
+            first_cycle=first_cycle, last_cycle=last_cycle,
+            init_accumulators=init_accumulators, no_pipelining=no_pipelining, **unused)
+    if any(_passes_through(s, k) for k, s in enumerate(ins_l + outs_l)):
+        return _through_pipeline(
             body, ins_l, outs_l, grid=grid, tiling=tiling, core_axis=core_axis,
             core_axis_name=core_axis_name, dimension_semantics=dimension_semantics,
             trace_scopes=trace_scopes, should_accumulate_out=should_accumulate_out,
@@ -426,6 +438,52 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
 
 def _is_spec(x) -> bool:
     return x is None or isinstance(x, pl.BlockSpec) or x is pl.no_block_spec
+
+
+def _passes_through(spec, k: int) -> bool:
+    """Whether operand ``k``'s spec keeps it where it is (``memory_space`` ANY or HBM,
+    the memory the pipeline's operands live in): the body then gets the operand's ref
+    itself, with no buffer or copy, as upstream's pipeline does when the spec's memory
+    space is the source's (say an HBM table that the body gathers from by DMA)."""
+    if spec is None or spec is pl.no_block_spec:
+        return False
+    space = canonical_space(getattr(spec, "memory_space", None))
+    if space not in (MemorySpace.ANY, MemorySpace.HBM):
+        return False
+    if spec.block_shape is not None:
+        raise NotImplementedError(
+            f"emit_pipeline: operand {k} has a BlockSpec in {space.value} memory with block "
+            f"shape {spec.block_shape}; a spec in ANY/HBM memory passes the whole ref "
+            f"through unbuffered (give no block_shape), blocks of it are not implemented "
+            f"yet in pallas-tpu (backend 'mosaic_tpu')")
+    return True
+
+
+def _through_pipeline(body, in_specs: list, out_specs: list, **kw):
+    """``emit_pipeline`` where some operands pass through unbuffered (see
+    :func:`_passes_through`): the flat pipeline over the others, with the body given
+    every operand in its place."""
+    specs = in_specs + out_specs
+    through = [_passes_through(s, k) for k, s in enumerate(specs)]
+    keep = [k for k, t in enumerate(through) if not t]
+    n_in = len(in_specs)
+
+    def pipeline(*refs, allocations=None, **call_kw):
+        if len(refs) != len(specs):
+            raise ValueError(f"the pipeline takes {n_in} input and {len(out_specs)} output "
+                             f"refs; got {len(refs)} refs")
+
+        def inner_body(*blocks):
+            it = iter(blocks)
+            return body(*[refs[k] if through[k] else next(it) for k in range(len(refs))])
+
+        inner = emit_pipeline(inner_body, in_specs=[specs[k] for k in keep if k < n_in],
+                              out_specs=[specs[k] for k in keep if k >= n_in], **kw)
+        if allocations is not None:
+            allocations = [list(allocations)[k] for k in keep]
+        return inner(*[refs[k] for k in keep], allocations=allocations, **call_kw)
+
+    return pipeline
 
 
 def _pytree_pipeline(body, in_specs: list, out_specs: list, **kw):

@@ -40,15 +40,29 @@ class RefIndex:
         return cls(*children)
 
 
+def _wrap_index(i):
+    """A ref-view index as a :class:`RefIndex`, also inside an ``Indices``-like wrapper
+    (``plsc.Indices(idx_ref.at[...], ignored_value=v)``, say a block of
+    ``emit_pipeline``); other indices unchanged."""
+    if isinstance(i, jc.TransformedRef):
+        return RefIndex(i.ref, tuple(i.transforms))
+    if _is_indices(i) and isinstance(i.values, jc.TransformedRef):
+        return dataclasses.replace(i, values=_wrap_index(i.values))
+    return i
+
+
+def _is_indices(i) -> bool:
+    return dataclasses.is_dataclass(i) and hasattr(i, "values") and hasattr(i, "ignored_value")
+
+
 def wrap_ref_indices(transforms) -> list:
     """``transforms`` with every ref-view index of an ``NDIndexer`` as a :class:`RefIndex`."""
     out = []
     for t in transforms:
-        if isinstance(t, jc.NDIndexer) and any(
-                isinstance(i, jc.TransformedRef) for i in t.indices):
-            t = dataclasses.replace(t, indices=tuple(
-                RefIndex(i.ref, tuple(i.transforms)) if isinstance(i, jc.TransformedRef)
-                else i for i in t.indices), validate=False)
+        if isinstance(t, jc.NDIndexer):
+            indices = tuple(_wrap_index(i) for i in t.indices)
+            if any(a is not b for a, b in zip(indices, t.indices)):
+                t = dataclasses.replace(t, indices=indices, validate=False)
         out.append(t)
     return out
 
