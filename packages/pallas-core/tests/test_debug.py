@@ -97,6 +97,20 @@ def test_debug_print_runs_once_per_grid_point_in_grid_order(capsys):
     assert points == [(str(i), str(j)) for i in range(2) for j in range(3)]
 
 
+def test_values_without_placeholders_are_printed_after_the_format(capsys):
+    # upstream's TPU behaviour (tpu_sparsecore_pallas_test test_effect_discharge:
+    # pl.debug_print("test", vec)); jax.debug.print refused it ("Unused positional
+    # arguments").
+    x = jnp.arange(4, dtype=jnp.int32)
+
+    def kernel(x_ref, o_ref):
+        pl.debug_print("values:", x_ref[...] + 1)
+        o_ref[...] = x_ref[...]
+
+    jax.block_until_ready(pl.pallas_call(kernel, SDS(x.shape, x.dtype), interpret=True)(x))
+    assert "values: [1 2 3 4]" in _printed(capsys)
+
+
 def test_debug_print_without_arguments(capsys):
     def kernel(o_ref):
         pl.debug_print("hello from the kernel")

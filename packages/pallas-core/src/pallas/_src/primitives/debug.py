@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import string
 
 import jax
 import jax.numpy as jnp
@@ -47,8 +48,18 @@ def debug_print(fmt: str, *args) -> None:
 
 @register_interpret_rule(debug_print_p)
 def _debug_print_rule(ctx, eqn, invals):
-    jax.debug.print(eqn.params["fmt"], *invals, ordered=False)
+    jax.debug.print(_with_placeholders(eqn.params["fmt"], len(invals)), *invals,
+                    ordered=False)
     return []
+
+
+def _with_placeholders(fmt: str, n: int) -> str:
+    """``fmt`` with a ``{}`` per value appended when it has no placeholder at all: the
+    values are printed after the format string (upstream's documented TPU behaviour,
+    ``pl.debug_print("x", vec)``), rather than refused by ``jax.debug.print``."""
+    if n and not any(field is not None for _, field, _, _ in string.Formatter().parse(fmt)):
+        return fmt + "".join(" {}" for _ in range(n))
+    return fmt
 
 
 # Set while tracing a kernel whose interpret=pl.InterpretParams(debug_checks=True).
