@@ -302,15 +302,13 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
     then the same pytree of refs, and ``body`` gets the same pytree of block refs.
     """
     ins_l, outs_l = _as_list(in_specs), _as_list(out_specs)
-    if not all(_is_spec(s) for s in ins_l + outs_l):
-        return _pytree_pipeline(
-            body, ins_l, outs_l, grid=grid, tiling=tiling, core_axis=core_axis,
-            core_axis_name=core_axis_name, dimension_semantics=dimension_semantics,
-            trace_scopes=trace_scopes, should_accumulate_out=should_accumulate_out,
-            first_cycle=first_cycle, last_cycle=last_cycle,
-            init_accumulators=init_accumulators, no_pipelining=no_pipelining, **unused)
-    if any(_passes_through(s, k) for k, s in enumerate(ins_l + outs_l)):
-        return _through_pipeline(
+    # Pytrees of specs, and operands passed through unbuffered, reduce to the flat
+    # pipeline over buffered operands, called again with the same options.
+    wrapper = (_pytree_pipeline if not all(_is_spec(s) for s in ins_l + outs_l) else
+               _through_pipeline if any(_passes_through(s, k)
+                                        for k, s in enumerate(ins_l + outs_l)) else None)
+    if wrapper is not None:
+        return wrapper(
             body, ins_l, outs_l, grid=grid, tiling=tiling, core_axis=core_axis,
             core_axis_name=core_axis_name, dimension_semantics=dimension_semantics,
             trace_scopes=trace_scopes, should_accumulate_out=should_accumulate_out,

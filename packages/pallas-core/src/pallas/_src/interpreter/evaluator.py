@@ -44,21 +44,8 @@ class Cell:
         self.memory_space = memory_space
         self.block = block  # the block index this cell holds, for error messages
 
-    @property
-    def value(self):
-        return self._value
-
-    @value.setter
-    def value(self, new) -> None:
-        self._value = predication.masked(new, getattr(self, "_value", None))
-
-    @property
-    def init(self):
-        return self._init
-
-    @init.setter
-    def init(self, new) -> None:
-        self._init = predication.masked(new, getattr(self, "_init", None))
+    value = predication.Written()
+    init = predication.Written()
 
     def state(self) -> tuple:
         return (self.value,) if self.init is None else (self.value, self.init)

@@ -64,3 +64,17 @@ def masked(new, old):
     if a is None or old is None or new is None:
         return new
     return jnp.where(a, new, old)
+
+
+class Written:
+    """A class attribute (``Cell.value``, ``Cell.init``) whose assignment is a write of
+    the kernel: kept in the slot ``_<name>``, masked inside a predicated branch."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, obj, objtype=None):
+        return self if obj is None else getattr(obj, self.slot)
+
+    def __set__(self, obj, new) -> None:
+        setattr(obj, self.slot, masked(new, getattr(obj, self.slot, None)))
