@@ -241,18 +241,22 @@ def lower_emulated(ctx, *in_nodes, dev: EmulatedDevice, jaxpr, grid_mapping, nam
     if grid_mapping.num_dynamic_grid_bounds:
         check_dynamic_grid_support(b, grid_mapping, name)
     check_dynamic_shapes_support(b, grid_mapping, name)
-    if "emulate" not in b.levels:
-        raise EmulationError(
-            f"pallas_call {name} on the emulated device {dev}: backend {b.name!r} has no "
-            f"executor of its generated code (no emulate level), so it cannot run on an "
-            f"emulated device; run it with interpret=True (the interpreter, with the "
-            f"backend's primitive rules)")
     request = KernelRequest(
         jaxpr=jaxpr, grid_mapping=grid_mapping,
         compiler_params=registry.resolve_compiler_params(b, compiler_params),
         name=name, out_avals=tuple(out_avals), cost_estimate=cost_estimate,
         metadata=metadata, options=dev.compile_options(), debug=bool(debug))
     request = dataclasses.replace(request, artifact=cached_artifact(b, request))
+    if "emulate" not in b.levels:
+        # Lowered above and compiled here first, so that what the device's toolchain
+        # rejects is raised as on the device; only then is the missing executor named.
+        _, skipped = _compile(b, request, dev)
+        done = "lowered" if skipped else "lowered and compiled"
+        raise EmulationError(
+            f"pallas_call {name} on the emulated device {dev}: backend {b.name!r} has no "
+            f"executor of its generated code (no emulate level), so it cannot run on an "
+            f"emulated device (it was {done} for {dev}); run it with interpret=True (the "
+            f"interpreter, with the backend's primitive rules)")
     kernel = prepare(dev, b, request)
     if kernel.run is None:
         mode = b.device_interpret_mode()
