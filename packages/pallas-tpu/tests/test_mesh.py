@@ -102,3 +102,32 @@ def test_a_ref_made_in_smem_is_read_and_written_directly_by_core_maps():
 
     with pytest.raises(ValueError, match="HBM or ANY cannot be referenced directly"):
         g(jnp.zeros((8,), jnp.int32))
+
+
+def test_a_core_map_closing_over_a_traced_value_runs_emulated():
+    # upstream's tpu_pallas_pipeline_test test_can_partition_grid (dynamic grid): the
+    # body uses a value computed inside jit (a loop bound). TPU interpret mode, which
+    # runs core_map on the emulated device, converted it with numpy while tracing
+    # (TracerArrayConversionError) and then handed it to the body as a buffer.
+    @jax.jit
+    def f(n):
+        o_ref = jax.empty_ref(jax.ShapeDtypeStruct((2, 8, 128), jnp.int32))
+
+        @pl.core_map(pltpu.create_tensorcore_mesh("core", num_cores=2))
+        def _():
+            def body(acc):
+                acc[...] = jnp.zeros_like(acc)
+
+                @pl.loop(0, n)
+                def _(i):
+                    acc[...] += i + 1
+
+                pltpu.sync_copy(acc, o_ref.at[jax.lax.axis_index("core")])
+
+            pl.run_scoped(body, pltpu.VMEM((8, 128), jnp.int32))
+
+        return jax.freeze(o_ref)
+
+    with pl.emulate_device("tpu:v5e"):
+        out = f(jnp.int32(4))
+    np.testing.assert_array_equal(out, np.full((2, 8, 128), 1 + 2 + 3 + 4))

@@ -264,8 +264,11 @@ def discharge_core_map(params: InterpretParams, mesh, in_avals, args, eqn_params
                  mesh_axes=axes, num_cores=num_cores,
                  grid_mapping=scratch, core_axis=mesh.axis_name,
                  operand_spaces=spaces,
+                 value_operands=frozenset(i for i, r in enumerate(refs) if not r),
                  operand_names=tuple(f"core_map operand {i}" for i in range(n_ops)))
-    avals = [a.inner_aval if r else jc.ShapedArray(np.shape(x), np.asarray(x).dtype)
+    # A captured value may be traced (a core count computed inside jit): its aval,
+    # not a numpy conversion of it.
+    avals = [a.inner_aval if r else jc.ShapedArray(np.shape(x), jax.typeof(x).dtype)
              for a, r, x in zip(in_avals, refs, args)]
     outs = _callback(cfg, avals, list(args))
     outs = [jax.random.wrap_key_data(o, impl=jax.random.key_impl(x)) if k else o

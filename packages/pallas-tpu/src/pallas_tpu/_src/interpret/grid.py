@@ -52,6 +52,7 @@ class Config:
     permutations: tuple = ()  # per grid dim: the visiting order (parallel dims) or None
     core_axis: str | None = None  # core_map: the mesh axis naming the core
     operand_spaces: tuple = ()  # core_map: memory space per operand (HBM, or SMEM/VMEM)
+    value_operands: frozenset = frozenset()  # core_map: operands that are values, not refs
     operand_names: tuple = ()
 
 
@@ -555,7 +556,11 @@ def _setup_core_map(sim: Simulation, cfg: Config, device: int, args) -> dict:
         space = cfg.operand_spaces[i] if cfg.operand_spaces else MemorySpace.HBM
         bufs.append(sim.buffer(key, lambda x=x, key=key, name=name, space=space: Buffer(
             np.array(x), np.shape(x), name, space, key, cfg.params.uninitialized_memory)))
-    return {"operands": bufs, "results": bufs}
+    # A value the body closes over (say a grid size computed inside jit) is read as the
+    # value it is; its buffer only gives the discharge its (unchanged) result.
+    operands = [np.asarray(x) if i in cfg.value_operands else b
+                for i, (x, b) in enumerate(zip(args, bufs))]
+    return {"operands": operands, "results": bufs}
 
 
 def _core_map_scratch(core: Core, cfg: Config) -> list:
