@@ -397,9 +397,3 @@ def test_a_spec_in_any_memory_passes_the_operand_through_unbuffered(rng, lower_t
     _, (m,) = lower_tpu(lambda a, b: call(a, b, False), x, table)
     # x's blocks in the prologue and per step, the output's, and the body's own copy.
     assert collections.Counter(ops(m))["tpu.enqueue_dma"] == 4
-    with pytest.raises(NotImplementedError, match=r"operand 1 has a BlockSpec in any memory "
-                                                  r"with block shape \(8, 128\)"):
-        pltpu.emit_pipeline(lambda *r: None, grid=(1,),
-                            in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0)),
-                                      pl.BlockSpec((8, 128), lambda i: (0, 0),
-                                                   memory_space=pl.ANY)])

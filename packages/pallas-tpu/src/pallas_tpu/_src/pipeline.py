@@ -439,22 +439,19 @@ def _is_spec(x) -> bool:
 
 
 def _passes_through(spec, k: int) -> bool:
-    """Whether operand ``k``'s spec keeps it where it is (``memory_space`` ANY or HBM,
-    the memory the pipeline's operands live in): the body then gets the operand's ref
-    itself, with no buffer or copy, as upstream's pipeline does when the spec's memory
-    space is the source's (say an HBM table that the body gathers from by DMA)."""
-    if spec is None or spec is pl.no_block_spec:
+    """Whether operand ``k``'s spec keeps it where it is (``memory_space`` ANY or HBM and
+    no block shape): the body then gets the operand's ref itself, with no buffer or
+    copy, as upstream's pipeline does when the spec's memory space is the source's (say
+    an HBM table that the body gathers from by DMA)."""
+    del k
+    if spec is None or spec is pl.no_block_spec or spec.block_shape is not None:
+        # (A spec in ANY/HBM with a block shape keeps its blocks buffered through VMEM.)
         return False
-    space = canonical_space(getattr(spec, "memory_space", None))
-    if space not in (MemorySpace.ANY, MemorySpace.HBM):
+    try:
+        space = canonical_space(getattr(spec, "memory_space", None))
+    except ValueError:  # not a TPU memory space: left to the buffered path's checks
         return False
-    if spec.block_shape is not None:
-        raise NotImplementedError(
-            f"emit_pipeline: operand {k} has a BlockSpec in {space.value} memory with block "
-            f"shape {spec.block_shape}; a spec in ANY/HBM memory passes the whole ref "
-            f"through unbuffered (give no block_shape), blocks of it are not implemented "
-            f"yet in pallas-tpu (backend 'mosaic_tpu')")
-    return True
+    return space in (MemorySpace.ANY, MemorySpace.HBM)
 
 
 def _through_pipeline(body, in_specs: list, out_specs: list, **kw):
