@@ -23,14 +23,9 @@ _active: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "pallas_interpreter_active", default=None)
 
 
-def active() -> Any:
-    """The current predicate (a traced bool scalar): whether this device's writes take
-    effect here; ``None`` outside a predicated branch (they always do)."""
-    return _active.get()
-
-
 def active_or_true() -> Any:
-    """:func:`active` as a bool scalar (``True`` outside a predicated branch)."""
+    """Whether this device's writes take effect here: the current predicate (a traced
+    bool scalar), ``True`` outside a predicated branch."""
     a = _active.get()
     return jnp.bool_(True) if a is None else a
 
