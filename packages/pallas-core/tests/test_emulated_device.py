@@ -53,3 +53,25 @@ def test_a_bad_environment_variable_names_itself():
                           text=True, timeout=120)
     assert proc.returncode != 0
     assert "PALLAS_EMULATE_DEVICE: 'tpu:v3' is not an emulated device" in proc.stderr
+
+
+def test_a_cpu_device_answers_the_emulated_devices_core_counts():
+    """Kernels size their grids from ``jax.devices()[0].core_count`` (a GPU's SMs) or
+    ``.num_cores`` (a TPU's TensorCores): a CPU device answers them while, and only
+    while, a device of that platform is emulated."""
+    import jax
+
+    cpu = jax.devices("cpu")[0]
+    assert not hasattr(cpu, "core_count") and not hasattr(cpu, "num_cores")
+    with pl.emulate_device("cuda:sm_90a"):
+        assert cpu.core_count == 132 and not hasattr(cpu, "num_cores")
+    with pl.emulate_device("rocm:gfx942"):
+        assert cpu.core_count == 304
+    with pl.emulate_device("tpu:v5p"):
+        assert cpu.num_cores == 2 and not hasattr(cpu, "core_count")
+    with pl.emulate_device("tpu:v5e"):
+        assert cpu.num_cores == 1
+        with pl.emulate_device(None):
+            assert not hasattr(cpu, "num_cores")
+    assert not hasattr(cpu, "core_count") and not hasattr(cpu, "num_cores")
+    assert cpu.platform == "cpu"  # the device's own attributes are untouched

@@ -31,6 +31,7 @@ from pallas._src.config import (
 from pallas._src.cost import CostEstimate, estimate_cost
 from pallas._src.emulation.call import EmulationError
 from pallas._src.emulation.device import EmulatedDevice, emulate_device, emulated_device
+from pallas._src.emulation.device_object import install as _install_device_object
 from pallas._src.grid_spec import GridSpec, PrefetchScalarGridSpec
 from pallas._src.interpreter.grid_runner import InterpreterError
 from pallas._src.jax_compat import Slice, ds
@@ -74,6 +75,10 @@ dslice = ds
 for _cls in (InterpreterError, GradFallbackWarning, ShardingGatherWarning):
     _cls.__module__ = "pallas"
 del _cls
+
+# A CPU device answers `num_cores`/`core_count` for the emulated device, as kernels
+# that size themselves from `jax.devices()[0]` expect (emulation.device_object).
+_install_device_object()
 
 # Registers the transformation rules of pallas_call_p (vmap, jvp, grad, effects): each
 # module of pallas._src.transforms registers its own when imported. (The kernel-side
