@@ -121,3 +121,26 @@ if pltpu is not None:
         """A kernel closing over Refs of an enclosing ``pl.run_state`` (passed whole, in
         ANY memory): each grid step copies its rows in and its result out with DMAs."""
         return _dma_through_closed_over_refs(pallas_call, x)
+
+
+def _bounded_slice_pipeline(bounds_ref, x_hbm, o_hbm):
+    def body(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2.0 + 1.0
+
+    spec = pl.BlockSpec((pl.BoundedSlice(8), C), lambda i: (
+        pl.ds(bounds_ref[i], bounds_ref[i + 1] - bounds_ref[i]), 0))
+    pltpu.emit_pipeline(body, grid=(bounds_ref.shape[0] - 1,), in_specs=[spec],
+                        out_specs=spec)(x_hbm, o_hbm)
+
+
+if pltpu is not None:
+    @case("tpu_dmas/pipeline_of_bounded_slices", tags={"tpu_dmas"},
+          inputs=lambda rng: (randn(rng, (16, C)),), reference=lambda x: x * 2.0 + 1.0)
+    def pipeline_of_bounded_slices(pallas_call, x):
+        """``pltpu.emit_pipeline`` over row ranges of sizes 3, 5, 8 (read from SMEM):
+        ``pl.BoundedSlice(8)`` blocks, each copied in and out by DMAs of run-time size."""
+        return pallas_call(
+            _bounded_slice_pipeline, out_shape=sds(x.shape, x.dtype),
+            in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        )(jnp.array([0, 3, 8, 16], jnp.int32), x)

@@ -12,8 +12,11 @@ buffer across consecutive iterations that map to the same block (so ``body`` can
 accumulate into it); when the next iteration maps to another block (or at the last one)
 its copy back to HBM is started, and the next block is written into the other buffer
 while it runs (that buffer's own copy, started one block earlier, is waited for first). ``Blocked`` and squeezed (``None``)
-block dims whose sizes divide the array are supported, and ``pl.Element(n)`` dims
-without padding (the index map returns the window's element offset).
+block dims whose sizes divide the array are supported, ``pl.Element(n)`` dims
+without padding (the index map returns the window's element offset), and
+``pl.BoundedSlice(n)`` dims (the index map returns ``pl.ds(start, size)``, ``size <= n``
+known at trace time or only at run time: the block's buffer holds ``n`` rows, of which
+the first ``size`` are copied in, and out for an output).
 
 ``emit_pipeline_with_allocations`` returns the same pipeline together with
 ``make_allocations(*refs)``, which describes the pipeline's VMEM buffers and DMA
@@ -32,6 +35,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 import pallas as pl
@@ -55,6 +59,11 @@ class _ElementSize(int):
     """The size of a ``pl.Element`` dim: its index-map value is an element offset."""
 
 
+class _BoundedSize(int):
+    """The bound of a ``pl.BoundedSlice`` dim: its index-map value is ``pl.ds(start,
+    size)`` with ``size`` at most the bound, the rows the block's buffer holds."""
+
+
 def _block_dims(spec: pl.BlockSpec, shape, what: str):
     if spec.block_shape is None:
         return [int(n) for n in shape]
@@ -75,6 +84,8 @@ def _block_dims(spec: pl.BlockSpec, shape, what: str):
             dims.append(d.block_size)
         elif isinstance(d, pl.Element) and d.padding == (0, 0):
             dims.append(_ElementSize(d.block_size))
+        elif isinstance(d, pl.BoundedSlice):
+            dims.append(_BoundedSize(d.block_size))
         elif isinstance(d, pl.Element):
             raise NotImplementedError(
                 f"emit_pipeline {what}: {d} block dims with padding are not implemented "
@@ -86,16 +97,46 @@ def _block_dims(spec: pl.BlockSpec, shape, what: str):
     return dims
 
 
-def _window(ref, spec, dims, idx):
-    """``ref.at[...]`` for the block the index map selects at grid point ``idx``."""
+def _block_index(spec, dims, idx, what: str) -> list:
+    """The index map's value at grid point ``idx``, one entry per block dim: an int32
+    scalar, or ``(start, size)`` for a ``BoundedSlice`` dim."""
     block_idx = spec.index_map(*idx) if spec.index_map is not None else (0,) * len(dims)
     if not isinstance(block_idx, tuple):
         block_idx = (block_idx,)
+    out = []
+    for i, (b, d) in enumerate(zip(block_idx, dims)):
+        if isinstance(d, _BoundedSize):
+            if not isinstance(b, pl.Slice):
+                raise ValueError(
+                    f"emit_pipeline {what}: Must return a pl.ds from the index_map for a "
+                    f"BoundedSlice dimension. Dim {i} is BoundedSlice({int(d)}) but the "
+                    f"index map returned {b!r}")
+            size = b.size
+            if isinstance(size, int | np.integer) and not 0 <= size <= d:
+                raise ValueError(
+                    f"emit_pipeline {what}: the pl.ds of BoundedSlice dim {i} has size "
+                    f"{int(size)}, outside the bound [0, {int(d)}]")
+            out.append((jnp.asarray(b.start, jnp.int32), size))
+        elif isinstance(b, pl.Slice):
+            raise ValueError(f"emit_pipeline {what}: the index map returned a pl.ds for "
+                             f"dim {i}; only BoundedSlice dims take one")
+        else:
+            out.append(jnp.asarray(b, jnp.int32))
+    return out
+
+
+def _full_bound(size, d) -> bool:
+    return isinstance(size, int | np.integer) and int(size) == int(d)
+
+
+def _window(ref, spec, dims, idx, what: str = "operand"):
+    """``ref.at[...]`` for the block the index map selects at grid point ``idx``."""
     indexers = []
-    for b, d in zip(block_idx, dims):
-        b = jnp.asarray(b, jnp.int32)
+    for b, d in zip(_block_index(spec, dims, idx, what), dims):
         if d is None:
             indexers.append(b)
+        elif isinstance(d, _BoundedSize):
+            indexers.append(pl.ds(b[0], b[1]))
         elif isinstance(d, _ElementSize):
             indexers.append(pl.ds(b, int(d)))
         else:
@@ -103,16 +144,33 @@ def _window(ref, spec, dims, idx):
     return ref.at[tuple(indexers)]
 
 
-def _differs(spec, idx, other) -> jax.Array:
+def _slot_window(buf, slot, spec, dims, idx, what: str = "operand"):
+    """Slot ``slot`` of an operand's buffers, as much of it as the block at ``idx``
+    fills: a ``BoundedSlice`` dim's first ``size`` rows (one indexer, so that a DMA of
+    run-time size sees a plain view)."""
+    if not any(isinstance(d, _BoundedSize) for d in dims):
+        return buf.at[slot]
+    indexers = [slot]
+    for b, d in zip(_block_index(spec, dims, idx, what), dims):
+        if d is None:
+            continue
+        if isinstance(d, _BoundedSize) and not _full_bound(b[1], d):
+            indexers.append(pl.ds(0, b[1]))
+        else:
+            indexers.append(slice(None))
+    return buf.at[tuple(indexers)]
+
+
+def _differs(spec, dims, idx, other) -> jax.Array:
     """Whether the index map of ``spec`` selects another block at grid point ``other``
     than at ``idx``."""
     if spec.index_map is None:
         return jnp.bool_(False)
-    a, b = spec.index_map(*idx), spec.index_map(*other)
-    a, b = (x if isinstance(x, tuple) else (x,) for x in (a, b))
     out = jnp.bool_(False)
-    for x, y in zip(a, b):
-        out = out | (jnp.asarray(x, jnp.int32) != jnp.asarray(y, jnp.int32))
+    for x, y in zip(_block_index(spec, dims, idx, "output"),
+                    _block_index(spec, dims, other, "output")):
+        for u, v in zip(*((x, y) if isinstance(x, tuple) else ((x,), (y,)))):
+            out = out | (jnp.asarray(u, jnp.int32) != jnp.asarray(v, jnp.int32))
     return out
 
 
@@ -362,9 +420,11 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
 
         def in_copies(t, slot):
             idx = _unravel(t, grid)
-            return [AsyncCopyDescriptor(_window(r, s, d, idx), b.at[slot],
+            return [AsyncCopyDescriptor(_window(r, s, d, idx, f"input {k}"),
+                                        _slot_window(b, slot, s, d, idx, f"input {k}"),
                                         a.sems.at[slot])
-                    for r, s, d, b, a in zip(ins, in_specs, in_dims, in_bufs, in_allocs)]
+                    for k, (r, s, d, b, a) in enumerate(
+                        zip(ins, in_specs, in_dims, in_bufs, in_allocs))]
 
         if dynamic:
             @pl.when(n > 0)
@@ -377,7 +437,9 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
 
         def out_copy(k, t, slot):
             r, s, d, b, a = outs[k], out_specs[k], out_dims[k], out_bufs[k], out_allocs[k]
-            return AsyncCopyDescriptor(b.at[slot], _window(r, s, d, _unravel(t, grid)),
+            idx = _unravel(t, grid)
+            return AsyncCopyDescriptor(_slot_window(b, slot, s, d, idx, f"output {k}"),
+                                       _window(r, s, d, idx, f"output {k}"),
                                        a.sems.at[slot])
 
         def write_out(moves, k, t, o, t_other):
@@ -416,7 +478,7 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
                      *[b.at[o] for b, (o, _, _) in zip(out_bufs, carry)])
             new = []
             for k, (o, t0, t1) in enumerate(carry):
-                moves = (t + 1 >= n) | _differs(out_specs[k], idx, nxt)
+                moves = (t + 1 >= n) | _differs(out_specs[k], out_dims[k], idx, nxt)
                 write_out(moves, k, t, o, jnp.where(o == 0, t1, t0))
                 new.append((jnp.where(moves, 1 - o, o),
                             jnp.where(moves, jnp.where(o == 0, t, -1), t0),
