@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 
 import jax
 import jax.numpy as jnp
@@ -471,3 +472,76 @@ def test_bounded_slice_index_maps_must_return_a_slice_within_the_bound(index, er
                           out_specs=pl.BlockSpec(memory_space=pl.ANY))
     with pytest.raises(ValueError, match=error):
         jax.jit(call).trace(jax.ShapeDtypeStruct((16, 128), jnp.float32))
+
+
+# -- PRNG keys and SMEM/KEY specs -------------------------------------------------------
+
+
+def _uniform(key_ref, o_ref):
+    o_ref[...] = jax.random.uniform(key_ref[...], shape=o_ref.shape)
+
+
+def _uniform_through_a_pipeline(key, space):
+    """``jax.random.uniform`` on a key that an ``emit_pipeline`` (grid ``()``) copies from
+    HBM into a buffer of ``space``."""
+    def outer(key_hbm, o_hbm):
+        pltpu.emit_pipeline(_uniform, grid=(), in_specs=[pl.BlockSpec(memory_space=space)],
+                            out_specs=[pl.BlockSpec(memory_space=pltpu.VMEM)])(key_hbm, o_hbm)
+
+    return pl.pallas_call(outer, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                          in_specs=[pl.BlockSpec(memory_space=pltpu.HBM)],
+                          out_specs=pl.BlockSpec(memory_space=pltpu.HBM))(key)
+
+
+@pytest.mark.parametrize("space", [pltpu.SMEM, pl.MemorySpace.KEY])
+@pytest.mark.parametrize("emulated", [False, True])
+def test_a_prng_key_goes_through_a_pipeline(space, emulated):
+    """As upstream: a typed key (a Pallas TPU key, a threefry key) is a pipeline operand
+    like any other; in SMEM or ``pl.MemorySpace.KEY`` (SMEM for the TPU) its draws are
+    those of the key passed straight to the kernel (threefry: those of jax.random)."""
+    pallas_key = pltpu.to_pallas_key(jax.random.key(0))
+    threefry_key = jax.random.key(42)
+    direct = pl.pallas_call(_uniform, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                            in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+                            out_specs=pl.BlockSpec(memory_space=pltpu.VMEM))
+    with pl.emulate_device("tpu:v5e") if emulated else contextlib.nullcontext():
+        np.testing.assert_array_equal(_uniform_through_a_pipeline(pallas_key, space),
+                                      direct(pallas_key))
+        np.testing.assert_array_equal(_uniform_through_a_pipeline(threefry_key, space),
+                                      jax.random.uniform(threefry_key, (8, 128)))
+
+
+@pytest.mark.parametrize("space, want", [
+    (pltpu.SMEM, pltpu.SMEM), (pl.MemorySpace.KEY, pltpu.SMEM), (None, pltpu.VMEM),
+    (pltpu.VMEM, pltpu.VMEM), (pl.ANY, pltpu.VMEM)])
+def test_operand_buffers_live_in_the_specs_memory(space, want):
+    """An SMEM spec's (and a KEY spec's) blocks are buffered in SMEM; others in VMEM."""
+    spec = pl.BlockSpec((None, 128), lambda i: (i, 0), memory_space=space)
+    ref = jax.ShapeDtypeStruct((4, 128), jnp.int32)
+    _, make_allocations = pltpu.emit_pipeline_with_allocations(
+        lambda x: None, grid=(4,), in_specs=[spec])
+    (alloc,) = make_allocations(ref)
+    assert alloc.window_ref.memory_space is want
+    assert alloc.window_ref.shape == (2, 128)
+
+
+def test_the_emulate_level_takes_and_returns_typed_keys():
+    """The backend's ``emulate`` (the conformance level) gives a typed key operand to the
+    executor as its key data, and returns a key result as a key."""
+    key = jax.random.key(42)
+
+    def f(k):
+        def kernel(key_ref, o_ref, key_out):
+            o_ref[...] = jax.random.uniform(key_ref[...], shape=o_ref.shape)
+            key_out[...] = key_ref[...]
+
+        smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+        return pl.pallas_call(
+            kernel, in_specs=[smem], out_specs=(pl.BlockSpec(memory_space=pltpu.VMEM), smem),
+            out_shape=(jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                       jax.ShapeDtypeStruct((), key.dtype)))(k)
+
+    draws, key_out = _emulate(f, key)
+    np.testing.assert_array_equal(draws, jax.random.uniform(key, (8, 128)))
+    assert key_out.dtype == key.dtype
+    np.testing.assert_array_equal(jax.random.key_data(key_out), jax.random.key_data(key))

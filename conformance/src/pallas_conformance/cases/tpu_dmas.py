@@ -144,3 +144,28 @@ if pltpu is not None:
             in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
             out_specs=pl.BlockSpec(memory_space=pl.ANY),
         )(jnp.array([0, 3, 8, 16], jnp.int32), x)
+
+
+def _uniform_of_key(key_ref, o_ref):
+    o_ref[...] = jax.random.uniform(key_ref[...], shape=o_ref.shape)
+
+
+def _key_through_a_pipeline(key_hbm, o_hbm):
+    pltpu.emit_pipeline(_uniform_of_key, grid=(),
+                        in_specs=[pl.BlockSpec(memory_space=pl.MemorySpace.KEY)],
+                        out_specs=[pl.BlockSpec(memory_space=pltpu.VMEM)])(key_hbm, o_hbm)
+
+
+if pltpu is not None:
+    @case("tpu_dmas/pipeline_of_a_prng_key", tags={"tpu_dmas"},
+          inputs=lambda rng: (jnp.array([0, 42], jnp.uint32),),
+          reference=lambda d: jax.random.uniform(jax.random.wrap_key_data(d), (8, C)))
+    def pipeline_of_a_prng_key(pallas_call, key_data):
+        """A threefry key in HBM that ``pltpu.emit_pipeline`` copies into a buffer of
+        ``pl.MemorySpace.KEY`` (SMEM on the TPU): the kernel's ``jax.random.uniform`` on
+        it draws what ``jax.random`` does."""
+        return pallas_call(
+            _key_through_a_pipeline, out_shape=sds((8, C), jnp.float32),
+            in_specs=[pl.BlockSpec(memory_space=pltpu.HBM)],
+            out_specs=pl.BlockSpec(memory_space=pltpu.HBM),
+        )(jax.random.wrap_key_data(key_data))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from pallas.plugins import Backend, KernelRequest, LoweringRequest
@@ -97,13 +98,15 @@ class MosaicTpuBackend(Backend):
         # starts with them) and alias indices count them.
         nb = request.grid_mapping.num_dynamic_grid_bounds
         # Bools (f16) cross the call as int32 (f32), as in the custom call
-        # (T.memory_dtype).
+        # (T.memory_dtype); typed PRNG keys as their key data.
+        args = [jax.random.key_data(a) if _is_key(a.dtype) else a for a in args]
         args = [jnp.asarray(a).astype(memory_dtype(jnp.asarray(a).dtype)) for a in args]
         outs = run_custom_call(config, args, [(a.shape, memory_dtype(a.dtype))
                                               for a in physical_avals(request.out_avals)],
                                tuple((i + nb, o) for i, o in
                                      request.grid_mapping.input_output_aliases))
-        return [jnp.asarray(o).astype(a.dtype) for o, a in zip(outs, request.out_avals)]
+        return [jax.random.wrap_key_data(o, impl=a.dtype._impl) if _is_key(a.dtype)
+                else jnp.asarray(o).astype(a.dtype) for o, a in zip(outs, request.out_avals)]
 
     def emulator(self, request: KernelRequest):
         """The emulated device's plan: the Mosaic module generated and prepared for the
@@ -129,6 +132,10 @@ class MosaicTpuBackend(Backend):
 
         return core_compat.interpret_pallas_call(*args, jaxpr=request.jaxpr,
                                                  grid_mapping=request.grid_mapping)
+
+
+def _is_key(dtype) -> bool:
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
 
 MOSAIC_TPU = MosaicTpuBackend(

@@ -4,7 +4,8 @@ through VMEM.
 ``pltpu.emit_pipeline(body, grid=..., in_specs=..., out_specs=...)`` returns
 ``pipeline(*in_refs, *out_refs)``. Called inside a kernel on refs in ``ANY``/``HBM``
 memory, it runs ``body(*in_blocks, *out_blocks)`` once per point of ``grid`` (row-major
-order), where each block is a VMEM ref selected by its BlockSpec's index map.
+order), where each block is a VMEM ref selected by its BlockSpec's index map (an SMEM
+ref for a spec in SMEM or in ``pl.MemorySpace.KEY``, where a PRNG key operand goes).
 
 Inputs and outputs are double-buffered: the DMA of the next iteration's input blocks is
 started before ``body`` runs on the current ones. An output block stays in its VMEM
@@ -40,10 +41,10 @@ from jax import lax
 
 import pallas as pl
 from pallas.core import GridAxis, grid_env
-from pallas.plugins import MemoryRef
+from pallas.plugins import MemoryRef, array_dtype
 from pallas_tpu._src.compiler_params import GridDimensionSemantics, canonical_semantics
 from pallas_tpu._src.enums import BufferType
-from pallas_tpu._src.memory import VMEM, MemorySpace, SemaphoreType, canonical_space
+from pallas_tpu._src.memory import MemorySpace, SemaphoreType, canonical_space
 from pallas_tpu._src.primitives.dma import AsyncCopyDescriptor
 
 
@@ -231,7 +232,7 @@ class BufferedRefBase(abc.ABC):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class BufferedRef(BufferedRefBase):
-    """The VMEM buffer(s) and DMA semaphores of one pipelined operand.
+    """The VMEM (or SMEM) buffer(s) and DMA semaphores of one pipelined operand.
 
     Built (before allocation) by :meth:`input`/:meth:`output`/:meth:`create`, its
     ``window_ref`` and ``sems`` are allocation types (``VMEM(...)``,
@@ -243,7 +244,7 @@ class BufferedRef(BufferedRefBase):
     _buffer_type: BufferType = dataclasses.field(metadata=dict(static=True))
     _buffer_count: int = dataclasses.field(metadata=dict(static=True))
     dtype: Any = dataclasses.field(metadata=dict(static=True))
-    window_ref: Any  # VMEM buffers: (buffer_count, *block)
+    window_ref: Any  # VMEM or SMEM buffers: (buffer_count, *block)
     sems: Any  # DMA semaphores, one per slot
 
     @property
@@ -287,8 +288,9 @@ class BufferedRef(BufferedRefBase):
                            [d if isinstance(d, int) else getattr(d, "block_size", 1)
                             for d in spec.block_shape], "operand")
         block = tuple(d for d in dims if d is not None)
-        return cls(spec, buffer_type, buffer_count, jnp.dtype(dtype),
-                   VMEM((buffer_count, *block), dtype), SemaphoreType.DMA((buffer_count,)))
+        space = _buffer_space(spec)
+        return cls(spec, buffer_type, buffer_count, array_dtype(dtype),
+                   space((buffer_count, *block), dtype), SemaphoreType.DMA((buffer_count,)))
 
     @classmethod
     def input(cls, spec: pl.BlockSpec, dtype_or_type, buffer_count: int = 2,
@@ -303,6 +305,20 @@ class BufferedRef(BufferedRefBase):
     def current_ref(self, slot=0):
         """The VMEM block the body sees (slot ``slot`` of the operand's buffers)."""
         return self.window_ref.at[slot]
+
+
+def _buffer_space(spec: pl.BlockSpec) -> MemorySpace:
+    """Where an operand's buffers live: SMEM for a spec in SMEM, or in ``pl.MemorySpace.KEY``
+    (PRNG keys, which the core reads as scalars from SMEM, as a kernel's key operand);
+    VMEM otherwise."""
+    space = getattr(spec, "memory_space", None)
+    if space is pl.MemorySpace.KEY:
+        return MemorySpace.SMEM
+    try:
+        space = canonical_space(space)
+    except ValueError:  # not a TPU memory space: buffered in VMEM, as other specs
+        return MemorySpace.VMEM
+    return MemorySpace.SMEM if space is MemorySpace.SMEM else MemorySpace.VMEM
 
 
 def _check_allocations(allocations, in_specs, out_specs, refs):
@@ -323,7 +339,7 @@ def _check_allocations(allocations, in_specs, out_specs, refs):
         block = tuple(a.window_ref.shape[1:])
         spec = (list(in_specs) + list(out_specs))[k]
         want = tuple(d for d in _block_dims(spec, r.shape, f"operand {k}") if d is not None)
-        if block != want or jnp.dtype(a.window_ref.dtype) != jnp.dtype(r.dtype):
+        if block != want or array_dtype(a.window_ref.dtype) != array_dtype(r.dtype):
             raise ValueError(f"allocation {k} holds {a.window_ref.dtype}{list(block)} blocks "
                              f"but the operand needs {r.dtype}{list(want)}")
     return allocations

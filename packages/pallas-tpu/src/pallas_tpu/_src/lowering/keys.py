@@ -19,7 +19,7 @@ without them, as JAX lowers keys to XLA through their key data:
   implementations, and batched keys, the implementation's own function of the key data.
 
 Calls (``jit``, ``custom_jvp``/``custom_vjp``, ``remat``) are inlined; ``cond``,
-``while_loop`` and ``run_scoped`` bodies are rewritten. Kernels without keys are
+``while_loop``, ``scan`` and ``run_scoped`` bodies are rewritten. Kernels without keys are
 returned unchanged.
 """
 
@@ -353,6 +353,20 @@ def _while(eqn, *vals):
     return _unflatten([v.aval for v in eqn.outvars], outs)
 
 
+def _scan(eqn, *vals):
+    """A scan (``fori_loop`` of static trip count, ``lax.scan``) whose consts, carry or
+    scanned operands hold keys or key refs (say the buffers of ``emit_pipeline``)."""
+    p = eqn.params
+    nc, nk = p["num_consts"], p["num_carry"]
+    groups = [vals[:nc], vals[nc:nc + nk], vals[nc + nk:]]
+    flat = [[x for v in g for x in _flatten(v)] for g in groups]
+    body = _closed(p["jaxpr"].jaxpr, p["jaxpr"].consts, "scan body")[0]
+    outs = P.scan_p.bind(*flat[0], *flat[1], *flat[2],
+                         **dict(p, jaxpr=body, num_consts=len(flat[0]),
+                                num_carry=len(flat[1])))
+    return _unflatten([v.aval for v in eqn.outvars], outs)
+
+
 # -- the random primitives ---------------------------------------------------------------------
 
 
@@ -436,6 +450,7 @@ _RULES = {
     P.custom_vjp_call_p: _inline("call_jaxpr"),
     P.cond_p: _cond,
     P.while_p: _while,
+    P.scan_p: _scan,
     jc.random_bits_p: _bits,
     jc.random_fold_in_p: _fold_in,
     jc.random_split_p: _split,
