@@ -240,6 +240,40 @@ def bulk_group_stores(pallas_call, x):
                        **_mode(pallas_call))(x)
 
 
+def bulk_copy_of_a_dynamic_slice(pallas_call, start, x):
+    """``copy_gmem_to_smem`` of a slice of a 1-D array at a start read at run time,
+    promised in bounds: Mosaic GPU issues it as one bulk (non-tensor) copy that completes
+    its bytes on the barrier."""
+    size = 128
+
+    def body(start_ref, x_gmem, o_ref, smem, barrier):
+        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(start_ref[...], size)], smem, barrier,
+                                oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
+        plgpu.barrier_wait(barrier)
+        o_ref[...] = smem[...]
+
+    return _kernel(pallas_call, body, sds((size,), x.dtype),
+                   scratch_types=[plgpu.SMEM((size,), x.dtype), plgpu.Barrier()])(start, x)
+
+
+def transposed_register_layout(pallas_call):
+    """A (128, 64) f16 iota in the WGMMA register layout, cast to WGMMA_TRANSPOSED and
+    stored through a transposed view of the (64, 128) output: the cast permutes the
+    16-bit halves of registers between threads (PTX byte permutes)."""
+    shape = (128, 64)
+
+    def body(o_ref):
+        layout = plgpu.Layout.WGMMA
+        iota = plgpu.broadcasted_iota(jnp.float16, shape, 0, layout=layout) * shape[1]
+        iota += plgpu.broadcasted_iota(jnp.float16, shape, 1, layout=layout)
+        plgpu.transpose_ref(o_ref, (1, 0))[...] = plgpu.layout_cast(
+            iota, plgpu.Layout.WGMMA_TRANSPOSED)
+
+    return pallas_call(body, out_shape=sds(shape[::-1], jnp.float16),
+                       out_specs=plgpu.BlockSpec(transforms=_swizzled(jnp.float16, 128)),
+                       **_mode(pallas_call))()
+
+
 def chained_warp_specialized_pipelines(pallas_call, x):
     """Three ``emit_pipeline_warp_specialized`` pipelines sharing their allocations
     (``pipeline_state`` START, STEADY, STOP, a traced value in a loop), then one on its
@@ -488,6 +522,13 @@ def _register():
          inputs=lambda rng: (randn(rng, (24, 128)),),
          reference=lambda x: x * jnp.repeat(jnp.arange(1, 4, dtype=f32), 8)[:, None],
          )(bulk_group_stores)
+    case("gpu/tma_bulk_copy_of_a_dynamic_slice", tags={"tma_pipelines"},
+         inputs=lambda rng: (jnp.asarray(48, jnp.int32), randn(rng, (208,))),
+         reference=lambda start, x: jax.lax.dynamic_slice(x, (start,), (128,)),
+         )(bulk_copy_of_a_dynamic_slice)
+    case("gpu/transposed_register_layout", tags={"wgmma", "f16"}, inputs=lambda rng: (),
+         reference=lambda: jnp.arange(128 * 64, dtype=jnp.float16).reshape(128, 64).T,
+         )(transposed_register_layout)
     case("gpu/ws_chained_pipelines", tags={"warpgroups", "tma_pipelines"},
          inputs=lambda rng: (randn(rng, (128, 128)),),
          reference=lambda x: 4 * x.reshape(2, 64, 2, 64).sum((0, 2)),

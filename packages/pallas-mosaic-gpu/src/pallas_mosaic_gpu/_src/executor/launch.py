@@ -17,6 +17,7 @@ from pallas_mosaic_gpu._src.executor import (  # noqa: F401 - each module regist
     ops_llvm,
     ops_math,
     ops_memref,
+    ops_prmt,
     ops_scf,
     ops_semaphore,
     ops_tcgen05,

@@ -19,7 +19,7 @@ from jaxlib.mlir import ir
 
 from pallas_mosaic_gpu._src.executor.cluster import cluster_of
 from pallas_mosaic_gpu._src.executor.engine import asm, int_array_attr, op
-from pallas_mosaic_gpu._src.executor.mbarrier import arrive, arrive_state, state
+from pallas_mosaic_gpu._src.executor.mbarrier import arrive, arrive_state, complete_tx, state
 from pallas_mosaic_gpu._src.executor.tma import (
     box,
     bulk_groups,
@@ -30,7 +30,7 @@ from pallas_mosaic_gpu._src.executor.tma import (
     swizzle_at,
     tma_load,
 )
-from pallas_mosaic_gpu._src.executor.types import EmulationUnsupported
+from pallas_mosaic_gpu._src.executor.types import EmulationError, EmulationUnsupported
 
 
 def _lane(x, i):
@@ -209,5 +209,42 @@ def _arrive_asm(o, match):
         for i in m.lanes(xs[pred_i]):
             arrive(m, _lane(xs[addr_i], i), count)
         return (np.zeros(1, np.int64),)
+
+    return run
+
+
+@asm(r"@\$0 cp\.async\.bulk\.shared::cta\.global\.mbarrier::complete_tx::bytes "
+     r"\[\$1\], \[\$2\], \$3, \[\$4\];")
+def _bulk_load_asm(o, match):
+    """A non-tensor bulk copy GMEM -> SMEM of ``$3`` bytes (a multiple of 16, both
+    addresses 16-byte aligned), by each lane whose predicate ``$0`` holds: like a TMA
+    load it reads GMEM when issued and lands (completing its bytes on the mbarrier
+    ``$4``) when that mbarrier is waited on or the block ends."""
+
+    def run(m, pred, dst, src, size, bar):
+        for i in m.lanes(pred):
+            d, s, n, b = _lane(dst, i), _lane(src, i), _lane(size, i), _lane(bar, i)
+            if n % 16 or d % 16 or s % 16:
+                raise EmulationError(
+                    f"cp.async.bulk of {n} bytes from {s:#x} to {d:#x}: the size and both "
+                    f"addresses must be multiples of 16")
+            state(m, b)  # the barrier exists when the copy is issued
+            if n == 0:  # nothing to copy, no bytes to complete
+                continue
+            data = m.memory.gather(s + np.arange(n, dtype=np.int64), np.uint8)
+            landing = (d + np.arange(n, dtype=np.int64), data, b, n)
+            m.pending.setdefault(("load", b), []).append(landing)
+
+    return run
+
+
+@asm(r"(?:@\$2 )?mbarrier\.complete_tx\.shared::cta\.b64 \[\$0\], \$1;")
+def _complete_tx_asm(o, match):
+    """``mbarrier.complete_tx``: ``$1`` transaction bytes complete on the mbarrier at
+    ``$0`` without an arrival (by each lane whose predicate ``$2``, if any, holds)."""
+
+    def run(m, bar, nbytes, pred=None):
+        for i in m.lanes(pred):
+            complete_tx(m, _lane(bar, i), _lane(nbytes, i))
 
     return run
