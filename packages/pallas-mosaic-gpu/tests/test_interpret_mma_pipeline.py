@@ -166,6 +166,35 @@ def test_nd_loop_splits_a_grid_round_robin():
     assert not gpu_interpret.get_races().races_found
 
 
+def _tiled_nd_loop_kernel(interpret):
+    """nd_loop over a (n, 2, 3) grid whose n is read from memory at run time, in tiles of
+    (2, 1, 3), split between 4 blocks; each point records its flat step."""
+    def body(n_ref, o_ref):
+        @plgpu.nd_loop((n_ref[0], 2, 3), tiling=(2, 1, 3), collective_axes="b")
+        def _(info):
+            i, j, k = info.index
+            o_ref[i, j, k] = jax.lax.axis_index("b") + 4 * info.local_index
+
+    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((2, 2, 3), jnp.int32),
+                        grid=(4,), grid_names=("b",), interpret=interpret)
+
+
+# Tiles in row-major order (the j = 0 tile, then j = 1), points within a tile row-major.
+_TILED_ORDER = [[[0, 1, 2], [6, 7, 8]], [[3, 4, 5], [9, 10, 11]]]
+
+
+def test_nd_loop_tiles_a_grid_whose_size_is_known_only_at_run_time():
+    k = _tiled_nd_loop_kernel(IP(detect_races=True))
+    np.testing.assert_array_equal(k(jnp.asarray([2], jnp.int32)), _TILED_ORDER)
+
+
+def test_nd_loop_tiles_a_run_time_grid_in_the_lowering_too(emulate):
+    pytest.importorskip("jax_plugins.xla_cuda13", reason="lowering needs jax-cuda13-plugin")
+    n = jnp.asarray([2], jnp.int32)
+    (got,) = emulate(_tiled_nd_loop_kernel(None), n)
+    np.testing.assert_array_equal(np.asarray(got), _TILED_ORDER)
+
+
 def test_planar_snake_walks_tiles_back_and_forth():
     order = np.zeros((4, 4), int)
     for lin in range(16):

@@ -61,9 +61,12 @@ def nd_loop(grid: Sequence[int | jax.Array], *, collective_axes: Any,
     """Decorator: runs the body over ``grid``'s points, split round robin between the
     blocks along ``collective_axes`` (block ``i`` of ``n`` takes flat steps ``i``,
     ``i + n``, ...). The body takes an :class:`NDLoopInfo` (and the carry, when
-    ``init_carry`` is given, returning the new one)."""
+    ``init_carry`` is given, returning the new one). A size of ``grid`` may be traced
+    (read at run time)."""
     if tiling is not None:
-        if len(tiling) != len(grid) or any(g % t for g, t in zip(grid, tiling)):
+        # A dimension known only at run time (a traced size) cannot be checked here.
+        if len(tiling) != len(grid) or any(isinstance(g, int) and g % t
+                                           for g, t in zip(grid, tiling)):
             raise ValueError(f"nd_loop(tiling={tiling}) must divide grid={tuple(grid)}")
     axes = collective_axes
     index = lax.axis_index(axes)
