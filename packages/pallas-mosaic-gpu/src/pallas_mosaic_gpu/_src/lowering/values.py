@@ -23,12 +23,21 @@ FragmentedArray = mgpu.FragmentedArray
 WARPGROUP_SIZE = 128
 
 
-def elem_type(dtype) -> ir.Type:
+def bits(dtype) -> int:
+    """The width of ``dtype``'s elements in bits: 4 for int4/uint4 (numpy gives them a
+    whole byte of itemsize), 1 for bool."""
     dt = jnp.dtype(dtype)
     if dt == jnp.bool_:
-        return ir.IntegerType.get_signless(1)
-    if dt.kind in "iu":
-        return ir.IntegerType.get_signless(dt.itemsize * 8)
+        return 1
+    if jnp.issubdtype(dt, jnp.integer):
+        return jnp.iinfo(dt).bits
+    return dt.itemsize * 8
+
+
+def elem_type(dtype) -> ir.Type:
+    dt = jnp.dtype(dtype)
+    if dt == jnp.bool_ or jnp.issubdtype(dt, jnp.integer):  # int4/uint4 are i4
+        return ir.IntegerType.get_signless(bits(dt))
     return {
         "float32": ir.F32Type.get, "float16": ir.F16Type.get, "bfloat16": ir.BF16Type.get,
         "float64": ir.F64Type.get, "float8_e4m3fn": ir.Float8E4M3FNType.get,
@@ -58,7 +67,9 @@ def kind(dtype) -> str:
     dt = jnp.dtype(dtype)
     if dt == jnp.bool_:
         return "b"
-    return dt.kind if dt.kind in "iu" else "f"
+    if jnp.issubdtype(dt, jnp.integer):  # int4/uint4 too (ml_dtypes: numpy kind "V")
+        return "i" if jnp.issubdtype(dt, jnp.signedinteger) else "u"
+    return "f"
 
 
 def i32() -> ir.Type:
@@ -208,9 +219,9 @@ def convert(v: ir.Value, src, dst) -> ir.Value:
         return arith.uitofp(t, v)
     if ks == "f":
         return arith.fptosi(t, v) if kd == "i" else arith.fptoui(t, v)
-    sbits = 1 if ks == "b" else s.itemsize * 8
-    if d.itemsize * 8 > sbits:
+    sbits, dbits = bits(s), bits(d)
+    if dbits > sbits:
         return arith.extsi(t, v) if ks == "i" else arith.extui(t, v)
-    if d.itemsize * 8 == sbits:
+    if dbits == sbits:
         return v
     return arith.trunci(t, v)
