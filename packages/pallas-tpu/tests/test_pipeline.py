@@ -545,3 +545,43 @@ def test_the_emulate_level_takes_and_returns_typed_keys():
     np.testing.assert_array_equal(draws, jax.random.uniform(key, (8, 128)))
     assert key_out.dtype == key.dtype
     np.testing.assert_array_equal(jax.random.key_data(key_out), jax.random.key_data(key))
+
+
+# -- pipelines over ref views ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dynamic_grid", [False, True])
+def test_a_nested_pipeline_copies_through_bitcast_views_when_emulated(dynamic_grid):
+    """An inner pipeline over int16 ``ref.bitcast`` views of the outer pipeline's f32
+    blocks: its DMAs start and are waited for on those views (the executor matched a
+    DMA's destination at its wait by numpy address, which a bitcast view has not)."""
+    def grid(n):
+        return (jnp.array(n),) if dynamic_grid else (n,)
+
+    @jax.jit
+    def f(x):
+        @pl.kernel(out_type=jax.ShapeDtypeStruct((32, 128), x.dtype),
+                   mesh=pltpu.create_tensorcore_mesh("core"))
+        def run(x_hbm, o_hbm):
+            def outer_body(x_blk, o_blk):
+                def inner_body(x, o):
+                    o[...] = x[...]
+
+                pltpu.emit_pipeline(
+                    inner_body, grid=grid(2),
+                    in_specs=[pl.BlockSpec((16, 128), lambda i: (i, 0))],
+                    out_specs=[pl.BlockSpec((16, 128), lambda i: (i, 0))],
+                )(x_blk.at[0:16].bitcast(jnp.int16), o_blk.bitcast(jnp.int16))
+
+            pltpu.emit_pipeline(
+                outer_body, grid=grid(2),
+                in_specs=[pl.BlockSpec((32, 128), lambda i: (i, 0))],
+                out_specs=[pl.BlockSpec((16, 128), lambda i: (i, 0))],
+            )(x_hbm, o_hbm)
+
+        return run(x)
+
+    x = jnp.arange(64 * 128, dtype=jnp.float32).reshape(64, 128)
+    want = np.concatenate([np.asarray(x)[0:16], np.asarray(x)[32:48]])
+    with pl.emulate_device("tpu:v5e"):
+        np.testing.assert_array_equal(f(x), want)

@@ -169,3 +169,30 @@ if pltpu is not None:
             in_specs=[pl.BlockSpec(memory_space=pltpu.HBM)],
             out_specs=pl.BlockSpec(memory_space=pltpu.HBM),
         )(jax.random.wrap_key_data(key_data))
+
+
+def _copy_into_a_bitcast_view(x_hbm, o_ref, buf, sem):
+    pltpu.async_copy(x_hbm, buf.bitcast(jnp.int16), sem).wait()
+    o_ref[...] = buf[...]
+
+
+def _pairs_of_int16_as_int32(x):
+    """TPU's bitcast layout: row ``r`` of the int32 view holds rows ``2r`` (low half)
+    and ``2r + 1`` (high half) of the int16 array."""
+    lo = x[0::2].astype(jnp.uint16).astype(jnp.uint32)
+    hi = x[1::2].astype(jnp.uint16).astype(jnp.uint32)
+    return jax.lax.bitcast_convert_type(lo | (hi << 16), jnp.int32)
+
+
+if pltpu is not None:
+    @case("tpu_dmas/copy_into_a_bitcast_view", tags={"tpu_dmas", "ref_bitcast"},
+          inputs=lambda rng: (jnp.asarray(rng.integers(-2**15, 2**15, (32, C)), jnp.int16),),
+          reference=_pairs_of_int16_as_int32)
+    def copy_into_a_bitcast_view(pallas_call, x):
+        """A DMA of int16 rows into an int16 ``ref.bitcast`` view of an int32 VMEM buffer
+        (started and waited for on the view), then read as int32."""
+        return pallas_call(
+            _copy_into_a_bitcast_view, out_shape=sds((16, C), jnp.int32),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            scratch_shapes=[pltpu.VMEM((16, C), jnp.int32), pltpu.SemaphoreType.DMA],
+        )(x)

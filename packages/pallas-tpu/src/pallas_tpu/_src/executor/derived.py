@@ -65,14 +65,15 @@ def bitcast(ref, dt: np.dtype):
     if sb == db:
         return DerivedRef(ref, lambda a: _from_bits(_as_bits(np.asarray(a)), dt),
                           lambda a, new: _from_bits(_as_bits(np.asarray(new)), src),
-                          ref.shape, dt)
+                          ref.shape, dt, ("bitcast", dt))
     if sb > db:
         read, write = (lambda a: unpack(a, dt)), (lambda a, new: pack(new, src))
     else:
         read, write = (lambda a: pack(a, dt)), (lambda a, new: unpack(new, src))
     k = max(sb, db) // min(sb, db)
     rows = ref.shape[-2] * k if sb > db else ref.shape[-2] // k
-    return DerivedRef(ref, read, write, tuple(ref.shape[:-2]) + (rows, ref.shape[-1]), dt)
+    return DerivedRef(ref, read, write, tuple(ref.shape[:-2]) + (rows, ref.shape[-1]), dt,
+                      ("bitcast", dt))
 
 
 class DerivedRef:
@@ -80,9 +81,17 @@ class DerivedRef:
     ``read(parent values)`` are its values; ``write(parent values, new values)`` the
     parent's values that make them ``new``."""
 
-    def __init__(self, parent, read, write, shape, dtype):
+    def __init__(self, parent, read, write, shape, dtype, how=()):
         self.parent, self.read, self.write = parent, read, write
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        # How it derives from its parent (an op and its static arguments): with the
+        # parent's identity, what tells two DerivedRefs made alike apart from others.
+        self.identity = (identity(parent), *how)
+
+    @property
+    def root(self) -> np.ndarray:
+        """The array whose memory this ref reads and writes."""
+        return self.parent.root if isinstance(self.parent, DerivedRef) else self.parent
 
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: int(np.prod(self.shape, dtype=np.int64)))
@@ -103,7 +112,8 @@ class DerivedRef:
             a[idx] = new
             return a
 
-        return DerivedRef(self, lambda a: a[idx], write, shape, self.dtype)
+        return DerivedRef(self, lambda a: a[idx], write, shape, self.dtype,
+                          ("index", _static(idx)))
 
     def __setitem__(self, idx, val) -> None:
         full = np.array(self)
@@ -113,4 +123,27 @@ class DerivedRef:
     def reshape(self, shape) -> DerivedRef:
         shape = tuple(int(s) for s in shape)
         return DerivedRef(self, lambda a: a.reshape(shape), lambda a, new: new.reshape(a.shape),
-                          shape, self.dtype)
+                          shape, self.dtype, ("reshape", shape))
+
+
+def identity(ref) -> tuple:
+    """What names the memory of ``ref`` (a numpy view or a :class:`DerivedRef`): the
+    view's address and shape, or a DerivedRef's derivation from its root. Refs made
+    alike (a DMA's destination at its start and at its wait) have equal identities."""
+    if isinstance(ref, DerivedRef):
+        return ref.identity
+    return ("array", ref.__array_interface__["data"][0], tuple(ref.shape))
+
+
+def _static(idx):
+    """An indexer as comparable plain values (ints, slices' bounds, tuples)."""
+    if isinstance(idx, tuple):
+        return tuple(_static(i) for i in idx)
+    if isinstance(idx, slice):
+        return ("slice", *(None if v is None else int(v)
+                           for v in (idx.start, idx.stop, idx.step)))
+    if isinstance(idx, np.ndarray):
+        return ("array", idx.shape, tuple(idx.ravel().tolist()))
+    if idx is Ellipsis or idx is None:
+        return idx
+    return int(idx)

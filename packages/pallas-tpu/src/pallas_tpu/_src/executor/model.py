@@ -22,6 +22,7 @@ from jaxlib.mlir import ir
 
 from pallas.executor import ExecutorError, Plan, elem_and_shape, run
 from pallas_tpu._src.executor import ops_math, ops_tpu  # noqa: F401 - register rules
+from pallas_tpu._src.executor.derived import DerivedRef, identity
 from pallas_tpu._src.executor.engine import OPS, TpuCompiler
 from pallas_tpu._src.executor.module import deserialize
 from pallas_tpu._src.executor.ops_vector import i64s
@@ -87,15 +88,18 @@ class Machine:
 
 
 def _within(view, base) -> bool:
-    """Whether the numpy ``view`` lies in the memory of the array ``base``."""
+    """Whether ``view`` (a numpy view, or a DerivedRef of one: a bitcast) lies in the
+    memory of the array ``base``."""
+    if isinstance(view, DerivedRef):
+        view = view.root
     lo = base.__array_interface__["data"][0]
     at = view.__array_interface__["data"][0]
     return lo <= at < lo + max(base.nbytes, 1)
 
 
 def _same(a, b) -> bool:
-    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-            and a.shape == b.shape)
+    """Whether two refs (numpy views or DerivedRefs) name the same memory."""
+    return identity(a) == identity(b)
 
 
 @dataclasses.dataclass
