@@ -314,3 +314,28 @@ def test_scalar_prefetch_operands_are_writable_state_across_grid_steps():
     np.testing.assert_array_equal(np.asarray(out)[::8, 0], [0, 1, 3, 6])
     tpu_interpret = call(interpret=pltpu.InterpretParams())(s, x)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(tpu_interpret))
+
+
+def test_index_maps_see_scalar_prefetch_writes_one_point_late():
+    """A TPU's pipeline works out a point's blocks (its index maps) before the previous
+    point's body runs: an index map reading a prefetched scalar the kernel writes sees
+    the value as it was when the previous point began, as in TPU interpret mode (and the
+    core interpreter). Point t copies the block point t - 2 named (0 before that)."""
+    def kernel(b_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+        b_ref[0] = pl.program_id(0)
+
+    def call(**kw):
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((48, 128), F32),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1, grid=(6,),
+                in_specs=[pl.BlockSpec((8, 128), lambda i, b: (b[0], 0))],
+                out_specs=pl.BlockSpec((8, 128), lambda i, b: (i, 0))), **kw)
+
+    b = jnp.zeros((1,), jnp.int32)
+    x = jnp.repeat(jnp.arange(6, dtype=F32), 8)[:, None] * jnp.ones((1, 128), F32)
+    (out,) = emulate(MOSAIC_TPU, call(), b, x)
+    np.testing.assert_array_equal(np.asarray(out)[::8, 0], [0, 0, 0, 1, 2, 3])
+    tpu_interpret = call(interpret=pltpu.InterpretParams())(b, x)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(tpu_interpret))

@@ -1,6 +1,7 @@
 """Scalar prefetch: PrefetchScalarGridSpec, index maps that read prefetched scalars, and
 kernels that read them, a block-sparse matmul over a 2-D grid, prefetch with scratch,
-and kernels that keep state in a prefetched scalar across grid steps."""
+and kernels that keep state in a prefetched scalar across grid steps (which index maps
+see one point late, as on a TPU)."""
 
 from __future__ import annotations
 
@@ -173,3 +174,25 @@ def kernel_writes_persist(pallas_call, count, x):
         kernel, out_shape=sds(x.shape, x.dtype),
         grid_spec=pl.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(4,),
                                             in_specs=[spec], out_specs=spec))(count, x)
+
+
+@case("scalar_prefetch/index_map_sees_writes_one_point_late",
+      tags={"scalar_prefetch", "carry_across_blocks"},
+      inputs=lambda rng: (jnp.zeros((1,), jnp.int32), randn(rng, (48, C))),
+      # Point t reads the block the kernel's point t - 2 named (0 before that).
+      reference=lambda c, x: x.reshape(6, 8, C)[jnp.asarray([0, 0, 0, 1, 2, 3])]
+      .reshape(48, C))
+def index_map_sees_writes_one_point_late(pallas_call, block, x):
+    """An index map reading a prefetched scalar the kernel writes sees the value as it was
+    when the previous grid point began: a TPU's pipeline works out (and starts copying)
+    the next point's blocks before the current point's body runs."""
+    def kernel(b_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+        b_ref[0] = pl.program_id(0)
+
+    return pallas_call(
+        kernel, out_shape=sds(x.shape, x.dtype),
+        grid_spec=pl.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(6,),
+            in_specs=[pl.BlockSpec((8, C), lambda i, b: (b[0], 0))],
+            out_specs=pl.BlockSpec((8, C), lambda i, b: (i, 0))))(block, x)

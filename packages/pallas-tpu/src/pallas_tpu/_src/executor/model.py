@@ -238,9 +238,11 @@ def execute(kernel: Kernel, operands, out_shapes, aliases=()) -> list[np.ndarray
         wins.append(_Window(hbm[k], w[1], shape, dt, writes=k >= n_in))
     scratch = [np.zeros(shape, dt) for dt, shape, _ in block_types[nblocks:]]
     # Scalar-prefetch operands live in SMEM for the whole grid: kernels may write them
-    # (upstream's paged attention keeps its buffer index and step there), and index
-    # maps of later steps read what was written.
+    # (upstream's paged attention keeps its buffer index and step there). The pipeline
+    # works out a point's blocks before the previous point's body runs, so its index
+    # maps see the values as they were when the previous point began (``seen``).
     prefetch = [np.array(x) for x in hbm_in[:npf]]
+    seen = [p.copy() for p in prefetch]
     machine = Machine(grid, kernel.nslots)
     env = machine.env
     with np.errstate(all="ignore"):
@@ -252,10 +254,11 @@ def execute(kernel: Kernel, operands, out_shapes, aliases=()) -> list[np.ndarray
                     refs.append(hbm[k])
                     continue
                 plan, bounds, elem = windows[k]
-                idx = [int(v) for v in run(plan, machine, env, pid + prefetch)]
+                idx = [int(v) for v in run(plan, machine, env, pid + seen)]
                 at = tuple(idx) if elem else tuple(i * b for i, b in zip(idx, bounds))
                 w.move_to(at)
                 refs.append(w.buf)
+            seen = [p.copy() for p in prefetch]  # as this point begins
             run(kernel.main, machine, env, pid + prefetch + refs + scratch)
         for w in wins:
             if w is not None:
