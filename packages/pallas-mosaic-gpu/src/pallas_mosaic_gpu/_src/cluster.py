@@ -171,12 +171,30 @@ def query_cluster_cancel(result_ref: Any, grid_names: Sequence[Hashable]
 @jax.tree_util.register_pytree_node_class
 class RefUnion:
     """Buffers that may share one allocation (used one after another); the kernel gets
-    the same pytree of refs. The interpreters give each member its own buffer."""
+    the same pytree of refs, a union it unpacks (``a, [b, c] = union``) or indexes
+    (``union[1]``) into its members. The union itself is no ref: assigning to it is an
+    error. The interpreters and the lowering give each member its own buffer."""
 
     def __init__(self, *refs: Any):
         if not refs:
             raise ValueError("plgpu.RefUnion needs at least one buffer type")
         self.refs = refs
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def __iter__(self):
+        return iter(self.refs)
+
+    def __getitem__(self, i):
+        if not isinstance(i, int):
+            raise ValueError(f"a plgpu.RefUnion is indexed by a member's position, not "
+                             f"{i!r}: unpack it into its members and read one of them")
+        return self.refs[i]
+
+    def __setitem__(self, i, value):
+        raise ValueError("a plgpu.RefUnion can't be assigned to: unpack it into its "
+                         "members and assign to one of them")
 
     def tree_flatten(self):
         return self.refs, None
