@@ -15,6 +15,7 @@ from jax import lax
 import pallas as pl
 import pallas.plugins
 import pallas_mosaic_gpu as plgpu
+from pallas_mosaic_gpu._src import executor
 from pallas_mosaic_gpu._src.backend import params
 from pallas_mosaic_gpu._src.lowering import build
 
@@ -234,3 +235,18 @@ def test_a_branch_result_whose_layouts_cannot_meet_is_refused_naming_them():
     with pytest.raises(Exception, match=r"(?s)lax.cond on the mosaic_gpu backend: .*cannot meet.*"
                        r"WGStridedFragLayout.* to TiledLayout"):
         _kernel(_tiles(compute), jax.ShapeDtypeStruct(x.shape, x.dtype), x, grid=(1,))
+
+
+@pytest.mark.parametrize("layout", [plgpu.Layout.WG_STRIDED((128,), 1),
+                                    plgpu.Layout.WG_STRIDED((128,), vec_size=1),
+                                    plgpu.Layout.WG_STRIDED(shape=(128,), vec_size=1)])
+def test_wg_strided_takes_its_shape_and_vector_size_positionally_or_by_keyword(layout):
+    """A (128,) row loaded in the strided layout of width 1, broadcast to (64, 128)."""
+    def body(x_ref, o_ref):
+        row = plgpu.load(x_ref, (), layout=layout)
+        o_ref[...] = lax.broadcast_in_dim(row, (64, 128), (1,))
+
+    x = np.arange(128, dtype=np.float32)
+    _, k = _kernel(body, jax.ShapeDtypeStruct((64, 128), F32), x)
+    (out,) = executor.run_kernel(k, [x])
+    np.testing.assert_array_equal(out, np.broadcast_to(x, (64, 128)))

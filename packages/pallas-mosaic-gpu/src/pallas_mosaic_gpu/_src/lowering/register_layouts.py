@@ -38,9 +38,10 @@ def mgpu_layout(layout, shape) -> fa.FragmentedLayout | None:
     elif isinstance(layout, ReducedLayout):
         name = _REDUCED.get((layout.layout, tuple(sorted(layout.axes))))
     elif isinstance(layout, ParameterizedLayout) and layout.layout_cls is Layout.WG_STRIDED:
-        kw = dict(layout.kwargs)
-        shape_arg = layout.args[0] if layout.args else kw.get("shape", shape)
-        return fa.WGStridedFragLayout(shape=tuple(shape_arg), vec_size=int(kw["vec_size"]))
+        # WG_STRIDED(shape, vec_size), each positional or by keyword.
+        kw = dict(zip(("shape", "vec_size"), layout.args)) | dict(layout.kwargs)
+        return fa.WGStridedFragLayout(shape=tuple(kw.get("shape", shape)),
+                                      vec_size=int(kw["vec_size"]))
     return getattr(fa, name, None) if name else None
 
 
