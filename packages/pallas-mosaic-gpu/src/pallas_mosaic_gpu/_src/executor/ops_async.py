@@ -248,3 +248,16 @@ def _complete_tx_asm(o, match):
             complete_tx(m, _lane(bar, i), _lane(nbytes, i))
 
     return run
+
+
+@asm(r"@\$0 cp\.async\.bulk\.prefetch\.tensor\.(\d)d\.L2\.global\.tile "
+     r"\[\$1, \{[$\d, ]*\}\];")
+def _prefetch_asm(o, match):
+    """A TMA prefetch of a box into L2: no effect on memory the executor models, but
+    the tensor map must exist (the hardware faults otherwise)."""
+
+    def run(m, pred, desc_ptr, *coords):
+        for i in m.lanes(pred):
+            descriptor(m, _lane(desc_ptr, i))
+
+    return run

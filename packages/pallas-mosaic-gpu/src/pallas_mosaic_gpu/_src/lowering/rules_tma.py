@@ -33,6 +33,7 @@ from pallas_mosaic_gpu._src.primitives.copies import (
     copy_smem_to_gmem_p,
     wait_smem_to_gmem_p,
 )
+from pallas_mosaic_gpu._src.primitives.hints import async_prefetch_p
 
 TMA_MAX_BOX = 256
 
@@ -123,6 +124,27 @@ def _gmem_to_smem(lctx, eqn, *ops):
           gmem_transform=_transform(d), swizzle=d.swizzle, barrier=barrier,
           collective=dims or None, leader_tracked=leader,
           oob_mode=p["oob_mode"], predicate=threads.scope_issuer(lctx))
+    return []
+
+
+@rule(async_prefetch_p)
+def _prefetch(lctx, eqn, *ops):
+    """``async_prefetch``: one thread of the warpgroup asks TMA to bring the GMEM window
+    into L2 (``cp.async.bulk.prefetch.tensor``); nothing waits for it."""
+    p = eqn.params
+    ((src, sflat, stree),) = R.unflatten(p["refs"], ops)
+    if src.space != "gmem":
+        raise KernelError(f"plgpu.async_prefetch: the ref must be a GMEM ref (plgpu.GMEM "
+                          f"memory space); got {src.space}")
+    window = smem.gmem_window(src, sflat, stree)
+    dims = threads.cluster_dims(lctx.cluster_names, p["collective_axes"],
+                                "async_prefetch", "collective_axes")
+    try:
+        lctx.launch_ctx.async_prefetch(
+            gmem_ref=src.memref, gmem_slice=window, collective=dims or None,
+            leader_tracked=p["leader_tracked"], predicate=threads.scope_issuer(lctx))
+    except (ValueError, NotImplementedError) as e:
+        raise KernelError(f"plgpu.async_prefetch: TMA cannot prefetch this window: {e}") from e
     return []
 
 
