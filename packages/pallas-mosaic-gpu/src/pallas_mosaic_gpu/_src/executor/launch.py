@@ -11,6 +11,7 @@ from jaxlib.mlir import ir
 from pallas.executor import Plan, run
 from pallas_mosaic_gpu._src.executor import (  # noqa: F401 - each module registers ops
     ops_async,
+    ops_cf,
     ops_cluster,
     ops_cta_pair,
     ops_gpu,

@@ -21,6 +21,7 @@ from pallas_mosaic_gpu._src.lowering import (  # noqa: F401 - each module regist
     rules_arith,
     rules_collectives,
     rules_control,
+    rules_debug,
     rules_dot,
     rules_layout,
     rules_load_store,
