@@ -152,3 +152,31 @@ def test_an_mma_form_the_executor_does_not_run_is_unsupported_naming_it():
         T.mma(None, 0, 0, 0, (1 << 4) | (16 << 17) | (4 << 24), False, "f16")
     with pytest.raises(EmulationUnsupported, match=r"cta_group::2 with M = 128"):
         T.pair_mma(None, 0, 0, 0, (1 << 4) | (16 << 17) | (8 << 24), False, "f16")
+
+
+@pytest.mark.parametrize("transforms", [SWIZZLED, (plgpu.TilingTransform((8, 8)),)],
+                         ids=["swizzle128", "unswizzled"])
+def test_a_tmem_copy_from_smem_lands_each_row_in_its_lane(emulate, transforms):
+    """``plgpu.async_copy_smem_to_tmem`` lowers to ``tcgen05.cp`` (128x256b from 128-byte
+    swizzled SMEM, 128x128b per 16-byte column of unswizzled (8, 8) tiles); the executor
+    decodes its SMEM descriptor and fills TMEM lane by lane: read back, the matrix is
+    the one copied in."""
+    def kernel(x_gmem, y_gmem):
+        def body(smem, tma_bar, done, tmem):
+            plgpu.copy_gmem_to_smem(x_gmem, smem, tma_bar)
+            plgpu.barrier_wait(tma_bar)
+            plgpu.async_copy_smem_to_tmem(smem, tmem)
+            plgpu.tcgen05_commit_arrive(done)
+            plgpu.barrier_wait(done)
+            y_gmem[...] = plgpu.async_load_tmem(tmem)
+
+        pl.run_scoped(body, plgpu.SMEM((128, 128), F16, transforms=transforms),
+                      plgpu.Barrier(), plgpu.Barrier(orders_tensor_core=True),
+                      plgpu.TMEM((128, 128), F16, packed=True))
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((128, 128), F16),
+                       in_specs=[pl.BlockSpec(memory_space=plgpu.GMEM)],
+                       out_specs=pl.BlockSpec(memory_space=plgpu.GMEM), backend="mosaic_gpu")
+    x = jnp.arange(128 * 128, dtype=jnp.float32).reshape(128, 128).astype(F16)
+    (got,) = emulate(f, x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(x))

@@ -48,7 +48,7 @@ from jaxlib.mlir import ir
 from pallas_mosaic_gpu._src.executor.cluster import cluster_of
 from pallas_mosaic_gpu._src.executor.engine import asm, no_effect, op
 from pallas_mosaic_gpu._src.executor.mbarrier import mbarrier_state
-from pallas_mosaic_gpu._src.executor.smem_desc import smem_operand
+from pallas_mosaic_gpu._src.executor.smem_desc import WINDOW, decode, smem_operand
 from pallas_mosaic_gpu._src.executor.tmem import Tmem, tmem_at, tmem_of
 from pallas_mosaic_gpu._src.executor.types import EmulationError, EmulationUnsupported
 
@@ -250,6 +250,67 @@ def mma(m, d_addr: int, a_desc: int, b_desc: int, idesc: int, accumulate: bool,
     t.check(col, n, "tcgen05.mma's accumulator")
     a, b = operands(m, a_desc, b_desc, idesc, mm, n, k, a_t, b_t)
     accumulate_into(t, col, a, b, d_t, idesc, kind, accumulate)
+
+
+# -- tcgen05.cp (SMEM -> TMEM) -----------------------------------------------------------
+
+_CP_SHAPE = re.compile(r"shape_(\d+)x(\d+)b")
+
+
+def smem_rows(m, desc: int, rows: int, row_bytes: int) -> np.ndarray:
+    """The ``rows x row_bytes`` bytes a K-major matrix descriptor points at: 8-row core
+    matrices, SBO apart down the rows; in a swizzle mode, rows of one atom ``swizzle``
+    bytes apart and the 16-byte chunks XOR-swizzled by address; unswizzled, 16-byte rows
+    and LBO between core matrices along a row."""
+    start, lbo, sbo, base, swz = decode(desc)
+    if base or (desc >> 61) & 1 or (desc >> 52) & 1:
+        raise EmulationUnsupported(f"tcgen05.cp from a descriptor with a base offset, "
+                                   f"32-byte atomicity or absolute LBO ({desc:#x})")
+    r = np.arange(rows)[:, None]
+    c = np.arange(row_bytes)[None, :]
+    pitch = swz or 16
+    off = (r % 8) * pitch + (r // 8) * sbo + (c // pitch) * lbo + c % pitch
+    addr = (m.smem & ~WINDOW) + start + off
+    if swz:
+        addr = addr ^ (((addr >> 7) & (swz // 16 - 1)) << 4)
+    if addr.min() < m.smem or addr.max() + 1 > m.smem + m.smem_size:
+        raise EmulationError(f"tcgen05.cp's source (descriptor {desc:#x}) reaches outside "
+                             f"the block's {m.smem_size} bytes of SMEM")
+    return m.memory.gather(addr, np.uint8)
+
+
+def copy_to_tmem(m, taddr: int, desc: int, rows: int, row_bytes: int) -> None:
+    """Runs one ``tcgen05.cp.cta_group::1`` of ``rows`` lanes of ``row_bytes`` each."""
+    lane, col = (taddr >> 16) & 0xFFFF, taddr & 0xFFFF
+    if lane:
+        raise EmulationError(f"tcgen05.cp of {rows} lanes into TMEM lane {lane} (not 0)")
+    t = tmem_of(m)
+    ncols = row_bytes // 4
+    t.check(col, ncols, "tcgen05.cp's destination")
+    data = np.ascontiguousarray(smem_rows(m, desc, rows, row_bytes))
+    t.cells[:rows, col:col + ncols] = data.view(np.uint32).reshape(rows, ncols)
+
+
+@op("nvvm.tcgen05.cp")
+def _tcgen05_cp(o, cc):
+    """An asynchronous copy, ordered (as MMAs) by the commits that follow it."""
+    shape = _CP_SHAPE.search(str(o.attributes["shape"]))
+    # Warp multicast and decompression of the source are not modelled.
+    extra = [a for a in ("multicast", "srcFormat") if a in o.attributes
+             and not str(o.attributes[a]).endswith("<none>")]
+    if shape is None or int(shape.group(1)) != 128 or _pair(o) or extra:
+        raise EmulationUnsupported(
+            f"the Mosaic GPU executor runs tcgen05.cp.cta_group::1 of shapes 128x256b and "
+            f"128x128b; not {' '.join(str(o).split())[:200]}")
+    rows, row_bytes = 128, int(shape.group(2)) // 8
+
+    def run(m, taddr, desc):
+        t = tmem_of(m)
+        for i in m.lanes():
+            args = (_lane(taddr, i) & 0xFFFFFFFF, _lane(desc, i) & 0xFFFFFFFFFFFFFFFF)
+            t.queue.append(("op", lambda args=args: copy_to_tmem(m, *args, rows, row_bytes)))
+
+    return run
 
 
 # -- tcgen05.mma.cta_group::2 (a CTA pair) ---------------------------------------------

@@ -11,7 +11,7 @@ import numpy as np
 from pallas_mosaic_gpu._src.executor.types import EmulationError, EmulationUnsupported
 
 _SWIZZLE = {1: 128, 2: 64, 3: 32}
-_WINDOW = (1 << 18) - 1
+WINDOW = (1 << 18) - 1  # SMEM addresses: descriptors hold their low 18 bits
 
 
 def decode(desc: int):
@@ -37,7 +37,7 @@ def smem_operand(m, desc: int, rows: int, k: int, dtype: np.dtype, k_major: bool
     else:
         off = (r % t) * es + (r // t % w) * 16 + (r // t // w) * lbo + (kk % 8) * swz + \
             (kk // 8) * sbo
-    window = m.smem & ~_WINDOW
+    window = m.smem & ~WINDOW
     addr = window + start + off
     addr = addr ^ (((addr >> 7) & (w - 1)) << 4)
     if addr.min() < m.smem or addr.max() + es > m.smem + m.smem_size:

@@ -145,9 +145,12 @@ def _smem_to_tmem(lctx, eqn, *ops):
     (s, sflat, stree), (d, dflat, dtree) = R.unflatten(p["refs"], ops)
     sv = smem.view(s, sflat, stree)
     dv = _acc(d, dflat, dtree, "async_copy_smem_to_tmem")
+    # The SMEM buffer is tiled (8, swizzle // itemsize) as for an MMA operand; without a
+    # SwizzleTransform its 16-byte rows are unswizzled, which tcgen05.cp calls 16.
+    swizzle = sv.swizzle if sv.swizzle is not None else 16
     with mgpu.when(threads.scope_issuer(lctx)):
         try:
-            tcgen05.async_copy_smem_to_tmem(sv.memref, dv.ref)
+            tcgen05.async_copy_smem_to_tmem(sv.memref, dv.ref, swizzle)
         except (ValueError, NotImplementedError) as e:
             raise KernelError(f"plgpu.async_copy_smem_to_tmem: SMEM {sv.shape} -> TMEM "
                               f"{dv.shape}: {e}") from e
