@@ -122,8 +122,8 @@ TAGS: dict[str, str] = {
     "tpu_dmas": "TPU async copies that outlive their kernel (pallas_tpu): a copy started by "
                 "one pallas_call and waited for by the next, its DMA semaphore passed between "
                 "them in SEMAPHORE memory; DMAs of run-time size, pltpu.emit_pipeline's "
-                "copies of pl.BoundedSlice blocks and of PRNG keys; registered only when "
-                "pallas-tpu is installed",
+                "copies of pl.BoundedSlice blocks, of edge blocks and of PRNG keys; "
+                "registered only when pallas-tpu is installed",
     "tpu_values": "TPU value primitives (pallas_tpu) inside kernels: pltpu.roll with a "
                   "stride of a packed type, pltpu.bitcast between element types of "
                   "different widths (packed along the second-minor dim), pltpu.trace_value "

@@ -196,3 +196,24 @@ if pltpu is not None:
             in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
             scratch_shapes=[pltpu.VMEM((16, C), jnp.int32), pltpu.SemaphoreType.DMA],
         )(x)
+
+
+def _doubled_by_row_blocks(x_hbm, o_hbm):
+    def body(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2.0
+
+    spec = pl.BlockSpec((8, C), lambda i: (i, 0))
+    pltpu.emit_pipeline(body, grid=(pl.cdiv(x_hbm.shape[0], 8),), in_specs=[spec],
+                        out_specs=[spec])(x_hbm, o_hbm)
+
+
+if pltpu is not None:
+    @case("tpu_dmas/pipeline_with_an_edge_block", tags={"tpu_dmas"},
+          inputs=lambda rng: (randn(rng, (20, C)),), reference=lambda x: x * 2.0)
+    def pipeline_with_an_edge_block(pallas_call, x):
+        """``pltpu.emit_pipeline`` over 20 rows in blocks of 8: the last block hangs over
+        the edge, and only its 4 rows inside the array are copied in and out."""
+        return pallas_call(
+            _doubled_by_row_blocks, out_shape=sds(x.shape, x.dtype),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY))(x)

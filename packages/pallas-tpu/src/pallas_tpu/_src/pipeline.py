@@ -13,7 +13,9 @@ buffer across consecutive iterations that map to the same block (so ``body`` can
 accumulate into it); when the next iteration maps to another block (or at the last one)
 its copy back to HBM is started, and the next block is written into the other buffer
 while it runs (that buffer's own copy, started one block earlier, is waited for first). ``Blocked`` and squeezed (``None``)
-block dims whose sizes divide the array are supported, ``pl.Element(n)`` dims
+block dims are supported (a block size that does not divide the array leaves a last
+block over the edge, of which only the part inside the array is copied, by DMAs of
+static sizes under conditions), ``pl.Element(n)`` dims
 without padding (the index map returns the window's element offset), and
 ``pl.BoundedSlice(n)`` dims (the index map returns ``pl.ds(start, size)``, ``size <= n``
 known at trace time or only at run time: the block's buffer holds ``n`` rows, of which
@@ -65,6 +67,16 @@ class _BoundedSize(int):
     size)`` with ``size`` at most the bound, the rows the block's buffer holds."""
 
 
+class _EdgeBlocked(int):
+    """The size of a ``Blocked`` dim that does not divide the array's ``extent``: the
+    last block hangs over the edge, and only its rows inside the array are copied."""
+
+    def __new__(cls, size: int, extent: int):
+        self = super().__new__(cls, size)
+        self.extent = int(extent)
+        return self
+
+
 def _block_dims(spec: pl.BlockSpec, shape, what: str):
     if spec.block_shape is None:
         return [int(n) for n in shape]
@@ -75,14 +87,9 @@ def _block_dims(spec: pl.BlockSpec, shape, what: str):
     for d, n in zip(spec.block_shape, shape):
         if d is None or isinstance(d, pl.Squeezed):
             dims.append(None)
-        elif isinstance(d, int):
-            if n % d:
-                raise NotImplementedError(
-                    f"emit_pipeline {what}: block size {d} does not divide the dimension "
-                    f"{n} (edge blocks are not implemented yet in pallas-tpu)")
-            dims.append(d)
-        elif isinstance(d, pl.Blocked):
-            dims.append(d.block_size)
+        elif isinstance(d, int | pl.Blocked):
+            size = d if isinstance(d, int) else d.block_size
+            dims.append(_EdgeBlocked(size, n) if n % size else size)
         elif isinstance(d, pl.Element) and d.padding == (0, 0):
             dims.append(_ElementSize(d.block_size))
         elif isinstance(d, pl.BoundedSlice):
@@ -100,7 +107,8 @@ def _block_dims(spec: pl.BlockSpec, shape, what: str):
 
 def _block_index(spec, dims, idx, what: str) -> list:
     """The index map's value at grid point ``idx``, one entry per block dim: an int32
-    scalar, or ``(start, size)`` for a ``BoundedSlice`` dim."""
+    scalar, or ``(start, size)`` in elements for a ``BoundedSlice`` dim and for a
+    ``Blocked`` dim with an edge block (its size is cut at the array's edge)."""
     block_idx = spec.index_map(*idx) if spec.index_map is not None else (0,) * len(dims)
     if not isinstance(block_idx, tuple):
         block_idx = (block_idx,)
@@ -121,6 +129,9 @@ def _block_index(spec, dims, idx, what: str) -> list:
         elif isinstance(b, pl.Slice):
             raise ValueError(f"emit_pipeline {what}: the index map returned a pl.ds for "
                              f"dim {i}; only BoundedSlice dims take one")
+        elif isinstance(d, _EdgeBlocked):
+            start = jnp.asarray(b, jnp.int32) * int(d)
+            out.append((start, jnp.clip(d.extent - start, 0, int(d))))
         else:
             out.append(jnp.asarray(b, jnp.int32))
     return out
@@ -130,13 +141,16 @@ def _full_bound(size, d) -> bool:
     return isinstance(size, int | np.integer) and int(size) == int(d)
 
 
-def _window(ref, spec, dims, idx, what: str = "operand"):
-    """``ref.at[...]`` for the block the index map selects at grid point ``idx``."""
+def _window(ref, block, dims, sizes):
+    """``ref.at[...]`` for ``block`` (see :func:`_block_index`); ``sizes`` gives each
+    edge-blocked dim's static size in this variant (see :func:`_variants`)."""
     indexers = []
-    for b, d in zip(_block_index(spec, dims, idx, what), dims):
+    for i, (b, d) in enumerate(zip(block, dims)):
         if d is None:
             indexers.append(b)
-        elif isinstance(d, _BoundedSize):
+        elif isinstance(d, _EdgeBlocked):
+            indexers.append(pl.ds(b[0], sizes[i]))
+        elif isinstance(b, tuple):  # BoundedSlice
             indexers.append(pl.ds(b[0], b[1]))
         elif isinstance(d, _ElementSize):
             indexers.append(pl.ds(b, int(d)))
@@ -145,21 +159,71 @@ def _window(ref, spec, dims, idx, what: str = "operand"):
     return ref.at[tuple(indexers)]
 
 
-def _slot_window(buf, slot, spec, dims, idx, what: str = "operand"):
-    """Slot ``slot`` of an operand's buffers, as much of it as the block at ``idx``
-    fills: a ``BoundedSlice`` dim's first ``size`` rows (one indexer, so that a DMA of
-    run-time size sees a plain view)."""
-    if not any(isinstance(d, _BoundedSize) for d in dims):
+def _slot_window(buf, slot, block, dims, sizes):
+    """Slot ``slot`` of an operand's buffers, as much of it as ``block`` fills: a
+    ``BoundedSlice`` dim's first ``size`` rows, an edge block's rows inside the array
+    (one indexer, so that a DMA of run-time size sees a plain view)."""
+    if not any(isinstance(d, _BoundedSize | _EdgeBlocked) for d in dims):
         return buf.at[slot]
     indexers = [slot]
-    for b, d in zip(_block_index(spec, dims, idx, what), dims):
+    for i, (b, d) in enumerate(zip(block, dims)):
         if d is None:
             continue
-        if isinstance(d, _BoundedSize) and not _full_bound(b[1], d):
-            indexers.append(pl.ds(0, b[1]))
-        else:
-            indexers.append(slice(None))
+        size = sizes[i] if isinstance(d, _EdgeBlocked) else b[1] if isinstance(b, tuple) \
+            else d
+        indexers.append(slice(None) if _full_bound(size, d) else pl.ds(0, size))
     return buf.at[tuple(indexers)]
+
+
+def _variants(block, dims) -> list:
+    """``[(condition, sizes)]``: the static sizes of the edge-blocked dims under each
+    condition (a block inside the array is whole; the last one is cut at the edge), so
+    that every DMA has a static size, which Mosaic needs along tiled dims."""
+    out = [(None, {})]
+    for i, (b, d) in enumerate(zip(block, dims)):
+        if not isinstance(d, _EdgeBlocked):
+            continue
+        inside = b[0] + int(d) <= d.extent
+        out = [(c2 if c is None else c & c2, {**sz, i: n})
+               for c, sz in out for c2, n in ((inside, int(d)),
+                                              (~inside, d.extent % int(d)))]
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Copy:
+    """The DMA of one operand's block at one step, started or waited for as the
+    variant (:func:`_variants`) that holds: ``make(sizes)`` is its descriptor."""
+
+    make: Any
+    variants: list
+
+    def _each(self, method: str) -> None:
+        for cond, sizes in self.variants:
+            if cond is None:
+                getattr(self.make(sizes), method)()
+            else:
+                pl.when(cond)(lambda sizes=sizes: getattr(self.make(sizes), method)())
+
+    def start(self) -> None:
+        self._each("start")
+
+    def wait(self) -> None:
+        self._each("wait")
+
+
+def _copy(ref, spec, dims, idx, buf, slot, sem, what: str, to_buffer: bool) -> _Copy:
+    """The DMA between the block of ``ref`` at grid point ``idx`` and slot ``slot`` of
+    its buffers (into them if ``to_buffer``)."""
+    block = _block_index(spec, dims, idx, what)
+
+    def make(sizes):
+        hbm, vmem = _window(ref, block, dims, sizes), _slot_window(buf, slot, block, dims,
+                                                                   sizes)
+        src, dst = (hbm, vmem) if to_buffer else (vmem, hbm)
+        return AsyncCopyDescriptor(src, dst, sem)
+
+    return _Copy(make, _variants(block, dims))
 
 
 def _differs(spec, dims, idx, other) -> jax.Array:
@@ -436,9 +500,7 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
 
         def in_copies(t, slot):
             idx = _unravel(t, grid)
-            return [AsyncCopyDescriptor(_window(r, s, d, idx, f"input {k}"),
-                                        _slot_window(b, slot, s, d, idx, f"input {k}"),
-                                        a.sems.at[slot])
+            return [_copy(r, s, d, idx, b, slot, a.sems.at[slot], f"input {k}", True)
                     for k, (r, s, d, b, a) in enumerate(
                         zip(ins, in_specs, in_dims, in_bufs, in_allocs))]
 
@@ -453,10 +515,8 @@ def emit_pipeline(body, *, grid: Sequence[int], in_specs=(), out_specs=(), tilin
 
         def out_copy(k, t, slot):
             r, s, d, b, a = outs[k], out_specs[k], out_dims[k], out_bufs[k], out_allocs[k]
-            idx = _unravel(t, grid)
-            return AsyncCopyDescriptor(_slot_window(b, slot, s, d, idx, f"output {k}"),
-                                       _window(r, s, d, idx, f"output {k}"),
-                                       a.sems.at[slot])
+            return _copy(r, s, d, _unravel(t, grid), b, slot, a.sems.at[slot],
+                         f"output {k}", False)
 
         def write_out(moves, k, t, o, t_other):
             """When the block of output ``k`` moves: its copy from slot ``o`` starts, and
