@@ -24,6 +24,7 @@ from pallas_mosaic_gpu._src.executor import (  # noqa: F401 - each module regist
     ops_tcgen05,
     ops_vector,
     ops_wgmma,
+    subbyte,
 )
 from pallas_mosaic_gpu._src.executor.engine import OPS, GpuCompiler, Machine
 from pallas_mosaic_gpu._src.executor.memory import Memory
@@ -85,16 +86,34 @@ def _execute(compiled, operands, out_shapes, aliases, split_warps: frozenset):
     mem = Memory()
     m = Machine(mem, compiled.compiler)
     m.split_warps = split_warps
-    ins = [mem.put(np.ascontiguousarray(x), f"operand {i}") for i, x in enumerate(operands)]
+    ins = [mem.put(_in_memory(x), f"operand {i}") for i, x in enumerate(operands)]
     shared = {o: i for i, o in aliases}
     outs = [ins[shared[k]] if k in shared else
-            mem.alloc(int(np.prod(s)) * np.dtype(d).itemsize, f"result {k}")
+            mem.alloc(_nbytes(s, d), f"result {k}")
             for k, (s, d) in enumerate(out_shapes)]
     buffers = mem.put(np.asarray(ins + outs, np.int64), "buffer table")
     env = m.env = [None] * compiled.compiler.nslots
     with np.errstate(all="ignore"):
         run(compiled.main, m, env, [np.zeros(1, np.int64), np.asarray([buffers], np.int64)])
-    return [mem.read(p, tuple(s), d) for p, (s, d) in zip(outs, out_shapes)]
+    return [_read_result(mem, p, tuple(s), d) for p, (s, d) in zip(outs, out_shapes)]
+
+
+def _in_memory(x) -> np.ndarray:
+    """An operand as the device holds it: 4-bit integers packed two a byte."""
+    x = np.ascontiguousarray(x)
+    return subbyte.pack(x.reshape(1, -1)).reshape(-1) if subbyte.is_int4(x.dtype) else x
+
+
+def _nbytes(shape, dtype) -> int:
+    n = int(np.prod(shape))
+    return -(-n // 2) if subbyte.is_int4(dtype) else n * np.dtype(dtype).itemsize
+
+
+def _read_result(mem: Memory, ptr: int, shape: tuple, dtype) -> np.ndarray:
+    if subbyte.is_int4(dtype):
+        data = mem.read(ptr, (1, _nbytes(shape, dtype)), np.uint8)
+        return subbyte.unpack(data, dtype).reshape(-1)[:int(np.prod(shape))].reshape(shape)
+    return mem.read(ptr, shape, dtype)
 
 
 def with_semaphores(kernel, operands: Sequence[np.ndarray]) -> list[np.ndarray]:

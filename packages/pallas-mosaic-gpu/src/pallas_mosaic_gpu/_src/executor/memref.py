@@ -8,9 +8,17 @@ import dataclasses
 import numpy as np
 from jaxlib.mlir import ir
 
-from pallas_mosaic_gpu._src.executor.types import EmulationUnsupported, dtype_of
+from pallas_mosaic_gpu._src.executor.types import INT4, EmulationUnsupported, dtype_of
 
 DYNAMIC = -9223372036854775808  # ShapedType.kDynamic
+
+
+def elem_bytes(dt: np.dtype) -> int:
+    """The bytes of one element of a memref of ``dt`` (4-bit elements, two a byte, have
+    no address of their own: unsupported)."""
+    if dt in INT4:
+        raise EmulationUnsupported("addressing the 4-bit elements of a memref one by one")
+    return dt.itemsize
 
 
 @dataclasses.dataclass
@@ -35,7 +43,7 @@ class MemRef:
 
     def address(self, indices) -> np.ndarray:
         return np.asarray(self.aligned, np.int64) + self.element_offsets(indices) * \
-            self.dtype.itemsize
+            elem_bytes(self.dtype)
 
     def vector_addresses(self, indices, shape) -> np.ndarray:
         """Per-lane addresses ``(lanes, *shape)`` of a vector of ``shape`` starting at
@@ -51,7 +59,7 @@ class MemRef:
             ax = [1] * k
             ax[d] = n
             grid = grid + (np.arange(n, dtype=np.int64) * s).reshape(ax)
-        return base.reshape(base.shape + (1,) * k) + grid[None] * self.dtype.itemsize
+        return base.reshape(base.shape + (1,) * k) + grid[None] * elem_bytes(self.dtype)
 
 
 def static_layout(t: ir.MemRefType):

@@ -7,6 +7,7 @@ import numpy as np
 import scipy.special
 from jaxlib.mlir import ir
 
+from pallas_mosaic_gpu._src.executor import subbyte
 from pallas_mosaic_gpu._src.executor.engine import ASM_PATTERNS, OPS, asm, int_array_attr, op
 from pallas_mosaic_gpu._src.executor.types import (
     EmulationUnsupported,
@@ -46,6 +47,8 @@ def _llvm_bitcast(o, cc):
     dt, shape = dtype_of(t), vshape(t)
 
     def run(m, x):
+        if subbyte.is_int4(dt) or subbyte.is_int4(np.asarray(x).dtype):
+            return (subbyte.from_bytes(subbyte.to_bytes(x), dt, shape),)
         x = np.ascontiguousarray(x)
         return (x.view(dt).reshape((x.shape[0],) + shape),)
 
@@ -87,6 +90,11 @@ def _read(m, addr, t: str):
     _, _, kind, parts = llvm_layout(t)
     if kind == "scalar":
         return m.memory.gather(addr, parts, m.mask)
+    if kind == "vector" and subbyte.is_int4(parts[1]):  # two elements a byte
+        n, dt = parts
+        addrs = np.asarray(addr, np.int64)[:, None] + np.arange(n // 2)
+        data = m.memory.gather(addrs, np.uint8, None if m.mask is None else m.mask[:, None])
+        return subbyte.unpack(data, dt)
     if kind == "vector" or (kind == "array" and llvm_layout(parts[1])[2] == "scalar"):
         n, elem = parts
         dt = elem if kind == "vector" else llvm_layout(elem)[3]
@@ -113,6 +121,10 @@ def _store(o, cc):
     def run(m, v, addr):
         if kind == "scalar":
             m.memory.scatter(addr, np.asarray(v, parts), m.mask)
+        elif kind == "vector" and subbyte.is_int4(parts[1]):  # two elements a byte
+            addrs = np.asarray(addr, np.int64)[:, None] + np.arange(parts[0] // 2)
+            m.memory.scatter(addrs, subbyte.pack(np.asarray(v, parts[1])),
+                             None if m.mask is None else m.mask[:, None])
         elif kind in ("array", "vector"):
             n, elem = parts
             dt = elem if kind == "vector" else llvm_layout(elem)[3]

@@ -6,10 +6,12 @@ from __future__ import annotations
 import numpy as np
 from jaxlib.mlir import ir
 
+from pallas_mosaic_gpu._src.executor import subbyte
 from pallas_mosaic_gpu._src.executor.engine import int_array_attr, op
 from pallas_mosaic_gpu._src.executor.memref import (
     MemRef,
     contiguous_strides,
+    elem_bytes,
     mixed,
 )
 from pallas_mosaic_gpu._src.executor.types import EmulationUnsupported, dtype_of, vshape
@@ -70,7 +72,7 @@ def _view(o, cc):
         static = [int(s[0]) for s in shape]
         strides = [np.asarray([s], np.int64) for s in contiguous_strides(static)]
         aligned = np.asarray(src.aligned, np.int64) + np.asarray(src.offset, np.int64) * \
-            src.dtype.itemsize + _i64(shift)
+            elem_bytes(src.dtype) + _i64(shift)
         return (MemRef(src.allocated, aligned, np.zeros(1, np.int64), shape, strides, dt),)
 
     return run
@@ -166,7 +168,7 @@ def _alloca(o, cc):
     dt = dtype_of(t)
     if any(s < 0 for s in t.shape) or list(o.operands):
         raise EmulationUnsupported("memref.alloca of a dynamic shape")
-    n = int(np.prod(t.shape)) * dt.itemsize
+    n = int(np.prod(t.shape)) * elem_bytes(dt)
 
     def run(m):
         # Each thread has its own: one region, a slice per thread.
@@ -183,6 +185,12 @@ def _alloca(o, cc):
 @op("memref.load")
 def _load(o, cc):
     def run(m, ref, *idx):
+        if subbyte.is_int4(ref.dtype):  # the byte holding it, then its nibble
+            e = ref.element_offsets(idx)
+            data = m.memory.gather(np.asarray(ref.aligned, np.int64) + e // 2, np.uint8,
+                                   m.mask)
+            pair = subbyte.unpack(np.asarray(data).reshape(-1, 1), ref.dtype)
+            return (np.take_along_axis(pair, (e % 2).reshape(-1, 1), 1)[:, 0],)
         return (m.memory.gather(ref.address(idx), ref.dtype, m.mask),)
 
     return run

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pallas_mosaic_gpu._src.executor import subbyte
 from pallas_mosaic_gpu._src.executor.engine import int_array_attr, op
 from pallas_mosaic_gpu._src.executor.memref import DYNAMIC
 from pallas_mosaic_gpu._src.executor.types import EmulationUnsupported, dtype_of, vshape
@@ -114,6 +115,8 @@ def _bitcast(o, cc):
     dt = dtype_of(o.results[0].type)
 
     def run(m, v):
+        if subbyte.is_int4(dt) or subbyte.is_int4(np.asarray(v).dtype):
+            return (subbyte.from_bytes(subbyte.to_bytes(v), dt, shape),)
         v = np.ascontiguousarray(v)
         return (v.view(dt).reshape((v.shape[0],) + shape),)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import re
 
+import jax.numpy as jnp
 import numpy as np
 from jaxlib.mlir import ir
 
@@ -28,17 +29,19 @@ class EmulationUnsupported(ExecutorUnsupported):
 
 
 ADDR = np.dtype(np.int64)  # pointers and ``index`` values
+INT4 = (np.dtype(jnp.int4), np.dtype(jnp.uint4))  # 4-bit integers, two a byte in memory
 # LLVM pointers are int64 addresses for the shared rules too (llvm.select, ...).
 register_element_type(lambda s: s.startswith("!llvm.ptr"), ADDR)
 
 
 @functools.cache
 def _scalar_dtype(s: str) -> np.dtype:
-    """As :func:`pallas.executor.scalar_dtype`, but the flat byte memory holds no
-    sub-byte or unsigned element types yet: those are unsupported."""
+    """As :func:`pallas.executor.scalar_dtype`, but unsigned element types and ``i2``
+    are unsupported (``i4`` is ml_dtypes' int4, packed two a byte in memory: see
+    :mod:`subbyte`)."""
     if s == "index" or s.startswith("!llvm.ptr"):
         return ADDR
-    if not s.startswith("ui") and s not in ("i2", "i4"):
+    if not s.startswith("ui") and s != "i2":
         try:
             return scalar_dtype(s)
         except ExecutorUnsupported:
@@ -92,7 +95,9 @@ def llvm_layout(s: str):
         if m is None:
             raise EmulationUnsupported(f"the Mosaic GPU executor has no layout for {s}")
         n, dt = int(m.group(1)), _scalar_dtype(m.group(2))
-        size = n * dt.itemsize
+        if dt in INT4 and n % 2:
+            raise EmulationUnsupported(f"the Mosaic GPU executor has no layout for {s}")
+        size = n // 2 if dt in INT4 else n * dt.itemsize
         return size, 1 << (size - 1).bit_length(), "vector", (n, dt)
     if s.startswith("array<"):
         m = re.fullmatch(r"array<(\d+)\s*x\s*(.+)>", s)
@@ -110,6 +115,9 @@ def llvm_layout(s: str):
             align = max(align, fa)
         return -(-off // align) * align, align, "struct", tuple(fields)
     dt = _scalar_dtype(s)
+    if dt in INT4:
+        raise EmulationUnsupported(f"the Mosaic GPU executor has no layout for a scalar {s} "
+                                   f"in memory (only vectors of them, packed)")
     size = 1 if dt == np.bool_ else dt.itemsize
     return size, size, "scalar", dt
 
