@@ -7,7 +7,7 @@ import numpy as np
 import scipy.special
 from jaxlib.mlir import ir
 
-from pallas_mosaic_gpu._src.executor import subbyte
+from pallas_mosaic_gpu._src.executor import ops_math, subbyte  # noqa: F401 - ops_math first
 from pallas_mosaic_gpu._src.executor.engine import ASM_PATTERNS, OPS, asm, int_array_attr, op
 from pallas_mosaic_gpu._src.executor.types import (
     EmulationUnsupported,
@@ -17,7 +17,7 @@ from pallas_mosaic_gpu._src.executor.types import (
     vshape,
 )
 
-# LLVM's integer ops are arith's.
+# LLVM's integer ops are arith's (this backend's: its division by zero, ops_math).
 for _llvm, _arith in {"add": "addi", "sub": "subi", "mul": "muli", "and": "andi",
                       "or": "ori", "xor": "xori", "shl": "shli", "lshr": "shrui",
                       "ashr": "shrsi", "udiv": "divui", "sdiv": "divsi", "urem": "remui",
