@@ -1,9 +1,15 @@
 """On an emulated TPU, a SparseCore kernel is lowered and compiled for the chip (what they
 refuse is raised as on the device), then is a clear error: nothing executes the Mosaic
 SparseCore code the backend generates (no ``emulate`` level), and the error says to run
-it with ``interpret=True``; the device queries answer for the emulated chip."""
+it with ``interpret=True``; the device queries answer for the emulated chip. A kernel
+addressing other devices runs with the interpreter's cross-device semantics."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -55,3 +61,42 @@ def test_what_the_lowering_refuses_is_raised_before_the_missing_executor():
 
     with pl.emulate_device("tpu:v5p"), pytest.raises(Exception, match="8 lanes of a TPU v5p"):
         double(x)
+
+
+_RING = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np
+    from jax import lax
+    import pallas as pl
+    import pallas_tpu as pltpu
+    import pallas_tpu_sparsecore as plsc
+
+    @pl.kernel(out_type=jax.ShapeDtypeStruct((8, 128), jnp.int32),
+               mesh=plsc.ScalarSubcoreMesh(axis_name="core", num_cores=1),
+               scratch_types=(pltpu.SemaphoreType.REGULAR, pltpu.SemaphoreType.DMA,
+                              pltpu.SemaphoreType.DMA))
+    def kernel(x_ref, y_ref, ready, send, recv):
+        right = lax.rem(lax.axis_index("x") + 1, lax.axis_size("x"))
+        pl.semaphore_signal(ready, device_id=right)
+        pl.semaphore_wait(ready)
+        pltpu.async_remote_copy(x_ref, y_ref, send, recv, device_id=right).wait()
+
+    mesh = jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+    x = jnp.arange(4 * 8 * 128, dtype=jnp.int32).reshape(4 * 8, 128)
+    with pl.emulate_device("tpu:v5p"):
+        y = jax.jit(jax.shard_map(kernel, mesh=mesh, in_specs=jax.P("x"),
+                                  out_specs=jax.P("x"), check_vma=False))(x)
+    np.testing.assert_array_equal(y, jnp.concatenate([x[-8:], x[:-8]]))
+    print("ok ring")
+''')
+
+
+def test_a_sparse_core_kernel_addressing_other_devices_runs_with_their_semantics():
+    """No executor runs one device's SparseCore code, but a kernel that addresses other
+    devices needs none: as a TensorCore kernel's, it runs with the interpreter's
+    cross-device semantics over the shard_map's CPU devices (it was compiled alone first,
+    outside its shard_map, and failed on ``lax.axis_index``). A ring shift on 4 devices."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    proc = subprocess.run([sys.executable, "-c", _RING], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "ok ring" in proc.stdout, proc.stdout + proc.stderr

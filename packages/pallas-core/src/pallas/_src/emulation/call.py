@@ -247,9 +247,10 @@ def lower_emulated(ctx, *in_nodes, dev: EmulatedDevice, jaxpr, grid_mapping, nam
         name=name, out_avals=tuple(out_avals), cost_estimate=cost_estimate,
         metadata=metadata, options=dev.compile_options(), debug=bool(debug))
     request = dataclasses.replace(request, artifact=cached_artifact(b, request))
-    if "emulate" not in b.levels:
+    if "emulate" not in b.levels and not remote_operations(jaxpr):
         # Lowered above and compiled here first, so that what the device's toolchain
         # rejects is raised as on the device; only then is the missing executor named.
+        # (A kernel addressing other devices needs no executor: an interpreter runs it.)
         _, skipped = _compile(b, request, dev)
         done = "lowered" if skipped else "lowered and compiled"
         raise EmulationError(
