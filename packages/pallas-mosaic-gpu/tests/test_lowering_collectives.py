@@ -202,3 +202,54 @@ def test_on_two_devices_multimem_remote_signals_and_stores_use_collective_metada
     assert proc.returncode == 0, out
     for line in ("ok gather", "ok reduce", "ok ring", "ok remote_ref"):
         assert line in proc.stdout, out
+
+
+_COORDINATES = textwrap.dedent('''
+    import jax, jax.numpy as jnp, numpy as np
+    from jax import lax
+    import pallas as pl
+    import pallas_mosaic_gpu as plgpu
+
+    SDS, P = jax.ShapeDtypeStruct, jax.sharding.PartitionSpec
+    mesh = jax.make_mesh((1, 2), ("x", "y"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+    def swap(ids):
+        def kernel(x_ref, y_ref, ready, done):
+            other = 1 - lax.axis_index("y")
+            pl.semaphore_signal(ready, device_id=ids(0, other))
+            pl.semaphore_wait(ready)
+            plgpu.remote_ref(y_ref, ids(0, other))[...] = x_ref[...] + 1.0
+            pl.semaphore_signal(done, device_id=ids(0, other))
+            pl.semaphore_wait(done)
+
+        k = plgpu.kernel(kernel, out_type=SDS((128, 64), jnp.float32),
+                         scratch_types=[plgpu.SemaphoreType.REGULAR] * 2)
+        return jax.jit(jax.shard_map(k, mesh=mesh, in_specs=P("y"), out_specs=P("y"),
+                                     check_vma=False))
+
+    x = jnp.arange(256 * 64, dtype=jnp.float32).reshape(256, 64)
+    want = np.concatenate([np.asarray(x)[128:], np.asarray(x)[:128]]) + 1.0
+    with pl.emulate_device("cuda:sm_90a"):
+        by_tuple = swap(lambda a, b: (a, b))(x)
+        by_dict = swap(lambda a, b: {"x": a, "y": b})(x)
+    np.testing.assert_array_equal(np.asarray(by_tuple), want)
+    np.testing.assert_array_equal(np.asarray(by_dict), want)
+    try:
+        swap(lambda a, b: (a, b, 0))(x)
+    except Exception as e:
+        assert "device_id has 3 indices for the mesh" in str(e), e
+    else:
+        raise AssertionError("three coordinates on a mesh of two axes were accepted")
+    print("ok coordinates")
+''')
+
+
+def test_a_device_id_tuple_gives_the_mesh_coordinates_of_the_device():
+    """On a mesh of several axes, ``device_id=(i, j)`` (``plgpu.remote_ref``, semaphore
+    signals) names the device at those mesh coordinates, as ``{"x": i, "y": j}`` does;
+    it was refused ("give a dict"). A tuple of the wrong length names the mesh."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    proc = subprocess.run([sys.executable, "-c", _COORDINATES], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "ok coordinates" in proc.stdout, proc.stdout + proc.stderr

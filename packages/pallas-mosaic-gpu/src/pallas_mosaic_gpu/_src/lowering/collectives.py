@@ -135,12 +135,15 @@ def as_i32(x):
 
 def peer_id(lctx, device_id, device_id_type, what: str):
     """The device id (i32) a ``device_id`` argument names: a logical id, a mesh index
-    (a scalar for a one-axis mesh), or ``{axis: index}`` (other axes: this device's)."""
+    (a scalar for a one-axis mesh), the device's mesh coordinates (a tuple, one per
+    axis), or ``{axis: index}`` (other axes: this device's)."""
     if lctx.jax_mesh is None:
         raise KernelError(
             f"{what} names another device, but the kernel is not inside a jax.shard_map "
             "over a mesh of several devices")
     names, sizes = lctx.jax_mesh
+    if isinstance(device_id, (tuple, list)) and len(device_id) == len(names) > 1:
+        device_id = dict(zip(names, device_id))  # the coordinates, in the mesh's order
     if isinstance(device_id, dict):
         unknown = [a for a in device_id if a not in names]
         if unknown:
@@ -154,8 +157,9 @@ def peer_id(lctx, device_id, device_id_type, what: str):
         return total
     if isinstance(device_id, (tuple, list)):
         if len(device_id) != 1:
-            raise KernelError(f"{what}: device_id {len(device_id)} indices; give a dict "
-                              "{axis: index} for a mesh of several axes")
+            raise KernelError(f"{what}: device_id has {len(device_id)} indices for the mesh "
+                              f"{names}; give one per axis (its coordinates) or a dict "
+                              "{axis: index}")
         device_id = device_id[0]
     if device_id_type is DeviceIdType.MESH and len(names) != 1:
         raise KernelError(f"{what}: a scalar device_id on the mesh {names} of several "
