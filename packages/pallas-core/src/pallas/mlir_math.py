@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith, math
 
-__all__ = ["ERF_INV_CENTRAL", "ERF_INV_TAIL", "erf_inv", "horner", "integer_pow"]
+__all__ = ["ERF_INV_CENTRAL", "ERF_INV_TAIL", "convert", "erf_inv", "horner",
+           "integer_pow"]
 
 # Giles (2010), "Approximating the erfinv function": single-precision polynomials in
 # w = -log(1 - x^2), one for w < 5 (evaluated at w - 2.5), one for the tail (at
@@ -77,3 +78,26 @@ def integer_pow(x: ir.Value, y: int, const: Callable[[float], ir.Value], *,
     if y < 0:
         acc = arith.divf(const(1.0), acc)
     return acc
+
+
+def convert(v: ir.Value, out_type: ir.Type, src: tuple[str, int], dst: tuple[str, int], *,
+            nonzero: Callable[[ir.Value], ir.Value], f32_type: ir.Type) -> ir.Value:
+    """The ``arith`` conversion of ``v`` to ``out_type``. ``src``/``dst``: (kind, bits) of
+    the element types as the kernel holds them, kind ``"f"`` (float), ``"i"`` (signed),
+    ``"u"`` (unsigned) or ``"b"`` (bool); ``nonzero(v)``: the backend's ``v != 0`` (any
+    value to bool); ``f32_type``: f32 of ``v``'s shape, which two float formats of one
+    width (f16/bf16, the float8s) convert through."""
+    (ks, bs), (kd, bd) = src, dst
+    if kd == "b":
+        return nonzero(v)
+    if ks == "f" and kd == "f":
+        if bs == bd:
+            return arith.truncf(out_type, arith.extf(f32_type, v))
+        return arith.extf(out_type, v) if bd > bs else arith.truncf(out_type, v)
+    if kd == "f":  # from an integer or a bool (unsigned)
+        return arith.sitofp(out_type, v) if ks == "i" else arith.uitofp(out_type, v)
+    if ks == "f":
+        return arith.fptosi(out_type, v) if kd == "i" else arith.fptoui(out_type, v)
+    if bd > bs:  # integer <-> integer (bool is an unsigned 1-bit integer)
+        return arith.extsi(out_type, v) if ks == "i" else arith.extui(out_type, v)
+    return v if bd == bs else arith.trunci(out_type, v)

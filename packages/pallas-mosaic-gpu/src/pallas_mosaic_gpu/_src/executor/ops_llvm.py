@@ -47,10 +47,7 @@ def _llvm_bitcast(o, cc):
     dt, shape = dtype_of(t), vshape(t)
 
     def run(m, x):
-        if subbyte.is_int4(dt) or subbyte.is_int4(np.asarray(x).dtype):
-            return (subbyte.from_bytes(subbyte.to_bytes(x), dt, shape),)
-        x = np.ascontiguousarray(x)
-        return (x.view(dt).reshape((x.shape[0],) + shape),)
+        return (subbyte.bitcast(x, dt, shape),)
 
     return run
 

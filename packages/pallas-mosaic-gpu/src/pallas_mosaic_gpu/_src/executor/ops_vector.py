@@ -115,10 +115,7 @@ def _bitcast(o, cc):
     dt = dtype_of(o.results[0].type)
 
     def run(m, v):
-        if subbyte.is_int4(dt) or subbyte.is_int4(np.asarray(v).dtype):
-            return (subbyte.from_bytes(subbyte.to_bytes(v), dt, shape),)
-        v = np.ascontiguousarray(v)
-        return (v.view(dt).reshape((v.shape[0],) + shape),)
+        return (subbyte.bitcast(v, dt, shape),)
 
     return run
 

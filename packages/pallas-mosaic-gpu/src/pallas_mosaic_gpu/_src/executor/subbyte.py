@@ -51,3 +51,12 @@ def from_bytes(data, dtype, shape) -> np.ndarray:
     if is_int4(dtype):
         return unpack(d, dtype).reshape((d.shape[0],) + tuple(shape))
     return d.view(dtype).reshape((d.shape[0],) + tuple(shape))
+
+
+def bitcast(x, dt, shape) -> np.ndarray:
+    """``x`` (a batch of values, one per lane) reinterpreted as ``dt`` of ``shape`` each:
+    int4 packs two to a byte."""
+    if is_int4(dt) or is_int4(np.asarray(x).dtype):
+        return from_bytes(to_bytes(x), dt, shape)
+    x = np.ascontiguousarray(x)
+    return x.view(dt).reshape((x.shape[0],) + shape)

@@ -17,6 +17,7 @@ from jax.experimental.mosaic.gpu import fragmented_array as fa
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import arith
 
+from pallas import mlir_math
 from pallas_mosaic_gpu._src.lowering.context import Lit, RefVal
 
 FragmentedArray = mgpu.FragmentedArray
@@ -201,27 +202,13 @@ def convert(v: ir.Value, src, dst) -> ir.Value:
     s, d = jnp.dtype(src), jnp.dtype(dst)
     if s == d:
         return v
-    t = with_elem_type(v.type, elem_type(d))
-    ks, kd = kind(s), kind(d)
-    if kd == "b":
-        zero = const_like(0, v)
-        if ks == "f":
-            return arith.cmpf(arith.CmpFPredicate.UNE, v, zero)
-        return arith.cmpi(arith.CmpIPredicate.ne, v, zero)
-    if ks == "f" and kd == "f":
-        if s.itemsize == d.itemsize:  # bf16 <-> f16, through f32
-            v = arith.extf(with_elem_type(v.type, ir.F32Type.get()), v)
-            return arith.truncf(t, v)
-        return arith.extf(t, v) if d.itemsize > s.itemsize else arith.truncf(t, v)
-    if ks in "iu" and kd == "f":
-        return arith.sitofp(t, v) if ks == "i" else arith.uitofp(t, v)
-    if ks == "b" and kd == "f":
-        return arith.uitofp(t, v)
-    if ks == "f":
-        return arith.fptosi(t, v) if kd == "i" else arith.fptoui(t, v)
-    sbits, dbits = bits(s), bits(d)
-    if dbits > sbits:
-        return arith.extsi(t, v) if ks == "i" else arith.extui(t, v)
-    if dbits == sbits:
-        return v
-    return arith.trunci(t, v)
+
+    def nonzero(x):
+        zero = const_like(0, x)
+        if kind(s) == "f":
+            return arith.cmpf(arith.CmpFPredicate.UNE, x, zero)
+        return arith.cmpi(arith.CmpIPredicate.ne, x, zero)
+
+    return mlir_math.convert(v, with_elem_type(v.type, elem_type(d)), (kind(s), bits(s)),
+                             (kind(d), bits(d)), nonzero=nonzero,
+                             f32_type=with_elem_type(v.type, ir.F32Type.get()))

@@ -10,6 +10,7 @@ from jaxlib.mlir.dialects import arith, memref, vector
 from jaxlib.mosaic.python import tpu
 
 import pallas as pl
+from pallas import mlir_math
 from pallas_tpu._src.lowering import types as T
 from pallas_tpu._src.lowering.values import Lit, RefVal
 from pallas_tpu._src.memory import MemorySpace
@@ -165,32 +166,17 @@ def convert(v, shape, src_dtype, dst_dtype):
     s, d = jnp.dtype(src_dtype), jnp.dtype(dst_dtype)
     if s == d or (T.elem_type(s) == T.elem_type(d) and kind(s) == kind(d)):
         return v  # (f16 is f32 in the kernel)
-    out_t = T.value_type(shape, d)
-    ks, kd = kind(s), kind(d)
-    if kd == "b":
+
+    def width(dt):  # as the kernel holds it: f16 is f32, int4 is i4
+        return T.memory_dtype(dt).itemsize * 8 if kind(dt) == "f" else int_bits(dt)
+
+    def nonzero(x):
         zero = const(shape, s, 0)
-        if ks == "f":
-            return cmpf("UNE", v, zero)
-        return cmpi("ne", v, zero)
-    if ks == "f" and kd == "f":
-        ws, wd = (T.memory_dtype(x).itemsize for x in (s, d))  # f16 is f32
-        if ws == wd:  # two 8-bit (or 16-bit) formats: through f32, which holds both
-            v = arith.extf(T.value_type(shape, jnp.float32), v)
-            return arith.truncf(out_t, v)
-        return arith.extf(out_t, v) if wd > ws else arith.truncf(out_t, v)
-    if ks in "iu" and kd == "f":
-        return arith.sitofp(out_t, v) if ks == "i" else arith.uitofp(out_t, v)
-    if ks == "b" and kd == "f":
-        return arith.uitofp(out_t, v)
-    if ks == "f" and kd in "iu":
-        return arith.fptosi(out_t, v) if kd == "i" else arith.fptoui(out_t, v)
-    # integer <-> integer (bool is an unsigned 1-bit integer)
-    bs, bd = int_bits(s), int_bits(d)
-    if bd > bs:
-        return arith.extsi(out_t, v) if ks == "i" else arith.extui(out_t, v)
-    if bd == bs:
-        return v
-    return arith.trunci(out_t, v)
+        return cmpf("UNE", x, zero) if kind(s) == "f" else cmpi("ne", x, zero)
+
+    return mlir_math.convert(v, T.value_type(shape, d), (kind(s), width(s)),
+                             (kind(d), width(d)), nonzero=nonzero,
+                             f32_type=T.value_type(shape, jnp.float32))
 
 
 def int_bits(dtype) -> int:
