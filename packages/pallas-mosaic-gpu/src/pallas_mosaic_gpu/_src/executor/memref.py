@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 from jaxlib.mlir import ir
 
-from pallas_mosaic_gpu._src.executor.types import INT4, EmulationUnsupported, dtype_of
+from pallas_mosaic_gpu._src.executor.types import FOUR_BIT, EmulationUnsupported, dtype_of
 
 DYNAMIC = -9223372036854775808  # ShapedType.kDynamic
 
@@ -16,7 +16,7 @@ DYNAMIC = -9223372036854775808  # ShapedType.kDynamic
 def elem_bytes(dt: np.dtype) -> int:
     """The bytes of one element of a memref of ``dt`` (4-bit elements, two a byte, have
     no address of their own: unsupported)."""
-    if dt in INT4:
+    if dt in FOUR_BIT:
         raise EmulationUnsupported("addressing the 4-bit elements of a memref one by one")
     return dt.itemsize
 

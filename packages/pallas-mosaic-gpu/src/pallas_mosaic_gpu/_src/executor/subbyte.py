@@ -5,17 +5,15 @@ buffers)."""
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
-from pallas_mosaic_gpu._src.executor.types import EmulationUnsupported
+from pallas_mosaic_gpu._src.executor.types import FOUR_BIT, EmulationUnsupported
 
-INT4 = np.dtype(jnp.int4)
-UINT4 = np.dtype(jnp.uint4)
+INT4, UINT4 = FOUR_BIT
 
 
 def is_int4(dt) -> bool:
-    return np.dtype(dt) in (INT4, UINT4)
+    return np.dtype(dt) in FOUR_BIT
 
 
 def pack(values) -> np.ndarray:
@@ -56,7 +54,4 @@ def from_bytes(data, dtype, shape) -> np.ndarray:
 def bitcast(x, dt, shape) -> np.ndarray:
     """``x`` (a batch of values, one per lane) reinterpreted as ``dt`` of ``shape`` each:
     int4 packs two to a byte."""
-    if is_int4(dt) or is_int4(np.asarray(x).dtype):
-        return from_bytes(to_bytes(x), dt, shape)
-    x = np.ascontiguousarray(x)
-    return x.view(dt).reshape((x.shape[0],) + shape)
+    return from_bytes(to_bytes(x), dt, shape)

@@ -29,7 +29,7 @@ class EmulationUnsupported(ExecutorUnsupported):
 
 
 ADDR = np.dtype(np.int64)  # pointers and ``index`` values
-INT4 = (np.dtype(jnp.int4), np.dtype(jnp.uint4))  # 4-bit integers, two a byte in memory
+FOUR_BIT = (np.dtype(jnp.int4), np.dtype(jnp.uint4))  # int4/uint4: two a byte in memory
 # LLVM pointers are int64 addresses for the shared rules too (llvm.select, ...).
 register_element_type(lambda s: s.startswith("!llvm.ptr"), ADDR)
 
@@ -95,9 +95,9 @@ def llvm_layout(s: str):
         if m is None:
             raise EmulationUnsupported(f"the Mosaic GPU executor has no layout for {s}")
         n, dt = int(m.group(1)), _scalar_dtype(m.group(2))
-        if dt in INT4 and n % 2:
+        if dt in FOUR_BIT and n % 2:
             raise EmulationUnsupported(f"the Mosaic GPU executor has no layout for {s}")
-        size = n // 2 if dt in INT4 else n * dt.itemsize
+        size = n // 2 if dt in FOUR_BIT else n * dt.itemsize
         return size, 1 << (size - 1).bit_length(), "vector", (n, dt)
     if s.startswith("array<"):
         m = re.fullmatch(r"array<(\d+)\s*x\s*(.+)>", s)
@@ -115,7 +115,7 @@ def llvm_layout(s: str):
             align = max(align, fa)
         return -(-off // align) * align, align, "struct", tuple(fields)
     dt = _scalar_dtype(s)
-    if dt in INT4:
+    if dt in FOUR_BIT:
         raise EmulationUnsupported(f"the Mosaic GPU executor has no layout for a scalar {s} "
                                    f"in memory (only vectors of them, packed)")
     size = 1 if dt == np.bool_ else dt.itemsize
